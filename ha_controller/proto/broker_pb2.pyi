@@ -1,0 +1,409 @@
+from ha_controller.proto import common_pb2 as _common_pb2
+from google.protobuf.internal import containers as _containers
+from google.protobuf.internal import enum_type_wrapper as _enum_type_wrapper
+from google.protobuf import descriptor as _descriptor
+from google.protobuf import message as _message
+from collections.abc import Iterable as _Iterable, Mapping as _Mapping
+from typing import ClassVar as _ClassVar, Optional as _Optional, Union as _Union
+
+DESCRIPTOR: _descriptor.FileDescriptor
+
+class PullStatus(int, metaclass=_enum_type_wrapper.EnumTypeWrapper):
+    __slots__ = ()
+    FOUND: _ClassVar[PullStatus]
+    NO_NEW_MSG: _ClassVar[PullStatus]
+    NO_MATCHED_MSG: _ClassVar[PullStatus]
+    OFFSET_ILLEGAL: _ClassVar[PullStatus]
+FOUND: PullStatus
+NO_NEW_MSG: PullStatus
+NO_MATCHED_MSG: PullStatus
+OFFSET_ILLEGAL: PullStatus
+
+class MessageQueue(_message.Message):
+    __slots__ = ("topic", "broker_name", "queue_id")
+    TOPIC_FIELD_NUMBER: _ClassVar[int]
+    BROKER_NAME_FIELD_NUMBER: _ClassVar[int]
+    QUEUE_ID_FIELD_NUMBER: _ClassVar[int]
+    topic: str
+    broker_name: str
+    queue_id: int
+    def __init__(self, topic: _Optional[str] = ..., broker_name: _Optional[str] = ..., queue_id: _Optional[int] = ...) -> None: ...
+
+class Message(_message.Message):
+    __slots__ = ("topic", "body", "properties", "queue_id", "queue_offset", "commit_log_offset", "msg_id", "born_ts_ms", "born_host", "store_ts_ms", "store_host", "broker_name", "reconsume_times", "flag", "sys_flag")
+    class PropertiesEntry(_message.Message):
+        __slots__ = ("key", "value")
+        KEY_FIELD_NUMBER: _ClassVar[int]
+        VALUE_FIELD_NUMBER: _ClassVar[int]
+        key: str
+        value: str
+        def __init__(self, key: _Optional[str] = ..., value: _Optional[str] = ...) -> None: ...
+    TOPIC_FIELD_NUMBER: _ClassVar[int]
+    BODY_FIELD_NUMBER: _ClassVar[int]
+    PROPERTIES_FIELD_NUMBER: _ClassVar[int]
+    QUEUE_ID_FIELD_NUMBER: _ClassVar[int]
+    QUEUE_OFFSET_FIELD_NUMBER: _ClassVar[int]
+    COMMIT_LOG_OFFSET_FIELD_NUMBER: _ClassVar[int]
+    MSG_ID_FIELD_NUMBER: _ClassVar[int]
+    BORN_TS_MS_FIELD_NUMBER: _ClassVar[int]
+    BORN_HOST_FIELD_NUMBER: _ClassVar[int]
+    STORE_TS_MS_FIELD_NUMBER: _ClassVar[int]
+    STORE_HOST_FIELD_NUMBER: _ClassVar[int]
+    BROKER_NAME_FIELD_NUMBER: _ClassVar[int]
+    RECONSUME_TIMES_FIELD_NUMBER: _ClassVar[int]
+    FLAG_FIELD_NUMBER: _ClassVar[int]
+    SYS_FLAG_FIELD_NUMBER: _ClassVar[int]
+    topic: str
+    body: bytes
+    properties: _containers.ScalarMap[str, str]
+    queue_id: int
+    queue_offset: int
+    commit_log_offset: int
+    msg_id: str
+    born_ts_ms: int
+    born_host: str
+    store_ts_ms: int
+    store_host: str
+    broker_name: str
+    reconsume_times: int
+    flag: int
+    sys_flag: int
+    def __init__(self, topic: _Optional[str] = ..., body: _Optional[bytes] = ..., properties: _Optional[_Mapping[str, str]] = ..., queue_id: _Optional[int] = ..., queue_offset: _Optional[int] = ..., commit_log_offset: _Optional[int] = ..., msg_id: _Optional[str] = ..., born_ts_ms: _Optional[int] = ..., born_host: _Optional[str] = ..., store_ts_ms: _Optional[int] = ..., store_host: _Optional[str] = ..., broker_name: _Optional[str] = ..., reconsume_times: _Optional[int] = ..., flag: _Optional[int] = ..., sys_flag: _Optional[int] = ...) -> None: ...
+
+class SendMessageRequest(_message.Message):
+    __slots__ = ("producer_group", "topic", "queue_id", "entries", "born_host")
+    PRODUCER_GROUP_FIELD_NUMBER: _ClassVar[int]
+    TOPIC_FIELD_NUMBER: _ClassVar[int]
+    QUEUE_ID_FIELD_NUMBER: _ClassVar[int]
+    ENTRIES_FIELD_NUMBER: _ClassVar[int]
+    BORN_HOST_FIELD_NUMBER: _ClassVar[int]
+    producer_group: str
+    topic: str
+    queue_id: int
+    entries: _containers.RepeatedCompositeFieldContainer[SendEntry]
+    born_host: str
+    def __init__(self, producer_group: _Optional[str] = ..., topic: _Optional[str] = ..., queue_id: _Optional[int] = ..., entries: _Optional[_Iterable[_Union[SendEntry, _Mapping]]] = ..., born_host: _Optional[str] = ...) -> None: ...
+
+class SendEntry(_message.Message):
+    __slots__ = ("body", "properties", "born_ts_ms", "flag", "sys_flag")
+    class PropertiesEntry(_message.Message):
+        __slots__ = ("key", "value")
+        KEY_FIELD_NUMBER: _ClassVar[int]
+        VALUE_FIELD_NUMBER: _ClassVar[int]
+        key: str
+        value: str
+        def __init__(self, key: _Optional[str] = ..., value: _Optional[str] = ...) -> None: ...
+    BODY_FIELD_NUMBER: _ClassVar[int]
+    PROPERTIES_FIELD_NUMBER: _ClassVar[int]
+    BORN_TS_MS_FIELD_NUMBER: _ClassVar[int]
+    FLAG_FIELD_NUMBER: _ClassVar[int]
+    SYS_FLAG_FIELD_NUMBER: _ClassVar[int]
+    body: bytes
+    properties: _containers.ScalarMap[str, str]
+    born_ts_ms: int
+    flag: int
+    sys_flag: int
+    def __init__(self, body: _Optional[bytes] = ..., properties: _Optional[_Mapping[str, str]] = ..., born_ts_ms: _Optional[int] = ..., flag: _Optional[int] = ..., sys_flag: _Optional[int] = ...) -> None: ...
+
+class SendResult(_message.Message):
+    __slots__ = ("msg_id", "uniq_key", "queue_id", "queue_offset", "commit_log_offset")
+    MSG_ID_FIELD_NUMBER: _ClassVar[int]
+    UNIQ_KEY_FIELD_NUMBER: _ClassVar[int]
+    QUEUE_ID_FIELD_NUMBER: _ClassVar[int]
+    QUEUE_OFFSET_FIELD_NUMBER: _ClassVar[int]
+    COMMIT_LOG_OFFSET_FIELD_NUMBER: _ClassVar[int]
+    msg_id: str
+    uniq_key: str
+    queue_id: int
+    queue_offset: int
+    commit_log_offset: int
+    def __init__(self, msg_id: _Optional[str] = ..., uniq_key: _Optional[str] = ..., queue_id: _Optional[int] = ..., queue_offset: _Optional[int] = ..., commit_log_offset: _Optional[int] = ...) -> None: ...
+
+class SendMessageResponse(_message.Message):
+    __slots__ = ("broker_name", "results", "transaction_id")
+    BROKER_NAME_FIELD_NUMBER: _ClassVar[int]
+    RESULTS_FIELD_NUMBER: _ClassVar[int]
+    TRANSACTION_ID_FIELD_NUMBER: _ClassVar[int]
+    broker_name: str
+    results: _containers.RepeatedCompositeFieldContainer[SendResult]
+    transaction_id: str
+    def __init__(self, broker_name: _Optional[str] = ..., results: _Optional[_Iterable[_Union[SendResult, _Mapping]]] = ..., transaction_id: _Optional[str] = ...) -> None: ...
+
+class PullMessageRequest(_message.Message):
+    __slots__ = ("consumer_group", "topic", "queue_id", "queue_offset", "max_msg_nums", "suspend_timeout_ms", "commit_offset", "tags", "max_bytes")
+    CONSUMER_GROUP_FIELD_NUMBER: _ClassVar[int]
+    TOPIC_FIELD_NUMBER: _ClassVar[int]
+    QUEUE_ID_FIELD_NUMBER: _ClassVar[int]
+    QUEUE_OFFSET_FIELD_NUMBER: _ClassVar[int]
+    MAX_MSG_NUMS_FIELD_NUMBER: _ClassVar[int]
+    SUSPEND_TIMEOUT_MS_FIELD_NUMBER: _ClassVar[int]
+    COMMIT_OFFSET_FIELD_NUMBER: _ClassVar[int]
+    TAGS_FIELD_NUMBER: _ClassVar[int]
+    MAX_BYTES_FIELD_NUMBER: _ClassVar[int]
+    consumer_group: str
+    topic: str
+    queue_id: int
+    queue_offset: int
+    max_msg_nums: int
+    suspend_timeout_ms: int
+    commit_offset: int
+    tags: _containers.RepeatedScalarFieldContainer[str]
+    max_bytes: int
+    def __init__(self, consumer_group: _Optional[str] = ..., topic: _Optional[str] = ..., queue_id: _Optional[int] = ..., queue_offset: _Optional[int] = ..., max_msg_nums: _Optional[int] = ..., suspend_timeout_ms: _Optional[int] = ..., commit_offset: _Optional[int] = ..., tags: _Optional[_Iterable[str]] = ..., max_bytes: _Optional[int] = ...) -> None: ...
+
+class PullMessageResponse(_message.Message):
+    __slots__ = ("status", "next_begin_offset", "min_offset", "max_offset", "messages", "suggest_which_broker_id")
+    STATUS_FIELD_NUMBER: _ClassVar[int]
+    NEXT_BEGIN_OFFSET_FIELD_NUMBER: _ClassVar[int]
+    MIN_OFFSET_FIELD_NUMBER: _ClassVar[int]
+    MAX_OFFSET_FIELD_NUMBER: _ClassVar[int]
+    MESSAGES_FIELD_NUMBER: _ClassVar[int]
+    SUGGEST_WHICH_BROKER_ID_FIELD_NUMBER: _ClassVar[int]
+    status: PullStatus
+    next_begin_offset: int
+    min_offset: int
+    max_offset: int
+    messages: _containers.RepeatedCompositeFieldContainer[Message]
+    suggest_which_broker_id: int
+    def __init__(self, status: _Optional[_Union[PullStatus, str]] = ..., next_begin_offset: _Optional[int] = ..., min_offset: _Optional[int] = ..., max_offset: _Optional[int] = ..., messages: _Optional[_Iterable[_Union[Message, _Mapping]]] = ..., suggest_which_broker_id: _Optional[int] = ...) -> None: ...
+
+class ConsumerOffsetRequest(_message.Message):
+    __slots__ = ("consumer_group", "topic", "queue_id", "offset")
+    CONSUMER_GROUP_FIELD_NUMBER: _ClassVar[int]
+    TOPIC_FIELD_NUMBER: _ClassVar[int]
+    QUEUE_ID_FIELD_NUMBER: _ClassVar[int]
+    OFFSET_FIELD_NUMBER: _ClassVar[int]
+    consumer_group: str
+    topic: str
+    queue_id: int
+    offset: int
+    def __init__(self, consumer_group: _Optional[str] = ..., topic: _Optional[str] = ..., queue_id: _Optional[int] = ..., offset: _Optional[int] = ...) -> None: ...
+
+class OffsetResponse(_message.Message):
+    __slots__ = ("offset",)
+    OFFSET_FIELD_NUMBER: _ClassVar[int]
+    offset: int
+    def __init__(self, offset: _Optional[int] = ...) -> None: ...
+
+class QueueOffsetRequest(_message.Message):
+    __slots__ = ("topic", "queue_id", "timestamp_ms")
+    TOPIC_FIELD_NUMBER: _ClassVar[int]
+    QUEUE_ID_FIELD_NUMBER: _ClassVar[int]
+    TIMESTAMP_MS_FIELD_NUMBER: _ClassVar[int]
+    topic: str
+    queue_id: int
+    timestamp_ms: int
+    def __init__(self, topic: _Optional[str] = ..., queue_id: _Optional[int] = ..., timestamp_ms: _Optional[int] = ...) -> None: ...
+
+class TimestampResponse(_message.Message):
+    __slots__ = ("timestamp_ms",)
+    TIMESTAMP_MS_FIELD_NUMBER: _ClassVar[int]
+    timestamp_ms: int
+    def __init__(self, timestamp_ms: _Optional[int] = ...) -> None: ...
+
+class ConsumerOffsetEntry(_message.Message):
+    __slots__ = ("consumer_group", "topic", "queue_id", "offset")
+    CONSUMER_GROUP_FIELD_NUMBER: _ClassVar[int]
+    TOPIC_FIELD_NUMBER: _ClassVar[int]
+    QUEUE_ID_FIELD_NUMBER: _ClassVar[int]
+    OFFSET_FIELD_NUMBER: _ClassVar[int]
+    consumer_group: str
+    topic: str
+    queue_id: int
+    offset: int
+    def __init__(self, consumer_group: _Optional[str] = ..., topic: _Optional[str] = ..., queue_id: _Optional[int] = ..., offset: _Optional[int] = ...) -> None: ...
+
+class ConsumerOffsetTable(_message.Message):
+    __slots__ = ("entries", "data_version")
+    ENTRIES_FIELD_NUMBER: _ClassVar[int]
+    DATA_VERSION_FIELD_NUMBER: _ClassVar[int]
+    entries: _containers.RepeatedCompositeFieldContainer[ConsumerOffsetEntry]
+    data_version: _common_pb2.DataVersion
+    def __init__(self, entries: _Optional[_Iterable[_Union[ConsumerOffsetEntry, _Mapping]]] = ..., data_version: _Optional[_Union[_common_pb2.DataVersion, _Mapping]] = ...) -> None: ...
+
+class DelayOffsetTable(_message.Message):
+    __slots__ = ("offsets", "data_version")
+    class OffsetsEntry(_message.Message):
+        __slots__ = ("key", "value")
+        KEY_FIELD_NUMBER: _ClassVar[int]
+        VALUE_FIELD_NUMBER: _ClassVar[int]
+        key: int
+        value: int
+        def __init__(self, key: _Optional[int] = ..., value: _Optional[int] = ...) -> None: ...
+    OFFSETS_FIELD_NUMBER: _ClassVar[int]
+    DATA_VERSION_FIELD_NUMBER: _ClassVar[int]
+    offsets: _containers.ScalarMap[int, int]
+    data_version: _common_pb2.DataVersion
+    def __init__(self, offsets: _Optional[_Mapping[int, int]] = ..., data_version: _Optional[_Union[_common_pb2.DataVersion, _Mapping]] = ...) -> None: ...
+
+class TimerCheckpoint(_message.Message):
+    __slots__ = ("last_read_time_ms", "master_timer_queue_offset", "data_version")
+    LAST_READ_TIME_MS_FIELD_NUMBER: _ClassVar[int]
+    MASTER_TIMER_QUEUE_OFFSET_FIELD_NUMBER: _ClassVar[int]
+    DATA_VERSION_FIELD_NUMBER: _ClassVar[int]
+    last_read_time_ms: int
+    master_timer_queue_offset: int
+    data_version: _common_pb2.DataVersion
+    def __init__(self, last_read_time_ms: _Optional[int] = ..., master_timer_queue_offset: _Optional[int] = ..., data_version: _Optional[_Union[_common_pb2.DataVersion, _Mapping]] = ...) -> None: ...
+
+class LockBatchRequest(_message.Message):
+    __slots__ = ("consumer_group", "client_id", "mqs", "only_this_broker")
+    CONSUMER_GROUP_FIELD_NUMBER: _ClassVar[int]
+    CLIENT_ID_FIELD_NUMBER: _ClassVar[int]
+    MQS_FIELD_NUMBER: _ClassVar[int]
+    ONLY_THIS_BROKER_FIELD_NUMBER: _ClassVar[int]
+    consumer_group: str
+    client_id: str
+    mqs: _containers.RepeatedCompositeFieldContainer[MessageQueue]
+    only_this_broker: bool
+    def __init__(self, consumer_group: _Optional[str] = ..., client_id: _Optional[str] = ..., mqs: _Optional[_Iterable[_Union[MessageQueue, _Mapping]]] = ..., only_this_broker: _Optional[bool] = ...) -> None: ...
+
+class LockBatchResponse(_message.Message):
+    __slots__ = ("locked",)
+    LOCKED_FIELD_NUMBER: _ClassVar[int]
+    locked: _containers.RepeatedCompositeFieldContainer[MessageQueue]
+    def __init__(self, locked: _Optional[_Iterable[_Union[MessageQueue, _Mapping]]] = ...) -> None: ...
+
+class EndTransactionRequest(_message.Message):
+    __slots__ = ("producer_group", "topic", "commit_log_offset", "msg_id", "transaction_id", "commit", "from_check", "broker_name")
+    PRODUCER_GROUP_FIELD_NUMBER: _ClassVar[int]
+    TOPIC_FIELD_NUMBER: _ClassVar[int]
+    COMMIT_LOG_OFFSET_FIELD_NUMBER: _ClassVar[int]
+    MSG_ID_FIELD_NUMBER: _ClassVar[int]
+    TRANSACTION_ID_FIELD_NUMBER: _ClassVar[int]
+    COMMIT_FIELD_NUMBER: _ClassVar[int]
+    FROM_CHECK_FIELD_NUMBER: _ClassVar[int]
+    BROKER_NAME_FIELD_NUMBER: _ClassVar[int]
+    producer_group: str
+    topic: str
+    commit_log_offset: int
+    msg_id: str
+    transaction_id: str
+    commit: bool
+    from_check: bool
+    broker_name: str
+    def __init__(self, producer_group: _Optional[str] = ..., topic: _Optional[str] = ..., commit_log_offset: _Optional[int] = ..., msg_id: _Optional[str] = ..., transaction_id: _Optional[str] = ..., commit: _Optional[bool] = ..., from_check: _Optional[bool] = ..., broker_name: _Optional[str] = ...) -> None: ...
+
+class CheckTransactionStateRequest(_message.Message):
+    __slots__ = ("message", "transaction_id", "commit_log_offset", "broker_name", "broker_addr")
+    MESSAGE_FIELD_NUMBER: _ClassVar[int]
+    TRANSACTION_ID_FIELD_NUMBER: _ClassVar[int]
+    COMMIT_LOG_OFFSET_FIELD_NUMBER: _ClassVar[int]
+    BROKER_NAME_FIELD_NUMBER: _ClassVar[int]
+    BROKER_ADDR_FIELD_NUMBER: _ClassVar[int]
+    message: Message
+    transaction_id: str
+    commit_log_offset: int
+    broker_name: str
+    broker_addr: str
+    def __init__(self, message: _Optional[_Union[Message, _Mapping]] = ..., transaction_id: _Optional[str] = ..., commit_log_offset: _Optional[int] = ..., broker_name: _Optional[str] = ..., broker_addr: _Optional[str] = ...) -> None: ...
+
+class ClientHeartbeat(_message.Message):
+    __slots__ = ("client_id", "producer_groups", "consumer_groups")
+    CLIENT_ID_FIELD_NUMBER: _ClassVar[int]
+    PRODUCER_GROUPS_FIELD_NUMBER: _ClassVar[int]
+    CONSUMER_GROUPS_FIELD_NUMBER: _ClassVar[int]
+    client_id: str
+    producer_groups: _containers.RepeatedScalarFieldContainer[str]
+    consumer_groups: _containers.RepeatedScalarFieldContainer[str]
+    def __init__(self, client_id: _Optional[str] = ..., producer_groups: _Optional[_Iterable[str]] = ..., consumer_groups: _Optional[_Iterable[str]] = ...) -> None: ...
+
+class CreateTopicRequest(_message.Message):
+    __slots__ = ("topic",)
+    TOPIC_FIELD_NUMBER: _ClassVar[int]
+    topic: _common_pb2.TopicConfig
+    def __init__(self, topic: _Optional[_Union[_common_pb2.TopicConfig, _Mapping]] = ...) -> None: ...
+
+class BrokerHaInfo(_message.Message):
+    __slots__ = ("master_ha_addr", "master_flush_offset", "master_addr")
+    MASTER_HA_ADDR_FIELD_NUMBER: _ClassVar[int]
+    MASTER_FLUSH_OFFSET_FIELD_NUMBER: _ClassVar[int]
+    MASTER_ADDR_FIELD_NUMBER: _ClassVar[int]
+    master_ha_addr: str
+    master_flush_offset: int
+    master_addr: str
+    def __init__(self, master_ha_addr: _Optional[str] = ..., master_flush_offset: _Optional[int] = ..., master_addr: _Optional[str] = ...) -> None: ...
+
+class BrokerStatus(_message.Message):
+    __slots__ = ("json",)
+    JSON_FIELD_NUMBER: _ClassVar[int]
+    json: str
+    def __init__(self, json: _Optional[str] = ...) -> None: ...
+
+class HaReport(_message.Message):
+    __slots__ = ("max_offset", "slave_addr", "broker_id")
+    MAX_OFFSET_FIELD_NUMBER: _ClassVar[int]
+    SLAVE_ADDR_FIELD_NUMBER: _ClassVar[int]
+    BROKER_ID_FIELD_NUMBER: _ClassVar[int]
+    max_offset: int
+    slave_addr: str
+    broker_id: int
+    def __init__(self, max_offset: _Optional[int] = ..., slave_addr: _Optional[str] = ..., broker_id: _Optional[int] = ...) -> None: ...
+
+class HaTransfer(_message.Message):
+    __slots__ = ("offset", "data", "master_max_offset")
+    OFFSET_FIELD_NUMBER: _ClassVar[int]
+    DATA_FIELD_NUMBER: _ClassVar[int]
+    MASTER_MAX_OFFSET_FIELD_NUMBER: _ClassVar[int]
+    offset: int
+    data: bytes
+    master_max_offset: int
+    def __init__(self, offset: _Optional[int] = ..., data: _Optional[bytes] = ..., master_max_offset: _Optional[int] = ...) -> None: ...
+
+class PopMessageRequest(_message.Message):
+    __slots__ = ("consumer_group", "topic", "queue_id", "max_msg_nums", "invisible_time_ms", "poll_time_ms", "tags")
+    CONSUMER_GROUP_FIELD_NUMBER: _ClassVar[int]
+    TOPIC_FIELD_NUMBER: _ClassVar[int]
+    QUEUE_ID_FIELD_NUMBER: _ClassVar[int]
+    MAX_MSG_NUMS_FIELD_NUMBER: _ClassVar[int]
+    INVISIBLE_TIME_MS_FIELD_NUMBER: _ClassVar[int]
+    POLL_TIME_MS_FIELD_NUMBER: _ClassVar[int]
+    TAGS_FIELD_NUMBER: _ClassVar[int]
+    consumer_group: str
+    topic: str
+    queue_id: int
+    max_msg_nums: int
+    invisible_time_ms: int
+    poll_time_ms: int
+    tags: _containers.RepeatedScalarFieldContainer[str]
+    def __init__(self, consumer_group: _Optional[str] = ..., topic: _Optional[str] = ..., queue_id: _Optional[int] = ..., max_msg_nums: _Optional[int] = ..., invisible_time_ms: _Optional[int] = ..., poll_time_ms: _Optional[int] = ..., tags: _Optional[_Iterable[str]] = ...) -> None: ...
+
+class PopMessageResponse(_message.Message):
+    __slots__ = ("messages", "pop_time_ms", "invisible_time_ms")
+    MESSAGES_FIELD_NUMBER: _ClassVar[int]
+    POP_TIME_MS_FIELD_NUMBER: _ClassVar[int]
+    INVISIBLE_TIME_MS_FIELD_NUMBER: _ClassVar[int]
+    messages: _containers.RepeatedCompositeFieldContainer[Message]
+    pop_time_ms: int
+    invisible_time_ms: int
+    def __init__(self, messages: _Optional[_Iterable[_Union[Message, _Mapping]]] = ..., pop_time_ms: _Optional[int] = ..., invisible_time_ms: _Optional[int] = ...) -> None: ...
+
+class AckMessageRequest(_message.Message):
+    __slots__ = ("consumer_group", "topic", "receipt_handle", "invisible_time_ms")
+    CONSUMER_GROUP_FIELD_NUMBER: _ClassVar[int]
+    TOPIC_FIELD_NUMBER: _ClassVar[int]
+    RECEIPT_HANDLE_FIELD_NUMBER: _ClassVar[int]
+    INVISIBLE_TIME_MS_FIELD_NUMBER: _ClassVar[int]
+    consumer_group: str
+    topic: str
+    receipt_handle: str
+    invisible_time_ms: int
+    def __init__(self, consumer_group: _Optional[str] = ..., topic: _Optional[str] = ..., receipt_handle: _Optional[str] = ..., invisible_time_ms: _Optional[int] = ...) -> None: ...
+
+class AckMessageResponse(_message.Message):
+    __slots__ = ("receipt_handle",)
+    RECEIPT_HANDLE_FIELD_NUMBER: _ClassVar[int]
+    receipt_handle: str
+    def __init__(self, receipt_handle: _Optional[str] = ...) -> None: ...
+
+class ConsumerListRequest(_message.Message):
+    __slots__ = ("consumer_group",)
+    CONSUMER_GROUP_FIELD_NUMBER: _ClassVar[int]
+    consumer_group: str
+    def __init__(self, consumer_group: _Optional[str] = ...) -> None: ...
+
+class ConsumerListResponse(_message.Message):
+    __slots__ = ("client_ids",)
+    CLIENT_IDS_FIELD_NUMBER: _ClassVar[int]
+    client_ids: _containers.RepeatedScalarFieldContainer[str]
+    def __init__(self, client_ids: _Optional[_Iterable[str]] = ...) -> None: ...

@@ -1,0 +1,55 @@
+"""The one table of request codes (method ids).
+
+Ids reuse RocketMQ request codes so that operators recognise them
+(see DESIGN.md §3). Codes above 900000 are ha-controller's own.
+"""
+
+from __future__ import annotations
+
+import enum
+
+
+class RequestCode(enum.IntEnum):
+    SEND_MESSAGE = 10
+    PULL_MESSAGE = 11
+    QUERY_CONSUMER_OFFSET = 14
+    UPDATE_CONSUMER_OFFSET = 15
+    UPDATE_AND_CREATE_TOPIC = 17
+    SEARCH_OFFSET_BY_TIMESTAMP = 29
+    GET_MAX_OFFSET = 30
+    GET_MIN_OFFSET = 31
+    GET_EARLIEST_MSG_STORETIME = 32
+    HEART_BEAT = 34
+    END_TRANSACTION = 37
+    GET_CONSUMER_LIST_BY_GROUP = 38
+    CHECK_TRANSACTION_STATE = 39
+    LOCK_BATCH_MQ = 41
+    UNLOCK_BATCH_MQ = 42
+    GET_ALL_CONSUMER_OFFSET = 43
+    GET_ALL_DELAY_OFFSET = 45
+    GET_TIMER_CHECK_POINT = 60
+    REGISTER_BROKER = 103
+    UNREGISTER_BROKER = 104
+    GET_ROUTEINFO_BY_TOPIC = 105
+    GET_BROKER_CLUSTER_INFO = 106
+    QUERY_DATA_VERSION = 322
+    GET_BROKER_MEMBER_GROUP = 901
+    BROKER_HEARTBEAT = 904
+    NOTIFY_MIN_BROKER_ID_CHANGE = 905
+    EXCHANGE_BROKER_HA_INFO = 906
+    POP_MESSAGE = 200050
+    ACK_MESSAGE = 200051
+    CHANGE_MESSAGE_INVISIBLETIME = 200053
+    # ha-controller's own
+    WATCH_ROUTE = 900001
+    GET_BROKER_STATUS = 900002
+    HA_REPORT_OFFSET = 900010
+    HA_TRANSFER = 900011
+
+
+def method_name(method: int) -> str:
+    """A readable name for a method id, also for ids we do not know."""
+    try:
+        return RequestCode(method).name
+    except ValueError:
+        return f"UNKNOWN({method})"

@@ -1,0 +1,205 @@
+"""One error root, typed subclasses, one code table.
+
+Every error that crosses the wire carries a numeric ``code`` and a
+``retriable`` flag.  On the wire an error travels as TubeMQ's
+``RspExceptionBody{exceptionName, stackTrace}`` where ``exceptionName`` is
+``"<code>:<ClassName>"`` and ``stackTrace`` is the message; ``from_wire``
+turns it back into the same class.
+"""
+
+from __future__ import annotations
+
+from typing import ClassVar
+
+
+class HaError(Exception):
+    """Root of every ha-controller error."""
+
+    code: ClassVar[int] = 1
+    retriable: ClassVar[bool] = False
+
+    def wire_name(self) -> str:
+        return f"{self.code}:{type(self).__name__}"
+
+
+# --- codec / framing -------------------------------------------------------
+
+
+class ProtocolError(HaError, ValueError):
+    """Bytes that are not a valid frame or envelope; the connection is closed."""
+
+    code = 100
+
+
+class BadToken(ProtocolError):
+    code = 101
+
+
+class FrameTooLarge(ProtocolError):
+    code = 102
+
+
+class BadEnvelope(ProtocolError):
+    code = 103
+
+
+# --- RPC -------------------------------------------------------------------
+
+
+class RpcError(HaError):
+    code = 200
+
+
+class UnknownMethod(RpcError, LookupError):
+    code = 201
+
+
+class RequestTimeout(RpcError, TimeoutError):
+    code = 202
+    retriable = True
+
+
+class ConnectionClosed(RpcError, ConnectionError):
+    """The peer went away (or we closed) while a call was pending."""
+
+    code = 203
+    retriable = True
+
+
+class BrokerUnavailable(RpcError, ConnectionError):
+    """No connection to the peer could be made."""
+
+    code = 204
+    retriable = True
+
+
+class Overloaded(RpcError):
+    """Too many requests in flight; try later or elsewhere."""
+
+    code = 205
+    retriable = True
+
+
+class RemoteError(RpcError):
+    """An error the peer raised that has no class here."""
+
+    code = 206
+
+
+class ServiceStopping(RpcError):
+    code = 207
+    retriable = True
+
+
+class BadRequest(RpcError, ValueError):
+    code = 208
+
+
+class Unauthorized(RpcError, PermissionError):
+    code = 209
+
+
+# --- cluster semantics -----------------------------------------------------
+
+
+class NotMaster(HaError):
+    """A slave was asked for a master-only write (TubeMQ's StandbyException idea)."""
+
+    code = 300
+    retriable = True
+
+
+class TopicNotFound(HaError, LookupError):
+    code = 301
+
+
+class InSyncReplicasNotEnough(HaError):
+    code = 302
+    retriable = True
+
+
+class BrokerIsolated(HaError):
+    """The broker is in pre-online and serves no client request yet."""
+
+    code = 303
+    retriable = True
+
+
+class SignatureInvalid(Unauthorized):
+    code = 304
+
+
+class StaleRegistration(HaError):
+    code = 305
+
+
+class StoreError(HaError, OSError):
+    code = 400
+
+
+class StoreFull(StoreError):
+    code = 401
+
+
+class StoreReadOnly(StoreError):
+    code = 402
+
+
+class CorruptRecord(StoreError):
+    code = 403
+
+
+class OffsetOutOfRange(HaError, IndexError):
+    code = 404
+
+
+class LockNotHeld(HaError):
+    code = 500
+
+
+class QuorumNotReached(HaError):
+    code = 501
+    retriable = True
+
+
+class EscapeFailed(HaError):
+    code = 600
+    retriable = True
+
+
+class ConfigError(HaError, ValueError):
+    """A bad configuration value; the message names the key."""
+
+    code = 700
+
+
+def _all_subclasses(cls: type[HaError]) -> list[type[HaError]]:
+    out: list[type[HaError]] = []
+    for sub in cls.__subclasses__():
+        out.append(sub)
+        out.extend(_all_subclasses(sub))
+    return out
+
+
+def error_table() -> dict[int, type[HaError]]:
+    """code -> class, for every error class (built lazily so late subclasses count)."""
+    table: dict[int, type[HaError]] = {HaError.code: HaError}
+    for sub in _all_subclasses(HaError):
+        other = table.get(sub.code)
+        if other is not None and other is not sub:
+            raise RuntimeError(f"error code {sub.code} used by {other.__name__} and {sub.__name__}")
+        table[sub.code] = sub
+    return table
+
+
+def from_wire(exception_name: str, message: str) -> HaError:
+    """Rebuild a typed error from ``RspExceptionBody`` fields."""
+    code_text, _, name = exception_name.partition(":")
+    try:
+        code = int(code_text)
+    except ValueError:
+        return RemoteError(f"{exception_name}: {message}")
+    cls = error_table().get(code)
+    if cls is None or cls.__name__ != name:
+        return RemoteError(f"{exception_name}: {message}")
+    return cls(message)
