@@ -1,0 +1,21 @@
+"""asyncio RPC over TubeMQ framing: connections, server, client pool."""
+
+from ha_controller.rpc.connection import (
+    Dispatcher,
+    RequestContext,
+    RpcConnection,
+    RpcLimits,
+    connect,
+)
+from ha_controller.rpc.pool import ConnectionPool
+from ha_controller.rpc.server import RpcServer
+
+__all__ = [
+    "ConnectionPool",
+    "Dispatcher",
+    "RequestContext",
+    "RpcConnection",
+    "RpcLimits",
+    "RpcServer",
+    "connect",
+]
