@@ -1,0 +1,280 @@
+"""Routing domain types shared by the nameserver, the brokers and the client.
+
+Mirrors RocketMQ's ``PermName``, ``TopicConfig``, ``QueueData``, ``BrokerData``,
+``TopicRouteData`` and ``BrokerMemberGroup`` (reference/rip32.md §1).  The JSON
+shape of a route is the one in DESIGN.md §7.  Collections are kept sorted so
+that every output is deterministic.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from dataclasses import dataclass, field
+from typing import Any, Final
+
+from ha_controller.dataversion import DataVersion
+
+__all__ = [
+    "SYNC_BROKER_MEMBER_GROUP_PREFIX",
+    "BrokerData",
+    "BrokerMemberGroup",
+    "Perm",
+    "QueueData",
+    "TopicConfig",
+    "TopicConfigWrapper",
+    "TopicRouteData",
+    "sync_member_group_topic",
+]
+
+#: Compatibility system topic whose route carries a group's raw member ids.
+SYNC_BROKER_MEMBER_GROUP_PREFIX: Final = "rmq_sys_SYNC_BROKER_MEMBER_"
+
+MASTER_ID: Final = 0
+
+
+def sync_member_group_topic(broker_name: str) -> str:
+    """The compatibility member-group topic of ``broker_name``."""
+    return SYNC_BROKER_MEMBER_GROUP_PREFIX + broker_name
+
+
+class Perm:
+    """Queue permission bits (RocketMQ ``PermName``)."""
+
+    PRIORITY: Final = 8
+    READ: Final = 4
+    WRITE: Final = 2
+    INHERIT: Final = 1
+
+    @staticmethod
+    def is_readable(perm: int) -> bool:
+        return perm & Perm.READ == Perm.READ
+
+    @staticmethod
+    def is_writeable(perm: int) -> bool:
+        return perm & Perm.WRITE == Perm.WRITE
+
+    @staticmethod
+    def is_inherited(perm: int) -> bool:
+        return perm & Perm.INHERIT == Perm.INHERIT
+
+    @staticmethod
+    def without_write(perm: int) -> int:
+        return perm & ~Perm.WRITE
+
+    @staticmethod
+    def to_string(perm: int) -> str:
+        """``RWX`` style, ``-`` for a missing bit (X = inherit)."""
+        return "".join(
+            ch if perm & bit else "-"
+            for ch, bit in (("R", Perm.READ), ("W", Perm.WRITE), ("X", Perm.INHERIT))
+        )
+
+
+def _sorted_addrs(addrs: Mapping[int, str]) -> dict[int, str]:
+    return {broker_id: addrs[broker_id] for broker_id in sorted(addrs)}
+
+
+@dataclass(frozen=True)
+class TopicConfig:
+    """A topic as one broker holds it."""
+
+    topic_name: str
+    read_queue_nums: int
+    write_queue_nums: int
+    perm: int = Perm.READ | Perm.WRITE
+    topic_sys_flag: int = 0
+    order: bool = False
+
+    def to_json(self) -> dict[str, Any]:
+        return {
+            "topicName": self.topic_name,
+            "readQueueNums": self.read_queue_nums,
+            "writeQueueNums": self.write_queue_nums,
+            "perm": self.perm,
+            "topicSysFlag": self.topic_sys_flag,
+            "order": self.order,
+        }
+
+    @classmethod
+    def from_json(cls, data: Mapping[str, Any]) -> TopicConfig:
+        return cls(
+            topic_name=str(data["topicName"]),
+            read_queue_nums=int(data["readQueueNums"]),
+            write_queue_nums=int(data["writeQueueNums"]),
+            perm=int(data["perm"]),
+            topic_sys_flag=int(data.get("topicSysFlag", 0)),
+            order=bool(data.get("order", False)),
+        )
+
+
+@dataclass
+class TopicConfigWrapper:
+    """A broker's topic configs with their DataVersion (the REGISTER_BROKER body)."""
+
+    topic_configs: dict[str, TopicConfig] = field(default_factory=dict)
+    data_version: DataVersion = field(default_factory=DataVersion)
+
+    def to_json(self) -> dict[str, Any]:
+        return {
+            "topicConfigTable": {
+                name: self.topic_configs[name].to_json() for name in sorted(self.topic_configs)
+            },
+            "dataVersion": self.data_version.to_dict(),
+        }
+
+    @classmethod
+    def from_json(cls, data: Mapping[str, Any]) -> TopicConfigWrapper:
+        table = dict(data.get("topicConfigTable", {}))
+        return cls(
+            {str(name): TopicConfig.from_json(tc) for name, tc in table.items()},
+            DataVersion.from_dict(dict(data.get("dataVersion", {}))),
+        )
+
+
+@dataclass(frozen=True)
+class QueueData:
+    """The queues one broker group serves for a topic."""
+
+    broker_name: str
+    read_queue_nums: int
+    write_queue_nums: int
+    perm: int
+    topic_sys_flag: int = 0
+
+    @classmethod
+    def from_topic_config(cls, broker_name: str, config: TopicConfig) -> QueueData:
+        return cls(
+            broker_name,
+            config.read_queue_nums,
+            config.write_queue_nums,
+            config.perm,
+            config.topic_sys_flag,
+        )
+
+    def to_json(self) -> dict[str, Any]:
+        return {
+            "brokerName": self.broker_name,
+            "readQueueNums": self.read_queue_nums,
+            "writeQueueNums": self.write_queue_nums,
+            "perm": self.perm,
+        }
+
+    @classmethod
+    def from_json(cls, data: Mapping[str, Any]) -> QueueData:
+        return cls(
+            broker_name=str(data["brokerName"]),
+            read_queue_nums=int(data["readQueueNums"]),
+            write_queue_nums=int(data["writeQueueNums"]),
+            perm=int(data["perm"]),
+        )
+
+
+@dataclass(frozen=True)
+class BrokerData:
+    """One broker group as a route shows it: ``broker_addrs`` maps id to address."""
+
+    cluster: str
+    broker_name: str
+    broker_addrs: dict[int, str] = field(default_factory=dict)
+    enable_acting_master: bool = False
+
+    @property
+    def master_addr(self) -> str | None:
+        """The address shown as id 0 (master or acting master), if any."""
+        return self.broker_addrs.get(MASTER_ID)
+
+    def clone(self) -> BrokerData:
+        return BrokerData(
+            self.cluster, self.broker_name, dict(self.broker_addrs), self.enable_acting_master
+        )
+
+    def to_json(self) -> dict[str, Any]:
+        return {
+            "cluster": self.cluster,
+            "brokerName": self.broker_name,
+            "brokerAddrs": {
+                str(broker_id): addr for broker_id, addr in _sorted_addrs(self.broker_addrs).items()
+            },
+        }
+
+    @classmethod
+    def from_json(cls, data: Mapping[str, Any]) -> BrokerData:
+        addrs = {int(k): str(v) for k, v in dict(data.get("brokerAddrs", {})).items()}
+        return cls(
+            cluster=str(data["cluster"]),
+            broker_name=str(data["brokerName"]),
+            broker_addrs=_sorted_addrs(addrs),
+            enable_acting_master=bool(data.get("enableActingMaster", False)),
+        )
+
+
+@dataclass(frozen=True)
+class TopicRouteData:
+    """A topic's route: groups sorted by name, queue data sorted by group name."""
+
+    topic: str
+    broker_datas: list[BrokerData] = field(default_factory=list)
+    queue_datas: list[QueueData] = field(default_factory=list)
+
+    def __post_init__(self) -> None:
+        object.__setattr__(
+            self, "broker_datas", sorted(self.broker_datas, key=lambda b: b.broker_name)
+        )
+        object.__setattr__(
+            self, "queue_datas", sorted(self.queue_datas, key=lambda q: q.broker_name)
+        )
+
+    def broker(self, broker_name: str) -> BrokerData | None:
+        for broker_data in self.broker_datas:
+            if broker_data.broker_name == broker_name:
+                return broker_data
+        return None
+
+    def queue(self, broker_name: str) -> QueueData | None:
+        for queue_data in self.queue_datas:
+            if queue_data.broker_name == broker_name:
+                return queue_data
+        return None
+
+    def to_json(self) -> dict[str, Any]:
+        """The DESIGN.md §7 shape: ``{"topic", "brokers", "queues"}``."""
+        return {
+            "topic": self.topic,
+            "brokers": [b.to_json() for b in self.broker_datas],
+            "queues": [q.to_json() for q in self.queue_datas],
+        }
+
+    @classmethod
+    def from_json(cls, data: Mapping[str, Any]) -> TopicRouteData:
+        return cls(
+            topic=str(data["topic"]),
+            broker_datas=[BrokerData.from_json(b) for b in data.get("brokers", [])],
+            queue_datas=[QueueData.from_json(q) for q in data.get("queues", [])],
+        )
+
+
+@dataclass(frozen=True)
+class BrokerMemberGroup:
+    """A group's members with their raw ids (never rewritten)."""
+
+    cluster: str
+    broker_name: str
+    broker_addrs: dict[int, str] = field(default_factory=dict)
+
+    def minimum_broker_id(self) -> int:
+        """0 when the group is empty, else the lowest member id."""
+        return min(self.broker_addrs) if self.broker_addrs else MASTER_ID
+
+    def to_json(self) -> dict[str, Any]:
+        return {
+            "cluster": self.cluster,
+            "brokerName": self.broker_name,
+            "brokerAddrs": {
+                str(broker_id): addr for broker_id, addr in _sorted_addrs(self.broker_addrs).items()
+            },
+        }
+
+    @classmethod
+    def from_json(cls, data: Mapping[str, Any]) -> BrokerMemberGroup:
+        addrs = {int(k): str(v) for k, v in dict(data.get("brokerAddrs", {})).items()}
+        return cls(str(data["cluster"]), str(data["brokerName"]), _sorted_addrs(addrs))

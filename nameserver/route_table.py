@@ -1,0 +1,684 @@
+"""The nameserver route table: a plain state machine, no I/O.
+
+Follows RocketMQ's ``RouteInfoManager`` with RIP-32 (reference/rip32.md §1):
+registration with min-broker-id change detection, lightweight heartbeats,
+expiry, write-perm wipe of a group that lost its master and the acting-master
+route rewrite.  The service that wraps it owns sockets, timers and locking
+(every method runs on one event loop, so no lock is taken here) and sends the
+:class:`MinIdChange` notifications the table returns.
+
+Deliberate differences from RocketMQ:
+- a min-id change is notified on the register and the unregister path alike,
+  and only for groups with ``enable_acting_master`` (DESIGN.md §4);
+- notifications carry the broker name;
+- a single-topic registration before the first full one is accepted;
+- a batch of removals (one scan, one closed connection) yields at most one
+  notification per group, computed from the group's state before and after.
+"""
+
+from __future__ import annotations
+
+import logging
+import time
+from collections.abc import Callable, Hashable, Iterable
+from dataclasses import dataclass, field
+from typing import Any, Final
+
+from ha_controller.dataversion import DataVersion
+from ha_controller.routing import (
+    SYNC_BROKER_MEMBER_GROUP_PREFIX,
+    BrokerData,
+    BrokerMemberGroup,
+    Perm,
+    QueueData,
+    TopicConfig,
+    TopicRouteData,
+)
+
+__all__ = [
+    "DEFAULT_BROKER_CHANNEL_EXPIRED_TIME_MS",
+    "MASTER_ID",
+    "BrokerRegistration",
+    "ExpiredBroker",
+    "MinIdChange",
+    "RegisterOutcome",
+    "RouteTable",
+]
+
+log = logging.getLogger(__name__)
+
+#: Heartbeat timeout of a broker that did not send one (old broker), as in RocketMQ.
+DEFAULT_BROKER_CHANNEL_EXPIRED_TIME_MS: Final = 120_000
+MASTER_ID: Final = 0
+
+# Queue data of the compatibility member-group topic, as brokers create it.
+_SYNC_TOPIC_QUEUE_NUMS: Final = 1
+_SYNC_TOPIC_PERM: Final = Perm.INHERIT
+
+
+def _monotonic_ms() -> float:
+    return time.monotonic() * 1000
+
+
+@dataclass
+class BrokerRegistration:
+    """One REGISTER_BROKER request (``None`` fields = sent by an old broker)."""
+
+    cluster: str
+    broker_addr: str
+    broker_name: str
+    broker_id: int
+    ha_addr: str | None = None
+    heartbeat_timeout_ms: int | None = None
+    enable_acting_master: bool | None = None
+    topic_configs: dict[str, TopicConfig] = field(default_factory=dict)
+    data_version: DataVersion = field(default_factory=DataVersion)
+
+
+@dataclass(frozen=True)
+class MinIdChange:
+    """A group's lowest broker id changed; ``targets`` are the addresses to notify."""
+
+    cluster: str
+    broker_name: str
+    min_broker_id: int
+    min_broker_addr: str
+    offline_broker_addr: str | None
+    ha_broker_addr: str | None
+    targets: list[str]
+
+
+@dataclass(frozen=True)
+class RegisterOutcome:
+    """Answer to a registration: the master's addresses for a slave, notifications."""
+
+    master_addr: str | None = None
+    master_ha_addr: str | None = None
+    rejected: bool = False
+    notifications: list[MinIdChange] = field(default_factory=list)
+
+
+@dataclass(frozen=True)
+class ExpiredBroker:
+    """A broker the scan found silent; ``conn_id`` is the connection to close."""
+
+    cluster: str
+    broker_addr: str
+    broker_name: str | None
+    broker_id: int | None
+    conn_id: Hashable | None
+    last_update_ms: float
+    heartbeat_timeout_ms: int
+
+
+@dataclass
+class _LiveInfo:
+    last_update_ms: float
+    heartbeat_timeout_ms: int
+    data_version: DataVersion
+    conn_id: Hashable | None
+    ha_addr: str | None
+
+
+@dataclass
+class _Group:
+    cluster: str
+    broker_name: str
+    addrs: dict[int, str] = field(default_factory=dict)
+    enable_acting_master: bool = False
+
+    def min_member(self) -> tuple[int, str] | None:
+        if not self.addrs:
+            return None
+        broker_id = min(self.addrs)
+        return broker_id, self.addrs[broker_id]
+
+    def has_master(self) -> bool:
+        return MASTER_ID in self.addrs
+
+    def sorted_addrs(self) -> dict[int, str]:
+        return {broker_id: self.addrs[broker_id] for broker_id in sorted(self.addrs)}
+
+    def to_broker_data(self) -> BrokerData:
+        return BrokerData(
+            self.cluster, self.broker_name, self.sorted_addrs(), self.enable_acting_master
+        )
+
+
+@dataclass(frozen=True)
+class _Removal:
+    cluster: str
+    broker_addr: str
+    broker_name: str
+    broker_id: int
+
+
+class RouteTable:
+    """Clusters, broker groups, topic queue data and broker liveness."""
+
+    def __init__(
+        self,
+        clock: Callable[[], float] = _monotonic_ms,
+        *,
+        support_acting_master: bool = True,
+        notify_min_broker_id_changed: bool = True,
+    ) -> None:
+        self._clock = clock
+        self.support_acting_master = support_acting_master
+        self.notify_min_broker_id_changed = notify_min_broker_id_changed
+        self._cluster_addr: dict[str, set[str]] = {}
+        self._groups: dict[str, _Group] = {}
+        self._topic_queues: dict[str, dict[str, QueueData]] = {}
+        self._live: dict[tuple[str, str], _LiveInfo] = {}
+        self._generation = 0
+        self._min_id_changes = 0
+
+    # ------------------------------------------------------------------ state
+
+    @property
+    def generation(self) -> int:
+        """Moves on every mutation that can change a route a client sees."""
+        return self._generation
+
+    @property
+    def min_id_changes(self) -> int:
+        """Min-broker-id changes seen so far, notified or not (a metric)."""
+        return self._min_id_changes
+
+    def topics(self) -> list[str]:
+        """Topics with queue data (the implicit member-group topics excluded)."""
+        return sorted(self._topic_queues)
+
+    def is_registered(self, cluster: str, broker_addr: str) -> bool:
+        return (cluster, broker_addr) in self._live
+
+    def broker_data_version(self, cluster: str, broker_addr: str) -> DataVersion | None:
+        """The topic-config DataVersion last registered by a live broker."""
+        live = self._live.get((cluster, broker_addr))
+        return None if live is None else live.data_version.copy()
+
+    def _bump(self) -> None:
+        self._generation += 1
+
+    # ---------------------------------------------------------- registration
+
+    def register_broker(
+        self, reg: BrokerRegistration, conn_id: Hashable | None = None
+    ) -> RegisterOutcome:
+        """Register (or refresh) a broker and its topics (rip32.md §1.2)."""
+        now = self._clock()
+        names = self._cluster_addr.setdefault(reg.cluster, set())
+        if reg.broker_name not in names:
+            names.add(reg.broker_name)
+            self._bump()
+
+        group = self._groups.get(reg.broker_name)
+        register_first = group is None
+        if group is None:
+            group = _Group(reg.cluster, reg.broker_name)
+            self._groups[reg.broker_name] = group
+            self._bump()
+
+        # Last writer wins, an old broker (None) switches it off.
+        is_old_version = reg.enable_acting_master is None
+        enable_acting_master = not is_old_version and bool(reg.enable_acting_master)
+        if group.enable_acting_master != enable_acting_master:
+            log.info(
+                "group %s: enableActingMaster %s -> %s (set by %s)",
+                reg.broker_name,
+                group.enable_acting_master,
+                enable_acting_master,
+                reg.broker_addr,
+            )
+            group.enable_acting_master = enable_acting_master
+            self._bump()
+
+        prev_min = group.min_member()
+
+        # Stale stateVersion: another live address holds this id with a newer state.
+        holder = group.addrs.get(reg.broker_id)
+        if holder is not None and holder != reg.broker_addr:
+            holder_live = self._live.get((reg.cluster, holder))
+            if (
+                holder_live is not None
+                and holder_live.data_version.state_version > reg.data_version.state_version
+            ):
+                log.warning(
+                    "reject registration of %s as %s/%d: stateVersion %d < %d of %s",
+                    reg.broker_addr,
+                    reg.broker_name,
+                    reg.broker_id,
+                    reg.data_version.state_version,
+                    holder_live.data_version.state_version,
+                    holder,
+                )
+                # Drop the loser's live entry and any other id it held (role switch).
+                lost = self._unregister_many(
+                    [_Removal(reg.cluster, reg.broker_addr, reg.broker_name, reg.broker_id)]
+                )
+                return RegisterOutcome(rejected=True, notifications=lost)
+
+        # Role switch: the same address holds only one id.
+        for other_id in [i for i, a in group.addrs.items() if a == reg.broker_addr]:
+            if other_id != reg.broker_id:
+                log.info(
+                    "group %s: %s switches id %d -> %d",
+                    reg.broker_name,
+                    reg.broker_addr,
+                    other_id,
+                    reg.broker_id,
+                )
+                del group.addrs[other_id]
+                self._bump()
+
+        old_addr = group.addrs.get(reg.broker_id)
+        group.addrs[reg.broker_id] = reg.broker_addr
+        if old_addr != reg.broker_addr:
+            self._bump()
+        register_first = register_first or old_addr is None
+
+        is_master = reg.broker_id == MASTER_ID
+        is_prime_slave = not is_old_version and not is_master and reg.broker_id == min(group.addrs)
+        if is_master or is_prime_slave:
+            self._update_topics(reg, group, register_first=register_first, wipe=is_prime_slave)
+
+        self._live[(reg.cluster, reg.broker_addr)] = _LiveInfo(
+            last_update_ms=now,
+            heartbeat_timeout_ms=(
+                reg.heartbeat_timeout_ms
+                if reg.heartbeat_timeout_ms is not None
+                else DEFAULT_BROKER_CHANNEL_EXPIRED_TIME_MS
+            ),
+            data_version=reg.data_version.copy(),
+            conn_id=conn_id,
+            ha_addr=reg.ha_addr,
+        )
+
+        master_addr: str | None = None
+        master_ha_addr: str | None = None
+        if not is_master:
+            candidate = group.addrs.get(MASTER_ID)
+            master_live = None if candidate is None else self._live.get((reg.cluster, candidate))
+            if master_live is not None:
+                master_addr, master_ha_addr = candidate, master_live.ha_addr
+
+        notes: list[MinIdChange] = []
+        change = self._min_id_change(group, prev_min, ha_addr=reg.ha_addr)
+        if change is not None:
+            notes.append(change)
+        return RegisterOutcome(master_addr, master_ha_addr, False, notes)
+
+    def _update_topics(
+        self, reg: BrokerRegistration, group: _Group, *, register_first: bool, wipe: bool
+    ) -> None:
+        """Write the topic queue data of a master or prime slave (§1.2 step 10)."""
+        live = self._live.get((reg.cluster, reg.broker_addr))
+        version_changed = live is None or live.data_version != reg.data_version
+        wipe = wipe and group.enable_acting_master
+        wiped = 0
+        for topic in sorted(reg.topic_configs):
+            queues = self._topic_queues.get(topic)
+            if not (
+                register_first
+                or version_changed
+                or queues is None
+                or group.broker_name not in queues
+            ):
+                continue
+            config = reg.topic_configs[topic]
+            queue_data = QueueData.from_topic_config(group.broker_name, config)
+            if wipe and Perm.is_writeable(queue_data.perm):
+                queue_data = QueueData(
+                    queue_data.broker_name,
+                    queue_data.read_queue_nums,
+                    queue_data.write_queue_nums,
+                    Perm.without_write(queue_data.perm),
+                    queue_data.topic_sys_flag,
+                )
+                wiped += 1
+            if queues is None:
+                queues = self._topic_queues.setdefault(topic, {})
+            if queues.get(group.broker_name) != queue_data:
+                queues[group.broker_name] = queue_data
+                self._bump()
+        if wiped:
+            log.info(
+                "perm wipe: group %s has no master, prime slave %s/%d registered %d topic(s)"
+                " read-only",
+                group.broker_name,
+                reg.broker_addr,
+                reg.broker_id,
+                wiped,
+            )
+
+    # -------------------------------------------------------------- liveness
+
+    def heartbeat(self, cluster: str, broker_addr: str) -> bool:
+        """Refresh a registered broker; never registers one (§1.3)."""
+        live = self._live.get((cluster, broker_addr))
+        if live is None:
+            return False
+        live.last_update_ms = self._clock()
+        return True
+
+    def query_data_version(self, cluster: str, broker_addr: str, data_version: DataVersion) -> bool:
+        """Whether ``data_version`` differs from the registered one; also a heartbeat."""
+        live = self._live.get((cluster, broker_addr))
+        changed = live is None or live.data_version != data_version
+        self.heartbeat(cluster, broker_addr)
+        return changed
+
+    def scan_not_active(self) -> tuple[list[ExpiredBroker], list[MinIdChange]]:
+        """Expire every broker silent longer than its heartbeat timeout (§1.4)."""
+        now = self._clock()
+        expired: list[ExpiredBroker] = []
+        for (cluster, addr), live in sorted(self._live.items(), key=lambda kv: kv[0]):
+            if live.last_update_ms + live.heartbeat_timeout_ms < now:
+                name_id = self._locate(cluster, addr)
+                log.warning(
+                    "expire broker %s (cluster %s, group %s, id %s):"
+                    " no heartbeat for %.0f ms > timeout %d ms",
+                    addr,
+                    cluster,
+                    None if name_id is None else name_id[0],
+                    None if name_id is None else name_id[1],
+                    now - live.last_update_ms,
+                    live.heartbeat_timeout_ms,
+                )
+                expired.append(
+                    ExpiredBroker(
+                        cluster,
+                        addr,
+                        None if name_id is None else name_id[0],
+                        None if name_id is None else name_id[1],
+                        live.conn_id,
+                        live.last_update_ms,
+                        live.heartbeat_timeout_ms,
+                    )
+                )
+        notes = self._expire([(b.cluster, b.broker_addr) for b in expired])
+        return expired, notes
+
+    def on_connection_closed(self, conn_id: Hashable) -> list[MinIdChange]:
+        """Expire at once every broker registered on a closed connection."""
+        if conn_id is None:  # brokers registered without a connection are not bound to one
+            return []
+        keys = sorted(key for key, live in self._live.items() if live.conn_id == conn_id)
+        for cluster, addr in keys:
+            log.warning(
+                "expire broker %s (cluster %s): connection %r closed", addr, cluster, conn_id
+            )
+        return self._expire(keys)
+
+    def _locate(self, cluster: str, broker_addr: str) -> tuple[str, int] | None:
+        for name in sorted(self._cluster_addr.get(cluster, ())):
+            group = self._groups.get(name)
+            if group is None:
+                continue
+            for broker_id, addr in group.addrs.items():
+                if addr == broker_addr:
+                    return name, broker_id
+        return None
+
+    def _expire(self, keys: Iterable[tuple[str, str]]) -> list[MinIdChange]:
+        removals: list[_Removal] = []
+        for cluster, addr in keys:
+            name_id = self._locate(cluster, addr)
+            if name_id is None:
+                self._live.pop((cluster, addr), None)
+            else:
+                removals.append(_Removal(cluster, addr, name_id[0], name_id[1]))
+        return self._unregister_many(removals)
+
+    # ---------------------------------------------------------- unregister
+
+    def unregister_broker(
+        self, cluster: str, broker_addr: str, broker_name: str, broker_id: int
+    ) -> list[MinIdChange]:
+        """Remove a broker from its group (§1.5)."""
+        return self._unregister_many([_Removal(cluster, broker_addr, broker_name, broker_id)])
+
+    def _unregister_many(self, removals: list[_Removal]) -> list[MinIdChange]:
+        """Apply removals, then clean topics and report one change per group."""
+        prev_mins: dict[str, tuple[int, str] | None] = {}
+        removed_groups: list[str] = []
+        reduced_groups: list[str] = []
+        for rm in removals:
+            self._live.pop((rm.cluster, rm.broker_addr), None)
+            group = self._groups.get(rm.broker_name)
+            if group is None:
+                continue
+            prev_mins.setdefault(group.broker_name, group.min_member())
+            gone = [i for i, a in group.addrs.items() if a == rm.broker_addr]
+            for broker_id in gone:
+                del group.addrs[broker_id]
+                self._bump()
+            if gone:
+                log.info(
+                    "unregister %s from group %s (id %s)",
+                    rm.broker_addr,
+                    group.broker_name,
+                    ",".join(str(i) for i in sorted(gone)),
+                )
+            if not group.addrs:
+                self._remove_group(group)
+                removed_groups.append(group.broker_name)
+            elif group.broker_name not in reduced_groups:
+                reduced_groups.append(group.broker_name)
+
+        notes: list[MinIdChange] = []
+        for name in reduced_groups:
+            group = self._groups.get(name)
+            if group is None:
+                continue
+            self._wipe_write_perm_if_masterless(group)
+            change = self._min_id_change(group, prev_mins.get(name), ha_addr=None)
+            if change is not None:
+                notes.append(change)
+        return notes
+
+    def _remove_group(self, group: _Group) -> None:
+        name = group.broker_name
+        del self._groups[name]
+        self._bump()
+        for cluster, names in list(self._cluster_addr.items()):
+            names.discard(name)
+            if not names:
+                del self._cluster_addr[cluster]
+        for topic, queues in list(self._topic_queues.items()):
+            if queues.pop(name, None) is not None and not queues:
+                del self._topic_queues[topic]
+        log.info("group %s has no member left: removed with its queue data", name)
+
+    def _wipe_write_perm_if_masterless(self, group: _Group) -> None:
+        if not group.enable_acting_master or group.has_master():
+            return
+        wiped = 0
+        for queues in self._topic_queues.values():
+            queue_data = queues.get(group.broker_name)
+            if queue_data is not None and Perm.is_writeable(queue_data.perm):
+                queues[group.broker_name] = QueueData(
+                    queue_data.broker_name,
+                    queue_data.read_queue_nums,
+                    queue_data.write_queue_nums,
+                    Perm.without_write(queue_data.perm),
+                    queue_data.topic_sys_flag,
+                )
+                wiped += 1
+        if wiped:
+            self._bump()
+            log.info(
+                "perm wipe: group %s has no master, write bit removed from %d topic(s)",
+                group.broker_name,
+                wiped,
+            )
+
+    # ------------------------------------------------------- notifications
+
+    def _min_id_change(
+        self, group: _Group, prev_min: tuple[int, str] | None, *, ha_addr: str | None
+    ) -> MinIdChange | None:
+        """The notification for a change of ``group``'s lowest id, if one is due."""
+        new_min = group.min_member()
+        if prev_min is None or new_min is None or new_min[0] == prev_min[0]:
+            return None
+        self._min_id_changes += 1
+        min_id, min_addr = new_min
+        # The lowest id went up: the previous lowest member left.
+        offline = prev_min[1] if min_id > prev_min[0] else None
+        addrs = group.sorted_addrs()
+        if offline is not None or len(addrs) == 1:
+            targets = list(addrs.values())
+        else:
+            targets = [addr for broker_id, addr in addrs.items() if broker_id != min_id]
+        gated = (
+            "sent"
+            if self.notify_min_broker_id_changed and group.enable_acting_master
+            else "not sent"
+        )
+        log.info(
+            "min broker id change: group %s %d(%s) -> %d(%s), offline %s, notify %s (%s)",
+            group.broker_name,
+            prev_min[0],
+            prev_min[1],
+            min_id,
+            min_addr,
+            offline,
+            ",".join(targets),
+            gated,
+        )
+        if gated != "sent":
+            return None
+        return MinIdChange(
+            cluster=group.cluster,
+            broker_name=group.broker_name,
+            min_broker_id=min_id,
+            min_broker_addr=min_addr,
+            offline_broker_addr=offline,
+            ha_broker_addr=ha_addr if offline is None else None,
+            targets=targets,
+        )
+
+    # ---------------------------------------------------------------- reads
+
+    def _may_act(self, group: _Group) -> bool:
+        return (
+            self.support_acting_master
+            and group.enable_acting_master
+            and bool(group.addrs)
+            and not group.has_master()
+        )
+
+    def _acting_rewrite_applies(self, group: _Group, queue_data: QueueData) -> bool:
+        return self._may_act(group) and not Perm.is_writeable(queue_data.perm)
+
+    def pickup_route(self, topic: str) -> TopicRouteData | None:
+        """The route clients see, with the acting-master rewrite (§1.7)."""
+        if topic.startswith(SYNC_BROKER_MEMBER_GROUP_PREFIX):
+            route = self._member_group_route(topic)
+            if route is not None:
+                return route
+        queues = self._topic_queues.get(topic)
+        if not queues:
+            return None
+        broker_datas: list[BrokerData] = []
+        for name in sorted(queues):
+            group = self._groups.get(name)
+            if group is None:
+                continue
+            broker_data = group.to_broker_data()
+            if not topic.startswith(SYNC_BROKER_MEMBER_GROUP_PREFIX) and (
+                self._acting_rewrite_applies(group, queues[name])
+            ):
+                acting_id = min(broker_data.broker_addrs)
+                addr = broker_data.broker_addrs.pop(acting_id)
+                broker_data = BrokerData(
+                    broker_data.cluster,
+                    broker_data.broker_name,
+                    {MASTER_ID: addr, **broker_data.broker_addrs},
+                    broker_data.enable_acting_master,
+                )
+            broker_datas.append(broker_data)
+        if not broker_datas:
+            return None
+        return TopicRouteData(topic, broker_datas, list(queues.values()))
+
+    def _member_group_route(self, topic: str) -> TopicRouteData | None:
+        """Route of ``rmq_sys_SYNC_BROKER_MEMBER_{name}``: raw ids, never rewritten."""
+        group = self._groups.get(topic[len(SYNC_BROKER_MEMBER_GROUP_PREFIX) :])
+        if group is None:
+            return None
+        queue_data = self._topic_queues.get(topic, {}).get(group.broker_name)
+        if queue_data is None:
+            queue_data = QueueData(
+                group.broker_name, _SYNC_TOPIC_QUEUE_NUMS, _SYNC_TOPIC_QUEUE_NUMS, _SYNC_TOPIC_PERM
+            )
+        return TopicRouteData(topic, [group.to_broker_data()], [queue_data])
+
+    def member_group(self, cluster: str, broker_name: str) -> BrokerMemberGroup:
+        """A group's members with raw ids (§1.6); empty when unknown."""
+        group = self._groups.get(broker_name)
+        if group is None:
+            return BrokerMemberGroup(cluster, broker_name, {})
+        return BrokerMemberGroup(cluster, broker_name, group.sorted_addrs())
+
+    def cluster_info(self) -> dict[str, Any]:
+        """``{"brokerAddrTable", "clusterAddrTable"}``, JSON-friendly and sorted."""
+        return {
+            "brokerAddrTable": {
+                name: {
+                    **self._groups[name].to_broker_data().to_json(),
+                    "enableActingMaster": self._groups[name].enable_acting_master,
+                }
+                for name in sorted(self._groups)
+            },
+            "clusterAddrTable": {
+                cluster: sorted(self._cluster_addr[cluster])
+                for cluster in sorted(self._cluster_addr)
+            },
+        }
+
+    def acting_broker_id(self, broker_name: str) -> int | None:
+        """Raw id of the slave routes show as id 0, or None.
+
+        A group with no queue data counts as acting when it has no master and
+        acting master is on (its lowest slave runs the special services).
+        """
+        group = self._groups.get(broker_name)
+        if group is None or not self._may_act(group):
+            return None
+        perms = [q[broker_name].perm for q in self._topic_queues.values() if broker_name in q]
+        if perms and all(Perm.is_writeable(perm) for perm in perms):
+            return None
+        return min(group.addrs)
+
+    def groups_view(self, now_ms: float | None = None) -> list[dict[str, Any]]:
+        """``GET /api/v1/groups`` (DESIGN.md §7), sorted by cluster and name."""
+        now = self._clock() if now_ms is None else now_ms
+        view: list[dict[str, Any]] = []
+        for name in sorted(self._groups, key=lambda n: (self._groups[n].cluster, n)):
+            group = self._groups[name]
+            members: list[dict[str, Any]] = []
+            for broker_id, addr in group.sorted_addrs().items():
+                live = self._live.get((group.cluster, addr))
+                members.append(
+                    {
+                        "brokerId": broker_id,
+                        "addr": addr,
+                        "haAddr": None if live is None else live.ha_addr,
+                        "lastHeartbeatAgeMs": (
+                            None if live is None else max(0, int(now - live.last_update_ms))
+                        ),
+                    }
+                )
+            view.append(
+                {
+                    "cluster": group.cluster,
+                    "brokerName": name,
+                    "enableActingMaster": group.enable_acting_master,
+                    "members": members,
+                    "masterOnline": group.has_master(),
+                    "actingBrokerId": self.acting_broker_id(name),
+                }
+            )
+        return view

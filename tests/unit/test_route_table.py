@@ -1,0 +1,782 @@
+"""RouteTable: registration, liveness, expiry and the acting-master rewrite.
+
+Mirrors RocketMQ's RouteInfoManagerNewTest (reference/rip32.md §6.1) with an
+injected clock instead of sleeps.
+"""
+
+from __future__ import annotations
+
+import logging
+
+import pytest
+
+from ha_controller.dataversion import DataVersion
+from ha_controller.routing import (
+    SYNC_BROKER_MEMBER_GROUP_PREFIX,
+    BrokerData,
+    BrokerMemberGroup,
+    Perm,
+    QueueData,
+    TopicConfig,
+    TopicConfigWrapper,
+    TopicRouteData,
+    sync_member_group_topic,
+)
+from nameserver.route_table import (
+    DEFAULT_BROKER_CHANNEL_EXPIRED_TIME_MS,
+    BrokerRegistration,
+    ExpiredBroker,
+    MinIdChange,
+    RouteTable,
+)
+
+CLUSTER = "DefaultCluster"
+NAME = "Default_Broker"
+MASTER = "127.0.0.1:10911"
+MASTER_HA = "127.0.0.1:20911"
+SLAVE1 = "127.0.0.1:30911"
+SLAVE1_HA = "127.0.0.1:40911"
+SLAVE2 = "127.0.0.1:50911"
+SLAVE2_HA = "127.0.0.1:60911"
+TOPIC = "TestTopic"
+BASE_TOPIC = "BaseTopic"
+RW = Perm.READ | Perm.WRITE
+
+HA_OF = {MASTER: MASTER_HA, SLAVE1: SLAVE1_HA, SLAVE2: SLAVE2_HA}
+
+
+class FakeClock:
+    def __init__(self, start_ms: float = 1_000_000.0) -> None:
+        self.now = start_ms
+
+    def __call__(self) -> float:
+        return self.now
+
+    def advance(self, ms: float) -> None:
+        self.now += ms
+
+
+def topics(*names: str, perm: int = RW) -> dict[str, TopicConfig]:
+    return {n: TopicConfig(n, 8, 8, perm) for n in names}
+
+
+def version(counter: int = 1, state: int = 0) -> DataVersion:
+    return DataVersion(state_version=state, counter=counter, timestamp_ms=counter)
+
+
+def reg(
+    addr: str,
+    broker_id: int,
+    *,
+    name: str = NAME,
+    eam: bool | None = True,
+    timeout: int | None = None,
+    topic_configs: dict[str, TopicConfig] | None = None,
+    dv: DataVersion | None = None,
+) -> BrokerRegistration:
+    return BrokerRegistration(
+        cluster=CLUSTER,
+        broker_addr=addr,
+        broker_name=name,
+        broker_id=broker_id,
+        ha_addr=HA_OF.get(addr, addr + "-ha"),
+        heartbeat_timeout_ms=timeout,
+        enable_acting_master=eam,
+        topic_configs=topics(BASE_TOPIC, TOPIC) if topic_configs is None else topic_configs,
+        data_version=version() if dv is None else dv,
+    )
+
+
+@pytest.fixture
+def clock() -> FakeClock:
+    return FakeClock()
+
+
+@pytest.fixture
+def table(clock: FakeClock) -> RouteTable:
+    return RouteTable(clock)
+
+
+def addrs_of(table: RouteTable, topic: str = TOPIC, name: str = NAME) -> dict[int, str]:
+    route = table.pickup_route(topic)
+    assert route is not None
+    broker = route.broker(name)
+    assert broker is not None
+    return broker.broker_addrs
+
+
+def perm_of(table: RouteTable, topic: str = TOPIC, name: str = NAME) -> int:
+    route = table.pickup_route(topic)
+    assert route is not None
+    queue = route.queue(name)
+    assert queue is not None
+    return queue.perm
+
+
+def group_of_three(table: RouteTable) -> None:
+    table.register_broker(reg(MASTER, 0))
+    table.register_broker(reg(SLAVE1, 1))
+    table.register_broker(reg(SLAVE2, 2))
+
+
+# ----------------------------------------------------------------- registration
+
+
+def test_register_master_then_slave_returns_master_addresses(table: RouteTable) -> None:
+    master = table.register_broker(reg(MASTER, 0))
+    assert (master.master_addr, master.master_ha_addr, master.rejected) == (None, None, False)
+    assert master.notifications == []
+
+    slave = table.register_broker(reg(SLAVE1, 1))
+    assert slave.master_addr == MASTER
+    assert slave.master_ha_addr == MASTER_HA
+    assert slave.rejected is False
+    assert slave.notifications == []
+
+    assert addrs_of(table) == {0: MASTER, 1: SLAVE1}
+    assert perm_of(table) == RW
+    assert table.topics() == [BASE_TOPIC, TOPIC]
+
+
+def test_slave_without_live_master_gets_no_master_addr(table: RouteTable) -> None:
+    outcome = table.register_broker(reg(SLAVE1, 1))
+    assert outcome.master_addr is None
+    assert outcome.master_ha_addr is None
+
+
+def test_new_topic_from_master_shows_both_members(table: RouteTable) -> None:
+    table.register_broker(reg(MASTER, 0))
+    table.register_broker(reg(SLAVE1, 1))
+    table.register_broker(
+        reg(MASTER, 0, topic_configs=topics(BASE_TOPIC, TOPIC, "NewTopic"), dv=version(2))
+    )
+    assert addrs_of(table, "NewTopic") == {0: MASTER, 1: SLAVE1}
+    assert perm_of(table, "NewTopic") == RW
+
+
+def test_non_prime_slave_never_touches_topics(table: RouteTable) -> None:
+    table.register_broker(reg(MASTER, 0))
+    table.register_broker(reg(SLAVE1, 1, topic_configs=topics("SlaveOnly"), dv=version(7)))
+    assert table.pickup_route("SlaveOnly") is None
+    assert table.topics() == [BASE_TOPIC, TOPIC]
+
+
+def test_old_broker_gets_default_timeout(table: RouteTable, clock: FakeClock) -> None:
+    table.register_broker(reg(MASTER, 0, eam=None, timeout=None))
+    clock.advance(DEFAULT_BROKER_CHANNEL_EXPIRED_TIME_MS)
+    assert table.scan_not_active() == ([], [])
+    clock.advance(1)
+    expired, _ = table.scan_not_active()
+    assert [e.broker_addr for e in expired] == [MASTER]
+
+
+# --------------------------------------------------------- acting-master rewrite
+
+
+def test_unregister_master_shows_slave_as_id0_read_only(table: RouteTable) -> None:
+    table.register_broker(reg(MASTER, 0))
+    table.register_broker(reg(SLAVE1, 1))
+
+    table.unregister_broker(CLUSTER, MASTER, NAME, 0)
+
+    route = table.pickup_route(TOPIC)
+    assert route is not None
+    assert route.to_json() == {
+        "topic": TOPIC,
+        "brokers": [
+            {"cluster": CLUSTER, "brokerName": NAME, "brokerAddrs": {"0": SLAVE1}},
+        ],
+        "queues": [
+            {"brokerName": NAME, "readQueueNums": 8, "writeQueueNums": 8, "perm": Perm.READ},
+        ],
+    }
+    # The rewrite works on a clone: the member group keeps raw ids.
+    assert table.member_group(CLUSTER, NAME).broker_addrs == {1: SLAVE1}
+
+
+@pytest.mark.parametrize("eam", [None, False])
+def test_group_without_acting_master_is_never_rewritten(
+    table: RouteTable, eam: bool | None
+) -> None:
+    table.register_broker(reg(MASTER, 0, eam=eam))
+    table.register_broker(reg(SLAVE1, 1, eam=eam))
+
+    notes = table.unregister_broker(CLUSTER, MASTER, NAME, 0)
+
+    assert notes == []
+    assert addrs_of(table) == {1: SLAVE1}
+    assert 0 not in addrs_of(table)
+    assert perm_of(table) == RW
+    assert table.groups_view()[0]["actingBrokerId"] is None
+
+
+def test_support_acting_master_off_wipes_but_never_rewrites(clock: FakeClock) -> None:
+    table = RouteTable(clock, support_acting_master=False)
+    table.register_broker(reg(MASTER, 0))
+    table.register_broker(reg(SLAVE1, 1))
+    table.unregister_broker(CLUSTER, MASTER, NAME, 0)
+    assert addrs_of(table) == {1: SLAVE1}
+    assert perm_of(table) == Perm.READ
+    assert table.groups_view()[0]["actingBrokerId"] is None
+
+
+def test_pickup_route_with_slave_follows_master_loss_and_return(table: RouteTable) -> None:
+    table.register_broker(reg(MASTER, 0))
+    table.register_broker(reg(SLAVE1, 1))
+    assert addrs_of(table) == {0: MASTER, 1: SLAVE1}
+    assert Perm.is_writeable(perm_of(table))
+
+    table.unregister_broker(CLUSTER, MASTER, NAME, 0)
+    assert addrs_of(table) == {0: SLAVE1}
+    assert not Perm.is_writeable(perm_of(table))
+    assert Perm.is_readable(perm_of(table))
+
+    table.register_broker(reg(MASTER, 0))
+    assert addrs_of(table) == {0: MASTER, 1: SLAVE1}
+    assert perm_of(table) == RW
+    assert perm_of(table, BASE_TOPIC) == RW
+
+
+def test_register_only_slave_is_read_only_acting(table: RouteTable) -> None:
+    table.register_broker(reg(SLAVE1, 1))
+    assert perm_of(table) == Perm.READ
+    assert addrs_of(table) == {0: SLAVE1}
+    assert table.groups_view()[0]["actingBrokerId"] == 1
+
+
+def test_register_only_slave_then_master_restores_write(table: RouteTable) -> None:
+    table.register_broker(reg(MASTER, 0))
+    table.register_broker(reg(SLAVE1, 1))
+    assert perm_of(table) == RW
+    table.unregister_broker(CLUSTER, MASTER, NAME, 0)
+    assert perm_of(table) == Perm.READ
+    table.register_broker(reg(MASTER, 0))
+    assert perm_of(table) == RW
+
+
+def test_prime_slave_new_topic_registered_read_only(table: RouteTable) -> None:
+    table.register_broker(reg(MASTER, 0))
+    table.register_broker(reg(SLAVE1, 1))
+    table.unregister_broker(CLUSTER, MASTER, NAME, 0)
+
+    table.register_broker(
+        reg(SLAVE1, 1, topic_configs=topics(BASE_TOPIC, TOPIC, "Later"), dv=version(2))
+    )
+
+    assert perm_of(table, "Later") == Perm.READ
+    assert addrs_of(table, "Later") == {0: SLAVE1}
+
+
+def test_prime_slave_of_old_version_group_keeps_write(table: RouteTable) -> None:
+    table.register_broker(reg(SLAVE1, 1, eam=False))
+    assert perm_of(table) == RW
+    assert addrs_of(table) == {1: SLAVE1}
+
+
+def test_three_member_group_acting_slave1_keeps_slave2_id(table: RouteTable) -> None:
+    group_of_three(table)
+
+    table.unregister_broker(CLUSTER, MASTER, NAME, 0)
+
+    assert addrs_of(table) == {0: SLAVE1, 2: SLAVE2}
+    assert perm_of(table) == Perm.READ
+    assert table.member_group(CLUSTER, NAME).broker_addrs == {1: SLAVE1, 2: SLAVE2}
+
+    table.unregister_broker(CLUSTER, SLAVE1, NAME, 1)
+    assert addrs_of(table) == {0: SLAVE2}
+    assert perm_of(table) == Perm.READ
+
+
+def test_switch_broker_role_without_acting_master(table: RouteTable) -> None:
+    table.register_broker(reg(MASTER, 0, eam=False))
+    table.register_broker(reg(SLAVE1, 1, eam=False))
+
+    table.unregister_broker(CLUSTER, MASTER, NAME, 0)
+    assert addrs_of(table) == {1: SLAVE1}
+
+    dv = version(1)
+    dv.next_version()
+    table.register_broker(reg(SLAVE1, 0, eam=False, dv=dv))
+    assert addrs_of(table) == {0: SLAVE1}
+
+    table.register_broker(reg(MASTER, 1, eam=False))
+    assert addrs_of(table) == {0: SLAVE1, 1: MASTER}
+    assert perm_of(table) == RW
+
+
+def test_switch_broker_role_with_acting_master_restores_write(table: RouteTable) -> None:
+    table.register_broker(reg(MASTER, 0))
+    table.register_broker(reg(SLAVE1, 1))
+    table.unregister_broker(CLUSTER, MASTER, NAME, 0)
+    assert perm_of(table) == Perm.READ
+
+    outcome = table.register_broker(reg(SLAVE1, 0, dv=version(2)))
+
+    assert table.member_group(CLUSTER, NAME).broker_addrs == {0: SLAVE1}
+    assert perm_of(table) == RW
+    assert outcome.notifications == [
+        MinIdChange(CLUSTER, NAME, 0, SLAVE1, None, SLAVE1_HA, [SLAVE1]),
+    ]
+
+
+def test_unregister_slave_leaves_master_only(table: RouteTable) -> None:
+    table.register_broker(reg(MASTER, 0))
+    table.register_broker(reg(SLAVE1, 1))
+    notes = table.unregister_broker(CLUSTER, SLAVE1, NAME, 1)
+    assert notes == []
+    assert addrs_of(table) == {0: MASTER}
+    assert perm_of(table) == RW
+
+
+def test_unregister_last_member_removes_group_and_topics(table: RouteTable) -> None:
+    table.register_broker(reg(MASTER, 0))
+    table.unregister_broker(CLUSTER, MASTER, NAME, 0)
+    assert table.pickup_route(TOPIC) is None
+    assert table.pickup_route(sync_member_group_topic(NAME)) is None
+    assert table.topics() == []
+    assert table.cluster_info() == {"brokerAddrTable": {}, "clusterAddrTable": {}}
+    assert table.member_group(CLUSTER, NAME) == BrokerMemberGroup(CLUSTER, NAME, {})
+
+
+def test_topic_shared_by_two_groups_keeps_other_group(table: RouteTable) -> None:
+    table.register_broker(reg(MASTER, 0))
+    table.register_broker(reg("127.0.0.1:11911", 0, name="Broker_B"))
+    table.unregister_broker(CLUSTER, MASTER, NAME, 0)
+    route = table.pickup_route(TOPIC)
+    assert route is not None
+    assert [b.broker_name for b in route.broker_datas] == ["Broker_B"]
+    assert [q.broker_name for q in route.queue_datas] == ["Broker_B"]
+
+
+# ---------------------------------------------------------------- stale versions
+
+
+def test_stale_state_version_registration_rejected(table: RouteTable) -> None:
+    table.register_broker(reg(MASTER, 0, dv=version(1, state=5)))
+    gen = table.generation
+
+    outcome = table.register_broker(reg("127.0.0.1:19999", 0, dv=version(9, state=3)))
+
+    assert outcome.rejected is True
+    assert outcome.master_addr is None
+    assert addrs_of(table) == {0: MASTER}
+    assert table.is_registered(CLUSTER, "127.0.0.1:19999") is False
+    assert table.heartbeat(CLUSTER, "127.0.0.1:19999") is False
+    assert table.generation == gen
+
+
+def test_rejected_registration_drops_the_id_it_held(table: RouteTable) -> None:
+    table.register_broker(reg(MASTER, 0, dv=version(1, state=5)))
+    table.register_broker(reg(SLAVE1, 1, dv=version(1, state=5)))
+
+    outcome = table.register_broker(reg(SLAVE1, 0, dv=version(2, state=4)))
+
+    assert outcome.rejected is True
+    assert table.member_group(CLUSTER, NAME).broker_addrs == {0: MASTER}
+    assert table.is_registered(CLUSTER, SLAVE1) is False
+
+
+def test_equal_or_newer_state_version_replaces_holder(table: RouteTable) -> None:
+    table.register_broker(reg(MASTER, 0, dv=version(1, state=5)))
+    outcome = table.register_broker(reg("127.0.0.1:19999", 0, dv=version(1, state=5)))
+    assert outcome.rejected is False
+    assert addrs_of(table) == {0: "127.0.0.1:19999"}
+
+
+# ---------------------------------------------------------------------- liveness
+
+
+def test_heartbeat_never_registers(table: RouteTable, clock: FakeClock) -> None:
+    assert table.heartbeat(CLUSTER, MASTER) is False
+    assert table.pickup_route(TOPIC) is None
+    assert table.groups_view() == []
+    assert table.generation == 0
+
+    table.register_broker(reg(MASTER, 0, timeout=10_000))
+    clock.advance(9_000)
+    assert table.heartbeat(CLUSTER, MASTER) is True
+    clock.advance(9_000)
+    assert table.scan_not_active() == ([], [])
+    clock.advance(1_001)
+    expired, _ = table.scan_not_active()
+    assert [e.broker_addr for e in expired] == [MASTER]
+
+
+def test_heartbeat_for_other_cluster_is_ignored(table: RouteTable) -> None:
+    table.register_broker(reg(MASTER, 0))
+    assert table.heartbeat("OtherCluster", MASTER) is False
+
+
+def test_query_data_version_reports_change_and_refreshes(
+    table: RouteTable, clock: FakeClock
+) -> None:
+    table.register_broker(reg(MASTER, 0, timeout=10_000, dv=version(3)))
+
+    clock.advance(8_000)
+    assert table.query_data_version(CLUSTER, MASTER, version(3)) is False
+    clock.advance(8_000)
+    assert table.query_data_version(CLUSTER, MASTER, version(4)) is True
+    clock.advance(8_000)
+    assert table.scan_not_active() == ([], [])
+    assert table.broker_data_version(CLUSTER, MASTER) == version(3)
+
+    assert table.query_data_version(CLUSTER, SLAVE1, version(3)) is True
+    assert table.is_registered(CLUSTER, SLAVE1) is False
+
+
+def test_scan_uses_each_brokers_timeout(table: RouteTable, clock: FakeClock) -> None:
+    table.register_broker(reg(MASTER, 0, timeout=10_000), conn_id="conn-a")
+    table.register_broker(reg(SLAVE1, 1, timeout=10_000), conn_id="conn-b")
+    old_b = "127.0.0.1:11911"
+    table.register_broker(reg(old_b, 0, name="Broker_B", eam=None), conn_id="conn-c")
+    start = clock.now
+
+    clock.advance(10_000)
+    table.heartbeat(CLUSTER, SLAVE1)
+    assert table.scan_not_active() == ([], [])  # last + timeout == now: not yet
+
+    clock.advance(1)
+    expired, notes = table.scan_not_active()
+    assert expired == [ExpiredBroker(CLUSTER, MASTER, NAME, 0, "conn-a", start, 10_000)]
+    assert notes == [MinIdChange(CLUSTER, NAME, 1, SLAVE1, MASTER, None, [SLAVE1])]
+    assert addrs_of(table) == {0: SLAVE1}
+    assert perm_of(table) == Perm.READ
+
+    clock.now = start + 120_000
+    expired, _ = table.scan_not_active()
+    assert expired == [ExpiredBroker(CLUSTER, SLAVE1, NAME, 1, "conn-b", start + 10_000, 10_000)]
+    clock.now = start + 120_001
+    expired, notes = table.scan_not_active()
+    assert expired == [
+        ExpiredBroker(CLUSTER, old_b, "Broker_B", 0, "conn-c", start, 120_000),
+    ]
+    assert notes == []
+    assert table.topics() == []
+
+
+def test_scan_expiring_master_and_slave_together_notifies_once(
+    table: RouteTable, clock: FakeClock
+) -> None:
+    table.register_broker(reg(MASTER, 0, timeout=10_000))
+    table.register_broker(reg(SLAVE1, 1, timeout=10_000))
+    table.register_broker(reg(SLAVE2, 2, timeout=10_000))
+    clock.advance(10_001)
+    table.heartbeat(CLUSTER, SLAVE2)
+
+    expired, notes = table.scan_not_active()
+
+    assert sorted(e.broker_addr for e in expired) == [MASTER, SLAVE1]
+    assert notes == [MinIdChange(CLUSTER, NAME, 2, SLAVE2, MASTER, None, [SLAVE2])]
+    assert addrs_of(table) == {0: SLAVE2}
+
+
+def test_connection_close_expires_every_broker_on_it(table: RouteTable) -> None:
+    other_master = "127.0.0.1:11911"
+    # One connection carries a master of one group and a slave of another (container).
+    table.register_broker(reg(MASTER, 0), conn_id="c1")
+    table.register_broker(reg(SLAVE1, 1), conn_id="c2")
+    table.register_broker(reg(other_master, 0, name="Broker_B"), conn_id="c2")
+    table.register_broker(reg(SLAVE2, 1, name="Broker_B"), conn_id="c1")
+
+    notes = table.on_connection_closed("c1")
+
+    assert notes == [MinIdChange(CLUSTER, NAME, 1, SLAVE1, MASTER, None, [SLAVE1])]
+    assert table.is_registered(CLUSTER, MASTER) is False
+    assert table.is_registered(CLUSTER, SLAVE2) is False
+    assert table.is_registered(CLUSTER, SLAVE1) is True
+    assert addrs_of(table) == {0: SLAVE1}
+    assert addrs_of(table, name="Broker_B") == {0: other_master}
+    assert perm_of(table, name="Broker_B") == RW
+    assert table.on_connection_closed("c1") == []
+
+
+# ------------------------------------------------------------------ notifications
+
+
+def test_master_loss_notifies_all_remaining_naming_the_offline_master(
+    table: RouteTable,
+) -> None:
+    group_of_three(table)
+
+    notes = table.unregister_broker(CLUSTER, MASTER, NAME, 0)
+
+    assert notes == [
+        MinIdChange(
+            cluster=CLUSTER,
+            broker_name=NAME,
+            min_broker_id=1,
+            min_broker_addr=SLAVE1,
+            offline_broker_addr=MASTER,
+            ha_broker_addr=None,
+            targets=[SLAVE1, SLAVE2],
+        )
+    ]
+    assert table.min_id_changes == 1
+
+
+def test_master_return_restores_perm_and_notifies_slaves(table: RouteTable) -> None:
+    group_of_three(table)
+    table.unregister_broker(CLUSTER, MASTER, NAME, 0)
+    assert perm_of(table) == Perm.READ
+
+    outcome = table.register_broker(reg(MASTER, 0))
+
+    assert outcome.notifications == [
+        MinIdChange(CLUSTER, NAME, 0, MASTER, None, MASTER_HA, [SLAVE1, SLAVE2]),
+    ]
+    assert perm_of(table) == RW
+    assert perm_of(table, BASE_TOPIC) == RW
+    assert addrs_of(table) == {0: MASTER, 1: SLAVE1, 2: SLAVE2}
+    view = table.groups_view()[0]
+    assert (view["masterOnline"], view["actingBrokerId"]) == (True, None)
+
+
+def test_lower_slave_registering_notifies_others_only(table: RouteTable) -> None:
+    table.register_broker(reg(SLAVE2, 2))
+    outcome = table.register_broker(reg(SLAVE1, 1))
+    assert outcome.notifications == [
+        MinIdChange(CLUSTER, NAME, 1, SLAVE1, None, SLAVE1_HA, [SLAVE2]),
+    ]
+    assert addrs_of(table) == {0: SLAVE1, 2: SLAVE2}
+
+
+def test_first_registration_and_higher_ids_do_not_notify(table: RouteTable) -> None:
+    assert table.register_broker(reg(SLAVE1, 1)).notifications == []
+    assert table.register_broker(reg(SLAVE2, 2)).notifications == []
+    assert table.unregister_broker(CLUSTER, SLAVE2, NAME, 2) == []
+    assert table.min_id_changes == 0
+
+
+def test_notifications_off_by_config(clock: FakeClock) -> None:
+    table = RouteTable(clock, notify_min_broker_id_changed=False)
+    group_of_three(table)
+    assert table.unregister_broker(CLUSTER, MASTER, NAME, 0) == []
+    assert table.register_broker(reg(MASTER, 0)).notifications == []
+    assert table.min_id_changes == 2
+    # The route rewrite does not depend on notifications.
+    table.unregister_broker(CLUSTER, MASTER, NAME, 0)
+    assert addrs_of(table) == {0: SLAVE1, 2: SLAVE2}
+
+
+def test_old_version_group_is_not_notified_on_either_path(table: RouteTable) -> None:
+    table.register_broker(reg(SLAVE1, 1, eam=None))
+    table.register_broker(reg(SLAVE2, 2, eam=None))
+    assert table.register_broker(reg(MASTER, 0, eam=None)).notifications == []
+    assert table.unregister_broker(CLUSTER, MASTER, NAME, 0) == []
+    assert table.min_id_changes == 2
+
+
+# ---------------------------------------------------------- compatibility topic
+
+
+def test_compat_member_group_topic_shows_raw_ids(table: RouteTable) -> None:
+    group_of_three(table)
+    table.unregister_broker(CLUSTER, MASTER, NAME, 0)
+    topic = SYNC_BROKER_MEMBER_GROUP_PREFIX + NAME
+
+    route = table.pickup_route(topic)
+
+    assert route is not None
+    assert route.to_json() == {
+        "topic": topic,
+        "brokers": [
+            {
+                "cluster": CLUSTER,
+                "brokerName": NAME,
+                "brokerAddrs": {"1": SLAVE1, "2": SLAVE2},
+            }
+        ],
+        "queues": [
+            {"brokerName": NAME, "readQueueNums": 1, "writeQueueNums": 1, "perm": Perm.INHERIT}
+        ],
+    }
+    assert table.pickup_route(sync_member_group_topic("NoSuchBroker")) is None
+    assert topic not in table.topics()
+
+
+def test_compat_topic_registered_by_prime_slave_is_not_rewritten(table: RouteTable) -> None:
+    topic = sync_member_group_topic(NAME)
+    configs = {topic: TopicConfig(topic, 1, 1, Perm.INHERIT), **topics(TOPIC)}
+    table.register_broker(reg(SLAVE1, 1, topic_configs=configs))
+    table.register_broker(reg(SLAVE2, 2, topic_configs=configs))
+
+    assert addrs_of(table, topic) == {1: SLAVE1, 2: SLAVE2}
+    assert addrs_of(table, TOPIC) == {0: SLAVE1, 2: SLAVE2}
+
+
+# ------------------------------------------------------------------- views
+
+
+def test_member_group_uses_raw_ids(table: RouteTable) -> None:
+    group_of_three(table)
+    table.unregister_broker(CLUSTER, MASTER, NAME, 0)
+    group = table.member_group(CLUSTER, NAME)
+    assert group == BrokerMemberGroup(CLUSTER, NAME, {1: SLAVE1, 2: SLAVE2})
+    assert group.minimum_broker_id() == 1
+
+
+def test_groups_view_shape(table: RouteTable, clock: FakeClock) -> None:
+    table.register_broker(reg(MASTER, 0))
+    clock.advance(500)
+    table.register_broker(reg(SLAVE1, 1))
+    clock.advance(250)
+    assert table.groups_view() == [
+        {
+            "cluster": CLUSTER,
+            "brokerName": NAME,
+            "enableActingMaster": True,
+            "members": [
+                {"brokerId": 0, "addr": MASTER, "haAddr": MASTER_HA, "lastHeartbeatAgeMs": 750},
+                {"brokerId": 1, "addr": SLAVE1, "haAddr": SLAVE1_HA, "lastHeartbeatAgeMs": 250},
+            ],
+            "masterOnline": True,
+            "actingBrokerId": None,
+        }
+    ]
+
+    table.unregister_broker(CLUSTER, MASTER, NAME, 0)
+    assert table.groups_view(now_ms=clock.now + 1_000) == [
+        {
+            "cluster": CLUSTER,
+            "brokerName": NAME,
+            "enableActingMaster": True,
+            "members": [
+                {"brokerId": 1, "addr": SLAVE1, "haAddr": SLAVE1_HA, "lastHeartbeatAgeMs": 1_250},
+            ],
+            "masterOnline": False,
+            "actingBrokerId": 1,
+        }
+    ]
+
+
+def test_cluster_info(table: RouteTable) -> None:
+    table.register_broker(reg(SLAVE1, 1))
+    table.register_broker(reg(MASTER, 0))
+    table.register_broker(reg("127.0.0.1:11911", 0, name="Broker_A", eam=None))
+    assert table.cluster_info() == {
+        "brokerAddrTable": {
+            "Broker_A": {
+                "cluster": CLUSTER,
+                "brokerName": "Broker_A",
+                "brokerAddrs": {"0": "127.0.0.1:11911"},
+                "enableActingMaster": False,
+            },
+            NAME: {
+                "cluster": CLUSTER,
+                "brokerName": NAME,
+                "brokerAddrs": {"0": MASTER, "1": SLAVE1},
+                "enableActingMaster": True,
+            },
+        },
+        "clusterAddrTable": {CLUSTER: ["Broker_A", NAME]},
+    }
+
+
+def test_enable_acting_master_is_last_writer_wins(table: RouteTable) -> None:
+    table.register_broker(reg(MASTER, 0, eam=True))
+    table.register_broker(reg(SLAVE1, 1, eam=None))
+    assert table.groups_view()[0]["enableActingMaster"] is False
+    table.unregister_broker(CLUSTER, MASTER, NAME, 0)
+    assert perm_of(table) == RW
+    assert addrs_of(table) == {1: SLAVE1}
+
+
+def test_generation_moves_on_route_changes_only(table: RouteTable, clock: FakeClock) -> None:
+    g0 = table.generation
+    table.register_broker(reg(MASTER, 0, timeout=10_000))
+    g1 = table.generation
+    assert g1 > g0
+
+    # Refreshes and identical re-registrations change no route.
+    table.heartbeat(CLUSTER, MASTER)
+    table.query_data_version(CLUSTER, MASTER, version())
+    table.register_broker(reg(MASTER, 0, timeout=10_000))
+    assert table.generation == g1
+
+    table.register_broker(reg(SLAVE1, 1, timeout=10_000))
+    g2 = table.generation
+    assert g2 > g1
+
+    clock.advance(10_001)
+    table.heartbeat(CLUSTER, SLAVE1)
+    table.scan_not_active()
+    g3 = table.generation
+    assert g3 > g2
+
+    table.register_broker(reg(MASTER, 0))
+    g4 = table.generation
+    assert g4 > g3
+
+    table.on_connection_closed("nobody")
+    table.unregister_broker(CLUSTER, "127.0.0.1:1", NAME, 5)
+    assert table.generation == g4
+
+
+def test_decisions_are_logged(table: RouteTable, caplog: pytest.LogCaptureFixture) -> None:
+    group_of_three(table)
+    with caplog.at_level(logging.INFO, logger="nameserver.route_table"):
+        table.on_connection_closed(None)  # nothing registered without a connection id
+        table.unregister_broker(CLUSTER, MASTER, NAME, 0)
+    text = caplog.text
+    assert "min broker id change: group Default_Broker 0(127.0.0.1:10911) -> 1" in text
+    assert "perm wipe: group Default_Broker has no master" in text
+
+
+def test_default_clock_is_monotonic_ms() -> None:
+    table = RouteTable()
+    table.register_broker(reg(MASTER, 0))
+    age = table.groups_view()[0]["members"][0]["lastHeartbeatAgeMs"]
+    assert 0 <= age < 1_000
+
+
+# ---------------------------------------------------------------- routing types
+
+
+def test_perm_helpers() -> None:
+    assert (Perm.PRIORITY, Perm.READ, Perm.WRITE, Perm.INHERIT) == (8, 4, 2, 1)
+    assert Perm.is_readable(6) and Perm.is_writeable(6)
+    assert Perm.is_readable(4) and not Perm.is_writeable(4)
+    assert not Perm.is_readable(2) and Perm.is_writeable(2)
+    assert Perm.without_write(6) == 4
+    assert Perm.to_string(6) == "RW-"
+    assert Perm.to_string(1) == "--X"
+
+
+def test_route_json_is_sorted_and_round_trips() -> None:
+    route = TopicRouteData(
+        "T",
+        [
+            BrokerData("C", "b", {2: "h:2", 0: "h:0"}),
+            BrokerData("C", "a", {1: "g:1"}),
+        ],
+        [QueueData("b", 4, 4, 6), QueueData("a", 2, 2, 4)],
+    )
+    data = route.to_json()
+    assert data == {
+        "topic": "T",
+        "brokers": [
+            {"cluster": "C", "brokerName": "a", "brokerAddrs": {"1": "g:1"}},
+            {"cluster": "C", "brokerName": "b", "brokerAddrs": {"0": "h:0", "2": "h:2"}},
+        ],
+        "queues": [
+            {"brokerName": "a", "readQueueNums": 2, "writeQueueNums": 2, "perm": 4},
+            {"brokerName": "b", "readQueueNums": 4, "writeQueueNums": 4, "perm": 6},
+        ],
+    }
+    assert list(data["brokers"][1]["brokerAddrs"]) == ["0", "2"]
+    back = TopicRouteData.from_json(data)
+    assert back.to_json() == data
+    assert back.broker("b") == BrokerData("C", "b", {0: "h:0", 2: "h:2"})
+    assert back.broker("b") is not None and back.broker("b").master_addr == "h:0"  # type: ignore[union-attr]
+
+
+def test_member_group_minimum_id_and_json() -> None:
+    assert BrokerMemberGroup("C", "b").minimum_broker_id() == 0
+    group = BrokerMemberGroup("C", "b", {2: "x", 1: "y"})
+    assert group.minimum_broker_id() == 1
+    assert BrokerMemberGroup.from_json(group.to_json()) == group
+
+
+def test_topic_config_wrapper_round_trips() -> None:
+    wrapper = TopicConfigWrapper(topics("A", "B", perm=4), version(3, state=2))
+    assert TopicConfigWrapper.from_json(wrapper.to_json()) == wrapper
