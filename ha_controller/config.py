@@ -1,0 +1,1112 @@
+"""Typed, validated configuration (DESIGN.md section 9, STYLE.md item 9).
+
+One frozen dataclass per component.  Values come, lowest precedence first, from
+the field defaults, a TOML file, ``HAC_<KEY>`` environment variables and
+command-line flags.  Nothing here is written per key: the loaders walk the
+dataclass fields, their types (``bool``, ``int``, ``str``, ``str | None``,
+``tuple[str, ...]``, ``Literal[...]``, nested config classes) and their
+metadata (``ge``/``le`` bounds, a ``check`` function, a flag alias, whether a
+key identifies one broker of a container, whether it is a secret).
+
+Naming rules:
+
+* Durations carry their unit in the name, ``*_ms`` or ``*_s``, never mixed.
+  RocketMQ's ``...Millis``/``...Period``/``...Interval`` settings keep their
+  names in snake_case with ``_ms`` (``brokerNotActiveTimeoutMillis`` ->
+  ``broker_not_active_timeout_ms``).
+* A nested table ``[tls]`` holds ``cert_file``; the same key is ``tls.cert_file``
+  in messages, ``HAC_TLS_CERT_FILE`` in the environment and ``tls_cert_file``
+  as a flag.
+
+Every bad value is one :class:`ConfigError` whose single-line message names
+the key, where the value came from and what was expected.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import difflib
+import ipaddress
+import logging
+import os
+import re
+import tomllib
+import types
+import typing
+from collections.abc import Callable, Iterator, Mapping, Sequence
+from contextvars import ContextVar
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any, Literal, TypeVar
+
+from ha_controller.protocol.errors import ConfigError
+
+__all__ = [
+    "ENV_PREFIX",
+    "GIB",
+    "KIB",
+    "MIB",
+    "BrokerConfig",
+    "ConfigError",
+    "FlushMode",
+    "LogLevel",
+    "NameserverConfig",
+    "ReplicationMode",
+    "RpcLimits",
+    "TlsConfig",
+    "config_keys",
+    "env_var_name",
+    "format_host_port",
+    "load_broker_config",
+    "load_broker_configs",
+    "load_nameserver_config",
+    "parse_host_port",
+    "render_toml",
+    "to_toml_dict",
+]
+
+log = logging.getLogger(__name__)
+
+ENV_PREFIX = "HAC_"
+KIB = 1024
+MIB = 1024 * KIB
+GIB = 1024 * MIB
+
+ReplicationMode = Literal["sync", "async"]
+FlushMode = Literal["async", "sync"]
+LogLevel = Literal["DEBUG", "INFO", "WARNING", "ERROR", "CRITICAL"]
+
+_T = TypeVar("_T")
+_C = TypeVar("_C", bound="_Validated")
+_Check = Callable[[Any], "str | None"]
+# key -> (value, source); a layer is one of: file, env, flags.
+_Layer = dict[str, tuple[object, str]]
+
+DEFAULT_SOURCE = "default"
+
+
+class _Bad(Exception):
+    """Internal: a value does not fit; the text says what was expected."""
+
+
+# --- host:port ---------------------------------------------------------------------------
+
+_HOSTNAME_RE = re.compile(r"[A-Za-z0-9_](?:[A-Za-z0-9_.\-]{0,252})", re.ASCII)
+_PORT_RE = re.compile(r"[0-9]{1,5}", re.ASCII)
+_WILDCARD_HOSTS = frozenset({"0.0.0.0", "::", "*", ""})
+
+
+def _host_problem(host: str) -> str | None:
+    if ":" in host:
+        try:
+            ipaddress.IPv6Address(host.split("%", 1)[0])
+        except ValueError:
+            return f"{host!r} is not an IPv6 address"
+        return None
+    if not _HOSTNAME_RE.fullmatch(host):
+        return f"{host!r} is not a host name or IPv4 address"
+    return None
+
+
+def parse_host_port(text: str) -> tuple[str, int]:
+    """Split ``"host:port"`` (``"[v6]:port"`` for IPv6) into ``(host, port)``.
+
+    The port may be 0 ("any free port" for a listener).  Raises
+    :class:`ConfigError` (a ``ValueError``) naming the text on anything else.
+    """
+    if not isinstance(text, str):
+        raise ConfigError(f"expected host:port, got {_describe(text)}")
+    s = text.strip()
+    expected = "expected host:port (IPv6 as [addr]:port) with a port in 0..65535"
+    if s.startswith("["):
+        end = s.find("]")
+        if end < 0 or s[end + 1 : end + 2] != ":":
+            raise ConfigError(f"{expected}, got {text!r}")
+        host, port_text = s[1:end], s[end + 2 :]
+        if ":" not in host:
+            raise ConfigError(f"{expected}, got {text!r} (brackets are for IPv6 only)")
+    else:
+        host, sep, port_text = s.rpartition(":")
+        if not sep or not host:
+            raise ConfigError(f"{expected}, got {text!r}")
+        if ":" in host:
+            raise ConfigError(f"{expected}, got {text!r} (put an IPv6 address in brackets)")
+    problem = _host_problem(host)
+    if problem is not None:
+        raise ConfigError(f"{expected}, got {text!r}: {problem}")
+    if not _PORT_RE.fullmatch(port_text) or int(port_text) > 65535:
+        raise ConfigError(f"{expected}, got {text!r}")
+    return host, int(port_text)
+
+
+def format_host_port(host: str, port: int) -> str:
+    """The inverse of :func:`parse_host_port` (brackets an IPv6 host)."""
+    return f"[{host}]:{port}" if ":" in host else f"{host}:{port}"
+
+
+# --- field helpers and checks ------------------------------------------------------------
+
+
+def _opt(
+    default: _T,
+    *,
+    ge: int | None = None,
+    le: int | None = None,
+    check: _Check | None = None,
+    flag: str | None = None,
+    per_broker: bool = False,
+    secret: bool = False,
+) -> _T:
+    """A field with a default and validation metadata."""
+    return field(
+        default=default,
+        repr=not secret,
+        metadata=_meta(ge=ge, le=le, check=check, flag=flag, per_broker=per_broker, secret=secret),
+    )
+
+
+def _meta(**items: object) -> dict[str, object]:
+    return {k: v for k, v in items.items() if v is not None and v is not False}
+
+
+def _listen_check(value: str) -> str | None:
+    try:
+        parse_host_port(value)
+    except ConfigError as exc:
+        return str(exc)
+    return None
+
+
+def _targets_check(value: tuple[str, ...]) -> str | None:
+    if not value:
+        return "expected at least one host:port"
+    for addr in value:
+        try:
+            _, port = parse_host_port(addr)
+        except ConfigError as exc:
+            return str(exc)
+        if port == 0:
+            return f"port 0 only makes sense for a listener, got {addr!r}"
+    return None
+
+
+_NAME_RE = re.compile(r"[A-Za-z0-9_.\-]{1,127}", re.ASCII)
+
+
+def _name_check(value: str) -> str | None:
+    # Broker and cluster names end up in file names and in system topic names
+    # (rmq_sys_SYNC_BROKER_MEMBER_{brokerName}), so keep them plain.
+    if not _NAME_RE.fullmatch(value):
+        return f"expected 1..127 letters, digits, '_', '-' or '.', got {value!r}"
+    return None
+
+
+def _host_check(value: str) -> str | None:
+    return _host_problem(value)
+
+
+def _not_empty(value: str) -> str | None:
+    return "must not be empty; leave it unset instead" if value == "" else None
+
+
+_DELAY_UNITS_MS = {"ms": 1, "s": 1000, "m": 60_000, "h": 3_600_000, "d": 86_400_000}
+_DELAY_RE = re.compile(r"([0-9]{1,9})(ms|s|m|h|d)", re.ASCII)
+
+
+def _parse_delay_levels(text: str) -> tuple[int, ...]:
+    """RocketMQ ``messageDelayLevel``: ``"1s 5s 10s 30s 1m ... 2h"`` -> ms per level."""
+    out: list[int] = []
+    for token in text.split():
+        m = _DELAY_RE.fullmatch(token)
+        if m is None or int(m.group(1)) == 0:
+            raise _Bad(
+                f"space-separated positive durations such as '1s 5s 1m 2h' "
+                f"(units ms, s, m, h, d); {token!r} is not one"
+            )
+        out.append(int(m.group(1)) * _DELAY_UNITS_MS[m.group(2)])
+    if not out:
+        raise _Bad("at least one delay level such as '1s 5s 1m 2h'")
+    return tuple(out)
+
+
+def _delay_levels_check(value: str) -> str | None:
+    try:
+        _parse_delay_levels(value)
+    except _Bad as bad:
+        return f"expected {bad}"
+    return None
+
+
+# --- validation machinery ----------------------------------------------------------------
+
+# While a loader builds a config, the source of each key ("file x.toml",
+# "env HAC_X", "flag --x", "default") and the key prefix of the class being
+# built ("" or "tls."), so that a failing __post_init__ can name them.
+_BUILD_CONTEXT: ContextVar[tuple[Mapping[str, str], str] | None] = ContextVar(
+    "ha_controller_config_build", default=None
+)
+
+
+def _fail(keys: Sequence[str], problem: str) -> ConfigError:
+    context = _BUILD_CONTEXT.get()
+    if context is None:
+        return ConfigError(f"{', '.join(keys)}: {problem}")
+    sources, prefix = context
+    named = []
+    for key in keys:
+        full = key if "." in key else prefix + key
+        named.append(f"{full} ({sources.get(full, DEFAULT_SOURCE)})")
+    return ConfigError(f"{', '.join(named)}: {problem}")
+
+
+_TYPE_NAMES = {bool: "boolean", int: "integer", float: "float", str: "string"}
+
+
+def _describe(value: object) -> str:
+    if isinstance(value, dict):
+        return "a table"
+    if isinstance(value, list | tuple):
+        text = repr(list(value))
+        return f"array {text if len(text) <= 80 else text[:77] + '...'}"
+    name = _TYPE_NAMES.get(type(value), type(value).__name__)
+    text = repr(value)
+    return f"{name} {text if len(text) <= 80 else text[:77] + '...'}"
+
+
+def _unit(name: str) -> str:
+    for suffix, unit in (("_ms", " ms"), ("_s", " s"), ("_bytes", " bytes")):
+        if name.endswith(suffix):
+            return unit
+    return ""
+
+
+def _optional_inner(tp: Any) -> Any | None:
+    if typing.get_origin(tp) in (typing.Union, types.UnionType):
+        args = [a for a in typing.get_args(tp) if a is not type(None)]
+        if len(args) == 1:
+            return args[0]
+    return None
+
+
+def _is_config_class(tp: Any) -> bool:
+    return isinstance(tp, type) and issubclass(tp, _Validated)
+
+
+def _expected(tp: Any, name: str) -> str:
+    inner = _optional_inner(tp)
+    if inner is not None:
+        return _expected(inner, name)
+    if tp is bool:
+        return "true or false"
+    if tp is int:
+        unit = _unit(name).strip()
+        if unit == "ms":
+            return "a whole number of milliseconds (the unit is in the key's name)"
+        if unit == "s":
+            return "a whole number of seconds (the unit is in the key's name)"
+        if unit == "bytes":
+            return "a whole number of bytes"
+        return "an integer"
+    if tp is str:
+        return "a string"
+    origin = typing.get_origin(tp)
+    if origin is Literal:
+        return "one of " + ", ".join(repr(c) for c in typing.get_args(tp))
+    if origin is tuple:
+        return "a list of strings (or one comma-separated string)"
+    if _is_config_class(tp):
+        return f"a table of {tp.__name__} settings"
+    raise TypeError(f"unsupported config type {tp!r}")
+
+
+def _coerce(value: object, tp: Any, name: str) -> object:
+    """Check a native (TOML / Python) value against ``tp``; normalise where harmless."""
+    inner = _optional_inner(tp)
+    if inner is not None:
+        return None if value is None else _coerce(value, inner, name)
+    origin = typing.get_origin(tp)
+    if origin is Literal:
+        if isinstance(value, str):
+            for choice in typing.get_args(tp):
+                if str(choice).lower() == value.strip().lower():
+                    return choice
+    elif origin is tuple:
+        if isinstance(value, str):
+            return tuple(p.strip() for p in value.split(",") if p.strip())
+        if isinstance(value, list | tuple) and all(isinstance(v, str) for v in value):
+            return tuple(v.strip() for v in value)
+    elif tp is int:
+        if isinstance(value, int) and not isinstance(value, bool):
+            return value
+    elif tp in (bool, str) or _is_config_class(tp):
+        if isinstance(value, tp):
+            return value
+    else:
+        raise TypeError(f"unsupported config type {tp!r} for {name}")
+    raise _Bad(_expected(tp, name))
+
+
+_TRUE = frozenset({"true", "1", "yes"})
+_FALSE = frozenset({"false", "0", "no"})
+_INT_RE = re.compile(r"[+-]?[0-9][0-9_]*", re.ASCII)
+
+
+def _parse_text(text: str, tp: Any, name: str) -> object:
+    """Turn an environment/flag string into a native value (then :func:`_coerce` checks it)."""
+    inner = _optional_inner(tp)
+    if inner is not None:
+        return None if text.strip() == "" else _parse_text(text, inner, name)
+    if tp is bool:
+        word = text.strip().lower()
+        if word in _TRUE or word in _FALSE:
+            return word in _TRUE
+        raise _Bad("true/false, 1/0 or yes/no")
+    if tp is int:
+        if not _INT_RE.fullmatch(text.strip()):
+            raise _Bad(_expected(tp, name))
+        return int(text.strip())
+    if _is_config_class(tp):
+        raise _Bad(f"individual {name}_* settings, not a whole table")
+    return text
+
+
+class _Validated:
+    """Base of the config classes: type, bounds, checks and cross-field rules at init."""
+
+    def __post_init__(self) -> None:
+        hints = _hints(type(self))
+        for f in dataclasses.fields(self):  # type: ignore[arg-type]
+            if not f.init:
+                continue
+            raw = getattr(self, f.name)
+            try:
+                value = _coerce(raw, hints[f.name], f.name)
+            except _Bad as bad:
+                got = type(raw).__name__ if f.metadata.get("secret") else _describe(raw)
+                raise _fail((f.name,), f"expected {bad}, got {got}") from None
+            object.__setattr__(self, f.name, value)
+            problem = _bounds_problem(f, value)
+            check = f.metadata.get("check")
+            if problem is None and check is not None and value is not None:
+                problem = check(value)
+            if problem is not None:
+                raise _fail((f.name,), problem)
+        rule = next(self._rules(), None)
+        if rule is not None:
+            raise _fail(*rule)
+
+    def _rules(self) -> Iterator[tuple[tuple[str, ...], str]]:
+        """Cross-field rules: yield ``(keys, problem)``; the first one is raised."""
+        return iter(())
+
+
+def _bounds_problem(f: dataclasses.Field[Any], value: object) -> str | None:
+    if not isinstance(value, int) or isinstance(value, bool):
+        return None
+    unit = _unit(f.name)
+    # A duration or size of zero or less is never meaningful.
+    ge = f.metadata.get("ge", 1 if unit else None)
+    le = f.metadata.get("le")
+    if ge is not None and value < ge:
+        return f"must be >= {ge}{unit}, got {value}{unit}"
+    if le is not None and value > le:
+        return f"must be <= {le}{unit}, got {value}{unit}"
+    return None
+
+
+def _listener_clash(listeners: Mapping[str, str]) -> tuple[tuple[str, ...], str] | None:
+    """Two listeners on the same non-zero port of overlapping hosts cannot both bind."""
+    seen: list[tuple[str, str, int]] = []
+    for key, addr in listeners.items():
+        host, port = parse_host_port(addr)
+        if port == 0:
+            continue
+        for other_key, other_host, other_port in seen:
+            overlap = host == other_host or {host, other_host} & _WILDCARD_HOSTS
+            if port == other_port and overlap:
+                return (other_key, key), f"both listen on port {port} ({addr})"
+        seen.append((key, host, port))
+    return None
+
+
+# --- the config classes ------------------------------------------------------------------
+
+
+@dataclass(frozen=True, kw_only=True)
+class TlsConfig(_Validated):
+    """TLS for every RPC and HTTP listener and outgoing connection (DESIGN section 3).
+
+    ``require_client_cert`` turns on mutual TLS: the server verifies client
+    certificates against ``ca_file`` (brokers <-> nameservers).
+    """
+
+    enabled: bool = False
+    cert_file: str | None = _opt(None, check=_not_empty)
+    key_file: str | None = _opt(None, check=_not_empty)
+    ca_file: str | None = _opt(None, check=_not_empty)
+    require_client_cert: bool = False
+
+    def _rules(self) -> Iterator[tuple[tuple[str, ...], str]]:
+        if (self.cert_file is None) != (self.key_file is None):
+            given, missing = (
+                ("cert_file", "key_file")
+                if self.cert_file is not None
+                else ("key_file", "cert_file")
+            )
+            yield (
+                (given, missing),
+                f"a certificate needs both cert_file and key_file; {missing} is not set",
+            )
+        if self.enabled and self.cert_file is None:
+            yield (
+                ("enabled", "cert_file", "key_file"),
+                "TLS is enabled but cert_file and key_file are not set",
+            )
+        if self.require_client_cert and not (self.enabled and self.ca_file):
+            yield (
+                ("require_client_cert", "enabled", "ca_file"),
+                "mutual TLS needs enabled = true and a ca_file to verify client certificates",
+            )
+        if self.enabled:
+            for key in ("cert_file", "key_file", "ca_file"):
+                path = getattr(self, key)
+                if path is not None and not Path(path).is_file():
+                    yield (key,), f"no such file: {path!r}"
+
+
+@dataclass(frozen=True, kw_only=True)
+class RpcLimits(_Validated):
+    """Framing and RPC bounds (DESIGN section 3; TubeMQ's listSize/block limits)."""
+
+    max_frame_bytes: int = _opt(32 * MIB, ge=1 * KIB, le=1 * GIB)
+    max_list_size: int = _opt(3584, ge=1)
+    max_block_bytes: int = _opt(8192, ge=16)
+    max_inflight_requests: int = _opt(1024, ge=1)
+    default_timeout_ms: int = 3000
+
+    def _rules(self) -> Iterator[tuple[tuple[str, ...], str]]:
+        if self.max_block_bytes > self.max_frame_bytes:
+            yield (
+                ("max_block_bytes", "max_frame_bytes"),
+                f"a block ({self.max_block_bytes}) cannot exceed the frame limit "
+                f"({self.max_frame_bytes})",
+            )
+
+
+@dataclass(frozen=True, kw_only=True)
+class NameserverConfig(_Validated):
+    """``hactl nameserver`` (RocketMQ NamesrvConfig plus our route watch and auth)."""
+
+    listen: str = _opt("0.0.0.0:9876", check=_listen_check)
+    http_listen: str = _opt("0.0.0.0:9877", check=_listen_check, flag="http")
+    # RocketMQ scanNotActiveBrokerInterval
+    scan_not_active_broker_interval_ms: int = 5000
+    # RocketMQ defaults both to false; this product exists for them (DESIGN section 9).
+    support_acting_master: bool = True
+    notify_min_broker_id_changed: bool = True
+    notify_timeout_ms: int = _opt(3000, le=60_000)
+    notify_retries: int = _opt(3, ge=0, le=100)
+    # HMAC key for REGISTER_BROKER signatures; unset = registrations are not signed.
+    cluster_secret: str | None = _opt(None, check=_not_empty, secret=True)
+    # Bearer token for mutating admin endpoints; unset = no token required.
+    admin_token: str | None = _opt(None, check=_not_empty, secret=True)
+    route_watch_max_wait_ms: int = _opt(30_000, le=600_000)
+    max_route_watchers: int = _opt(10_000, ge=1)
+    tls: TlsConfig = field(default_factory=TlsConfig)
+    limits: RpcLimits = field(default_factory=RpcLimits)
+    log_level: LogLevel = "INFO"
+
+    def _rules(self) -> Iterator[tuple[tuple[str, ...], str]]:
+        clash = _listener_clash({"listen": self.listen, "http_listen": self.http_listen})
+        if clash is not None:
+            yield clash
+
+
+@dataclass(frozen=True, kw_only=True)
+class BrokerConfig(_Validated):
+    """``hactl broker``: one broker of a group (RocketMQ BrokerConfig + MessageStoreConfig)."""
+
+    # --- identity and addresses (per broker in a container) ---
+    cluster: str = _opt("DefaultCluster", check=_name_check)
+    broker_name: str = field(metadata=_meta(check=_name_check, per_broker=True))
+    # 0 = master, others slaves.
+    broker_id: int = field(metadata=_meta(ge=0, per_broker=True))
+    namesrv_addrs: tuple[str, ...] = field(metadata=_meta(check=_targets_check, flag="namesrv"))
+    listen: str = _opt("0.0.0.0:10911", check=_listen_check, per_broker=True)
+    ha_listen: str = _opt("0.0.0.0:10912", check=_listen_check, per_broker=True)
+    http_listen: str = _opt("0.0.0.0:10913", check=_listen_check, flag="http", per_broker=True)
+    # RocketMQ brokerIP1 / brokerIP2: the host advertised for RPC and for HA when
+    # the listener binds a wildcard; unset = the listen host (or the local address).
+    broker_ip1: str | None = _opt(None, check=_host_check, per_broker=True)
+    broker_ip2: str | None = _opt(None, check=_host_check, per_broker=True)
+    # Unset = ~/store/<broker_name>-<broker_id> (RocketMQ: ~/store), see store_path.
+    store_dir: str | None = _opt(None, check=_not_empty, per_broker=True)
+
+    # --- RIP-32 switches (RocketMQ defaults false; DESIGN section 9 turns them on) ---
+    enable_slave_acting_master: bool = True
+    enable_remote_escape: bool = True
+    skip_pre_online: bool = False
+    broker_heartbeat_interval_ms: int = 1000
+    broker_not_active_timeout_ms: int = 10_000
+    send_heartbeat_timeout_ms: int = 1000
+    sync_broker_member_group_period_ms: int = 1000
+    # RocketMQ clamps registerNameServerPeriod to [10 s, 60 s] silently; we
+    # reject a value outside that range so the operator sees what runs.
+    register_name_server_period_ms: int = _opt(30_000, ge=10_000, le=60_000)
+    register_broker_timeout_ms: int = 24_000
+    # Broker-side route refresh used by the escape bridge (loadBalancePollNameServerInterval).
+    load_balance_poll_name_server_interval_ms: int = 30_000
+    lock_in_strict_mode: bool = False
+    # RocketMQ defaults compatibleWithOldNameSrv to true (heartbeat by
+    # QUERY_DATA_VERSION, member group from a system topic route).  Ours is
+    # false: the lightweight BROKER_HEARTBEAT and GET_BROKER_MEMBER_GROUP are the
+    # point of this product, and our nameserver always speaks them.
+    compatible_with_old_namesrv: bool = False
+    consumer_offset_update_version_step: int = _opt(500, ge=1)
+    delay_offset_update_version_step: int = _opt(200, ge=1)
+
+    # --- replication and store ---
+    # RocketMQ's totalReplicas defaults to 1, but DESIGN section 9 asks for
+    # in_sync_replicas = 2 (no loss) and in_sync_replicas <= total_replicas is
+    # always enforced, so the default group is the master plus two slaves
+    # (what `hactl demo` and the drills run, and RocketMQ's own RIP-32 ITs use).
+    # total_replicas also drives pre-online (only when > 1) and the strict lock
+    # quorum total_replicas // 2 + 1.
+    total_replicas: int = _opt(3, ge=1, le=64)
+    in_sync_replicas: int = _opt(2, ge=1)
+    replication_mode: ReplicationMode = "sync"
+    flush_mode: FlushMode = "async"
+    # RocketMQ flushIntervalCommitLog (async flush period).
+    flush_interval_ms: int = 500
+    segment_size_bytes: int = _opt(64 * MIB, ge=64 * KIB, le=2 * GIB)
+    # RocketMQ maxMessageSize; a record must fit in one segment and one frame.
+    max_message_bytes: int = _opt(4 * MIB, ge=1 * KIB)
+
+    # --- topics, pulls ---
+    auto_create_topic: bool = True
+    default_topic_queue_nums: int = _opt(4, ge=1, le=1024)
+    long_polling_enable: bool = True
+    long_polling_check_interval_ms: int = 5000
+    short_polling_check_interval_ms: int = 1000
+    max_held_pulls: int = _opt(10_000, ge=1)
+
+    # --- auth ---
+    cluster_secret: str | None = _opt(None, check=_not_empty, secret=True)
+    admin_token: str | None = _opt(None, check=_not_empty, secret=True)
+
+    # --- special services, escape bridge, locks ---
+    # RocketMQ messageDelayLevel; parsed into delay_levels_ms.
+    delay_levels: str = _opt(
+        "1s 5s 10s 30s 1m 2m 3m 4m 5m 6m 7m 8m 9m 10m 20m 30m 1h 2h", check=_delay_levels_check
+    )
+    # RocketMQ MAX_RETRY_TIMES_FOR_ESCAPE = 10; backoff doubles from initial to max.
+    escape_max_attempts: int = _opt(10, ge=1, le=1000)
+    escape_backoff_initial_ms: int = 100
+    escape_backoff_max_ms: int = 10_000
+    # EscapeBridge SEND_TIMEOUT.
+    escape_send_timeout_ms: int = 3000
+    # RocketMQ REBALANCE_LOCK_MAX_LIVE_TIME.  Clients renew every 20 s and treat
+    # a lock as theirs for 30 s, so a broker lifetime below 30 s would let two
+    # clients believe they own one queue.
+    lock_max_live_time_ms: int = _opt(60_000, ge=30_000)
+    # Per-peer timeout of the strict-mode quorum lock round (RocketMQ: 1000 ms).
+    lock_peer_timeout_ms: int = 1000
+    # RocketMQ reviveInterval.
+    pop_revive_interval_ms: int = 1000
+    # RocketMQ transactionCheckInterval / transactionTimeOut / transactionCheckMax.
+    transaction_check_interval_ms: int = 30_000
+    transaction_timeout_ms: int = 6000
+    transaction_check_max: int = _opt(15, ge=1)
+
+    tls: TlsConfig = field(default_factory=TlsConfig)
+    limits: RpcLimits = field(default_factory=RpcLimits)
+    log_level: LogLevel = "INFO"
+
+    # Derived from delay_levels: delay_levels_ms[level - 1] is that level's delay.
+    delay_levels_ms: tuple[int, ...] = field(init=False, repr=False, compare=False)
+
+    def __post_init__(self) -> None:
+        super().__post_init__()
+        object.__setattr__(self, "delay_levels_ms", _parse_delay_levels(self.delay_levels))
+
+    def _rules(self) -> Iterator[tuple[tuple[str, ...], str]]:
+        if self.broker_heartbeat_interval_ms >= self.broker_not_active_timeout_ms:
+            yield (
+                ("broker_heartbeat_interval_ms", "broker_not_active_timeout_ms"),
+                f"the heartbeat interval ({self.broker_heartbeat_interval_ms} ms) must be less "
+                f"than the not-active timeout ({self.broker_not_active_timeout_ms} ms)",
+            )
+        if self.send_heartbeat_timeout_ms >= self.broker_not_active_timeout_ms:
+            yield (
+                ("send_heartbeat_timeout_ms", "broker_not_active_timeout_ms"),
+                f"the heartbeat send timeout ({self.send_heartbeat_timeout_ms} ms) must be less "
+                f"than the not-active timeout ({self.broker_not_active_timeout_ms} ms)",
+            )
+        if self.in_sync_replicas > self.total_replicas:
+            yield (
+                ("in_sync_replicas", "total_replicas"),
+                f"in_sync_replicas ({self.in_sync_replicas}) cannot exceed total_replicas "
+                f"({self.total_replicas})",
+            )
+        if self.escape_backoff_initial_ms > self.escape_backoff_max_ms:
+            yield (
+                ("escape_backoff_initial_ms", "escape_backoff_max_ms"),
+                f"the initial backoff ({self.escape_backoff_initial_ms} ms) exceeds the maximum "
+                f"({self.escape_backoff_max_ms} ms)",
+            )
+        if self.max_message_bytes >= self.segment_size_bytes:
+            yield (
+                ("max_message_bytes", "segment_size_bytes"),
+                f"a message of max_message_bytes ({self.max_message_bytes}) must fit in one "
+                f"segment ({self.segment_size_bytes} bytes)",
+            )
+        if self.max_message_bytes > self.limits.max_frame_bytes:
+            yield (
+                ("max_message_bytes", "limits.max_frame_bytes"),
+                f"a message of max_message_bytes ({self.max_message_bytes}) must fit in one "
+                f"frame ({self.limits.max_frame_bytes} bytes)",
+            )
+        clash = _listener_clash(
+            {"listen": self.listen, "ha_listen": self.ha_listen, "http_listen": self.http_listen}
+        )
+        if clash is not None:
+            yield clash
+
+    @property
+    def is_master(self) -> bool:
+        return self.broker_id == 0
+
+    @property
+    def store_path(self) -> Path:
+        if self.store_dir is not None:
+            return Path(self.store_dir).expanduser()
+        return Path.home() / "store" / f"{self.broker_name}-{self.broker_id}"
+
+    @property
+    def max_delay_level(self) -> int:
+        return len(self.delay_levels_ms)
+
+    @property
+    def lock_quorum(self) -> int:
+        """Strict-mode lock quorum: ``total_replicas // 2 + 1`` (RocketMQ lockBatchMQ)."""
+        return self.total_replicas // 2 + 1
+
+    def delay_level_ms(self, level: int) -> int:
+        """The delay of ``level`` (1-based) in ms.
+
+        A level above the highest is clamped to the highest, as RocketMQ does;
+        a level below 1 means "not delayed" and is an error here.
+        """
+        if level < 1:
+            raise ValueError(f"delay level must be >= 1, got {level}")
+        return self.delay_levels_ms[min(level, len(self.delay_levels_ms)) - 1]
+
+
+# --- schema ------------------------------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class _Key:
+    name: str  # "tls.cert_file"
+    env: str  # "HAC_TLS_CERT_FILE"
+    flags: tuple[str, ...]  # flag dict keys: ("tls_cert_file",) or ("http_listen", "http")
+    tp: Any
+    required: bool
+    per_broker: bool
+
+
+@dataclass(frozen=True)
+class _Schema:
+    keys: dict[str, _Key]
+    tables: frozenset[str]
+
+
+# Plain dicts rather than functools.cache: mypy cannot see that classes are hashable.
+_HINTS_CACHE: dict[type, dict[str, Any]] = {}
+_SCHEMA_CACHE: dict[type, _Schema] = {}
+
+
+def _hints(cls: type) -> dict[str, Any]:
+    hints = _HINTS_CACHE.get(cls)
+    if hints is None:
+        hints = _HINTS_CACHE[cls] = typing.get_type_hints(cls)
+    return hints
+
+
+def _schema(cls: type[_Validated]) -> _Schema:
+    cached = _SCHEMA_CACHE.get(cls)
+    if cached is not None:
+        return cached
+    keys: dict[str, _Key] = {}
+    tables: set[str] = set()
+
+    def walk(c: type[_Validated], prefix: str) -> None:
+        hints = _hints(c)
+        for f in dataclasses.fields(c):  # type: ignore[arg-type]
+            if not f.init:
+                continue
+            name = prefix + f.name
+            tp = hints[f.name]
+            if _is_config_class(tp):
+                tables.add(name)
+                walk(tp, name + ".")
+                continue
+            flat = name.replace(".", "_")
+            alias = f.metadata.get("flag")
+            keys[name] = _Key(
+                name=name,
+                env=env_var_name(name),
+                flags=(flat,) if alias is None else (flat, alias),
+                tp=tp,
+                required=f.default is dataclasses.MISSING
+                and f.default_factory is dataclasses.MISSING,
+                per_broker=bool(f.metadata.get("per_broker")),
+            )
+
+    walk(cls, "")
+    schema = _SCHEMA_CACHE[cls] = _Schema(keys, frozenset(tables))
+    return schema
+
+
+def env_var_name(key: str) -> str:
+    """``"tls.cert_file"`` -> ``"HAC_TLS_CERT_FILE"``."""
+    return ENV_PREFIX + key.replace(".", "_").upper()
+
+
+def config_keys(cls: type[NameserverConfig] | type[BrokerConfig]) -> tuple[str, ...]:
+    """Every settable key of a component, nested ones dotted (``tls.cert_file``)."""
+    return tuple(_schema(cls).keys)
+
+
+# --- layers ------------------------------------------------------------------------------
+
+
+def _read_toml(path: str | Path) -> dict[str, Any]:
+    try:
+        with Path(path).open("rb") as fh:
+            return tomllib.load(fh)
+    except FileNotFoundError:
+        raise ConfigError(f"config file {str(path)!r} does not exist") from None
+    except tomllib.TOMLDecodeError as exc:
+        raise ConfigError(f"config file {str(path)!r} is not valid TOML: {exc}") from None
+    except OSError as exc:
+        raise ConfigError(f"config file {str(path)!r} cannot be read: {exc.strerror}") from None
+
+
+def _unknown_key(key: str, where: str, candidates: Sequence[str]) -> ConfigError:
+    close = difflib.get_close_matches(key, candidates, n=1, cutoff=0.6)
+    hint = f"; did you mean {close[0]!r}?" if close else ""
+    return ConfigError(f"unknown key {key!r} in {where}{hint}")
+
+
+def _file_layer(
+    table: Mapping[str, object], cls: type[_Validated], where: str, prefix: str = ""
+) -> _Layer:
+    schema = _schema(cls)
+    out: _Layer = {}
+    for name, value in table.items():
+        full = prefix + name
+        if full in schema.keys:
+            out[full] = (value, where)
+        elif full in schema.tables:
+            if not isinstance(value, dict):
+                raise ConfigError(
+                    f"{full} ({where}): expected a [{full}] table, got {_describe(value)}"
+                )
+            out.update(_file_layer(value, cls, where, full + "."))
+        else:
+            raise _unknown_key(full, where, [*schema.keys, *schema.tables])
+    return out
+
+
+def _env_layer(cls: type[_Validated], env: Mapping[str, str]) -> _Layer:
+    out: _Layer = {}
+    for key in _schema(cls).keys.values():
+        text = env.get(key.env)
+        if text is None:
+            continue
+        source = f"env {key.env}"
+        try:
+            out[key.name] = (_parse_text(text, key.tp, key.name), source)
+        except _Bad as bad:
+            raise ConfigError(f"{key.name} ({source}): expected {bad}, got {text!r}") from None
+    return out
+
+
+def _flag_layer(cls: type[_Validated], flags: Mapping[str, object]) -> _Layer:
+    """Flags arrive parsed by argparse; ``None`` means "not given".
+
+    Keys are config keys (nested ones with ``_``: ``tls_cert_file``) or a
+    field's flag alias (``namesrv``, ``http``).  Other keys (``config``,
+    ``ready_file``, ...) are not ours and are ignored, so ``vars(args)`` can be
+    passed as it is.
+    """
+    out: _Layer = {}
+    for key in _schema(cls).keys.values():
+        for flag in key.flags:
+            value = flags.get(flag)
+            if value is None:
+                continue
+            source = f"flag --{flag.replace('_', '-')}"
+            if isinstance(value, str):
+                try:
+                    value = _parse_text(value, key.tp, key.name)
+                except _Bad as bad:
+                    raise ConfigError(
+                        f"{key.name} ({source}): expected {bad}, got {value!r}"
+                    ) from None
+            out[key.name] = (value, source)
+            break
+    return out
+
+
+def _known_env_names() -> frozenset[str]:
+    return frozenset(
+        k.env for c in (NameserverConfig, BrokerConfig) for k in _schema(c).keys.values()
+    )
+
+
+def _warn_unknown_env(env: Mapping[str, str]) -> None:
+    # Only near-misses of a real key are reported: other HAC_* variables may
+    # belong to tools (drills, tests) and are not ours to reject.
+    known = _known_env_names()
+    for name in env:
+        if name.startswith(ENV_PREFIX) and name not in known:
+            close = difflib.get_close_matches(name, known, n=1, cutoff=0.8)
+            if close:
+                log.warning(
+                    "environment variable %s is not a setting; did you mean %s?", name, close[0]
+                )
+
+
+def _build(cls: type[_C], layer: _Layer, prefix: str = "") -> _C:
+    schema = _schema(cls)
+    hints = _hints(cls)
+    kwargs: dict[str, object] = {}
+    for f in dataclasses.fields(cls):  # type: ignore[arg-type]
+        if not f.init:
+            continue
+        full = prefix + f.name
+        tp = hints[f.name]
+        if _is_config_class(tp):
+            kwargs[f.name] = _build(tp, layer, full + ".")
+        elif full in layer:
+            kwargs[f.name] = layer[full][0]
+        elif schema.keys[f.name].required:
+            raise ConfigError(
+                f"{full}: required but not set (give it in the config file, "
+                f"as {env_var_name(full)} or as a flag)"
+            )
+    sources = {key: source for key, (_, source) in layer.items()}
+    token = _BUILD_CONTEXT.set((sources, prefix))
+    try:
+        return typing.cast("Callable[..., _C]", cls)(**kwargs)
+    finally:
+        _BUILD_CONTEXT.reset(token)
+
+
+# --- loaders -----------------------------------------------------------------------------
+
+
+def load_nameserver_config(
+    path: str | Path | None,
+    flags: Mapping[str, object],
+    env: Mapping[str, str] = os.environ,
+) -> NameserverConfig:
+    """Defaults < TOML file ``path`` < ``HAC_*`` env < flags (``None`` = not given)."""
+    _warn_unknown_env(env)
+    file_layer = (
+        {} if path is None else _file_layer(_read_toml(path), NameserverConfig, f"file {path}")
+    )
+    layer = {
+        **file_layer,
+        **_env_layer(NameserverConfig, env),
+        **_flag_layer(NameserverConfig, flags),
+    }
+    return _build(NameserverConfig, layer)
+
+
+def load_broker_configs(
+    path: str | Path | None,
+    flags: Mapping[str, object],
+    env: Mapping[str, str] = os.environ,
+) -> tuple[BrokerConfig, ...]:
+    """The brokers of a broker container (one process hosting several brokers).
+
+    The file's top-level keys (and tables) are defaults shared by every
+    ``[[brokers]]`` table; a ``[[brokers]]`` table overrides them; env and flags
+    override both for every broker, except keys that identify one broker
+    (name, id, listeners, store) which env/flags cannot set when the container
+    holds more than one.  A file without ``[[brokers]]`` is a single broker.
+    """
+    _warn_unknown_env(env)
+    where = f"file {path}"
+    table = {} if path is None else dict(_read_toml(path))
+    entries = table.pop("brokers", None)
+    if entries is None:
+        entry_layers: list[_Layer] = [{}]
+    elif (
+        isinstance(entries, list) and entries and all(isinstance(entry, dict) for entry in entries)
+    ):
+        entry_layers = [
+            _file_layer(entry, BrokerConfig, f"{where}, brokers[{i}]")
+            for i, entry in enumerate(entries)
+        ]
+    else:
+        raise ConfigError(
+            f"brokers ({where}): expected one or more [[brokers]] tables, got {_describe(entries)}"
+        )
+    shared = _file_layer(table, BrokerConfig, where)
+    overrides = {**_env_layer(BrokerConfig, env), **_flag_layer(BrokerConfig, flags)}
+    if len(entry_layers) > 1:
+        keys = _schema(BrokerConfig).keys
+        for name, (_, source) in overrides.items():
+            if keys[name].per_broker:
+                raise ConfigError(
+                    f"{name} ({source}): would give all {len(entry_layers)} brokers of the "
+                    f"container the same {name}; set it in each [[brokers]] table instead"
+                )
+    configs = tuple(
+        _build(BrokerConfig, {**shared, **entry, **overrides}) for entry in entry_layers
+    )
+    _check_container(configs, where)
+    return configs
+
+
+def load_broker_config(
+    path: str | Path | None,
+    flags: Mapping[str, object],
+    env: Mapping[str, str] = os.environ,
+) -> BrokerConfig:
+    """Defaults < TOML file ``path`` < ``HAC_*`` env < flags (``None`` = not given)."""
+    configs = load_broker_configs(path, flags, env)
+    if len(configs) != 1:
+        raise ConfigError(
+            f"brokers (file {path}): lists {len(configs)} brokers (a broker container); "
+            "load it with load_broker_configs"
+        )
+    return configs[0]
+
+
+def _check_container(configs: Sequence[BrokerConfig], where: str) -> None:
+    identities: dict[tuple[str, int], int] = {}
+    stores: dict[Path, int] = {}
+    listeners: dict[str, str] = {}
+    for i, cfg in enumerate(configs):
+        other = identities.setdefault((cfg.broker_name, cfg.broker_id), i)
+        if other != i:
+            raise ConfigError(
+                f"brokers[{other}].broker_name/broker_id, brokers[{i}].broker_name/broker_id "
+                f"({where}): both are {cfg.broker_name} id {cfg.broker_id}"
+            )
+        other = stores.setdefault(cfg.store_path, i)
+        if other != i:
+            raise ConfigError(
+                f"brokers[{other}].store_dir, brokers[{i}].store_dir ({where}): "
+                f"both use {str(cfg.store_path)!r}"
+            )
+        for key in ("listen", "ha_listen", "http_listen"):
+            listeners[f"brokers[{i}].{key}"] = getattr(cfg, key)
+    clash = _listener_clash(listeners)
+    if clash is not None:
+        raise ConfigError(f"{', '.join(clash[0])} ({where}): {clash[1]}")
+
+
+# --- rendering ---------------------------------------------------------------------------
+
+
+def _as_table(cfg: _Validated) -> dict[str, Any]:
+    out: dict[str, Any] = {}
+    for f in dataclasses.fields(cfg):  # type: ignore[arg-type]
+        if not f.init:
+            continue
+        value = getattr(cfg, f.name)
+        if value is None:  # TOML has no null: unset = absent
+            continue
+        if isinstance(value, _Validated):
+            out[f.name] = _as_table(value)
+        elif isinstance(value, tuple):
+            out[f.name] = list(value)
+        else:
+            out[f.name] = value
+    return out
+
+
+def to_toml_dict(cfg: NameserverConfig | BrokerConfig | Sequence[BrokerConfig]) -> dict[str, Any]:
+    """The TOML document (as ``tomllib`` would load it) that reproduces ``cfg``.
+
+    A sequence of brokers becomes a container document: settings equal in all
+    brokers at the top level, the rest in one ``[[brokers]]`` table each.
+    """
+    if isinstance(cfg, _Validated):
+        return _as_table(cfg)
+    tables = [_as_table(c) for c in cfg]
+    if not tables:
+        raise ConfigError("brokers: a broker container needs at least one broker")
+    shared = {k: v for k, v in tables[0].items() if all(k in t and t[k] == v for t in tables[1:])}
+    return {**shared, "brokers": [{k: v for k, v in t.items() if k not in shared} for t in tables]}
+
+
+def render_toml(cfg: NameserverConfig | BrokerConfig | Sequence[BrokerConfig]) -> str:
+    """A TOML file that the matching loader turns back into ``cfg``."""
+    lines = ["# ha-controller configuration (see DESIGN.md section 9)"]
+    lines += _toml_table(to_toml_dict(cfg), "")
+    return "\n".join(lines) + "\n"
+
+
+_BARE_KEY_RE = re.compile(r"[A-Za-z0-9_-]+", re.ASCII)
+
+
+def _toml_key(key: str) -> str:
+    return key if _BARE_KEY_RE.fullmatch(key) else _toml_string(key)
+
+
+def _toml_string(text: str) -> str:
+    out = ['"']
+    for ch in text:
+        if ch in '"\\':
+            out.append("\\" + ch)
+        elif ch == "\n":
+            out.append("\\n")
+        elif ch == "\t":
+            out.append("\\t")
+        elif ord(ch) < 0x20 or ord(ch) == 0x7F:
+            out.append(f"\\u{ord(ch):04x}")
+        else:
+            out.append(ch)
+    out.append('"')
+    return "".join(out)
+
+
+def _toml_value(value: object) -> str:
+    if isinstance(value, bool):
+        return "true" if value else "false"
+    if isinstance(value, int):
+        return str(value)
+    if isinstance(value, str):
+        return _toml_string(value)
+    if isinstance(value, list):
+        return "[" + ", ".join(_toml_value(v) for v in value) + "]"
+    raise TypeError(f"cannot render {type(value).__name__} as TOML")
+
+
+def _is_table_array(value: object) -> bool:
+    return isinstance(value, list) and bool(value) and all(isinstance(v, dict) for v in value)
+
+
+def _toml_table(table: Mapping[str, Any], path: str) -> list[str]:
+    lines = [
+        f"{_toml_key(k)} = {_toml_value(v)}"
+        for k, v in table.items()
+        if not isinstance(v, dict) and not _is_table_array(v)
+    ]
+    for k, v in table.items():
+        if isinstance(v, dict):
+            sub = f"{path}{_toml_key(k)}"
+            lines += ["", f"[{sub}]", *_toml_table(v, sub + ".")]
+    for k, v in table.items():
+        if _is_table_array(v):
+            sub = f"{path}{_toml_key(k)}"
+            for item in v:
+                lines += ["", f"[[{sub}]]", *_toml_table(item, sub + ".")]
+    return lines
