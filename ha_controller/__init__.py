@@ -1,3 +1,3 @@
-"""ha-controller: a high-availability message broker cluster (RocketMQ RIP-32 slave acting master)."""
+"""ha-controller: an HA message broker cluster (RocketMQ RIP-32 slave acting master)."""
 
 __version__ = "0.1.0"

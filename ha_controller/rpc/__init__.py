@@ -1,10 +1,10 @@
 """asyncio RPC over TubeMQ framing: connections, server, client pool."""
 
+from ha_controller.config import RpcLimits
 from ha_controller.rpc.connection import (
     Dispatcher,
     RequestContext,
     RpcConnection,
-    RpcLimits,
     connect,
 )
 from ha_controller.rpc.pool import ConnectionPool

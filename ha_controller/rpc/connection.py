@@ -21,6 +21,7 @@ from typing import Any, TypeVar
 
 from google.protobuf.message import DecodeError, Message
 
+from ha_controller.config import RpcLimits
 from ha_controller.protocol import envelope
 from ha_controller.protocol.codes import method_name
 from ha_controller.protocol.errors import (
@@ -35,26 +36,12 @@ from ha_controller.protocol.errors import (
     ServiceStopping,
     UnknownMethod,
 )
-from ha_controller.protocol.framing import (
-    DEFAULT_MAX_BLOCK_BYTES,
-    DEFAULT_MAX_FRAME_BYTES,
-    DEFAULT_MAX_LIST_SIZE,
-    FrameDecoder,
-)
+from ha_controller.protocol.framing import FrameDecoder
 
 log = logging.getLogger(__name__)
 
 M = TypeVar("M", bound=Message)
 READ_CHUNK = 256 * 1024
-
-
-@dataclass(frozen=True, slots=True)
-class RpcLimits:
-    max_frame_bytes: int = DEFAULT_MAX_FRAME_BYTES
-    max_list_size: int = DEFAULT_MAX_LIST_SIZE
-    max_block_bytes: int = DEFAULT_MAX_BLOCK_BYTES
-    max_inflight_requests: int = 1024
-    default_timeout_ms: int = 3000
 
 
 @dataclass(slots=True)

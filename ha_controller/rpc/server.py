@@ -7,7 +7,8 @@ import logging
 import ssl
 from collections.abc import Callable
 
-from ha_controller.rpc.connection import Dispatcher, RpcConnection, RpcLimits
+from ha_controller.config import RpcLimits
+from ha_controller.rpc.connection import Dispatcher, RpcConnection
 
 log = logging.getLogger(__name__)
 

@@ -1,0 +1,1 @@
+"""Asyncio client SDK: producers, consumers, routes and admin (DESIGN.md section 6)."""

@@ -1,0 +1,219 @@
+"""Helpers that start real ha-controller processes for tests, drills and demos.
+
+Everything is started through the same CLI a user runs (``python -m
+ha_controller.cli ...``), on port 0, and waited for through its ready file —
+never by sleeping.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import json
+import os
+import signal
+import subprocess
+import sys
+import tempfile
+import time
+from collections.abc import Awaitable, Callable, Mapping, Sequence
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any, TypeVar
+
+T = TypeVar("T")
+
+
+class EventuallyTimeout(AssertionError):
+    """The predicate never held within the deadline."""
+
+
+def eventually_sync(predicate: Callable[[], T], timeout: float = 10.0, interval: float = 0.02) -> T:
+    """Poll ``predicate`` until it returns a truthy value; return that value."""
+    deadline = time.monotonic() + timeout
+    last_exc: BaseException | None = None
+    while True:
+        try:
+            value = predicate()
+            if value:
+                return value
+        except AssertionError as exc:
+            last_exc = exc
+        if time.monotonic() > deadline:
+            raise EventuallyTimeout(f"condition not met within {timeout} s") from last_exc
+        time.sleep(interval)
+
+
+async def eventually(
+    predicate: Callable[[], Awaitable[T] | T], timeout: float = 10.0, interval: float = 0.02
+) -> T:
+    """Async poll: ``predicate`` may be sync or async; exceptions that are
+    AssertionError or ha-controller errors count as "not yet"."""
+    from ha_controller.protocol.errors import HaError
+
+    deadline = time.monotonic() + timeout
+    last_exc: BaseException | None = None
+    while True:
+        try:
+            value = predicate()
+            if asyncio.iscoroutine(value) or isinstance(value, Awaitable):
+                value = await value
+            if value:
+                return value
+        except (AssertionError, HaError, ConnectionError) as exc:
+            last_exc = exc
+        if time.monotonic() > deadline:
+            raise EventuallyTimeout(f"condition not met within {timeout} s") from last_exc
+        await asyncio.sleep(interval)
+
+
+@dataclass
+class ProcessHandle:
+    """A started service process and what its ready file said."""
+
+    name: str
+    argv: list[str]
+    env: dict[str, str]
+    workdir: Path
+    ready_file: Path
+    log_path: Path
+    proc: subprocess.Popen[bytes] | None = None
+    ready: dict[str, Any] = field(default_factory=dict)
+
+    @property
+    def rpc(self) -> str:
+        return str(self.ready["rpc"])
+
+    @property
+    def http(self) -> str:
+        return str(self.ready["http"])
+
+    @property
+    def ha(self) -> str:
+        return str(self.ready["ha"])
+
+    @property
+    def pid(self) -> int:
+        assert self.proc is not None
+        return self.proc.pid
+
+    def start(self, timeout: float = 20.0) -> ProcessHandle:
+        self.ready_file.unlink(missing_ok=True)
+        log = self.log_path.open("ab")
+        try:
+            self.proc = subprocess.Popen(
+                self.argv, env=self.env, stdout=log, stderr=subprocess.STDOUT, cwd=self.workdir
+            )
+        finally:
+            log.close()
+        deadline = time.monotonic() + timeout
+        while not self.ready_file.exists():
+            if self.proc.poll() is not None:
+                raise RuntimeError(
+                    f"{self.name} exited with {self.proc.returncode} before it was ready:\n"
+                    + self.log_tail()
+                )
+            if time.monotonic() > deadline:
+                self.kill()
+                raise RuntimeError(f"{self.name} not ready within {timeout} s:\n" + self.log_tail())
+            time.sleep(0.01)
+        self.ready = json.loads(self.ready_file.read_text())
+        return self
+
+    def log_tail(self, lines: int = 40) -> str:
+        try:
+            return "\n".join(self.log_path.read_text(errors="replace").splitlines()[-lines:])
+        except OSError:
+            return ""
+
+    def alive(self) -> bool:
+        return self.proc is not None and self.proc.poll() is None
+
+    def signal(self, sig: int) -> None:
+        if self.alive():
+            assert self.proc is not None
+            self.proc.send_signal(sig)
+
+    def kill(self) -> None:
+        """kill -9 and reap."""
+        if self.proc is not None and self.proc.poll() is None:
+            self.proc.kill()
+            self.proc.wait(10)
+
+    def pause(self) -> None:
+        self.signal(signal.SIGSTOP)
+
+    def resume(self) -> None:
+        self.signal(signal.SIGCONT)
+
+    def stop(self, timeout: float = 10.0) -> int | None:
+        """SIGTERM, wait, then SIGKILL."""
+        if self.proc is None:
+            return None
+        if self.proc.poll() is None:
+            self.resume()
+            self.proc.terminate()
+            try:
+                self.proc.wait(timeout)
+            except subprocess.TimeoutExpired:
+                self.proc.kill()
+                self.proc.wait(10)
+        return self.proc.returncode
+
+
+def _base_env(extra: Mapping[str, str] | None) -> dict[str, str]:
+    env = {k: v for k, v in os.environ.items() if not k.startswith("HAC_")}
+    env["PYTHONUNBUFFERED"] = "1"
+    if extra:
+        env.update(extra)
+    return env
+
+
+def hactl_argv(*args: str) -> list[str]:
+    return [sys.executable, "-m", "ha_controller.cli", *args]
+
+
+def make_workdir(prefix: str = "hac-") -> Path:
+    return Path(tempfile.mkdtemp(prefix=prefix))
+
+
+def run_nameserver(
+    workdir: Path | None = None,
+    *,
+    env: Mapping[str, str] | None = None,
+    extra_args: Sequence[str] = (),
+    name: str = "nameserver",
+    listen: str = "127.0.0.1:0",
+    http: str = "127.0.0.1:0",
+) -> ProcessHandle:
+    """Start ``hactl nameserver`` on port 0 and wait for its ready file."""
+    workdir = workdir or make_workdir()
+    workdir.mkdir(parents=True, exist_ok=True)
+    ready = workdir / f"{name}.ready.json"
+    handle = ProcessHandle(
+        name=name,
+        argv=hactl_argv(
+            "nameserver",
+            "--listen",
+            listen,
+            "--http",
+            http,
+            "--ready-file",
+            str(ready),
+            *extra_args,
+        ),
+        env=_base_env(env),
+        workdir=workdir,
+        ready_file=ready,
+        log_path=workdir / f"{name}.log",
+    )
+    return handle.start()
+
+
+@contextlib.contextmanager
+def nameserver_process(**kwargs: Any) -> Any:
+    handle = run_nameserver(**kwargs)
+    try:
+        yield handle
+    finally:
+        handle.stop()

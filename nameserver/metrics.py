@@ -1,0 +1,86 @@
+"""Nameserver metrics (DESIGN.md §7), read from the route table at scrape time."""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Iterator
+from typing import Any
+
+from prometheus_client import CollectorRegistry, Counter, Gauge
+from prometheus_client.core import GaugeMetricFamily
+from prometheus_client.registry import Collector
+
+
+class GroupCollector(Collector):
+    """Group membership as the route table sees it, computed per scrape so
+    that a vanished member disappears instead of lingering as a stale series."""
+
+    def __init__(self, groups: Callable[[], list[dict[str, Any]]]) -> None:
+        self._groups = groups
+
+    def collect(self) -> Iterator[GaugeMetricFamily]:
+        up = GaugeMetricFamily(
+            "hac_group_member_up",
+            "1 for each broker registered and heartbeating in its group",
+            labels=["cluster", "broker_name", "broker_id"],
+        )
+        acting = GaugeMetricFamily(
+            "hac_group_acting_master",
+            "Raw broker id shown to clients as id 0 while the master is away; -1 when none",
+            labels=["cluster", "broker_name"],
+        )
+        master = GaugeMetricFamily(
+            "hac_group_master_online",
+            "1 when the group's id 0 (master) is registered",
+            labels=["cluster", "broker_name"],
+        )
+        age = GaugeMetricFamily(
+            "hac_broker_heartbeat_age_seconds",
+            "Seconds since the broker's last heartbeat reached this nameserver",
+            labels=["cluster", "broker_name", "broker_id"],
+        )
+        for g in self._groups():
+            labels = [g["cluster"], g["brokerName"]]
+            acting_id = g.get("actingBrokerId")
+            acting.add_metric(labels, -1 if acting_id is None else acting_id)
+            master.add_metric(labels, 1 if g.get("masterOnline") else 0)
+            for m in g["members"]:
+                member = [*labels, str(m["brokerId"])]
+                up.add_metric(member, 1)
+                age.add_metric(member, m["lastHeartbeatAgeMs"] / 1000)
+        yield up
+        yield acting
+        yield master
+        yield age
+
+
+class NameserverMetrics:
+    def __init__(self, groups: Callable[[], list[dict[str, Any]]]) -> None:
+        self.registry = CollectorRegistry()
+        self.registry.register(GroupCollector(groups))
+        self.min_broker_id_changes = Counter(
+            "hac_min_broker_id_changes_total",
+            "Changes of a group's lowest live broker id (master lost or back)",
+            ["cluster", "broker_name"],
+            registry=self.registry,
+        )
+        self.notifications = Counter(
+            "hac_min_broker_id_notifications_total",
+            "NOTIFY_MIN_BROKER_ID_CHANGE deliveries to brokers",
+            ["result"],
+            registry=self.registry,
+        )
+        self.expired = Counter(
+            "hac_broker_expired_total",
+            "Brokers expired by the scanner or by a dropped connection",
+            ["reason"],
+            registry=self.registry,
+        )
+        self.registrations = Counter(
+            "hac_broker_registrations_total",
+            "REGISTER_BROKER requests",
+            ["result"],
+            registry=self.registry,
+        )
+        self.route_watchers = Gauge(
+            "hac_route_watchers", "Route watches currently held", registry=self.registry
+        )
