@@ -1,0 +1,546 @@
+"""The commit log: fixed-size segment files holding every record back to back.
+
+Segments are named by their 20-digit start offset (``00000000000000065536``), like
+RocketMQ's ``MappedFile``s.  Segments are not pre-allocated: a file grows as records are
+appended, so the size of the last segment is the end of the log.  When the next record
+would leave less than ``BLANK_MIN_SIZE`` bytes at the end of a segment, a blank record
+(an 8-byte head, then a hole up to the segment size) closes the segment and the record
+goes to the next one.  So every full segment ends with one blank record and the
+segments are contiguous.
+
+I/O is plain ``os.pwrite`` / ``os.pread`` on file descriptors that stay open until
+:meth:`CommitLog.close` (one per segment).  The class is not thread-safe; the message
+store serialises access, and :meth:`CommitLog.sync_fds` hands out duplicated file
+descriptors so that a flusher can ``fdatasync`` without the store lock.
+"""
+
+from __future__ import annotations
+
+import errno
+import logging
+import os
+import re
+import struct
+from collections.abc import Generator, Iterator
+from pathlib import Path
+
+from ha_controller.protocol.errors import CorruptRecord, OffsetOutOfRange, StoreError, StoreFull
+from ha_controller.protocol.record import (
+    BLANK,
+    BLANK_MAGIC,
+    BLANK_MIN_SIZE,
+    Blank,
+    StoredMessage,
+    decode_header,
+    decode_record,
+    encode_blank_header,
+)
+
+logger = logging.getLogger(__name__)
+
+_SEGMENT_NAME = re.compile(r"^\d{20}$")
+_U32 = struct.Struct(">I")
+_PREFIX = struct.Struct(">II")
+_SCAN_CHUNK = 1 << 20
+_FULL_ERRNOS = frozenset({errno.ENOSPC, errno.EDQUOT})
+
+
+def store_error(exc: OSError, what: str) -> StoreError:
+    """Map an OSError from file I/O to StoreFull (no space) or StoreError."""
+    cls = StoreFull if exc.errno in _FULL_ERRNOS else StoreError
+    return cls(f"{what}: {exc.strerror or exc}")
+
+
+def fsync_dir(path: Path) -> None:
+    fd = os.open(path, os.O_RDONLY | os.O_DIRECTORY | os.O_CLOEXEC)
+    try:
+        os.fsync(fd)
+    finally:
+        os.close(fd)
+
+
+def pwrite_all(fd: int, data: bytes | memoryview, offset: int) -> None:
+    """``os.pwrite`` until every byte is written (a short write is retried, then fails)."""
+    with memoryview(data) as view:
+        done = 0
+        while done < len(view):
+            done += os.pwrite(fd, view[done:], offset + done)
+
+
+def pread_exact(fd: int, size: int, offset: int) -> bytes:
+    data = os.pread(fd, size, offset)
+    if len(data) != size:
+        raise StoreError(f"short read: wanted {size} bytes at {offset}, got {len(data)}")
+    return data
+
+
+class Segment:
+    """One segment file; ``size`` is the number of bytes written (the file size)."""
+
+    __slots__ = ("fd", "path", "size", "start")
+
+    def __init__(self, start: int, path: Path, fd: int, size: int) -> None:
+        self.start = start
+        self.path = path
+        self.fd = fd
+        self.size = size
+
+    @property
+    def written_end(self) -> int:
+        return self.start + self.size
+
+    def __repr__(self) -> str:
+        return f"Segment({self.path.name}, size={self.size})"
+
+
+class CommitLog:
+    """Append-only, segmented record log (see module docstring)."""
+
+    def __init__(self, directory: Path, segment_size: int) -> None:
+        self._dir = directory
+        self._segment_size = segment_size
+        self._segments: list[Segment] = []
+        self._base = 0  # start offset when there are no segments
+        self._flushed = 0
+
+    # --- opening ------------------------------------------------------------
+
+    def load(self) -> None:
+        """Open the existing segment files (no verification; see :meth:`scan`)."""
+        try:
+            self._dir.mkdir(parents=True, exist_ok=True)
+            names = sorted(p.name for p in self._dir.iterdir() if _SEGMENT_NAME.match(p.name))
+        except OSError as exc:
+            raise store_error(exc, f"cannot open commit log directory {self._dir}") from exc
+        expected: int | None = None
+        for name in names:
+            start = int(name)
+            if start % self._segment_size:
+                raise StoreError(
+                    f"segment {name} is not aligned to segment_size_bytes={self._segment_size}"
+                )
+            if expected is not None and start != expected:
+                raise StoreError(
+                    f"commit log segments are not contiguous: expected {expected:020d}"
+                )
+            path = self._dir / name
+            try:
+                fd = os.open(path, os.O_RDWR | os.O_CLOEXEC)
+            except OSError as exc:
+                raise store_error(exc, f"cannot open segment {path}") from exc
+            size = os.fstat(fd).st_size
+            self._segments.append(Segment(start, path, fd, size))
+            if size > self._segment_size:
+                raise StoreError(
+                    f"segment {name} has {size} bytes, more than "
+                    f"segment_size_bytes={self._segment_size}"
+                )
+            expected = start + self._segment_size
+        if self._segments:
+            self._base = self._segments[0].start
+        # The last segment may hold bytes a crashed process never synced.
+        self._flushed = self._segments[-1].start if self._segments else self._base
+
+    # --- offsets --------------------------------------------------------------
+
+    @property
+    def segment_size(self) -> int:
+        return self._segment_size
+
+    @property
+    def min_offset(self) -> int:
+        return self._segments[0].start if self._segments else self._base
+
+    @property
+    def max_offset(self) -> int:
+        return self._segments[-1].written_end if self._segments else self._base
+
+    @property
+    def flushed_offset(self) -> int:
+        return self._flushed
+
+    def segment_start(self, offset: int) -> int:
+        return offset - offset % self._segment_size
+
+    def segment_starts(self) -> list[int]:
+        return [seg.start for seg in self._segments]
+
+    def _index(self, offset: int) -> int:
+        """Index of the segment whose range ``[start, start + segment_size)`` holds offset."""
+        if not self._segments:
+            return -1
+        idx = (offset - self._segments[0].start) // self._segment_size
+        return idx if 0 <= idx < len(self._segments) else -1
+
+    def next_record_offset(self, size: int) -> int:
+        """Where a record of ``size`` bytes appended now would start (mirrors :meth:`append`)."""
+        if not self._segments:
+            return self._base
+        last = self._segments[-1]
+        if last.size + size + BLANK_MIN_SIZE <= self._segment_size:
+            return last.written_end
+        return last.start + self._segment_size
+
+    # --- writing ---------------------------------------------------------------
+
+    def _create_segment(self, start: int) -> Segment:
+        path = self._dir / f"{start:020d}"
+        try:
+            fd = os.open(path, os.O_RDWR | os.O_CREAT | os.O_TRUNC | os.O_CLOEXEC, 0o644)
+        except OSError as exc:
+            raise store_error(exc, f"cannot create segment {path}") from exc
+        seg = Segment(start, path, fd, 0)
+        self._segments.append(seg)
+        try:
+            fsync_dir(self._dir)
+        except OSError as exc:
+            raise store_error(exc, f"cannot sync directory {self._dir}") from exc
+        return seg
+
+    def _segment_for_append(self, size: int) -> Segment:
+        """The segment a record of ``size`` bytes goes to, closing the current one if needed."""
+        if not self._segments:
+            return self._create_segment(self._base)
+        last = self._segments[-1]
+        if last.size + size + BLANK_MIN_SIZE <= self._segment_size:
+            return last
+        if last.size < self._segment_size:
+            self._write_blank(last)
+        return self._create_segment(last.start + self._segment_size)
+
+    def _write_at_end(self, seg: Segment, data: bytes | memoryview) -> None:
+        """Append ``data`` to ``seg``; on failure cut the file back so no partial bytes stay."""
+        try:
+            pwrite_all(seg.fd, data, seg.size)
+        except OSError as exc:
+            self._cut_back(seg)
+            raise store_error(exc, f"cannot write segment {seg.path.name}") from exc
+        seg.size += len(data)
+
+    def _cut_back(self, seg: Segment) -> None:
+        try:
+            os.ftruncate(seg.fd, seg.size)
+        except OSError:
+            logger.exception("cannot cut segment %s back to %d bytes", seg.path.name, seg.size)
+
+    def _write_blank(self, seg: Segment) -> None:
+        blank = self._segment_size - seg.size
+        try:
+            pwrite_all(seg.fd, encode_blank_header(blank), seg.size)
+            os.ftruncate(seg.fd, self._segment_size)
+            os.fdatasync(seg.fd)
+        except OSError as exc:
+            self._cut_back(seg)
+            raise store_error(exc, f"cannot close segment {seg.path.name}") from exc
+        seg.size = self._segment_size
+
+    def append(self, data: bytes) -> int:
+        """Append one encoded record; returns its physical offset.
+
+        ``data`` must have been encoded for ``next_record_offset(len(data))``.  On any
+        error everything written by this call is truncated away before the typed error
+        (:class:`StoreFull` / :class:`StoreError`) is raised.
+        """
+        size = len(data)
+        if size + BLANK_MIN_SIZE > self._segment_size:
+            raise ValueError(f"record of {size} bytes cannot fit a {self._segment_size} segment")
+        before = self.max_offset
+        try:
+            seg = self._segment_for_append(size)
+            offset = seg.written_end
+            self._write_at_end(seg, data)
+        except StoreError:
+            self.rollback(before)
+            raise
+        return offset
+
+    def append_raw(self, offset: int, data: bytes) -> None:
+        """Append whole records streamed from a master so that they land at ``offset``.
+
+        Every record is verified first (CRC, physical offset, segment fit); nothing is
+        written unless all of ``data`` is valid.  ``offset`` must equal :attr:`max_offset`
+        (or, for an empty log, be a segment start).
+        """
+        if not data:
+            return
+        if offset != self.max_offset:
+            if self.max_offset != self.min_offset or offset % self._segment_size:
+                raise OffsetOutOfRange(
+                    f"replicated data at {offset}, commit log ends at {self.max_offset}"
+                )
+            pieces = self._validate_raw(offset, data)
+            self._rebase_empty(offset)
+        else:
+            pieces = self._validate_raw(offset, data)
+        before = self.max_offset
+        try:
+            with memoryview(data) as view:
+                for start, stop, blank in pieces:
+                    seg = self._segment_for_raw(offset + start)
+                    if blank:
+                        self._write_blank(seg)
+                        continue
+                    self._write_at_end(seg, view[start:stop])
+        except StoreError:
+            self.rollback(before)
+            raise
+
+    def _rebase_empty(self, offset: int) -> None:
+        for seg in self._segments:
+            self._drop_segment(seg)
+        self._segments.clear()
+        self._base = offset
+        self._flushed = offset
+
+    def _segment_for_raw(self, offset: int) -> Segment:
+        if self._segments and offset < self._segments[-1].start + self._segment_size:
+            return self._segments[-1]
+        return self._create_segment(offset)
+
+    def _validate_raw(self, offset: int, data: bytes) -> list[tuple[int, int, bool]]:
+        """Split ``data`` into runs ``(start, stop, is_blank)`` that each stay in one segment."""
+        pieces: list[tuple[int, int, bool]] = []
+        run_start = 0
+        pos = 0
+        seg_size = self._segment_size
+        while pos < len(data):
+            here = offset + pos
+            head = decode_header(data, pos)
+            in_seg = here % seg_size
+            if head.blank:
+                if in_seg + head.size != seg_size:
+                    raise CorruptRecord(f"blank record at {here} does not end its segment")
+                if pos > run_start:
+                    pieces.append((run_start, pos, False))
+                pieces.append((pos, pos + head.size, True))
+                run_start = pos + head.size
+            else:
+                if head.physical_offset != here:
+                    raise CorruptRecord(
+                        f"record at {here} claims physical offset {head.physical_offset}"
+                    )
+                if in_seg + head.size + BLANK_MIN_SIZE > seg_size:
+                    raise CorruptRecord(f"record at {here} overruns its segment")
+            pos += head.size
+        if pos > run_start:
+            pieces.append((run_start, pos, False))
+        return pieces
+
+    # --- truncation --------------------------------------------------------------
+
+    def _drop_segment(self, seg: Segment) -> None:
+        try:
+            os.close(seg.fd)
+        except OSError:
+            logger.warning("closing segment %s failed", seg.path.name, exc_info=True)
+        try:
+            seg.path.unlink(missing_ok=True)
+        except OSError as exc:
+            raise store_error(exc, f"cannot remove segment {seg.path}") from exc
+
+    def truncate(self, offset: int) -> None:
+        """Drop every byte at or after ``offset`` (a record boundary)."""
+        if offset >= self.max_offset:
+            return
+        if offset < self.min_offset:
+            raise OffsetOutOfRange(f"cannot truncate to {offset} below {self.min_offset}")
+        keep: list[Segment] = []
+        for seg in self._segments:
+            if seg.start < offset or (seg.start == offset and not keep):
+                keep.append(seg)
+            else:
+                self._drop_segment(seg)
+        self._segments = keep
+        last = keep[-1]
+        new_size = min(offset - last.start, last.size)
+        if new_size != last.size:
+            try:
+                os.ftruncate(last.fd, new_size)
+            except OSError as exc:
+                raise store_error(exc, f"cannot truncate segment {last.path.name}") from exc
+            last.size = new_size
+        self._flushed = min(self._flushed, offset)
+        try:
+            fsync_dir(self._dir)
+        except OSError as exc:
+            raise store_error(exc, f"cannot sync directory {self._dir}") from exc
+
+    def rollback(self, offset: int) -> None:
+        """Best-effort :meth:`truncate` after a failed write; logs instead of raising."""
+        try:
+            self.truncate(offset)
+        except (StoreError, OffsetOutOfRange):
+            logger.exception("rolling the commit log back to %d failed", offset)
+
+    # --- reading ---------------------------------------------------------------------
+
+    def read_at(self, offset: int, size: int) -> bytes:
+        """Exactly ``size`` bytes at ``offset``, which must lie inside one segment."""
+        idx = self._index(offset)
+        if idx < 0 or offset + size > self._segments[idx].written_end:
+            raise OffsetOutOfRange(f"no {size} bytes at commit log offset {offset}")
+        seg = self._segments[idx]
+        try:
+            return pread_exact(seg.fd, size, offset - seg.start)
+        except OSError as exc:
+            raise store_error(exc, f"cannot read segment {seg.path.name}") from exc
+
+    def record_size_at(self, offset: int) -> int:
+        """The length field of the record at ``offset``."""
+        (size,) = _U32.unpack(self.read_at(offset, 4))
+        return int(size)
+
+    def read(self, offset: int, max_bytes: int) -> bytes:
+        """Raw bytes of whole records from ``offset`` (a record boundary), for HA streaming.
+
+        Returns at most ``max_bytes`` unless the first record alone is larger, in which
+        case exactly that record is returned; may span segments (blank fills included).
+        Returns ``b""`` at :attr:`max_offset`.
+        """
+        if offset < self.min_offset or offset > self.max_offset:
+            raise OffsetOutOfRange(
+                f"offset {offset} outside commit log [{self.min_offset}, {self.max_offset}]"
+            )
+        out: list[bytes] = []
+        total = 0
+        while offset < self.max_offset:
+            seg = self._segments[self._index(offset)]
+            want = min(max_bytes - total, seg.written_end - offset)
+            first = self.record_size_at(offset)
+            if first > want:
+                if not out:
+                    out.append(self.read_at(offset, first))
+                break
+            chunk = self.read_at(offset, want)
+            cut = _whole_records(chunk)
+            out.append(chunk[:cut])
+            total += cut
+            offset += cut
+            if cut < len(chunk) or total >= max_bytes:
+                break
+        return b"".join(out)
+
+    def scan(
+        self, start: int, end: int | None = None
+    ) -> Iterator[tuple[int, StoredMessage | Blank, int]]:
+        """Yield ``(offset, record, size)`` for every verified record from ``start``.
+
+        ``start`` must be a record boundary.  Raises :class:`CorruptRecord` (the message
+        names the offset) at the first record that fails to decode, a zero or torn tail,
+        a record whose physical offset is wrong or a segment that is not the last one and
+        does not end with a blank.  ``end`` defaults to :attr:`max_offset`.
+        """
+        stop = self.max_offset if end is None else min(end, self.max_offset)
+        offset = start
+        while offset < stop:
+            idx = self._index(offset)
+            seg = self._segments[idx]
+            is_last = idx == len(self._segments) - 1
+            seg_stop = min(seg.written_end, stop)
+            offset = yield from self._scan_segment(seg, offset, seg_stop)
+            if offset >= stop:
+                break
+            if offset < seg.start + self._segment_size:
+                if is_last:
+                    break
+                raise CorruptRecord(
+                    f"segment {seg.path.name} ends at {offset} without a blank record"
+                )
+
+    def _scan_segment(
+        self, seg: Segment, offset: int, seg_stop: int
+    ) -> Generator[tuple[int, StoredMessage | Blank, int], None, int]:
+        """Yield records of one segment from ``offset`` to ``seg_stop``; return the end."""
+        seg_size = self._segment_size
+        while offset < seg_stop:
+            if seg_stop - offset < BLANK_MIN_SIZE:
+                raise CorruptRecord(f"torn record head at {offset}")
+            first, magic = _PREFIX.unpack(self.read_at(offset, BLANK_MIN_SIZE))
+            if first == 0:
+                raise CorruptRecord(f"zero record length at {offset}")
+            if magic == BLANK_MAGIC:
+                # Do not read the fill: it is a hole of up to a few MiB of zeros.
+                if first < BLANK_MIN_SIZE or offset - seg.start + first != seg_size:
+                    raise CorruptRecord(f"blank record at {offset} does not end its segment")
+                if offset + first > seg_stop:
+                    raise CorruptRecord(f"torn blank record at {offset}")
+                yield offset, BLANK, first
+                offset += first
+                continue
+            if offset + first > seg_stop:
+                raise CorruptRecord(
+                    f"torn record at {offset}: length {first}, {seg_stop - offset} available"
+                )
+            chunk = self.read_at(offset, max(first, min(_SCAN_CHUNK, seg_stop - offset)))
+            pos = 0
+            while pos < len(chunk):
+                here = offset + pos
+                if len(chunk) - pos < BLANK_MIN_SIZE:
+                    break
+                length, magic = _PREFIX.unpack_from(chunk, pos)
+                if magic == BLANK_MAGIC or (length and pos + length > len(chunk)):
+                    break  # handled by the outer loop with a fresh read
+                try:
+                    record, size = decode_record(chunk, pos)
+                except CorruptRecord as exc:
+                    raise CorruptRecord(f"commit log offset {here}: {exc}") from exc
+                assert record is not BLANK
+                if record.physical_offset != here:
+                    raise CorruptRecord(
+                        f"record at {here} claims physical offset {record.physical_offset}"
+                    )
+                if here - seg.start + size + BLANK_MIN_SIZE > seg_size:
+                    raise CorruptRecord(f"record at {here} overruns its segment")
+                yield here, record, size
+                pos += size
+            if pos == 0:
+                raise CorruptRecord(f"undecodable record at {offset}")
+            offset += pos
+        return offset
+
+    # --- durability ------------------------------------------------------------------
+
+    def sync_fds(self, upto: int) -> list[int]:
+        """Duplicated fds of the segments holding unflushed bytes below ``upto``.
+
+        The caller fdatasyncs and closes them, then calls :meth:`mark_flushed`; dups keep
+        a concurrent rollback from closing a descriptor under the flusher.
+        """
+        return [
+            os.dup(seg.fd)
+            for seg in self._segments
+            if seg.written_end > self._flushed and seg.start < upto
+        ]
+
+    def mark_flushed(self, offset: int) -> None:
+        self._flushed = max(self._flushed, min(offset, self.max_offset))
+
+    def sync(self) -> None:
+        """fdatasync every segment with unflushed bytes (caller holds the store lock)."""
+        for seg in self._segments:
+            if seg.written_end > self._flushed:
+                try:
+                    os.fdatasync(seg.fd)
+                except OSError as exc:
+                    raise store_error(exc, f"cannot sync segment {seg.path.name}") from exc
+        self._flushed = self.max_offset
+
+    def close(self) -> None:
+        for seg in self._segments:
+            try:
+                os.close(seg.fd)
+            except OSError:
+                logger.warning("closing segment %s failed", seg.path.name, exc_info=True)
+        self._segments = []
+
+
+def _whole_records(chunk: bytes) -> int:
+    """Length of the longest prefix of ``chunk`` made of whole records (by length fields)."""
+    pos = 0
+    n = len(chunk)
+    while pos + 4 <= n:
+        (length,) = _U32.unpack_from(chunk, pos)
+        if length == 0 or pos + length > n:
+            break
+        pos += length
+    return pos

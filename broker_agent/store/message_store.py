@@ -1,0 +1,872 @@
+"""MessageStore: the broker's durable store (commit log + consume queues + checkpoint).
+
+Layout under ``store_dir``::
+
+    lock                      flock()ed while a process has the store open
+    checkpoint                two-slot checkpoint (see ``checkpoint``)
+    commitlog/<20 digits>     segment files (see ``commitlog``)
+    consumequeue/<topic>/<queue id>/<20 digits>   consume queues (see ``consumequeue``)
+
+Dispatch (consume-queue building, RocketMQ's ``ReputMessageService``): :meth:`put`
+writes its own consume-queue entry before it returns, so a message is readable as soon as
+it is acknowledged; wake held pulls from the :class:`PutResult`.  Replicated bytes
+(:meth:`append_replicated`) are dispatched by :meth:`reput`, which returns a
+:class:`Dispatched` for each entry it wrote (plus any replicated records a later
+:meth:`put` had to dispatch first).  The broker runs :meth:`reput` in its reput loop and
+:meth:`flush` from a worker thread every ``flush_interval_ms`` in async flush mode.
+
+Failure policy: an I/O error while appending (``ENOSPC`` -> :class:`StoreFull`, anything
+else -> :class:`StoreError`) truncates the partial record away and makes the store
+read-only: every later write raises :class:`StoreReadOnly` until it is reopened.  Free
+space below ``min_free_disk_ratio`` refuses puts with :class:`StoreFull` without going
+read-only (it clears when space comes back).
+
+Recovery (:meth:`MessageStore.open`): walk the commit log from the earliest of the
+checkpoint's offsets and the last ``recovery_verify_segments`` segments, verifying every
+record's CRC and re-dispatching it idempotently; truncate at the first record that does
+not verify (dropping every later segment); then trim consume-queue entries that point at
+or past the truncation point.  Reads verify the CRC again, so a record that fails it is
+never served.
+
+Message ids are RocketMQ offset message ids (store host + physical offset, hex), see
+:func:`ha_controller.protocol.record.make_msg_id`.
+"""
+
+from __future__ import annotations
+
+import enum
+import errno
+import fcntl
+import logging
+import os
+import re
+import struct
+import threading
+import time
+from dataclasses import dataclass, field, replace
+from pathlib import Path
+from types import TracebackType
+from typing import Literal, Self
+
+from ha_controller.protocol.errors import (
+    BadRequest,
+    ConfigError,
+    CorruptRecord,
+    OffsetOutOfRange,
+    StoreError,
+    StoreFull,
+    StoreReadOnly,
+)
+from ha_controller.protocol.record import (
+    BLANK,
+    BLANK_MIN_SIZE,
+    MIN_RECORD_SIZE,
+    StoredMessage,
+    decode_record,
+    encode_record,
+    encoded_size,
+    make_msg_id,
+    tag_hash,
+)
+
+from .checkpoint import CheckpointFile
+from .commitlog import CommitLog, store_error
+from .consumequeue import ConsumeQueue
+
+logger = logging.getLogger(__name__)
+
+MiB = 1 << 20
+_TOPIC_RE = re.compile(r"^[%|a-zA-Z0-9_-]{1,127}$")
+_MAX_QUEUE_ID = 0xFFFFFFFF
+_CQ_READ_BATCH = 256
+_MAX_FILTER_SCAN = 16000
+_DISK_CHECK_INTERVAL_S = 1.0
+_STORE_TS = struct.Struct(">Q")
+_STORE_TS_POS = 44
+
+
+@dataclass(frozen=True, slots=True)
+class StoreConfig:
+    """Store settings; validated on construction (ConfigError names the key)."""
+
+    segment_size_bytes: int = 64 * MiB
+    flush_mode: Literal["async", "sync"] = "async"
+    flush_interval_ms: int = 500
+    min_free_disk_ratio: float = 0.05
+    max_message_size_bytes: int = 4 * MiB
+    recovery_verify_segments: int = 3
+
+    def __post_init__(self) -> None:
+        if self.segment_size_bytes < 4096:
+            raise ConfigError(f"segment_size_bytes must be >= 4096, got {self.segment_size_bytes}")
+        if self.flush_mode not in ("async", "sync"):
+            raise ConfigError(f"flush_mode must be 'async' or 'sync', got {self.flush_mode!r}")
+        if self.flush_interval_ms <= 0:
+            raise ConfigError(f"flush_interval_ms must be > 0, got {self.flush_interval_ms}")
+        if not 0.0 <= self.min_free_disk_ratio < 1.0:
+            raise ConfigError(
+                f"min_free_disk_ratio must be in [0, 1), got {self.min_free_disk_ratio}"
+            )
+        if self.max_message_size_bytes < MIN_RECORD_SIZE:
+            raise ConfigError(
+                f"max_message_size_bytes must be >= {MIN_RECORD_SIZE}, "
+                f"got {self.max_message_size_bytes}"
+            )
+        if self.max_message_size_bytes + BLANK_MIN_SIZE > self.segment_size_bytes:
+            raise ConfigError(
+                "max_message_size_bytes must leave room for a blank record in a segment: "
+                f"{self.max_message_size_bytes} + {BLANK_MIN_SIZE} > "
+                f"segment_size_bytes={self.segment_size_bytes}"
+            )
+        if self.recovery_verify_segments < 1:
+            raise ConfigError(
+                f"recovery_verify_segments must be >= 1, got {self.recovery_verify_segments}"
+            )
+
+
+@dataclass(frozen=True, slots=True)
+class PutResult:
+    physical_offset: int
+    queue_offset: int
+    size: int
+    store_ts_ms: int
+    msg_id: str
+
+
+@dataclass(frozen=True, slots=True)
+class Dispatched:
+    """A consume-queue entry written by dispatch; enough to wake held pulls."""
+
+    topic: str
+    queue_id: int
+    queue_offset: int
+    tag_hash: int
+    physical_offset: int
+    size: int
+    store_ts_ms: int
+
+
+class GetMessageStatus(enum.Enum):
+    """RocketMQ's ``GetMessageStatus`` values that this store produces."""
+
+    FOUND = "FOUND"
+    NO_MATCHED_MESSAGE = "NO_MATCHED_MESSAGE"
+    OFFSET_FOUND_NULL = "OFFSET_FOUND_NULL"
+    OFFSET_OVERFLOW_BADLY = "OFFSET_OVERFLOW_BADLY"
+    OFFSET_OVERFLOW_ONE = "OFFSET_OVERFLOW_ONE"
+    OFFSET_TOO_SMALL = "OFFSET_TOO_SMALL"
+    NO_MATCHED_LOGIC_QUEUE = "NO_MATCHED_LOGIC_QUEUE"
+    NO_MESSAGE_IN_QUEUE = "NO_MESSAGE_IN_QUEUE"
+
+
+@dataclass(frozen=True, slots=True)
+class GetResult:
+    status: GetMessageStatus
+    messages: list[StoredMessage] = field(default_factory=list)
+    next_begin_offset: int = 0
+    min_offset: int = 0
+    max_offset: int = 0
+
+
+def _now_ms() -> int:
+    return int(time.time() * 1000)
+
+
+class MessageStore:
+    """The broker's message store; create it with :meth:`open`.
+
+    Thread-safety: every method takes one re-entrant lock, except that :meth:`flush`
+    holds it only to snapshot what to sync, so a worker thread can fsync while the
+    event-loop thread keeps appending and reading.
+    """
+
+    def __init__(self, store_dir: Path, config: StoreConfig, lock_fd: int) -> None:
+        self._dir = store_dir
+        self._config = config
+        self._lock_fd = lock_fd
+        self._lock = threading.RLock()
+        self._flush_lock = threading.Lock()
+        self._cl = CommitLog(store_dir / "commitlog", config.segment_size_bytes)
+        self._cq_root = store_dir / "consumequeue"
+        self._cqs: dict[tuple[str, int], ConsumeQueue] = {}
+        self._checkpoint: CheckpointFile | None = None
+        self._reput_offset = 0
+        self._pending: list[Dispatched] = []
+        self._recovery_rebased: set[tuple[str, int]] = set()
+        self._last_store_ts = 0
+        self._read_only_reason: str | None = None
+        self._closed = False
+        self._disk_low = False
+        self._disk_checked_at = -_DISK_CHECK_INTERVAL_S
+        self.corrupt_reads = 0
+        """Reads that found a record failing its CRC or disagreeing with its entry."""
+        self.dispatch_gaps = 0
+        """Replicated records skipped because their queue offset left a gap."""
+
+    # --- lifecycle ------------------------------------------------------------------
+
+    @classmethod
+    def open(cls, store_dir: Path, config: StoreConfig | None = None) -> MessageStore:
+        """Open (creating if needed) the store in ``store_dir`` and recover it."""
+        config = config if config is not None else StoreConfig()
+        store_dir = Path(store_dir)
+        try:
+            store_dir.mkdir(parents=True, exist_ok=True)
+            (store_dir / "commitlog").mkdir(exist_ok=True)
+            (store_dir / "consumequeue").mkdir(exist_ok=True)
+            lock_fd = os.open(store_dir / "lock", os.O_RDWR | os.O_CREAT | os.O_CLOEXEC, 0o644)
+        except OSError as exc:
+            raise store_error(exc, f"cannot open store directory {store_dir}") from exc
+        try:
+            fcntl.flock(lock_fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        except OSError as exc:
+            os.close(lock_fd)
+            if exc.errno in (errno.EWOULDBLOCK, errno.EAGAIN):
+                raise StoreError(f"store {store_dir} is open in another process") from exc
+            raise store_error(exc, f"cannot lock store {store_dir}") from exc
+        store = cls(store_dir, config, lock_fd)
+        try:
+            store._recover()
+        except BaseException:
+            store._close_files()
+            raise
+        return store
+
+    def __enter__(self) -> Self:
+        return self
+
+    def __exit__(
+        self,
+        exc_type: type[BaseException] | None,
+        exc: BaseException | None,
+        tb: TracebackType | None,
+    ) -> None:
+        self.close()
+
+    def close(self) -> None:
+        """Flush everything, write a clean checkpoint and release the files; idempotent."""
+        with self._flush_lock, self._lock:
+            if self._closed:
+                return
+            self._closed = True
+            try:
+                self._cl.sync()
+                for cq in self._cqs.values():
+                    cq.sync()
+                if self._checkpoint is not None:
+                    self._checkpoint.write(
+                        self._cl.max_offset, self._reput_offset, clean=self._reput_done()
+                    )
+            except StoreError:
+                logger.exception("store %s: final flush failed; recovery will verify", self._dir)
+            finally:
+                self._close_files()
+            logger.info("store %s closed at commit log offset %d", self._dir, self._cl.max_offset)
+
+    def _close_files(self) -> None:
+        self._closed = True
+        self._cl.close()
+        for cq in self._cqs.values():
+            cq.close()
+        if self._checkpoint is not None:
+            self._checkpoint.close()
+        try:
+            os.close(self._lock_fd)  # also releases the flock
+        except OSError:
+            logger.warning("closing the store lock file failed", exc_info=True)
+
+    # --- recovery ----------------------------------------------------------------------
+
+    def _recover(self) -> None:
+        self._checkpoint = CheckpointFile(self._dir / "checkpoint")
+        cp = self._checkpoint.load()
+        self._cl.load()
+        self._load_consume_queues()
+        cl = self._cl
+        starts = cl.segment_starts()
+        walk_from = cl.min_offset
+        if starts:
+            verify_from = starts[max(0, len(starts) - self._config.recovery_verify_segments)]
+            if cp is not None:
+                verify_from = min(
+                    verify_from,
+                    cl.segment_start(cp.commitlog_offset),
+                    cl.segment_start(cp.dispatched_offset),
+                )
+            else:
+                verify_from = starts[0]
+            walk_from = max(starts[0], verify_from)
+        logger.info(
+            "store %s: recovering from commit log offset %d (checkpoint %s, log [%d, %d))",
+            self._dir,
+            walk_from,
+            cp,
+            cl.min_offset,
+            cl.max_offset,
+        )
+        end, gap = self._recovery_pass(walk_from)
+        if gap and walk_from > cl.min_offset:
+            logger.warning(
+                "store %s: consume queues miss entries before %d; rebuilding from %d",
+                self._dir,
+                walk_from,
+                cl.min_offset,
+            )
+            walk_from = cl.min_offset
+            for key in self._recovery_rebased:
+                self._cqs[key].truncate(0)
+            end, _ = self._recovery_pass(walk_from)
+        if end < cl.max_offset:
+            logger.warning(
+                "store %s: truncating commit log at %d (%d bytes dropped)",
+                self._dir,
+                end,
+                cl.max_offset - end,
+            )
+            cl.truncate(end)
+        self._reput_offset = end
+        cl.sync()
+        for cq in self._cqs.values():
+            cq.sync()
+        self._checkpoint.write(end, end, clean=False)
+        logger.info(
+            "store %s: recovered, commit log [%d, %d), %d consume queues",
+            self._dir,
+            cl.min_offset,
+            end,
+            len(self._cqs),
+        )
+
+    def _load_consume_queues(self) -> None:
+        try:
+            for topic_dir in sorted(self._cq_root.iterdir()):
+                if not topic_dir.is_dir() or not _TOPIC_RE.match(topic_dir.name):
+                    continue
+                for queue_dir in sorted(topic_dir.iterdir()):
+                    if queue_dir.is_dir() and queue_dir.name.isdigit():
+                        cq = ConsumeQueue.load(self._cq_root, topic_dir.name, int(queue_dir.name))
+                        self._cqs[(cq.topic, cq.queue_id)] = cq
+        except OSError as exc:
+            raise store_error(exc, f"cannot load consume queues in {self._cq_root}") from exc
+
+    def _recovery_pass(self, walk_from: int) -> tuple[int, bool]:
+        """Verify and re-dispatch from ``walk_from``; returns (valid end, gap seen)."""
+        end = walk_from
+        gap = False
+        last_seen: dict[tuple[str, int], int] = {}
+        try:
+            for offset, record, size in self._cl.scan(walk_from):
+                end = offset + size
+                if record is BLANK:
+                    continue
+                _, record_gap = self._dispatch(record, size, recovering=True)
+                gap = gap or record_gap
+                last_seen[(record.topic, record.queue_id)] = record.queue_offset
+                self._last_store_ts = max(self._last_store_ts, record.store_ts_ms)
+        except CorruptRecord as exc:
+            logger.warning("store %s: commit log ends at %d: %s", self._dir, end, exc)
+        for key, cq in self._cqs.items():
+            seen = last_seen.get(key)
+            keep = seen + 1 if seen is not None else cq.first_at_or_after(walk_from)
+            if keep < cq.max_offset:
+                logger.warning(
+                    "store %s: consume queue %s/%d: dropping entries [%d, %d)",
+                    self._dir,
+                    key[0],
+                    key[1],
+                    keep,
+                    cq.max_offset,
+                )
+                cq.truncate(keep)
+        return end, gap
+
+    # --- dispatch ----------------------------------------------------------------------
+
+    def _queue(self, topic: str, queue_id: int) -> ConsumeQueue:
+        key = (topic, queue_id)
+        cq = self._cqs.get(key)
+        if cq is None:
+            cq = self._cqs[key] = ConsumeQueue(self._cq_root, topic, queue_id)
+        return cq
+
+    def _dispatch(
+        self, msg: StoredMessage, size: int, *, recovering: bool = False
+    ) -> tuple[Dispatched | None, bool]:
+        """Write the consume-queue entry of ``msg`` idempotently; returns (entry, gap)."""
+        if not _TOPIC_RE.match(msg.topic):
+            logger.error("record at %d has an invalid topic %r", msg.physical_offset, msg.topic)
+            return None, False
+        cq = self._queue(msg.topic, msg.queue_id)
+        th = tag_hash(msg.tags)
+        qoff = msg.queue_offset
+        gap = False
+        if not len(cq) and qoff != cq.max_offset:
+            # An empty queue starts wherever its first record says (a slave that began
+            # replicating mid-log).  During recovery that may also mean lost entries.
+            gap = recovering and qoff != 0
+            if gap:
+                self._recovery_rebased.add((msg.topic, msg.queue_id))
+            cq.rebase(qoff)
+        elif qoff < cq.max_offset:
+            if qoff < cq.min_offset:
+                logger.warning(
+                    "record at %d: queue offset %d of %s/%d is below the queue start %d",
+                    msg.physical_offset,
+                    qoff,
+                    msg.topic,
+                    msg.queue_id,
+                    cq.min_offset,
+                )
+                return None, True
+            if cq.entry(qoff) == (msg.physical_offset, size, th):
+                return None, False
+            logger.warning(
+                "consume queue %s/%d: entry %d disagrees with the commit log; rewriting from it",
+                msg.topic,
+                msg.queue_id,
+                qoff,
+            )
+            cq.truncate(qoff)
+        elif qoff > cq.max_offset:
+            logger.error(
+                "consume queue %s/%d: record at %d has queue offset %d, expected %d; skipped",
+                msg.topic,
+                msg.queue_id,
+                msg.physical_offset,
+                qoff,
+                cq.max_offset,
+            )
+            self.dispatch_gaps += 1
+            return None, True
+        cq.append(msg.physical_offset, size, th)
+        return (
+            Dispatched(
+                msg.topic, msg.queue_id, qoff, th, msg.physical_offset, size, msg.store_ts_ms
+            ),
+            gap,
+        )
+
+    def _reput_locked(self, max_bytes: int | None) -> list[Dispatched]:
+        out: list[Dispatched] = []
+        start = max(self._reput_offset, self._cl.min_offset)
+        self._reput_offset = start
+        if start >= self._cl.max_offset:
+            return out
+        try:
+            for offset, record, size in self._cl.scan(start):
+                if record is not BLANK:
+                    dispatched, _ = self._dispatch(record, size)
+                    if dispatched is not None:
+                        out.append(dispatched)
+                self._reput_offset = offset + size
+                if max_bytes is not None and self._reput_offset - start >= max_bytes:
+                    break
+        except CorruptRecord:
+            logger.exception("store %s: reput found a corrupt record", self._dir)
+            raise
+        return out
+
+    def reput(self, max_bytes: int = 16 * MiB) -> list[Dispatched]:
+        """Dispatch commit-log records not yet in consume queues (replicated bytes).
+
+        Returns the entries written, oldest first, after any that :meth:`put` dispatched
+        on the reput loop's behalf.  Dispatches about ``max_bytes`` of commit log per call;
+        call again while :attr:`dispatch_behind_bytes` is positive.
+        """
+        with self._lock:
+            self._check_open()
+            out, self._pending = self._pending, []
+            out.extend(self._reput_locked(max_bytes))
+            return out
+
+    @property
+    def dispatch_behind_bytes(self) -> int:
+        with self._lock:
+            return max(0, self._cl.max_offset - self._reput_offset)
+
+    def _reput_done(self) -> bool:
+        return self._reput_offset >= self._cl.max_offset
+
+    # --- writing -------------------------------------------------------------------------
+
+    @property
+    def read_only(self) -> bool:
+        return self._read_only_reason is not None
+
+    def _check_open(self) -> None:
+        if self._closed:
+            raise StoreError(f"store {self._dir} is closed")
+
+    def _check_writable(self) -> None:
+        self._check_open()
+        if self._read_only_reason is not None:
+            raise StoreReadOnly(f"store {self._dir} is read-only: {self._read_only_reason}")
+
+    def _check_disk_space(self) -> None:
+        ratio = self._config.min_free_disk_ratio
+        if ratio <= 0:
+            return
+        now = time.monotonic()
+        if now - self._disk_checked_at >= _DISK_CHECK_INTERVAL_S:
+            self._disk_checked_at = now
+            try:
+                st = os.statvfs(self._cl_dir)
+            except OSError:
+                logger.warning("statvfs(%s) failed", self._cl_dir, exc_info=True)
+                return
+            low = bool(st.f_blocks) and st.f_bavail / st.f_blocks < ratio
+            if low != self._disk_low:
+                logger.warning(
+                    "store %s: free disk space %s min_free_disk_ratio=%s",
+                    self._dir,
+                    "below" if low else "back above",
+                    ratio,
+                )
+            self._disk_low = low
+        if self._disk_low:
+            raise StoreFull(f"free disk space is below min_free_disk_ratio={ratio}")
+
+    @property
+    def _cl_dir(self) -> Path:
+        return self._dir / "commitlog"
+
+    def _go_read_only(self, exc: StoreError) -> None:
+        self._read_only_reason = str(exc)
+        logger.error("store %s is now read-only: %s", self._dir, exc)
+
+    def put(
+        self,
+        topic: str,
+        queue_id: int,
+        body: bytes,
+        properties: dict[str, str] | None = None,
+        *,
+        flags: int = 0,
+        born_ts_ms: int | None = None,
+        born_host: str = "",
+        store_host: str = "",
+    ) -> PutResult:
+        """Append one message at the next queue offset of (topic, queue_id).
+
+        Raises BadRequest for an invalid topic, queue id, property or a message over
+        ``max_message_size_bytes``; StoreFull / StoreError on an I/O failure (the store
+        then turns read-only); StoreReadOnly after such a failure.  In sync flush mode the
+        record is fdatasynced before this returns.
+        """
+        if not _TOPIC_RE.match(topic):
+            raise BadRequest(f"invalid topic name {topic!r}")
+        if not 0 <= queue_id <= _MAX_QUEUE_ID:
+            raise BadRequest(f"invalid queue id {queue_id}")
+        with self._lock:
+            self._check_writable()
+            self._check_disk_space()
+            if self._reput_offset < self._cl.max_offset:
+                self._pending.extend(self._reput_locked(None))
+            existing = self._cqs.get((topic, queue_id))
+            store_ts = max(_now_ms(), self._last_store_ts)
+            msg = StoredMessage(
+                topic=topic,
+                queue_id=queue_id,
+                body=bytes(body),
+                properties=dict(properties) if properties else {},
+                flags=flags,
+                born_ts_ms=store_ts if born_ts_ms is None else born_ts_ms,
+                born_host=born_host,
+                store_host=store_host,
+                queue_offset=existing.max_offset if existing is not None else 0,
+                store_ts_ms=store_ts,
+            )
+            try:
+                size = encoded_size(msg)
+            except ValueError as exc:
+                raise BadRequest(str(exc)) from exc
+            if size > self._config.max_message_size_bytes:
+                raise BadRequest(
+                    f"message of {size} bytes exceeds "
+                    f"max_message_size_bytes={self._config.max_message_size_bytes}"
+                )
+            msg = replace(msg, physical_offset=self._cl.next_record_offset(size))
+            try:
+                data = encode_record(msg)
+            except ValueError as exc:
+                raise BadRequest(str(exc)) from exc
+            cq = self._queue(topic, queue_id)
+            before = self._cl.max_offset
+            try:
+                offset = self._cl.append(data)
+                assert offset == msg.physical_offset, (offset, msg.physical_offset)
+                cq.append(offset, size, tag_hash(msg.tags))
+                if self._config.flush_mode == "sync":
+                    self._cl.sync()
+            except StoreError as exc:
+                self._cl.rollback(before)
+                try:
+                    cq.truncate(msg.queue_offset)
+                except StoreError:
+                    logger.exception("rolling back consume queue %s/%d failed", topic, queue_id)
+                self._go_read_only(exc)
+                raise
+            self._reput_offset = offset + size
+            self._last_store_ts = store_ts
+            return PutResult(
+                physical_offset=offset,
+                queue_offset=msg.queue_offset,
+                size=size,
+                store_ts_ms=store_ts,
+                msg_id=make_msg_id(store_host, offset),
+            )
+
+    def append_replicated(self, offset: int, data: bytes) -> None:
+        """Append whole records streamed by the master at exactly ``offset`` (slave side).
+
+        Raises OffsetOutOfRange if ``offset`` is not the end of the local commit log,
+        CorruptRecord if ``data`` is not whole, CRC-valid records placed for ``offset``
+        (nothing is written then), StoreFull / StoreError on I/O failure (read-only).
+        Dispatch happens in :meth:`reput`.
+        """
+        with self._lock:
+            self._check_writable()
+            before = self._cl.max_offset
+            try:
+                self._cl.append_raw(offset, data)
+                if self._config.flush_mode == "sync":
+                    self._cl.sync()
+            except CorruptRecord:
+                raise
+            except StoreError as exc:
+                self._cl.rollback(before)
+                self._go_read_only(exc)
+                raise
+
+    def flush(self) -> int:
+        """fdatasync the commit log and consume queues, write the checkpoint.
+
+        Safe from a worker thread: the store lock is held only to snapshot.  Returns the
+        commit-log offset below which every byte is durable.
+        """
+        with self._flush_lock:
+            with self._lock:
+                if self._closed:
+                    return self._cl.flushed_offset
+                target = self._cl.max_offset
+                dispatched = self._reput_offset
+                fds = self._cl.sync_fds(target)
+                for cq in self._cqs.values():
+                    if cq.dirty:
+                        fd = cq.dup_fd()
+                        if fd is not None:
+                            fds.append(fd)
+                        cq.dirty = False
+            try:
+                for fd in fds:
+                    os.fdatasync(fd)
+            except OSError as exc:
+                err = store_error(exc, "fdatasync failed")
+                with self._lock:
+                    self._go_read_only(err)
+                raise err from exc
+            finally:
+                for fd in fds:
+                    os.close(fd)
+            with self._lock:
+                self._cl.mark_flushed(target)
+                flushed = self._cl.flushed_offset
+            cp = self._checkpoint
+            if cp is not None:
+                last = cp.last
+                wanted = (flushed, min(dispatched, flushed))
+                if last is None or (last.commitlog_offset, last.dispatched_offset) != wanted:
+                    cp.write(*wanted, clean=False)
+            return flushed
+
+    # --- HA -----------------------------------------------------------------------------------
+
+    @property
+    def commitlog_max_offset(self) -> int:
+        with self._lock:
+            return self._cl.max_offset
+
+    @property
+    def commitlog_min_offset(self) -> int:
+        with self._lock:
+            return self._cl.min_offset
+
+    @property
+    def flushed_offset(self) -> int:
+        with self._lock:
+            return self._cl.flushed_offset
+
+    def read_commitlog(self, offset: int, max_bytes: int) -> bytes:
+        """Whole records from ``offset`` for HA streaming (see ``CommitLog.read``)."""
+        with self._lock:
+            self._check_open()
+            return self._cl.read(offset, max_bytes)
+
+    # --- reading --------------------------------------------------------------------------------
+
+    def _read_message(
+        self, physical_offset: int, size: int, topic: str, queue_id: int, queue_offset: int
+    ) -> StoredMessage | None:
+        try:
+            record, got = decode_record(self._cl.read_at(physical_offset, size))
+        except (CorruptRecord, OffsetOutOfRange) as exc:
+            self.corrupt_reads += 1
+            logger.error(
+                "%s/%d offset %d: unreadable record at %d: %s",
+                topic,
+                queue_id,
+                queue_offset,
+                physical_offset,
+                exc,
+            )
+            return None
+        if (
+            record is BLANK
+            or got != size
+            or record.topic != topic
+            or record.queue_id != queue_id
+            or record.queue_offset != queue_offset
+        ):
+            self.corrupt_reads += 1
+            logger.error(
+                "%s/%d offset %d: record at %d does not match its consume-queue entry",
+                topic,
+                queue_id,
+                queue_offset,
+                physical_offset,
+            )
+            return None
+        return record
+
+    def get_messages(
+        self,
+        topic: str,
+        queue_id: int,
+        offset: int,
+        max_count: int = 32,
+        max_bytes: int = 4 * MiB,
+        tag_filter: set[int] | None = None,
+    ) -> GetResult:
+        """Read up to ``max_count`` messages from queue ``offset`` (RocketMQ ``getMessage``).
+
+        ``tag_filter`` holds tag hashes (:func:`tag_hash`); ``None`` matches everything.
+        The first matching message is returned even if it is larger than ``max_bytes``.
+        ``next_begin_offset`` is where the next pull should start.
+        """
+        with self._lock:
+            self._check_open()
+            cq = self._cqs.get((topic, queue_id))
+            if cq is None:
+                return GetResult(GetMessageStatus.NO_MATCHED_LOGIC_QUEUE)
+            lo, hi = cq.min_offset, cq.max_offset
+
+            def result(status: GetMessageStatus, nxt: int, msgs: list[StoredMessage]) -> GetResult:
+                return GetResult(status, msgs, nxt, lo, hi)
+
+            if lo == hi:
+                return result(GetMessageStatus.NO_MESSAGE_IN_QUEUE, lo, [])
+            if offset < lo:
+                return result(GetMessageStatus.OFFSET_TOO_SMALL, lo, [])
+            if offset == hi:
+                return result(GetMessageStatus.OFFSET_OVERFLOW_ONE, offset, [])
+            if offset > hi:
+                return result(GetMessageStatus.OFFSET_OVERFLOW_BADLY, hi, [])
+            messages: list[StoredMessage] = []
+            total = 0
+            filtered = 0
+            cur = offset
+            scan_limit = offset + max(max_count, _MAX_FILTER_SCAN)
+            done = False
+            while not done and cur < hi and cur < scan_limit and len(messages) < max_count:
+                for phys, size, th in cq.entries(cur, min(_CQ_READ_BATCH, scan_limit - cur)):
+                    if len(messages) >= max_count:
+                        done = True
+                        break
+                    if tag_filter is not None and th not in tag_filter:
+                        filtered += 1
+                        cur += 1
+                        continue
+                    if messages and total + size > max_bytes:
+                        done = True
+                        break
+                    msg = self._read_message(phys, size, topic, queue_id, cur)
+                    if msg is not None:
+                        messages.append(msg)
+                        total += size
+                    cur += 1
+            if messages:
+                return result(GetMessageStatus.FOUND, cur, messages)
+            if filtered:
+                return result(GetMessageStatus.NO_MATCHED_MESSAGE, cur, [])
+            return result(GetMessageStatus.OFFSET_FOUND_NULL, cur, [])
+
+    def get_message_at(self, topic: str, queue_id: int, offset: int) -> StoredMessage | None:
+        """The message at queue ``offset``, or None if there is none (or it is unreadable)."""
+        with self._lock:
+            self._check_open()
+            cq = self._cqs.get((topic, queue_id))
+            entry = cq.entry(offset) if cq is not None else None
+            if entry is None:
+                return None
+            return self._read_message(entry[0], entry[1], topic, queue_id, offset)
+
+    def max_offset(self, topic: str, queue_id: int) -> int:
+        """Next queue offset to be written (0 for an unknown queue)."""
+        with self._lock:
+            cq = self._cqs.get((topic, queue_id))
+            return cq.max_offset if cq is not None else 0
+
+    def min_offset(self, topic: str, queue_id: int) -> int:
+        with self._lock:
+            cq = self._cqs.get((topic, queue_id))
+            return cq.min_offset if cq is not None else 0
+
+    def _store_ts_at(self, physical_offset: int) -> int:
+        (ts,) = _STORE_TS.unpack(self._cl.read_at(physical_offset + _STORE_TS_POS, 8))
+        return int(ts)
+
+    def search_offset(self, topic: str, queue_id: int, timestamp_ms: int) -> int:
+        """First queue offset whose store time is >= ``timestamp_ms``.
+
+        Returns the queue's max offset when every message is older, its min offset when
+        every message is newer (RocketMQ's ``getOffsetInQueueByTime``, lower boundary).
+        """
+        with self._lock:
+            self._check_open()
+            cq = self._cqs.get((topic, queue_id))
+            if cq is None:
+                return 0
+            lo, hi = cq.min_offset, cq.max_offset
+            while lo < hi:
+                mid = (lo + hi) // 2
+                entry = cq.entry(mid)
+                assert entry is not None
+                if self._store_ts_at(entry[0]) < timestamp_ms:
+                    lo = mid + 1
+                else:
+                    hi = mid
+            return lo
+
+    def earliest_msg_store_time(self, topic: str, queue_id: int) -> int | None:
+        """Store time of the first message of the queue, None if it is empty."""
+        with self._lock:
+            self._check_open()
+            cq = self._cqs.get((topic, queue_id))
+            entry = cq.entry(cq.min_offset) if cq is not None else None
+            return None if entry is None else self._store_ts_at(entry[0])
+
+    def topics_and_queues(self) -> dict[str, list[int]]:
+        """Every known topic with its queue ids (sorted)."""
+        with self._lock:
+            out: dict[str, list[int]] = {}
+            for topic, queue_id in sorted(self._cqs):
+                out.setdefault(topic, []).append(queue_id)
+            return out
+
+    @property
+    def config(self) -> StoreConfig:
+        return self._config
+
+    @property
+    def directory(self) -> Path:
+        return self._dir

@@ -1,0 +1,232 @@
+"""MessageStore facade: puts, pulls, offsets, search, errors, flushing."""
+
+from __future__ import annotations
+
+import threading
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+
+from broker_agent.store import GetMessageStatus, MessageStore, StoreConfig
+from broker_agent.store.commitlog import CommitLog
+from ha_controller.protocol.errors import BadRequest, ConfigError, StoreError
+from ha_controller.protocol.record import StoredMessage, encode_record, encoded_size, tag_hash
+
+SEG = 64 * 1024
+CFG = StoreConfig(segment_size_bytes=SEG, max_message_size_bytes=16 * 1024)
+
+
+@pytest.fixture
+def store(tmp_path: Path) -> Iterator[MessageStore]:
+    with MessageStore.open(tmp_path / "store", CFG) as s:
+        yield s
+
+
+def test_put_then_get(store: MessageStore) -> None:
+    r = store.put(
+        "T",
+        2,
+        b"hello",
+        {"TAGS": "a", "KEYS": "k1 k2", "UNIQ_KEY": "U1"},
+        flags=3,
+        born_ts_ms=1234,
+        born_host="10.1.1.1:999",
+        store_host="127.0.0.1:10911",
+    )
+    assert (r.physical_offset, r.queue_offset) == (0, 0)
+    assert r.msg_id == "7F00000100002A9F0000000000000000"
+    r2 = store.put("T", 2, b"world")
+    assert (r2.physical_offset, r2.queue_offset) == (r.size, 1)
+    assert r2.store_ts_ms >= r.store_ts_ms
+    got = store.get_messages("T", 2, 0, 10)
+    assert got.status is GetMessageStatus.FOUND
+    assert (got.next_begin_offset, got.min_offset, got.max_offset) == (2, 0, 2)
+    m = got.messages[0]
+    assert (m.body, m.tags, m.keys, m.uniq_key, m.flags) == (b"hello", "a", ["k1", "k2"], "U1", 3)
+    assert (m.born_ts_ms, m.born_host, m.store_host) == (1234, "10.1.1.1:999", "127.0.0.1:10911")
+    assert (m.store_ts_ms, m.physical_offset, m.msg_id) == (r.store_ts_ms, 0, r.msg_id)
+    assert store.get_message_at("T", 2, 1) == got.messages[1]
+    assert store.get_message_at("T", 2, 2) is None
+    assert store.get_message_at("nope", 0, 0) is None
+
+
+def test_get_statuses(store: MessageStore) -> None:
+    assert store.get_messages("T", 0, 0).status is GetMessageStatus.NO_MATCHED_LOGIC_QUEUE
+    for i in range(5):
+        store.put("T", 0, b"%d" % i)
+    assert store.get_messages("T", 0, 5).status is GetMessageStatus.OFFSET_OVERFLOW_ONE
+    bad = store.get_messages("T", 0, 9)
+    assert (bad.status, bad.next_begin_offset) == (GetMessageStatus.OFFSET_OVERFLOW_BADLY, 5)
+    assert store.get_messages("T", 0, 2, max_count=2).next_begin_offset == 4
+
+
+def test_max_bytes_returns_at_least_one(store: MessageStore) -> None:
+    sizes = [store.put("T", 0, b"x" * 1000).size for _ in range(5)]
+    got = store.get_messages("T", 0, 0, max_count=10, max_bytes=1)
+    assert len(got.messages) == 1 and got.next_begin_offset == 1
+    got = store.get_messages("T", 0, 0, max_count=10, max_bytes=sizes[0] * 3)
+    assert len(got.messages) == 3 and got.next_begin_offset == 3
+
+
+def test_tag_filter(store: MessageStore) -> None:
+    for i in range(30):
+        tags = ["A", "B", None][i % 3]
+        store.put("T", 0, b"%d" % i, {"TAGS": tags} if tags else {})
+    got = store.get_messages("T", 0, 0, 100, tag_filter={tag_hash("A")})
+    assert [m.body for m in got.messages] == [b"%d" % i for i in range(0, 30, 3)]
+    assert all(m.tags == "A" for m in got.messages)
+    got = store.get_messages("T", 0, 0, 4, tag_filter={tag_hash("A"), tag_hash("B")})
+    assert [m.queue_offset for m in got.messages] == [0, 1, 3, 4]
+    assert got.next_begin_offset == 5
+    none = store.get_messages("T", 0, 0, 100, tag_filter={tag_hash("C")})
+    assert none.status is GetMessageStatus.NO_MATCHED_MESSAGE
+    assert none.next_begin_offset == 30
+    untagged = store.get_messages("T", 0, 0, 100, tag_filter={tag_hash(None)})
+    assert [m.queue_offset for m in untagged.messages] == list(range(2, 30, 3))
+
+
+def replicate_with_times(tmp_path: Path, store: MessageStore, times: list[int]) -> None:
+    """Feed records with chosen store timestamps through the HA path."""
+    cl = CommitLog(tmp_path / "master-log", SEG)
+    cl.load()
+    for i, ts in enumerate(times):
+        msg = StoredMessage(topic="T", queue_id=1, body=b"m%d" % i, queue_offset=i, store_ts_ms=ts)
+        off = cl.next_record_offset(encoded_size(msg))
+        cl.append(
+            encode_record(
+                StoredMessage(
+                    topic="T",
+                    queue_id=1,
+                    body=b"m%d" % i,
+                    queue_offset=i,
+                    store_ts_ms=ts,
+                    physical_offset=off,
+                )
+            )
+        )
+    store.append_replicated(0, cl.read(0, 1 << 30))
+    cl.close()
+    store.reput()
+
+
+def test_search_offset_and_time_queries(tmp_path: Path, store: MessageStore) -> None:
+    assert store.search_offset("T", 1, 0) == 0
+    assert store.earliest_msg_store_time("T", 1) is None
+    times = [1000, 2000, 2000, 2000, 3000, 5000]
+    replicate_with_times(tmp_path, store, times)
+    assert store.min_offset("T", 1) == 0 and store.max_offset("T", 1) == 6
+    assert store.earliest_msg_store_time("T", 1) == 1000
+    assert store.search_offset("T", 1, 0) == 0
+    assert store.search_offset("T", 1, 1000) == 0
+    assert store.search_offset("T", 1, 1001) == 1
+    assert store.search_offset("T", 1, 2000) == 1
+    assert store.search_offset("T", 1, 2500) == 4
+    assert store.search_offset("T", 1, 5000) == 5
+    assert store.search_offset("T", 1, 9999) == 6
+
+
+def test_bad_requests(store: MessageStore) -> None:
+    for topic in ("", "a/b", "..", "x" * 128, "spaces here"):
+        with pytest.raises(BadRequest):
+            store.put(topic, 0, b"")
+    with pytest.raises(BadRequest):
+        store.put("T", -1, b"")
+    with pytest.raises(BadRequest, match="max_message_size_bytes"):
+        store.put("T", 0, b"x" * 16 * 1024)
+    with pytest.raises(BadRequest, match="separator"):
+        store.put("T", 0, b"", {"K": "a\x01b"})
+    assert not store.read_only
+    assert store.topics_and_queues() == {}
+    store.put("T", 0, b"ok")
+
+
+def test_config_validation() -> None:
+    with pytest.raises(ConfigError, match="segment_size_bytes"):
+        StoreConfig(segment_size_bytes=100)
+    with pytest.raises(ConfigError, match="flush_mode"):
+        StoreConfig(flush_mode="never")  # type: ignore[arg-type]
+    with pytest.raises(ConfigError, match="max_message_size_bytes"):
+        StoreConfig(segment_size_bytes=8192, max_message_size_bytes=8190)
+    with pytest.raises(ConfigError, match="min_free_disk_ratio"):
+        StoreConfig(min_free_disk_ratio=1.5)
+    with pytest.raises(ConfigError, match="flush_interval_ms"):
+        StoreConfig(flush_interval_ms=0)
+
+
+def test_close_is_idempotent_and_final(tmp_path: Path) -> None:
+    store = MessageStore.open(tmp_path, CFG)
+    store.put("T", 0, b"x")
+    store.close()
+    store.close()
+    with pytest.raises(StoreError, match="closed"):
+        store.put("T", 0, b"y")
+    with pytest.raises(StoreError, match="closed"):
+        store.get_messages("T", 0, 0)
+
+
+def test_second_open_is_refused_while_in_use(tmp_path: Path) -> None:
+    with MessageStore.open(tmp_path, CFG), pytest.raises(StoreError, match="another process"):
+        MessageStore.open(tmp_path, CFG)
+    with MessageStore.open(tmp_path, CFG) as again:
+        assert again.commitlog_max_offset == 0
+
+
+def test_unusable_directory_is_a_store_error(tmp_path: Path) -> None:
+    blocker = tmp_path / "file"
+    blocker.write_bytes(b"")
+    with pytest.raises(StoreError, match="cannot open store directory"):
+        MessageStore.open(blocker / "store", CFG)
+    with pytest.raises(StoreError):
+        MessageStore.open(blocker, CFG)
+
+
+def test_flush_from_a_worker_thread_while_appending(tmp_path: Path) -> None:
+    store = MessageStore.open(tmp_path, CFG)
+    stop = threading.Event()
+    flushed: list[int] = []
+    errors: list[BaseException] = []
+
+    def flusher() -> None:
+        try:
+            while not stop.is_set():
+                flushed.append(store.flush())
+        except BaseException as exc:  # surfaced below
+            errors.append(exc)
+
+    worker = threading.Thread(target=flusher)
+    worker.start()
+    try:
+        for i in range(2000):
+            store.put("T", i % 4, b"%d" % i * 20)
+    finally:
+        stop.set()
+        worker.join()
+    assert not errors
+    assert flushed == sorted(flushed)
+    assert store.flush() == store.commitlog_max_offset == store.flushed_offset
+    store.close()
+    with MessageStore.open(tmp_path, CFG) as again:
+        assert sum(again.max_offset("T", q) for q in range(4)) == 2000
+
+
+def test_sync_mode_is_flushed_on_return(tmp_path: Path) -> None:
+    config = StoreConfig(segment_size_bytes=SEG, max_message_size_bytes=4096, flush_mode="sync")
+    with MessageStore.open(tmp_path, config) as store:
+        for i in range(20):
+            r = store.put("T", 0, b"%d" % i)
+            assert store.flushed_offset == r.physical_offset + r.size
+
+
+def test_put_after_replicated_bytes_dispatches_them_first(tmp_path: Path) -> None:
+    with (
+        MessageStore.open(tmp_path / "m", CFG) as master,
+        MessageStore.open(tmp_path / "s", CFG) as slave,
+    ):
+        for i in range(5):
+            master.put("T", 0, b"%d" % i)
+        slave.append_replicated(0, master.read_commitlog(0, 1 << 30))
+        r = slave.put("T", 0, b"local")
+        assert r.queue_offset == 5
+        assert [d.queue_offset for d in slave.reput()] == [0, 1, 2, 3, 4]
+        assert [m.body for m in slave.get_messages("T", 0, 0).messages][-1] == b"local"
