@@ -1,0 +1,75 @@
+"""The broker's acting-master state machine and versioned consumer offsets."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+from broker_agent.acting import ActingState
+from broker_agent.offsets import ConsumerOffsetManager
+from ha_controller.dataversion import DataVersion
+
+
+def test_lowest_slave_acts_while_master_is_gone_and_stops_when_it_returns() -> None:
+    s = ActingState(broker_id=1, enable_slave_acting_master=True)
+    s.master_addr = "m:1"
+    d = s.on_min_broker_change(0, "m:1")
+    assert s.role == "slave" and not d.start_special_services
+    d = s.on_min_broker_change(1, "s1:1", offline_addr="m:1")
+    assert d.start_special_services and d.master_offline
+    assert s.acting and s.serves_master_only_ops and s.role == "acting"
+    assert s.master_addr is None
+    assert not s.on_min_broker_change(1, "s1:1").changed  # repeated view: no-op
+    d = s.on_min_broker_change(0, "m:1", master_ha_addr="m:2")
+    assert d.stop_special_services and d.master_online
+    assert not s.acting and s.master_addr == "m:1" and s.master_ha_addr == "m:2"
+
+
+def test_higher_slave_never_acts_and_master_ignores_changes() -> None:
+    s2 = ActingState(broker_id=2, enable_slave_acting_master=True)
+    d = s2.on_min_broker_change(1, "s1:1", offline_addr="m:1")
+    assert d.changed and not d.start_special_services and not s2.acting
+    assert not s2.serves_master_only_ops
+    # slave 1 gone too: slave 2 is now the lowest
+    assert s2.on_min_broker_change(2, "s2:1").start_special_services
+    master = ActingState(broker_id=0, enable_slave_acting_master=True)
+    assert not master.on_min_broker_change(1, "s1:1").changed
+    assert master.serves_master_only_ops
+
+
+def test_disabled_acting_master_never_acts() -> None:
+    s = ActingState(broker_id=1, enable_slave_acting_master=False)
+    assert not s.on_min_broker_change(1, "s1:1").changed
+    assert not s.acting
+
+
+def test_offsets_version_moves_every_step_and_persists(tmp_path: Path) -> None:
+    path = tmp_path / "offsets.json"
+    m = ConsumerOffsetManager(path, version_step=3)
+    v0 = m.data_version.copy()
+    m.commit("g", "t", 0, 1)
+    m.commit("g", "t", 0, 2)
+    assert m.data_version.counter == v0.counter
+    m.commit("g", "t", 1, 5)
+    assert m.data_version.counter == v0.counter + 1
+    m.persist()
+    again = ConsumerOffsetManager(path, version_step=3)
+    again.load()
+    assert again.query("g", "t", 0) == 2 and again.query("g", "t", 1) == 5
+    assert again.query("g", "t", 9) == -1
+    assert again.data_version.key() == m.data_version.key()
+
+
+def test_reverse_sync_adopts_newer_or_equal_versions_only(tmp_path: Path) -> None:
+    master = ConsumerOffsetManager(tmp_path / "m.json", version_step=500)
+    master.commit("g", "t", 0, 10)
+    base = master.data_version.copy()
+    # the slave got the master's version by forward sync, then consumed 32 more
+    # messages while acting: fewer than a step, so the version is unchanged (a tie)
+    assert master.adopt_if_newer([("g", "t", 0, 42)], base.copy())
+    assert master.query("g", "t", 0) == 42
+    older = DataVersion(base.state_version, base.counter - 1, base.timestamp_ms)
+    assert not master.adopt_if_newer([("g", "t", 0, 7)], older)
+    assert master.query("g", "t", 0) == 42
+    newer = DataVersion(base.state_version, base.counter + 1, 0)
+    assert master.adopt_if_newer([("g", "t", 1, 3)], newer)
+    assert master.query("g", "t", 0) == 42 and master.query("g", "t", 1) == 3  # merged
