@@ -37,6 +37,38 @@ def cmd_nameserver(args: argparse.Namespace) -> int:
     return 0
 
 
+def cmd_broker(args: argparse.Namespace) -> int:
+    from ha_controller.config import load_broker_config
+    from ha_controller.process import run_until_signalled, setup_logging
+
+    cfg = load_broker_config(
+        args.config,
+        {
+            "cluster": args.cluster,
+            "broker_name": args.broker_name,
+            "broker_id": args.broker_id,
+            "namesrv": args.namesrv,
+            "listen": args.listen,
+            "ha_listen": args.ha_listen,
+            "http": args.http,
+            "store_dir": args.store_dir,
+        },
+    )
+    setup_logging(cfg.log_level)
+    app = importlib.import_module("broker_agent.app")
+    run_until_signalled(lambda stop: app.serve(cfg, stop, args.ready_file))
+    return 0
+
+
+def cmd_demo(args: argparse.Namespace) -> int:
+    import logging
+
+    from ha_controller.demo import run_demo
+
+    logging.basicConfig(level=logging.ERROR, format="    (%(name)s: %(message)s)")
+    return 0 if asyncio.run(run_demo(per_phase=args.messages)) else 1
+
+
 # ---- tools -----------------------------------------------------------------
 
 
@@ -111,6 +143,67 @@ async def _route(args: argparse.Namespace) -> int:
     return 0
 
 
+async def _produce(args: argparse.Namespace) -> int:
+    from ha_controller.client.tools import produce
+
+    def progress(stats: object) -> None:
+        if not args.json:
+            print(f"\r{stats}", end="", file=sys.stderr, flush=True)
+
+    stats = await produce(
+        _namesrv_list(args.namesrv),
+        args.topic,
+        args.count,
+        rate=args.rate,
+        size=args.size,
+        delay_level=args.delay_level,
+        message_group=args.message_group,
+        json_out=args.json,
+        progress=progress,
+    )
+    summary = {"sent": stats.sent, "acknowledged": stats.acknowledged, "failed": stats.failed}
+    if args.json:
+        print(json.dumps({"summary": summary}))
+    else:
+        print(
+            f"\rsent {stats.sent}, acknowledged {stats.acknowledged}, failed {stats.failed}"
+            + (f" {stats.errors}" if stats.errors else ""),
+            file=sys.stderr,
+        )
+    return 0 if stats.acknowledged > 0 or args.count == 0 else 1
+
+
+async def _consume(args: argparse.Namespace) -> int:
+    from ha_controller.client.tools import consume
+
+    stats = await consume(
+        _namesrv_list(args.namesrv),
+        args.topic,
+        args.group,
+        count=args.count,
+        timeout_s=args.timeout,
+        json_out=args.json,
+    )
+    if args.json:
+        print(json.dumps({"summary": {"received": stats.received}}))
+    else:
+        print(f"received {stats.received} ({len(stats.keys)} distinct keys)", file=sys.stderr)
+    if args.count is None:
+        return 0
+    return 0 if len(stats.keys) >= args.count else 1
+
+
+async def _topic_create(args: argparse.Namespace) -> int:
+    from ha_controller.client.admin import NameserverClient
+
+    async with NameserverClient(_namesrv_list(args.namesrv)) as ns:
+        created = await ns.create_topic(
+            args.topic, cluster=args.cluster, queues=args.queues, perm=args.perm
+        )
+    print(f"topic {args.topic} created on {', '.join(created) or 'no master'}")
+    return 0 if created else 1
+
+
 def _async(fn: Callable[[argparse.Namespace], Any]) -> Callable[[argparse.Namespace], int]:
     def run(args: argparse.Namespace) -> int:
         result = asyncio.run(fn(args))
@@ -136,6 +229,23 @@ def build_parser() -> argparse.ArgumentParser:
     ns.add_argument("--ready-file", help="write {pid, rpc, http} JSON here once listening")
     ns.set_defaults(func=cmd_nameserver)
 
+    br = sub.add_parser("broker", help="run a broker (id 0 = master, others slaves)")
+    br.add_argument("--config", help="TOML config file")
+    br.add_argument("--cluster", help="cluster name (default DefaultCluster)")
+    br.add_argument("--broker-name", help="broker group name")
+    br.add_argument("--broker-id", type=int, help="0 = master, 1.. = slaves")
+    br.add_argument("--namesrv", help="nameserver(s) H:P[,H:P]")
+    br.add_argument("--listen", help="RPC listen address (default 0.0.0.0:10911)")
+    br.add_argument("--ha-listen", help="HA listen address (default 0.0.0.0:10912)")
+    br.add_argument("--http", help="admin HTTP listen address (default 0.0.0.0:10913)")
+    br.add_argument("--store-dir", help="store directory")
+    br.add_argument("--ready-file", help="write {pid, rpc, http, ha} JSON here once listening")
+    br.set_defaults(func=cmd_broker)
+
+    de = sub.add_parser("demo", help="a whole failover on loopback, with a verdict")
+    de.add_argument("--messages", type=int, default=150, help="messages per phase")
+    de.set_defaults(func=cmd_demo)
+
     def tool(
         name: str, help_text: str, fn: Callable[[argparse.Namespace], Any]
     ) -> argparse.ArgumentParser:
@@ -145,6 +255,27 @@ def build_parser() -> argparse.ArgumentParser:
         t.set_defaults(func=_async(fn))
         return t
 
+    pr = tool("produce", "send messages (each with a unique key)", _produce)
+    pr.add_argument("--topic", required=True)
+    pr.add_argument("--count", type=int, default=100)
+    pr.add_argument("--rate", type=float, help="messages per second (default: as fast as acked)")
+    pr.add_argument("--size", type=int, default=128, help="body size in bytes")
+    pr.add_argument("--delay-level", type=int, default=0, help="1..18 (1s .. 2h)")
+    pr.add_argument("--message-group", help="FIFO message group")
+    co = tool("consume", "receive messages as a push consumer", _consume)
+    co.add_argument("--topic", required=True)
+    co.add_argument("--group", required=True, help="consumer group")
+    co.add_argument("--count", type=int, help="exit 0 only once this many keys arrived")
+    co.add_argument("--timeout", type=float, default=30.0, help="seconds to wait")
+    topic = sub.add_parser("topic", help="manage topics")
+    topic_sub = topic.add_subparsers(dest="topic_command", required=True, metavar="ACTION")
+    tc = topic_sub.add_parser("create", help="create or update a topic on every master")
+    tc.add_argument("topic")
+    tc.add_argument("--namesrv", default=DEFAULT_NAMESRV, help="nameserver(s) H:P[,H:P]")
+    tc.add_argument("--cluster", help="only masters of this cluster")
+    tc.add_argument("--queues", type=int, default=4)
+    tc.add_argument("--perm", type=int, default=6, help="READ 4 | WRITE 2 | INHERIT 1")
+    tc.set_defaults(func=_async(_topic_create))
     tool("groups", "show broker groups, their members and acting masters", _groups)
     r = tool("route", "show a topic's route as clients see it", _route)
     r.add_argument("topic")

@@ -578,6 +578,9 @@ class BrokerConfig(_Validated):
     flush_mode: FlushMode = "async"
     # RocketMQ flushIntervalCommitLog (async flush period).
     flush_interval_ms: int = 500
+    # How long a SYNC send waits for its slave copies before failing with
+    # IN_SYNC_REPLICAS_NOT_ENOUGH (RocketMQ's syncFlushTimeout is 5 s).
+    slave_ack_timeout_ms: int = _opt(3000, ge=1)
     segment_size_bytes: int = _opt(64 * MIB, ge=64 * KIB, le=2 * GIB)
     # RocketMQ maxMessageSize; a record must fit in one segment and one frame.
     max_message_bytes: int = _opt(4 * MIB, ge=1 * KIB)

@@ -99,6 +99,31 @@ class NameserverClient:
             for b in pb.brokers
         ]
 
+    async def create_topic(
+        self, topic: str, *, cluster: str | None = None, queues: int = 4, perm: int = 6
+    ) -> list[str]:
+        """Create or update a topic on every master (of ``cluster``); returns their names."""
+        from ha_controller.proto import broker_pb2
+
+        config = common_pb2.TopicConfig(
+            topic_name=topic, read_queue_nums=queues, write_queue_nums=queues, perm=perm
+        )
+        done = []
+        for group in await self.groups():
+            if cluster and group.cluster != cluster:
+                continue
+            master = group.members.get(0)
+            if master is None or not group.master_online:
+                continue
+            await self.pool.call_pb(
+                master,
+                RequestCode.UPDATE_AND_CREATE_TOPIC,
+                broker_pb2.CreateTopicRequest(topic=config),
+                common_pb2.Empty,
+            )
+            done.append(group.broker_name)
+        return done
+
     async def aclose(self) -> None:
         if self._own_pool:
             await self.pool.aclose()

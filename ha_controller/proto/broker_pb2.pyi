@@ -407,3 +407,11 @@ class ConsumerListResponse(_message.Message):
     CLIENT_IDS_FIELD_NUMBER: _ClassVar[int]
     client_ids: _containers.RepeatedScalarFieldContainer[str]
     def __init__(self, client_ids: _Optional[_Iterable[str]] = ...) -> None: ...
+
+class TopicConfigTable(_message.Message):
+    __slots__ = ("topics", "data_version")
+    TOPICS_FIELD_NUMBER: _ClassVar[int]
+    DATA_VERSION_FIELD_NUMBER: _ClassVar[int]
+    topics: _containers.RepeatedCompositeFieldContainer[_common_pb2.TopicConfig]
+    data_version: _common_pb2.DataVersion
+    def __init__(self, topics: _Optional[_Iterable[_Union[_common_pb2.TopicConfig, _Mapping]]] = ..., data_version: _Optional[_Union[_common_pb2.DataVersion, _Mapping]] = ...) -> None: ...

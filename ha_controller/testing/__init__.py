@@ -45,8 +45,8 @@ def eventually_sync(predicate: Callable[[], T], timeout: float = 10.0, interval:
 
 
 async def eventually(
-    predicate: Callable[[], Awaitable[T] | T], timeout: float = 10.0, interval: float = 0.02
-) -> T:
+    predicate: Callable[[], Any], timeout: float = 10.0, interval: float = 0.02
+) -> Any:
     """Async poll: ``predicate`` may be sync or async; exceptions that are
     AssertionError or ha-controller errors count as "not yet"."""
     from ha_controller.protocol.errors import HaError
@@ -217,3 +217,126 @@ def nameserver_process(**kwargs: Any) -> Any:
         yield handle
     finally:
         handle.stop()
+
+
+def run_broker(
+    namesrv: str,
+    broker_name: str,
+    broker_id: int,
+    workdir: Path,
+    *,
+    cluster: str = "DefaultCluster",
+    env: Mapping[str, str] | None = None,
+    extra_args: Sequence[str] = (),
+    start: bool = True,
+) -> ProcessHandle:
+    """Start ``hactl broker`` on port 0 (RPC, HA, HTTP); its store lives in ``workdir``."""
+    name = f"{broker_name}-{broker_id}"
+    workdir.mkdir(parents=True, exist_ok=True)
+    ready = workdir / f"{name}.ready.json"
+    handle = ProcessHandle(
+        name=name,
+        argv=hactl_argv(
+            "broker",
+            "--cluster",
+            cluster,
+            "--broker-name",
+            broker_name,
+            "--broker-id",
+            str(broker_id),
+            "--namesrv",
+            namesrv,
+            "--listen",
+            "127.0.0.1:0",
+            "--ha-listen",
+            "127.0.0.1:0",
+            "--http",
+            "127.0.0.1:0",
+            "--store-dir",
+            str(workdir / "store" / name),
+            "--ready-file",
+            str(ready),
+            *extra_args,
+        ),
+        env=_base_env(env),
+        workdir=workdir,
+        ready_file=ready,
+        log_path=workdir / f"{name}.log",
+    )
+    return handle.start() if start else handle
+
+
+# Fast failure detection for tests and demos: 2 s heartbeat timeout, 500 ms scan.
+FAST_ENV = {
+    "HAC_BROKER_NOT_ACTIVE_TIMEOUT_MS": "2000",
+    "HAC_BROKER_HEARTBEAT_INTERVAL_MS": "300",
+    "HAC_SCAN_NOT_ACTIVE_BROKER_INTERVAL_MS": "500",
+    "HAC_SEGMENT_SIZE_BYTES": str(16 * 1024 * 1024),
+}
+
+
+@dataclass
+class Cluster:
+    """A nameserver and broker groups started as real processes."""
+
+    workdir: Path
+    nameserver: ProcessHandle
+    brokers: dict[tuple[str, int], ProcessHandle]
+    env: dict[str, str]
+    broker_env: dict[tuple[str, int], dict[str, str]] = field(default_factory=dict)
+
+    @property
+    def namesrv(self) -> str:
+        return self.nameserver.rpc
+
+    def broker(self, name: str, broker_id: int) -> ProcessHandle:
+        return self.brokers[(name, broker_id)]
+
+    def restart(self, name: str, broker_id: int) -> ProcessHandle:
+        old = self.brokers[(name, broker_id)]
+        old.kill()
+        handle = run_broker(
+            self.namesrv,
+            name,
+            broker_id,
+            self.workdir,
+            env={**self.env, **self.broker_env.get((name, broker_id), {})},
+        )
+        self.brokers[(name, broker_id)] = handle
+        return handle
+
+    def stop(self) -> None:
+        for handle in self.brokers.values():
+            handle.kill()
+        self.nameserver.stop()
+
+
+def run_cluster(
+    groups: Sequence[str] = ("broker-a",),
+    replicas: int = 3,
+    *,
+    workdir: Path | None = None,
+    env: Mapping[str, str] | None = None,
+    broker_env: Mapping[tuple[str, int], Mapping[str, str]] | None = None,
+) -> Cluster:
+    """Start a nameserver and, per group, a master and ``replicas - 1`` slaves.
+
+    Slaves start first so that each master's pre-online finds them (a master
+    without live slaves goes online at once)."""
+    workdir = workdir or make_workdir()
+    merged = {**FAST_ENV, "HAC_TOTAL_REPLICAS": str(replicas), **(env or {})}
+    if replicas < 2:
+        merged.setdefault("HAC_IN_SYNC_REPLICAS", "1")
+    ns = run_nameserver(workdir, env=merged)
+    per_broker = {k: dict(v) for k, v in (broker_env or {}).items()}
+    cluster = Cluster(workdir, ns, {}, merged, per_broker)
+    try:
+        for name in groups:
+            for bid in [*range(1, replicas), 0]:
+                cluster.brokers[(name, bid)] = run_broker(
+                    ns.rpc, name, bid, workdir, env={**merged, **per_broker.get((name, bid), {})}
+                )
+    except BaseException:
+        cluster.stop()
+        raise
+    return cluster

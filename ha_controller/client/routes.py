@@ -1,0 +1,393 @@
+"""The client's route cache: periodic refresh plus a route watch per topic.
+
+RocketMQ clients poll the nameserver every 30 s; here each topic also holds a
+route watch (a long poll on the route version, DESIGN.md §4) so that a
+failover reaches the client within milliseconds.  The derived views follow
+``MQClientInstance.topicRouteData2TopicPublishInfo`` / ``...SubscribeInfo``:
+producers only use writable queues of groups that show an id 0, so a group
+whose master is away (the nameserver shows its acting slave as a read-only
+id 0) gets no sends, while consumers keep reading, locking and committing
+through the id-0 address (reference/rip32.md §1.7 and §4).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import logging
+import random
+from collections.abc import Callable, Coroutine, Sequence
+from typing import Any, Final
+
+from ha_controller.client.admin import NameserverClient
+from ha_controller.client.message import MessageQueue
+from ha_controller.protocol.errors import HaError, TopicNotFound, UnknownMethod
+from ha_controller.routing import BrokerData, Perm, QueueData, TopicRouteData
+
+__all__ = [
+    "AUTO_CREATE_TOPIC",
+    "RouteCache",
+    "RouteListener",
+    "addr_for_publish",
+    "addr_for_subscribe",
+    "parse_namesrv_addrs",
+    "publish_queues_of",
+    "subscribe_queues_of",
+]
+
+log = logging.getLogger(__name__)
+
+MASTER_ID: Final = 0
+#: RocketMQ's ``TopicValidator.AUTO_CREATE_TOPIC_KEY_TOPIC``.
+AUTO_CREATE_TOPIC: Final = "TBW102"
+#: Queues a producer assumes for a topic the brokers will auto-create.
+DEFAULT_TOPIC_QUEUE_NUMS: Final = 4
+
+RouteListener = Callable[[str, TopicRouteData], None]
+"""Called with (topic, new route) whenever a cached route changes."""
+
+
+def parse_namesrv_addrs(addrs: str | Sequence[str]) -> list[str]:
+    """``"h:p;h:p"``, ``"h:p,h:p"`` or a list, as RocketMQ users write them."""
+    items = [addrs] if isinstance(addrs, str) else list(addrs)
+    out = [a.strip() for item in items for a in item.replace(";", ",").split(",") if a.strip()]
+    if not out:
+        raise ValueError("at least one nameserver address is needed")
+    return out
+
+
+# --- pure derived views ------------------------------------------------------
+
+
+def addr_for_publish(broker: BrokerData | None) -> str | None:
+    """The id-0 address (the master, or the acting slave the route shows as id 0)."""
+    return None if broker is None else broker.broker_addrs.get(MASTER_ID)
+
+
+def addr_for_subscribe(broker: BrokerData | None) -> str | None:
+    """The id-0 address if present, else the lowest live id."""
+    if broker is None or not broker.broker_addrs:
+        return None
+    addr = broker.broker_addrs.get(MASTER_ID)
+    return addr if addr is not None else broker.broker_addrs[min(broker.broker_addrs)]
+
+
+def publish_queues_of(route: TopicRouteData) -> list[MessageQueue]:
+    """Write queues of writable groups that show an id 0, by (broker_name, queue_id)."""
+    out: list[MessageQueue] = []
+    for qd in route.queue_datas:
+        if not Perm.is_writeable(qd.perm) or addr_for_publish(route.broker(qd.broker_name)) is None:
+            continue
+        out.extend(MessageQueue(route.topic, qd.broker_name, i) for i in range(qd.write_queue_nums))
+    out.sort(key=lambda mq: (mq.broker_name, mq.queue_id))
+    return out
+
+
+def subscribe_queues_of(route: TopicRouteData) -> list[MessageQueue]:
+    """Read queues of readable groups, by (broker_name, queue_id)."""
+    out: list[MessageQueue] = []
+    for qd in route.queue_datas:
+        if Perm.is_readable(qd.perm):
+            out.extend(
+                MessageQueue(route.topic, qd.broker_name, i) for i in range(qd.read_queue_nums)
+            )
+    out.sort(key=lambda mq: (mq.broker_name, mq.queue_id))
+    return out
+
+
+def _default_route(topic: str, template: TopicRouteData) -> TopicRouteData:
+    """The route a producer uses for a topic that brokers will auto-create (RocketMQ's TBW102)."""
+    queues = [
+        QueueData(
+            qd.broker_name,
+            min(DEFAULT_TOPIC_QUEUE_NUMS, qd.read_queue_nums),
+            min(DEFAULT_TOPIC_QUEUE_NUMS, qd.write_queue_nums),
+            qd.perm,
+        )
+        for qd in template.queue_datas
+        if Perm.is_writeable(qd.perm)
+    ]
+    names = {qd.broker_name for qd in queues}
+    brokers = [b.clone() for b in template.broker_datas if b.broker_name in names]
+    return TopicRouteData(topic, brokers, queues)
+
+
+# --- the cache ---------------------------------------------------------------
+
+
+class RouteCache:
+    """Topic routes fetched on first use, refreshed every ``refresh_interval_s``
+    and watched (long poll) so that changes arrive at once.
+
+    Background loops are tasks the cache tracks; ``aclose()`` cancels and
+    awaits them.  The cache does not own ``nameserver``.
+    """
+
+    def __init__(
+        self,
+        nameserver: NameserverClient,
+        *,
+        refresh_interval_s: float = 30.0,
+        watch: bool = True,
+        watch_max_wait_ms: int = 30_000,
+        watch_backoff_s: tuple[float, float] = (0.1, 5.0),
+    ) -> None:
+        self.nameserver = nameserver
+        self.refresh_interval_s = refresh_interval_s
+        self.watch_enabled = watch
+        self.watch_max_wait_ms = watch_max_wait_ms
+        self._backoff_min_s, self._backoff_max_s = watch_backoff_s
+        self._routes: dict[str, TopicRouteData] = {}
+        self._brokers: dict[str, BrokerData] = {}
+        self._versions: dict[str, str] = {}
+        self._defaulted: set[str] = set()
+        self._fetch_locks: dict[str, asyncio.Lock] = {}
+        self._listeners: list[RouteListener] = []
+        self._watches: dict[str, asyncio.Task[None]] = {}
+        self._tasks: set[asyncio.Task[None]] = set()
+        self._refresher: asyncio.Task[None] | None = None
+        self._closed = False
+
+    # ---- views --------------------------------------------------------------
+
+    def cached(self, topic: str) -> TopicRouteData | None:
+        return self._routes.get(topic)
+
+    def topics(self) -> list[str]:
+        return sorted(self._routes)
+
+    def publish_queues(self, topic: str) -> list[MessageQueue]:
+        """Write queues a producer may use; empty when the route is not known."""
+        route = self._routes.get(topic)
+        return [] if route is None else publish_queues_of(route)
+
+    def subscribe_queues(self, topic: str) -> list[MessageQueue]:
+        """Read queues a consumer may pull; empty when the route is not known."""
+        route = self._routes.get(topic)
+        return [] if route is None else subscribe_queues_of(route)
+
+    def broker(self, broker_name: str) -> BrokerData | None:
+        """The group as the most recently received route showed it."""
+        return self._brokers.get(broker_name)
+
+    def brokers(self) -> list[BrokerData]:
+        return [self._brokers[name] for name in sorted(self._brokers)]
+
+    def broker_addr_for_publish(self, broker_name: str) -> str | None:
+        return addr_for_publish(self._brokers.get(broker_name))
+
+    def broker_addr_for_subscribe(self, broker_name: str) -> str | None:
+        return addr_for_subscribe(self._brokers.get(broker_name))
+
+    def topic_broker_addrs(self, topic: str) -> list[str]:
+        """Every address (all ids) of every group in the topic's route."""
+        route = self._routes.get(topic)
+        if route is None:
+            return []
+        return sorted({a for b in route.broker_datas for a in b.broker_addrs.values()})
+
+    def is_default_route(self, topic: str) -> bool:
+        """True while the topic's route is the auto-create stand-in."""
+        return topic in self._defaulted
+
+    # ---- listeners ------------------------------------------------------------
+
+    def on_change(self, listener: RouteListener) -> Callable[[], None]:
+        """Call ``listener(topic, route)`` on every route change; returns an unsubscribe."""
+        self._listeners.append(listener)
+
+        def remove() -> None:
+            with contextlib.suppress(ValueError):
+                self._listeners.remove(listener)
+
+        return remove
+
+    def update(self, route: TopicRouteData, *, default: bool = False) -> bool:
+        """Store ``route``; returns True (and tells listeners) when it changed.
+
+        A real route replaces an auto-create stand-in; a stand-in never replaces
+        a real route.
+        """
+        topic = route.topic
+        if default and topic in self._routes and topic not in self._defaulted:
+            return False
+        if default:
+            self._defaulted.add(topic)
+        else:
+            self._defaulted.discard(topic)
+        if self._routes.get(topic) == route:
+            return False
+        self._routes[topic] = route
+        for broker in route.broker_datas:
+            self._brokers[broker.broker_name] = broker
+        log.debug("route of %s changed: %s", topic, route.to_json())
+        for listener in list(self._listeners):
+            try:
+                listener(topic, route)
+            except Exception:
+                log.exception("route listener failed for topic %s", topic)
+        return True
+
+    # ---- fetching ----------------------------------------------------------------
+
+    async def route(self, topic: str, *, allow_default: bool = False) -> TopicRouteData:
+        """The cached route, fetched (and then watched) on first use.
+
+        Raises ``TopicNotFound`` when the nameserver does not know the topic.
+        With ``allow_default`` a producer gets a stand-in route instead (built
+        from ``TBW102`` or, failing that, from the groups with a master), so
+        that the first send makes the brokers auto-create the topic.
+        """
+        cached = self._routes.get(topic)
+        if cached is not None:
+            return cached
+        self._check_open()
+        lock = self._fetch_locks.setdefault(topic, asyncio.Lock())
+        async with lock:
+            cached = self._routes.get(topic)
+            if cached is not None:
+                return cached
+            try:
+                route = await self.nameserver.route(topic)
+            except TopicNotFound:
+                if not allow_default:
+                    raise
+                try:
+                    stand_in = await self._stand_in(topic)
+                except (HaError, OSError) as exc:
+                    log.debug("no auto-create route for %s: %s", topic, exc)
+                    stand_in = None
+                if stand_in is None:
+                    raise
+                log.info("topic %s is unknown to the nameserver; sending to auto-create it", topic)
+                self.update(stand_in, default=True)
+                self.watch(topic)
+                return self._routes[topic]
+            self.update(route)
+            self.watch(topic)
+            return self._routes[topic]
+
+    async def refresh(self, topic: str) -> TopicRouteData | None:
+        """Fetch the topic's route now; None (keeping the cached one) when unknown."""
+        self._check_open()
+        try:
+            route = await self.nameserver.route(topic)
+        except TopicNotFound:
+            return None
+        self.update(route)
+        return route
+
+    async def refresh_quietly(self, topic: str) -> None:
+        """``refresh`` that logs instead of raising (after a send or pull failed)."""
+        try:
+            await self.refresh(topic)
+        except (HaError, OSError) as exc:
+            log.warning("cannot refresh the route of %s: %s", topic, exc)
+
+    async def _stand_in(self, topic: str) -> TopicRouteData | None:
+        with contextlib.suppress(TopicNotFound):
+            template = await self.nameserver.route(AUTO_CREATE_TOPIC)
+            route = _default_route(topic, template)
+            if route.queue_datas:
+                return route
+        groups = [g for g in await self.nameserver.groups() if g.master_online]
+        if not groups:
+            return None
+        return TopicRouteData(
+            topic,
+            [
+                BrokerData(g.cluster, g.broker_name, dict(g.members), g.enable_acting_master)
+                for g in groups
+            ],
+            [
+                QueueData(
+                    g.broker_name,
+                    DEFAULT_TOPIC_QUEUE_NUMS,
+                    DEFAULT_TOPIC_QUEUE_NUMS,
+                    Perm.READ | Perm.WRITE,
+                )
+                for g in groups
+            ],
+        )
+
+    # ---- background loops ----------------------------------------------------------
+
+    def watch(self, topic: str) -> None:
+        """Hold a route watch for ``topic`` (idempotent); also starts the refresher.
+
+        The topic need not exist yet: the watch reports it when it appears.
+        """
+        self._check_open()
+        if self._refresher is None:
+            self._refresher = self._spawn(self._refresh_loop(), "route-refresh")
+        if not self.watch_enabled or topic in self._watches:
+            return
+        self._watches[topic] = self._spawn(self._watch_loop(topic), f"route-watch-{topic}")
+
+    def _spawn(self, coro: Coroutine[Any, Any, None], name: str) -> asyncio.Task[None]:
+        task = asyncio.get_running_loop().create_task(coro, name=name)
+        self._tasks.add(task)
+        task.add_done_callback(self._task_done)
+        return task
+
+    def _task_done(self, task: asyncio.Task[None]) -> None:
+        self._tasks.discard(task)
+        if not task.cancelled() and task.exception() is not None:
+            log.error("route cache task %s died", task.get_name(), exc_info=task.exception())
+
+    async def _refresh_loop(self) -> None:
+        while True:
+            await asyncio.sleep(self.refresh_interval_s)
+            for topic in sorted(set(self._routes) | set(self._watches)):
+                await self.refresh_quietly(topic)
+
+    async def _watch_loop(self, topic: str) -> None:
+        loop = asyncio.get_running_loop()
+        backoff = self._backoff_min_s
+        while True:
+            known = self._versions.get(topic, "")
+            started = loop.time()
+            try:
+                version, route = await self.nameserver.watch_route(
+                    topic, known, self.watch_max_wait_ms
+                )
+            except UnknownMethod:
+                log.info("nameserver has no route watch; polling %s only", topic)
+                return
+            except (HaError, OSError) as exc:
+                log.warning(
+                    "route watch of %s failed (%s); retrying in %.1f s", topic, exc, backoff
+                )
+                await asyncio.sleep(backoff * random.uniform(0.5, 1.0))
+                backoff = min(backoff * 2, self._backoff_max_s)
+                continue
+            backoff = self._backoff_min_s
+            self._versions[topic] = version
+            if route is not None:
+                self.update(route)
+            if version == known and loop.time() - started < self._backoff_min_s / 2:
+                # A nameserver that answers at once without a change: do not spin.
+                await asyncio.sleep(self._backoff_min_s)
+
+    # ---- lifecycle ------------------------------------------------------------------
+
+    def _check_open(self) -> None:
+        if self._closed:
+            raise RuntimeError("route cache is closed")
+
+    async def aclose(self) -> None:
+        """Stop every watch and the refresher; idempotent."""
+        self._closed = True
+        tasks = list(self._tasks)
+        self._watches.clear()
+        self._refresher = None
+        for task in tasks:
+            task.cancel()
+        if tasks:
+            await asyncio.wait(tasks, timeout=5.0)
+
+    async def __aenter__(self) -> RouteCache:
+        return self
+
+    async def __aexit__(self, *exc: object) -> None:
+        await self.aclose()
