@@ -5,9 +5,9 @@ from __future__ import annotations
 import json
 from pathlib import Path
 
+from broker_agent.offsets import write_json_atomic
 from ha_controller.dataversion import DataVersion
 from ha_controller.routing import Perm, TopicConfig
-from broker_agent.offsets import write_json_atomic
 
 
 class TopicConfigManager:

@@ -1,0 +1,90 @@
+"""The broker process: RPC, HA and admin HTTP listeners around a BrokerService."""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+from pathlib import Path
+
+from aiohttp import web
+
+from broker_agent.service import BrokerService
+from ha_controller.admin_http import build_admin_app, start_http
+from ha_controller.config import BrokerConfig, parse_host_port
+from ha_controller.readyfile import format_addr, write_ready_file
+from ha_controller.rpc import RpcServer
+from ha_controller.rpc.tls import server_context
+
+log = logging.getLogger(__name__)
+
+
+def advertised(cfg: BrokerConfig, host: str, port: int) -> str:
+    """The address other processes use: ``broker_ip1`` when set, else the bound one."""
+    if cfg.broker_ip1:
+        return f"{cfg.broker_ip1}:{port}"
+    return format_addr(host, port)
+
+
+def http_routes(service: BrokerService) -> list[web.RouteDef]:
+    async def status(_: web.Request) -> web.Response:
+        return web.json_response(service.status())
+
+    return [web.get("/api/v1/status", status)]
+
+
+async def serve(cfg: BrokerConfig, stop: asyncio.Event, ready_file: str | Path | None) -> None:
+    service = BrokerService(cfg)
+    tls = None
+    if cfg.tls.enabled:
+        assert cfg.tls.cert_file and cfg.tls.key_file
+        tls = server_context(
+            cfg.tls.cert_file, cfg.tls.key_file, cfg.tls.ca_file, cfg.tls.require_client_cert
+        )
+    server = RpcServer(service.dispatcher, limits=cfg.limits, ssl_context=tls, name="broker")
+    server.on_connection_closed(service.on_connection_closed)
+    host, port = parse_host_port(cfg.listen)
+    rpc_host, rpc_port = await server.start(host, port)
+    service.addr = advertised(cfg, rpc_host, rpc_port)
+    ha_addr = ""
+    if service.ha_master is not None:
+        ha_host, ha_port_req = parse_host_port(cfg.ha_listen)
+        h, p = await service.ha_master.start(ha_host, ha_port_req)
+        ha_addr = advertised(cfg, h, p)
+    else:
+        ha_addr = advertised(cfg, *parse_host_port(cfg.ha_listen))
+    service.ha_addr = ha_addr
+
+    def ready() -> tuple[bool, str]:
+        service.refresh_gauges()
+        if service.isolated:
+            return False, f"pre-online: {service.preonline_step}"
+        return True, service.acting.role
+
+    app = build_admin_app(service.metrics.registry, ready=ready, routes=http_routes(service))
+
+    async def refresh(request: web.Request, handler: object) -> web.StreamResponse:
+        if request.path == "/metrics":
+            service.refresh_gauges()
+        return await handler(request)  # type: ignore[operator,no-any-return]
+
+    app.middlewares.append(web.middleware(refresh))
+    hh, hp = parse_host_port(cfg.http_listen)
+    runner, (http_host, http_port) = await start_http(app, hh, hp, tls)
+    service.http_addr = format_addr(http_host, http_port)
+    log.info(
+        "broker %s/%d ready: rpc %s ha %s http %s (%s)",
+        cfg.broker_name,
+        cfg.broker_id,
+        service.addr,
+        ha_addr,
+        service.http_addr,
+        "isolated for pre-online" if service.isolated else service.acting.role,
+    )
+    if ready_file:
+        write_ready_file(ready_file, rpc=service.addr, http=service.http_addr, ha=ha_addr)
+    try:
+        await service.run(stop)
+    finally:
+        await server.aclose(grace_s=2.0)
+        await runner.cleanup()
+        log.info("broker %s/%d stopped", cfg.broker_name, cfg.broker_id)

@@ -1,0 +1,51 @@
+"""Broker metrics (DESIGN.md §7); every series carries the broker's identity."""
+
+from __future__ import annotations
+
+from prometheus_client import CollectorRegistry, Counter, Gauge
+
+
+class BrokerMetrics:
+    def __init__(self, cluster: str, broker_name: str, broker_id: int) -> None:
+        self.registry = CollectorRegistry()
+        ident = {"cluster": cluster, "broker_name": broker_name, "broker_id": str(broker_id)}
+        names = list(ident)
+
+        def gauge(name: str, doc: str, labels: tuple[str, ...] = ()) -> Gauge:
+            return Gauge(name, doc, [*names, *labels], registry=self.registry)
+
+        def counter(name: str, doc: str, labels: tuple[str, ...] = ()) -> Counter:
+            return Counter(name, doc, [*names, *labels], registry=self.registry)
+
+        self.ident = ident
+        self.role = gauge("hac_broker_role", "1 for the broker's current role", ("role",))
+        self.isolated = gauge("hac_broker_isolated", "1 while the broker is in pre-online")
+        self.messages_in = counter("hac_messages_in", "Messages stored by sends", ("topic",))
+        self.messages_out = counter(
+            "hac_messages_out", "Messages returned to consumers", ("topic", "group")
+        )
+        self.replication_lag = gauge(
+            "hac_replication_lag_bytes", "Commit-log bytes not yet on the furthest-behind copy"
+        )
+        self.commitlog_max_offset = gauge(
+            "hac_commitlog_max_offset_bytes", "End of the local commit log"
+        )
+        self.escape = counter(
+            "hac_escape_messages",
+            "Messages sent through the escape bridge",
+            ("kind", "target", "result"),
+        )
+        self.lock_requests = counter("hac_lock_requests", "Queue lock requests", ("mode", "result"))
+        self.preonline_syncs = counter(
+            "hac_preonline_syncs", "Pre-online metadata syncs from slaves", ("result",)
+        )
+        self.pull_held = gauge("hac_pull_held_requests", "Long-poll pulls currently held")
+        self.send_errors = counter("hac_send_errors", "Refused or failed sends", ("reason",))
+        self.min_broker_id = gauge("hac_min_broker_id_in_group", "Lowest live id this broker knows")
+        for role in ("master", "slave", "acting"):
+            self.role.labels(**ident, role=role).set(0)
+        self.isolated.labels(**ident).set(0)
+
+    def set_role(self, role: str) -> None:
+        for r in ("master", "slave", "acting"):
+            self.role.labels(**self.ident, role=r).set(1 if r == role else 0)
