@@ -185,6 +185,8 @@ def error_table() -> dict[int, type[HaError]]:
     """code -> class, for every error class (built lazily so late subclasses count)."""
     table: dict[int, type[HaError]] = {HaError.code: HaError}
     for sub in _all_subclasses(HaError):
+        if "code" not in vars(sub):
+            continue  # a local-only subclass that travels as its parent's code
         other = table.get(sub.code)
         if other is not None and other is not sub:
             raise RuntimeError(f"error code {sub.code} used by {other.__name__} and {sub.__name__}")
