@@ -84,10 +84,20 @@ class ConsumerOffsetManager:
     def assign_from_master(
         self, entries: Iterable[tuple[str, str, int, int]], version: DataVersion
     ) -> None:
-        """Forward sync on a slave: take the master's table and version."""
+        """Forward sync on a slave: take the master's version and fill in entries.
+
+        Commits also arrive as replicated commit-log records (``apply_replicated``),
+        which may be newer than this periodic snapshot, so an entry only moves forward
+        here."""
         for g, t, q, o in entries:
-            self.table[(g, t, q)] = o
+            if self.table.get((g, t, q), -1) < o:
+                self.table[(g, t, q)] = o
         self.data_version.assign(version)
+        self._dirty = True
+
+    def apply_replicated(self, group: str, topic: str, queue_id: int, offset: int) -> None:
+        """A commit the master made, replicated through the commit log (slave side)."""
+        self.table[(group, topic, queue_id)] = offset
         self._dirty = True
 
     def adopt_if_newer(

@@ -14,6 +14,7 @@ from typing import Any
 
 from broker_agent.acting import ActingState, Decision
 from broker_agent.ha import HaMaster, HaSlave
+from broker_agent.lock_service import LockService
 from broker_agent.metrics import BrokerMetrics
 from broker_agent.offsets import ConsumerOffsetManager
 from broker_agent.pull_hold import PullHoldService
@@ -52,6 +53,8 @@ log = logging.getLogger(__name__)
 CONSUMER_EXPIRY_S = 40.0
 SLAVE_SYNC_INTERVAL_S = 2.0
 MAX_PULL_BATCH = 256
+# consumer offset commits travel through the commit log to the slaves
+OFFSET_TOPIC = "rmq_sys_CONSUMER_OFFSETS"
 # statuses that mean "nothing yet at this offset": a long-poll pull waits on them
 WAITABLE = frozenset(
     {
@@ -156,6 +159,7 @@ class BrokerService:
         self._queue_rr = itertools.count()
         self._tg: asyncio.TaskGroup | None = None
         self.special_service_hooks: list[Callable[[bool], None]] = []
+        self.locks = LockService(self)
         self._register_handlers()
         self._update_role_metrics()
 
@@ -189,6 +193,7 @@ class BrokerService:
         )
         add(RequestCode.EXCHANGE_BROKER_HA_INFO, broker_pb2.BrokerHaInfo, self._exchange_ha_info)
         add(RequestCode.GET_BROKER_STATUS, common_pb2.Empty, self._status_rpc)
+        self.locks.register(d)
 
     def on_connection_closed(self, conn: RpcConnection) -> None:
         self.consumers.connection_closed(conn)
@@ -343,7 +348,7 @@ class BrokerService:
         max_msgs = max(1, min(req.max_msg_nums or 32, MAX_PULL_BATCH))
         max_bytes = req.max_bytes or 4 * 1024 * 1024
         if req.commit_offset >= 0 and req.consumer_group and self.acting.serves_master_only_ops:
-            self.offsets.commit(req.consumer_group, req.topic, req.queue_id, req.commit_offset)
+            self._commit_offset(req.consumer_group, req.topic, req.queue_id, req.commit_offset)
         result = self.store.get_messages(
             req.topic, req.queue_id, req.queue_offset, max_msgs, max_bytes, tags
         )
@@ -399,8 +404,30 @@ class BrokerService:
         self._check_master_only("UPDATE_CONSUMER_OFFSET")
         if req.offset < 0:
             raise BadRequest("offset must be >= 0")
-        self.offsets.commit(req.consumer_group, req.topic, req.queue_id, req.offset)
+        end = self._commit_offset(req.consumer_group, req.topic, req.queue_id, req.offset)
+        needed = self._copies_needed()
+        if end is not None and needed > 1 and self.ha_master is not None:
+            # best effort: a committed offset should reach the slave that may act next
+            await self.ha_master.wait_for_copies(end, needed, self.cfg.slave_ack_timeout_ms / 1000)
         return common_pb2.Empty()
+
+    def _commit_offset(self, group: str, topic: str, queue_id: int, offset: int) -> int | None:
+        """Commit a consumer offset; on the master also append it to the commit log so
+        it replicates to the slaves with the same durability as messages (an acting
+        slave then knows every committed offset, not only the last periodic sync).
+        Returns the commit-log end offset of that record, if one was written."""
+        self.offsets.commit(group, topic, queue_id, offset)
+        if not self.acting.is_master or self.ha_master is None:
+            return None
+        result = self.store.put(
+            OFFSET_TOPIC,
+            0,
+            b"",
+            {"G": group, "T": topic, "Q": str(queue_id), "O": str(offset)},
+            store_host=self.addr,
+        )
+        self.ha_master.data_appended()
+        return result.physical_offset + result.size
 
     async def _max_offset(
         self, ctx: RequestContext, req: broker_pb2.QueueOffsetRequest
@@ -808,7 +835,22 @@ class BrokerService:
 
     def _on_dispatched(self, dispatched: list[Dispatched]) -> None:
         for d in dispatched:
+            if d.topic == OFFSET_TOPIC:
+                self._apply_replicated_offset(d.queue_offset)
+                continue
             self.holds.notify(d.topic, d.queue_id, d.queue_offset + 1, d.tag_hash)
+
+    def _apply_replicated_offset(self, queue_offset: int) -> None:
+        if self.acting.acting:
+            return  # while acting our own table is the newest
+        m = self.store.get_message_at(OFFSET_TOPIC, 0, queue_offset)
+        if m is None:
+            return
+        p = m.properties
+        try:
+            self.offsets.apply_replicated(p["G"], p["T"], int(p["Q"]), int(p["O"]))
+        except (KeyError, ValueError):
+            log.warning("malformed replicated offset record at %d: %s", queue_offset, p)
 
     async def _flush_loop(self) -> None:
         while True:
