@@ -142,7 +142,9 @@ async def main(n_brokers: int, seconds: float) -> None:
                 f"{name:<34}{qps:>10.0f}{pct(lat, 0.5):>9.2f}{pct(lat, 0.99):>9.2f}"
                 f"{qps / base_qps:>15.2f}"
             )
-        print(f"\nmean heartbeat latency at 1/s per broker: {statistics.mean(hb_lat) * 1000:.2f} ms")
+        print(
+            f"\nmean heartbeat latency at 1/s per broker: {statistics.mean(hb_lat) * 1000:.2f} ms"
+        )
         for c in clients:
             await c.aclose()
         await asyncio.gather(*(b.aclose() for b in brokers))

@@ -16,17 +16,19 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
-from common import now, start_cluster  # noqa: E402
+from common import now, start_cluster
 
-from ha_controller.client.message import Message  # noqa: E402
-from ha_controller.client.producer import Producer  # noqa: E402
-from ha_controller.client.pull_consumer import PullConsumer, PullStatus  # noqa: E402
+from ha_controller.client.message import Message
+from ha_controller.client.producer import Producer
+from ha_controller.client.pull_consumer import PullConsumer, PullStatus
 
 TOPIC = "Bench"
 SIZE = 1024
 
 
-async def measure(replicas: int, env: dict[str, str], count: int, concurrency: int) -> dict[str, float]:
+async def measure(
+    replicas: int, env: dict[str, str], count: int, concurrency: int
+) -> dict[str, float]:
     cluster = await start_cluster(replicas, env, TOPIC)
     try:
         body = b"x" * SIZE
@@ -72,11 +74,16 @@ async def measure(replicas: int, env: dict[str, str], count: int, concurrency: i
 
 
 async def main(count: int, concurrency: int) -> None:
-    base = await measure(1, {"HAC_TOTAL_REPLICAS": "1", "HAC_IN_SYNC_REPLICAS": "1"}, count, concurrency)
+    base = await measure(
+        1, {"HAC_TOTAL_REPLICAS": "1", "HAC_IN_SYNC_REPLICAS": "1"}, count, concurrency
+    )
     sync = await measure(2, {}, count, concurrency)
     print(f"{count} x {SIZE} B messages, {concurrency} concurrent sends, 2-core machine")
     print(f"{'':34}{'produce msg/s':>14}{'MB/s':>8}{'consume msg/s':>15}{'MB/s':>8}")
-    for name, r in (("1 broker, no replica (baseline)", base), ("SYNC to 1 slave, async flush", sync)):
+    for name, r in (
+        ("1 broker, no replica (baseline)", base),
+        ("SYNC to 1 slave, async flush", sync),
+    ):
         print(
             f"{name:34}{r['produce_msgs_s']:>14.0f}{r['produce_mb_s']:>8.1f}"
             f"{r['consume_msgs_s']:>15.0f}{r['consume_mb_s']:>8.1f}"
