@@ -39,8 +39,16 @@ class ConsumerOffsetManager:
     def __init__(self, path: Path | None, version_step: int = 500) -> None:
         self.path = path
         self.table: dict[OffsetKey, int] = {}
-        self._version = SteppedVersion(version_step)
+        # A table that has never moved is the oldest of all (timestamp 0), so a
+        # returning master that lost its file never outranks its acting slave.
+        self._version = SteppedVersion(version_step, DataVersion(0, 0, 0))
         self._dirty = False
+        self._bump_next = False
+
+    def bump_on_next_commit(self) -> None:
+        """The next commit moves the version at once: an acting slave marks its table
+        newer than anything the absent master could have, whatever the step."""
+        self._bump_next = True
 
     @property
     def data_version(self) -> DataVersion:
@@ -72,7 +80,11 @@ class ConsumerOffsetManager:
 
     def commit(self, group: str, topic: str, queue_id: int, offset: int) -> None:
         self.table[(group, topic, queue_id)] = offset
-        self._version.touch()
+        if self._bump_next:
+            self._bump_next = False
+            self._version.version.next_version()
+        else:
+            self._version.touch()
         self._dirty = True
 
     def query(self, group: str, topic: str, queue_id: int) -> int:

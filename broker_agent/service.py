@@ -556,6 +556,8 @@ class BrokerService:
         log.info("%s", decision)
         if decision.master_offline and self.ha_slave is not None:
             self.ha_slave.set_master(None)
+        if decision.start_special_services:
+            self.offsets.bump_on_next_commit()
         if decision.start_special_services or decision.stop_special_services:
             for hook in self.special_service_hooks:
                 hook(decision.start_special_services)

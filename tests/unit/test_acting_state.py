@@ -73,3 +73,17 @@ def test_reverse_sync_adopts_newer_or_equal_versions_only(tmp_path: Path) -> Non
     newer = DataVersion(base.state_version, base.counter + 1, 0)
     assert master.adopt_if_newer([("g", "t", 1, 3)], newer)
     assert master.query("g", "t", 0) == 42 and master.query("g", "t", 1) == 3  # merged
+
+
+def test_a_fresh_table_is_oldest_and_acting_bumps_at_once(tmp_path: Path) -> None:
+    fresh = ConsumerOffsetManager(None, version_step=500)
+    assert fresh.data_version.key() == (0, 0, 0)
+    acting = ConsumerOffsetManager(None, version_step=500)
+    acting.bump_on_next_commit()
+    acting.commit("g", "t", 0, 32)
+    assert acting.data_version.counter == 1  # moved although 1 < step
+    acting.commit("g", "t", 0, 33)
+    assert acting.data_version.counter == 1
+    # a returning master that lost its file adopts the acting slave's table
+    assert fresh.adopt_if_newer(acting.entries(), acting.data_version.copy())
+    assert fresh.query("g", "t", 0) == 33
