@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import asyncio
 import logging
+from dataclasses import dataclass
 from pathlib import Path
 
 from aiohttp import web
@@ -32,8 +33,21 @@ def http_routes(service: BrokerService) -> list[web.RouteDef]:
     return [web.get("/api/v1/status", status)]
 
 
-async def serve(cfg: BrokerConfig, stop: asyncio.Event, ready_file: str | Path | None) -> None:
-    service = BrokerService(cfg)
+@dataclass
+class Listeners:
+    """The RPC and admin HTTP listeners of one broker (the HA one is the service's)."""
+
+    server: RpcServer
+    runner: web.AppRunner
+
+    async def aclose(self) -> None:
+        await self.server.aclose(grace_s=2.0)
+        await self.runner.cleanup()
+
+
+async def open_listeners(service: BrokerService) -> Listeners:
+    """Bind RPC, HA and admin HTTP for ``service`` and record the bound addresses on it."""
+    cfg = service.cfg
     tls = None
     if cfg.tls.enabled:
         assert cfg.tls.cert_file and cfg.tls.key_file
@@ -80,11 +94,20 @@ async def serve(cfg: BrokerConfig, stop: asyncio.Event, ready_file: str | Path |
         service.http_addr,
         "isolated for pre-online" if service.isolated else service.acting.role,
     )
+    return Listeners(server, runner)
+
+
+def ready_info(service: BrokerService) -> dict[str, str]:
+    return {"rpc": service.addr, "http": service.http_addr, "ha": service.ha_addr}
+
+
+async def serve(cfg: BrokerConfig, stop: asyncio.Event, ready_file: str | Path | None) -> None:
+    service = BrokerService(cfg)
+    listeners = await open_listeners(service)
     if ready_file:
-        write_ready_file(ready_file, rpc=service.addr, http=service.http_addr, ha=ha_addr)
+        write_ready_file(ready_file, **ready_info(service))
     try:
         await service.run(stop)
     finally:
-        await server.aclose(grace_s=2.0)
-        await runner.cleanup()
+        await listeners.aclose()
         log.info("broker %s/%d stopped", cfg.broker_name, cfg.broker_id)

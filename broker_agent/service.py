@@ -13,11 +13,14 @@ from pathlib import Path
 from typing import Any
 
 from broker_agent.acting import ActingState, Decision
+from broker_agent.escape import EscapeBridge
 from broker_agent.ha import HaMaster, HaSlave
 from broker_agent.lock_service import LockService
 from broker_agent.metrics import BrokerMetrics
 from broker_agent.offsets import ConsumerOffsetManager
+from broker_agent.pop import PopService
 from broker_agent.pull_hold import PullHoldService
+from broker_agent.schedule import ScheduleService, delayed_target
 from broker_agent.store.message_store import (
     Dispatched,
     GetMessageStatus,
@@ -25,6 +28,7 @@ from broker_agent.store.message_store import (
     StoreConfig,
 )
 from broker_agent.topics import TopicConfigManager
+from broker_agent.transaction import TransactionService
 from ha_controller import auth
 from ha_controller.config import BrokerConfig
 from ha_controller.proto import broker_pb2, common_pb2, nameserver_pb2
@@ -159,8 +163,12 @@ class BrokerService:
         self._queue_rr = itertools.count()
         self._tg: asyncio.TaskGroup | None = None
         self.special_service_hooks: list[Callable[[bool], None]] = []
+        self.escape = EscapeBridge(self)
+        self.schedule = ScheduleService(self, self.escape)
         self.locks = LockService(self)
         self._register_handlers()
+        self.transactions = TransactionService(self)
+        self.pop = PopService(self)
         self._update_role_metrics()
 
     # ---- wiring -----------------------------------------------------------
@@ -197,6 +205,7 @@ class BrokerService:
 
     def on_connection_closed(self, conn: RpcConnection) -> None:
         self.consumers.connection_closed(conn)
+        self.transactions.connection_closed(conn)
 
     # ---- status -----------------------------------------------------------
 
@@ -298,9 +307,12 @@ class BrokerService:
         end = 0
         for entry in req.entries:
             props = dict(entry.properties)
+            put_topic, put_qid = self.transactions.store_target(req.topic, queue_id, props)
+            if put_topic == req.topic:  # a half message is not delayed until committed
+                put_topic, put_qid = delayed_target(self.cfg, req.topic, queue_id, props)
             result = self.store.put(
-                req.topic,
-                queue_id,
+                put_topic,
+                put_qid,
                 entry.body,
                 props,
                 flags=entry.flag,
@@ -310,7 +322,7 @@ class BrokerService:
             )
             end = result.physical_offset + result.size
             self.holds.notify(
-                req.topic, queue_id, result.queue_offset + 1, tag_hash(props.get("TAGS"))
+                put_topic, put_qid, result.queue_offset + 1, tag_hash(props.get("TAGS"))
             )
             resp.results.add(
                 msg_id=result.msg_id,
@@ -460,6 +472,7 @@ class BrokerService:
         self, ctx: RequestContext, req: broker_pb2.ClientHeartbeat
     ) -> common_pb2.Empty:
         self.consumers.heartbeat(ctx.conn, req.client_id, list(req.consumer_groups))
+        self.transactions.producer_seen(ctx.conn, list(req.producer_groups))
         return common_pb2.Empty()
 
     async def _client_unregister(
@@ -559,8 +572,7 @@ class BrokerService:
         if decision.start_special_services:
             self.offsets.bump_on_next_commit()
         if decision.start_special_services or decision.stop_special_services:
-            for hook in self.special_service_hooks:
-                hook(decision.start_special_services)
+            self.change_special_service_status(decision.start_special_services)
         if decision.master_online and min_addr is not None and self.ha_slave is not None:
             if not ha_addr:
                 ha_addr = await self._retrieve_master_ha(min_addr)
@@ -570,6 +582,11 @@ class BrokerService:
             self.holds.notify_master_online()
         self._update_role_metrics()
         return decision
+
+    def change_special_service_status(self, should_run: bool) -> None:
+        """Start/stop the special services (rip32.md §2.6); a master runs them once online."""
+        for hook in self.special_service_hooks:
+            hook(should_run)
 
     async def _retrieve_master_ha(self, master_addr: str) -> str | None:
         try:
@@ -745,6 +762,7 @@ class BrokerService:
                 [(e.consumer_group, e.topic, e.queue_id, e.offset) for e in offsets.entries],
                 data_version_from_pb(offsets.data_version),
             )
+            await self.schedule.sync_from_master(master)
 
     # ---- pre-online ---------------------------------------------------------
 
@@ -779,6 +797,7 @@ class BrokerService:
             self.preonline_step = "online"
             log.info("pre-online done (%d slave(s) synced): registering", len(slaves))
             self._update_role_metrics()
+            self.change_special_service_status(True)
             await self.register_all()
 
     def _preonline_wait(self, why: str, cycle: int) -> None:
@@ -825,6 +844,8 @@ class BrokerService:
             table.data_version.counter,
             self.offsets.data_version.counter,
         )
+        await self.schedule.adopt_from_slave(slave_id, slave_addr)
+        await self.transactions.sync_from_slave(slave_id, slave_addr)
         self.metrics.preonline_syncs.labels(**self.metrics.ident, result="ok").inc()
 
     # ---- background ---------------------------------------------------------
@@ -884,6 +905,9 @@ class BrokerService:
                     tg.create_task(self._member_group_loop(), name="member-group"),
                     tg.create_task(self._flush_loop(), name="flush"),
                     tg.create_task(self._hold_check_loop(), name="hold-check"),
+                    tg.create_task(self.schedule.run(), name="schedule"),
+                    tg.create_task(self.transactions.run(), name="transaction-check"),
+                    tg.create_task(self.pop.run(), name="pop-revive"),
                 ]
                 if self.ha_slave is not None:
                     loops.append(tg.create_task(self.ha_slave.run(), name="ha-slave"))
@@ -891,6 +915,7 @@ class BrokerService:
                 if self.isolated:
                     loops.append(tg.create_task(self.preonline(), name="pre-online"))
                 else:
+                    self.change_special_service_status(self.acting.is_master)
                     await self.register_all()
                 await stop.wait()
                 for task in loops:

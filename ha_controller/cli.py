@@ -38,10 +38,10 @@ def cmd_nameserver(args: argparse.Namespace) -> int:
 
 
 def cmd_broker(args: argparse.Namespace) -> int:
-    from ha_controller.config import load_broker_config
+    from ha_controller.config import load_broker_configs
     from ha_controller.process import run_until_signalled, setup_logging
 
-    cfg = load_broker_config(
+    configs = load_broker_configs(
         args.config,
         {
             "cluster": args.cluster,
@@ -54,9 +54,13 @@ def cmd_broker(args: argparse.Namespace) -> int:
             "store_dir": args.store_dir,
         },
     )
-    setup_logging(cfg.log_level)
-    app = importlib.import_module("broker_agent.app")
-    run_until_signalled(lambda stop: app.serve(cfg, stop, args.ready_file))
+    setup_logging(configs[0].log_level)
+    if len(configs) == 1:
+        app = importlib.import_module("broker_agent.app")
+        run_until_signalled(lambda stop: app.serve(configs[0], stop, args.ready_file))
+    else:  # a broker container: several brokers in this process
+        container = importlib.import_module("broker_agent.container")
+        run_until_signalled(lambda stop: container.serve(configs, stop, args.ready_file))
     return 0
 
 
@@ -239,7 +243,11 @@ def build_parser() -> argparse.ArgumentParser:
     br.add_argument("--ha-listen", help="HA listen address (default 0.0.0.0:10912)")
     br.add_argument("--http", help="admin HTTP listen address (default 0.0.0.0:10913)")
     br.add_argument("--store-dir", help="store directory")
-    br.add_argument("--ready-file", help="write {pid, rpc, http, ha} JSON here once listening")
+    br.add_argument(
+        "--ready-file",
+        help="write {pid, rpc, http, ha} JSON here once listening "
+        "(a container of several brokers: {pid, brokers: [{name, id, rpc, http, ha}]})",
+    )
     br.set_defaults(func=cmd_broker)
 
     de = sub.add_parser("demo", help="a whole failover on loopback, with a verdict")

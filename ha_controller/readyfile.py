@@ -1,6 +1,7 @@
 """The ``--ready-file`` contract: once every listener is bound, write
 ``{"pid", "rpc", "http"[, "ha"]}`` atomically, so tests and tools never guess
-ports or sleep for readiness."""
+ports or sleep for readiness.  A broker container (several brokers in one
+process) writes ``{"pid", "brokers": [{"name", "id", "rpc", "http", "ha"}, ...]}``."""
 
 from __future__ import annotations
 
@@ -9,7 +10,7 @@ import os
 from pathlib import Path
 
 
-def write_ready_file(path: str | Path, **addresses: str) -> None:
+def write_ready_file(path: str | Path, **addresses: object) -> None:
     path = Path(path)
     path.parent.mkdir(parents=True, exist_ok=True)
     tmp = path.with_name(path.name + ".tmp")

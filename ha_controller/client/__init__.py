@@ -10,10 +10,19 @@ from ha_controller.client.message import (
     new_client_id,
     new_message_id,
 )
-from ha_controller.client.producer import EndpointIsolation, Producer, QueueSelector
+from ha_controller.client.orderly import OrderlyPushConsumer, QueueLocker, dlq_topic
+from ha_controller.client.producer import (
+    EndpointIsolation,
+    Producer,
+    QueueSelector,
+    Transaction,
+    TransactionChecker,
+    TransactionResolution,
+)
 from ha_controller.client.pull_consumer import PullConsumer, PullResult, PullStatus
 from ha_controller.client.push_consumer import MessageListener, PushConsumer, allocate_averagely
 from ha_controller.client.routes import RouteCache, RouteListener
+from ha_controller.client.simple_consumer import SimpleConsumer
 
 __all__ = [
     "EndpointIsolation",
@@ -23,17 +32,24 @@ __all__ = [
     "MessageListener",
     "MessageQueue",
     "NameserverClient",
+    "OrderlyPushConsumer",
     "Producer",
     "PullConsumer",
     "PullResult",
     "PullStatus",
     "PushConsumer",
+    "QueueLocker",
     "QueueSelector",
     "ReceivedMessage",
     "RouteCache",
     "RouteListener",
     "SendReceipt",
+    "SimpleConsumer",
+    "Transaction",
+    "TransactionChecker",
+    "TransactionResolution",
     "allocate_averagely",
+    "dlq_topic",
     "new_client_id",
     "new_message_id",
 ]

@@ -8,22 +8,33 @@ isolated endpoints are avoided until a heartbeat to them succeeds (or
 group hashes to (SipHash-2-4, as Java), retried on that same queue.  Routes
 come from a ``RouteCache`` and are refreshed at once on ``NotMaster`` or
 ``TopicNotFound`` from a broker.
+
+Transactions follow the RocketMQ 5 clients (reference/rpc_clients.md
+"Transactions"): a producer built with a ``checker`` can ``begin_transaction()``;
+``send(message, transaction=tx)`` stores a half message, and ``tx.commit()`` /
+``tx.rollback()`` send END_TRANSACTION to the id-0 address of the group holding
+it (the acting slave while its master is away).  A transaction left open is
+resolved by the brokers' check: they call the producer back
+(CHECK_TRANSACTION_STATE on its own connection) and the checker's answer is
+sent as END_TRANSACTION; ``UNKNOWN`` leaves it for the next check.
 """
 
 from __future__ import annotations
 
 import asyncio
+import enum
 import logging
 import random
 import socket
 import time
-from collections.abc import Callable, Collection, Coroutine, Sequence
-from typing import Any
+from collections.abc import Awaitable, Callable, Collection, Coroutine, Sequence
+from typing import Any, Final
 
 from ha_controller.client.admin import NameserverClient
 from ha_controller.client.message import (
     Message,
     MessageQueue,
+    ReceivedMessage,
     SendReceipt,
     new_client_id,
     new_message_id,
@@ -39,16 +50,93 @@ from ha_controller.protocol.errors import (
     RemoteError,
     TopicNotFound,
 )
-from ha_controller.rpc import ConnectionPool
+from ha_controller.rpc import ConnectionPool, Dispatcher, RequestContext
 
 __all__ = [
     "EndpointIsolation",
     "Producer",
     "QueueSelector",
+    "Transaction",
+    "TransactionChecker",
+    "TransactionResolution",
     "is_retriable",
 ]
 
 log = logging.getLogger(__name__)
+
+PROPERTY_TRAN_MSG: Final = "TRAN_MSG"
+#: END_TRANSACTION attempts (route refreshed between them).
+END_TRANSACTION_ATTEMPTS: Final = 3
+
+
+class TransactionResolution(enum.Enum):
+    COMMIT = "COMMIT"
+    ROLLBACK = "ROLLBACK"
+    UNKNOWN = "UNKNOWN"
+
+
+TransactionChecker = Callable[[ReceivedMessage], Awaitable[TransactionResolution]]
+"""Asked by the brokers about an open transaction's half message."""
+
+
+class Transaction:
+    """One transaction holding one half message (as the RocketMQ 5 Python client).
+
+    ``async with producer.begin_transaction() as tx``: an exception inside the block
+    rolls back a sent half message; leaving the block without ``commit()`` or
+    ``rollback()`` leaves the decision to the checker.
+    """
+
+    def __init__(self, producer: Producer) -> None:
+        self._producer = producer
+        self._receipt: SendReceipt | None = None
+        self._resolution: TransactionResolution | None = None
+
+    @property
+    def receipt(self) -> SendReceipt | None:
+        """The half message's receipt, once sent."""
+        return self._receipt
+
+    @property
+    def message_id(self) -> str | None:
+        """The transaction id: the half message's client message id (UNIQ_KEY)."""
+        return None if self._receipt is None else self._receipt.uniq_key
+
+    @property
+    def resolution(self) -> TransactionResolution | None:
+        return self._resolution
+
+    def _add_half(self, receipt: SendReceipt) -> None:
+        if self._receipt is not None:
+            raise RuntimeError("a transaction holds one message")
+        self._receipt = receipt
+
+    def _check_open(self) -> SendReceipt:
+        if self._receipt is None:
+            raise RuntimeError("no message was sent in this transaction")
+        if self._resolution is not None:
+            raise RuntimeError(f"transaction already ended ({self._resolution.value})")
+        return self._receipt
+
+    async def commit(self) -> None:
+        receipt = self._check_open()
+        await self._producer._end_transaction(receipt, commit=True)
+        self._resolution = TransactionResolution.COMMIT
+
+    async def rollback(self) -> None:
+        receipt = self._check_open()
+        await self._producer._end_transaction(receipt, commit=False)
+        self._resolution = TransactionResolution.ROLLBACK
+
+    async def __aenter__(self) -> Transaction:
+        return self
+
+    async def __aexit__(self, exc_type: type[BaseException] | None, *exc: object) -> None:
+        if exc_type is not None and self._receipt is not None and self._resolution is None:
+            try:
+                await self.rollback()
+            except (HaError, OSError) as err:
+                log.warning("rollback of transaction %s failed: %s", self.message_id, err)
 
 
 def is_retriable(exc: BaseException) -> bool:
@@ -161,6 +249,7 @@ class Producer:
         heartbeat_interval_s: float = 10.0,
         client_id: str | None = None,
         route_watch: bool = True,
+        checker: TransactionChecker | None = None,
     ) -> None:
         if max_attempts < 1:
             raise ValueError(f"max_attempts must be >= 1, got {max_attempts}")
@@ -172,7 +261,14 @@ class Producer:
         self.client_id = client_id or new_client_id()
         self.heartbeat_interval_s = heartbeat_interval_s
         self._topics = list(topics)
-        self._pool = ConnectionPool()
+        self.checker = checker
+        dispatcher = Dispatcher()
+        dispatcher.add(
+            RequestCode.CHECK_TRANSACTION_STATE,
+            broker_pb2.CheckTransactionStateRequest,
+            self._on_check_transaction,
+        )
+        self._pool = ConnectionPool(dispatcher=dispatcher)
         self._nameserver = NameserverClient(parse_namesrv_addrs(namesrv_addrs), self._pool)
         self.routes = RouteCache(self._nameserver, watch=route_watch)
         self.isolation = EndpointIsolation(isolation_s)
@@ -194,6 +290,8 @@ class Producer:
             await self.routes.route(topic, allow_default=True)
         self._spawn(self._heartbeat_loop(), "producer-heartbeat")
         self._started = True
+        if self.checker is not None:
+            await self.heartbeat()  # brokers learn at once where to send checks
 
     async def aclose(self) -> None:
         """Stop heartbeats and route watches and close connections; idempotent."""
@@ -227,10 +325,29 @@ class Producer:
 
     # ---- sending ---------------------------------------------------------------------
 
-    async def send(self, message: Message) -> SendReceipt:
-        """Send one message; raises the last error when every attempt failed."""
-        receipts = await self._send([message])
-        return receipts[0]
+    async def send(self, message: Message, transaction: Transaction | None = None) -> SendReceipt:
+        """Send one message; raises the last error when every attempt failed.
+
+        With ``transaction`` the message is stored as a half message that
+        consumers see only once the transaction commits."""
+        if transaction is None:
+            receipts = await self._send([message])
+            return receipts[0]
+        if transaction._producer is not self:
+            raise ValueError("the transaction belongs to another producer")
+        if transaction.receipt is not None:
+            raise RuntimeError("a transaction holds one message")
+        if message.is_delayed or message.message_group is not None:
+            raise ValueError("a transactional message cannot be delayed or FIFO")
+        receipt = (await self._send([message], transactional=True))[0]
+        transaction._add_half(receipt)
+        return receipt
+
+    def begin_transaction(self) -> Transaction:
+        """A new transaction; the producer needs a ``checker`` for orphaned ones."""
+        if self.checker is None:
+            raise RuntimeError("transactions need a producer built with a checker")
+        return Transaction(self)
 
     async def send_batch(self, messages: Sequence[Message]) -> list[SendReceipt]:
         """Send messages of one topic (and one message group, if any) to one queue."""
@@ -244,20 +361,23 @@ class Producer:
             raise ValueError("a batch must have one message group (or none)")
         return await self._send(list(messages))
 
-    async def _send(self, messages: list[Message]) -> list[SendReceipt]:
+    async def _send(
+        self, messages: list[Message], *, transactional: bool = False
+    ) -> list[SendReceipt]:
         if not self._started or self._closed:
             raise RuntimeError("producer is not running (use start() or async with)")
         topic = messages[0].topic
         message_group = messages[0].message_group
         uniq_keys = [m.properties.get("UNIQ_KEY") or new_message_id() for m in messages]
         now_ms = int(time.time() * 1000)
+        extra = {PROPERTY_TRAN_MSG: "true"} if transactional else {}
         request = broker_pb2.SendMessageRequest(
             producer_group=self.group,
             topic=topic,
             entries=[
                 broker_pb2.SendEntry(
                     body=m.body,
-                    properties=m.wire_properties(uk, self.group),
+                    properties={**m.wire_properties(uk, self.group), **extra},
                     born_ts_ms=now_ms,
                 )
                 for m, uk in zip(messages, uniq_keys, strict=True)
@@ -374,3 +494,102 @@ class Producer:
                 log.debug("heartbeat to %s failed: %s", addr, exc)
                 continue
             self.isolation.release(addr)
+
+    # ---- transactions -------------------------------------------------------------
+
+    async def _end_transaction(
+        self,
+        receipt: SendReceipt,
+        *,
+        commit: bool,
+        from_check: bool = False,
+        addr: str | None = None,
+    ) -> None:
+        """END_TRANSACTION to ``addr`` (a check's broker), else to the id-0 address of
+        the group holding the half message, refreshing the route between attempts."""
+        request = broker_pb2.EndTransactionRequest(
+            producer_group=self.group,
+            topic=receipt.topic,
+            msg_id=receipt.msg_id,
+            transaction_id=receipt.uniq_key,
+            commit=commit,
+            from_check=from_check,
+            broker_name=receipt.broker_name,
+            half_queue_offset=receipt.queue_offset,
+        )
+        last: BaseException | None = None
+        for attempt in range(1, END_TRANSACTION_ATTEMPTS + 1):
+            target = addr
+            if target is None:
+                await self.routes.route(receipt.topic, allow_default=True)
+                target = self.routes.broker_addr_for_publish(receipt.broker_name)
+            try:
+                if target is None:
+                    raise BrokerUnavailable(f"group {receipt.broker_name} shows no id 0")
+                await self._pool.call(
+                    target,
+                    RequestCode.END_TRANSACTION,
+                    request.SerializeToString(),
+                    self.send_timeout_ms,
+                )
+            except (HaError, OSError) as exc:
+                if not is_retriable(exc) or addr is not None:
+                    raise
+                last = exc
+                log.warning(
+                    "END_TRANSACTION for %s to %s failed (attempt %d/%d): %s",
+                    receipt.uniq_key,
+                    target,
+                    attempt,
+                    END_TRANSACTION_ATTEMPTS,
+                    exc,
+                )
+                await self.routes.refresh_quietly(receipt.topic)
+                continue
+            return
+        assert last is not None
+        raise last
+
+    async def _on_check_transaction(
+        self, ctx: RequestContext, req: broker_pb2.CheckTransactionStateRequest
+    ) -> None:
+        """A broker asks about an open transaction: run the checker, answer with
+        END_TRANSACTION to that broker (nothing for UNKNOWN)."""
+        if self.checker is None or self._closed:
+            return
+        pb = req.message
+        message = ReceivedMessage.from_properties(
+            msg_id=pb.msg_id,
+            topic=pb.topic,
+            broker_name=req.broker_name,
+            queue_id=pb.queue_id,
+            queue_offset=pb.queue_offset,
+            body=pb.body,
+            properties=pb.properties,
+            born_ts_ms=pb.born_ts_ms,
+            store_ts_ms=pb.store_ts_ms,
+        )
+        try:
+            resolution = await self.checker(message)
+        except Exception:
+            log.exception("transaction checker failed for %s", req.transaction_id)
+            return
+        if resolution is TransactionResolution.UNKNOWN:
+            return
+        receipt = SendReceipt(
+            msg_id=pb.msg_id,
+            uniq_key=req.transaction_id or message.uniq_key,
+            topic=pb.topic,
+            broker_name=req.broker_name,
+            queue_id=pb.queue_id,
+            queue_offset=pb.queue_offset,
+        )
+        try:
+            await self._end_transaction(
+                receipt,
+                commit=resolution is TransactionResolution.COMMIT,
+                from_check=True,
+                addr=req.broker_addr or ctx.peer,
+            )
+        except (HaError, OSError) as exc:
+            log.warning("answering the check of %s failed: %s", req.transaction_id, exc)

@@ -265,7 +265,7 @@ class LockBatchResponse(_message.Message):
     def __init__(self, locked: _Optional[_Iterable[_Union[MessageQueue, _Mapping]]] = ...) -> None: ...
 
 class EndTransactionRequest(_message.Message):
-    __slots__ = ("producer_group", "topic", "commit_log_offset", "msg_id", "transaction_id", "commit", "from_check", "broker_name")
+    __slots__ = ("producer_group", "topic", "commit_log_offset", "msg_id", "transaction_id", "commit", "from_check", "broker_name", "half_queue_offset")
     PRODUCER_GROUP_FIELD_NUMBER: _ClassVar[int]
     TOPIC_FIELD_NUMBER: _ClassVar[int]
     COMMIT_LOG_OFFSET_FIELD_NUMBER: _ClassVar[int]
@@ -274,6 +274,7 @@ class EndTransactionRequest(_message.Message):
     COMMIT_FIELD_NUMBER: _ClassVar[int]
     FROM_CHECK_FIELD_NUMBER: _ClassVar[int]
     BROKER_NAME_FIELD_NUMBER: _ClassVar[int]
+    HALF_QUEUE_OFFSET_FIELD_NUMBER: _ClassVar[int]
     producer_group: str
     topic: str
     commit_log_offset: int
@@ -282,7 +283,8 @@ class EndTransactionRequest(_message.Message):
     commit: bool
     from_check: bool
     broker_name: str
-    def __init__(self, producer_group: _Optional[str] = ..., topic: _Optional[str] = ..., commit_log_offset: _Optional[int] = ..., msg_id: _Optional[str] = ..., transaction_id: _Optional[str] = ..., commit: _Optional[bool] = ..., from_check: _Optional[bool] = ..., broker_name: _Optional[str] = ...) -> None: ...
+    half_queue_offset: int
+    def __init__(self, producer_group: _Optional[str] = ..., topic: _Optional[str] = ..., commit_log_offset: _Optional[int] = ..., msg_id: _Optional[str] = ..., transaction_id: _Optional[str] = ..., commit: _Optional[bool] = ..., from_check: _Optional[bool] = ..., broker_name: _Optional[str] = ..., half_queue_offset: _Optional[int] = ...) -> None: ...
 
 class CheckTransactionStateRequest(_message.Message):
     __slots__ = ("message", "transaction_id", "commit_log_offset", "broker_name", "broker_addr")
@@ -415,3 +417,17 @@ class TopicConfigTable(_message.Message):
     topics: _containers.RepeatedCompositeFieldContainer[_common_pb2.TopicConfig]
     data_version: _common_pb2.DataVersion
     def __init__(self, topics: _Optional[_Iterable[_Union[_common_pb2.TopicConfig, _Mapping]]] = ..., data_version: _Optional[_Union[_common_pb2.DataVersion, _Mapping]] = ...) -> None: ...
+
+class TransactionOffsets(_message.Message):
+    __slots__ = ("half_offset", "op_offset", "resolved", "resolved_transaction_ids", "data_version")
+    HALF_OFFSET_FIELD_NUMBER: _ClassVar[int]
+    OP_OFFSET_FIELD_NUMBER: _ClassVar[int]
+    RESOLVED_FIELD_NUMBER: _ClassVar[int]
+    RESOLVED_TRANSACTION_IDS_FIELD_NUMBER: _ClassVar[int]
+    DATA_VERSION_FIELD_NUMBER: _ClassVar[int]
+    half_offset: int
+    op_offset: int
+    resolved: _containers.RepeatedScalarFieldContainer[int]
+    resolved_transaction_ids: _containers.RepeatedScalarFieldContainer[str]
+    data_version: _common_pb2.DataVersion
+    def __init__(self, half_offset: _Optional[int] = ..., op_offset: _Optional[int] = ..., resolved: _Optional[_Iterable[int]] = ..., resolved_transaction_ids: _Optional[_Iterable[str]] = ..., data_version: _Optional[_Union[_common_pb2.DataVersion, _Mapping]] = ...) -> None: ...

@@ -47,6 +47,7 @@ class RequestCode(enum.IntEnum):
     GET_BROKER_STATUS = 900002
     HA_REPORT_OFFSET = 900010
     HA_TRANSFER = 900011
+    GET_TRANSACTION_OFFSETS = 900020
 
 
 def method_name(method: int) -> str:

@@ -266,6 +266,82 @@ def run_broker(
     return handle.start() if start else handle
 
 
+@dataclass
+class ContainerHandle(ProcessHandle):
+    """A broker container process; its ready file lists every hosted broker."""
+
+    def member(self, broker_name: str, broker_id: int) -> dict[str, Any]:
+        """``{"name", "id", "rpc", "http", "ha"}`` of one hosted broker."""
+        for entry in self.ready.get("brokers", []):
+            if entry["name"] == broker_name and int(entry["id"]) == broker_id:
+                return dict(entry)
+        raise KeyError(f"{broker_name}/{broker_id} is not in container {self.name}")
+
+    def rpc_of(self, broker_name: str, broker_id: int) -> str:
+        return str(self.member(broker_name, broker_id)["rpc"])
+
+
+def _toml_value(value: object) -> str:
+    if isinstance(value, bool):
+        return "true" if value else "false"
+    if isinstance(value, int | float):
+        return str(value)
+    if isinstance(value, list | tuple):
+        return "[" + ", ".join(_toml_value(v) for v in value) + "]"
+    return json.dumps(str(value))  # a JSON string is a valid TOML basic string
+
+
+def run_container(
+    namesrv: str,
+    brokers: Sequence[tuple[str, int]],
+    workdir: Path,
+    *,
+    cluster: str = "DefaultCluster",
+    name: str = "container",
+    env: Mapping[str, str] | None = None,
+    shared: Mapping[str, object] | None = None,
+    per_broker: Mapping[tuple[str, int], Mapping[str, object]] | None = None,
+    start: bool = True,
+) -> ContainerHandle:
+    """Start ``hactl broker --config <container.toml>`` hosting ``brokers`` (group
+    name, id) in one process, every listener on port 0; stores live in ``workdir``.
+
+    ``shared`` keys go to the top of the file (every broker), ``per_broker`` ones
+    into that broker's ``[[brokers]]`` table.
+    """
+    workdir.mkdir(parents=True, exist_ok=True)
+    lines = [f"cluster = {_toml_value(cluster)}"]
+    lines += [f"{k} = {_toml_value(v)}" for k, v in (shared or {}).items()]
+    for broker_name, broker_id in brokers:
+        store = workdir / "store" / f"{broker_name}-{broker_id}"
+        table: dict[str, object] = {
+            "broker_name": broker_name,
+            "broker_id": broker_id,
+            "listen": "127.0.0.1:0",
+            "ha_listen": "127.0.0.1:0",
+            "http_listen": "127.0.0.1:0",
+            "store_dir": str(store),
+            **((per_broker or {}).get((broker_name, broker_id), {})),
+        }
+        lines += ["", "[[brokers]]", *(f"{k} = {_toml_value(v)}" for k, v in table.items())]
+    config = workdir / f"{name}.toml"
+    config.write_text("\n".join(lines) + "\n")
+    ready = workdir / f"{name}.ready.json"
+    handle = ContainerHandle(
+        name=name,
+        argv=hactl_argv(
+            "broker", "--config", str(config), "--namesrv", namesrv, "--ready-file", str(ready)
+        ),
+        env=_base_env(env),
+        workdir=workdir,
+        ready_file=ready,
+        log_path=workdir / f"{name}.log",
+    )
+    if start:
+        handle.start()
+    return handle
+
+
 # Fast failure detection for tests and demos: 2 s heartbeat timeout, 500 ms scan.
 FAST_ENV = {
     "HAC_BROKER_NOT_ACTIVE_TIMEOUT_MS": "2000",

@@ -1,0 +1,556 @@
+"""The escape bridge (reference/rip32.md §3): how special messages leave a broker.
+
+A master stores what its special services produce (due delayed messages,
+revived POP messages, ...) in its own store.  A slave acting for a lost
+master must not write to its own commit log (it would fork from the master's),
+so it *escapes* them:
+
+- local escape: to a master hosted in the same process (broker container);
+- remote escape (``enable_remote_escape``): SEND_MESSAGE to a writable master
+  of another group, never its own group and never a master the nameserver
+  no longer lists, retried with bounded exponential backoff (tenacity).
+
+``put_message_to_specific_queue`` picks the remote queue deterministically
+(``crc32(topic + store host) mod len(queues)``, RocketMQ's
+``(topic + storeHost).hashCode()``) so that every POP checkpoint and ack of a
+slave for a topic lands on the same master and queue.  ``get_message`` reads a
+message back from its group: locally when the group lives in this process,
+else by PULL_MESSAGE from that group.
+
+Every outcome is counted in ``hac_escape_messages_total{kind,target,result}``.
+"""
+
+from __future__ import annotations
+
+import itertools
+import logging
+import time
+import zlib
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass
+from typing import TYPE_CHECKING, Final, Protocol
+
+from tenacity import (
+    AsyncRetrying,
+    retry_if_exception,
+    stop_after_attempt,
+    wait_exponential,
+)
+
+from ha_controller.client.admin import NameserverClient
+from ha_controller.client.message import PROPERTY_PRODUCER_GROUP
+from ha_controller.client.routes import DEFAULT_TOPIC_QUEUE_NUMS, publish_queues_of
+from ha_controller.proto import broker_pb2
+from ha_controller.protocol.codes import RequestCode
+from ha_controller.protocol.errors import (
+    BadRequest,
+    EscapeFailed,
+    HaError,
+    InSyncReplicasNotEnough,
+    TopicNotFound,
+)
+from ha_controller.protocol.record import StoredMessage, tag_hash
+from ha_controller.routing import TopicRouteData
+
+if TYPE_CHECKING:
+    from broker_agent.service import BrokerService
+
+log = logging.getLogger(__name__)
+
+#: How old a cached route may be before a remote escape fetches it again.
+#: RocketMQ's broker-side cache refreshes every 30 s
+#: (``loadBalancePollNameServerInterval``); a stale route is exactly how it
+#: escaped to dead masters (issue #7923), so ours is at most a second old.
+ROUTE_MAX_AGE_S: Final = 1.0
+#: EscapeBridge.DEFAULT_PULL_TIMEOUT_MILLIS
+PULL_TIMEOUT_MS: Final = 10_000
+LOCAL: Final = "local"
+#: After a failed send, round-robin escapes avoid that master this long
+#: (while another one is available), like a producer's endpoint isolation.
+FAILED_MASTER_AVOID_S: Final = 5.0
+
+
+@dataclass(frozen=True)
+class EscapeResult:
+    """Where an escaped message was stored."""
+
+    target: str  # the group name it went to, or "local"
+    msg_id: str
+    queue_id: int
+    queue_offset: int
+
+
+@dataclass(frozen=True, order=True)
+class RemoteQueue:
+    """A write queue of a master of another group, with that master's address."""
+
+    broker_name: str
+    queue_id: int
+    addr: str
+
+
+def stable_hash(text: str) -> int:
+    """A hash that is the same in every process and run (unlike ``hash()``)."""
+    return zlib.crc32(text.encode())
+
+
+def remote_queues(route: TopicRouteData, own_group: str) -> list[RemoteQueue]:
+    """Writable queues of groups that show a master (id 0), excluding ``own_group``.
+
+    The nameserver shows a group's acting slave as a read-only id 0, so an
+    acting group never appears here (publish rules of
+    ``topicRouteData2TopicPublishInfo``).
+    """
+    out: list[RemoteQueue] = []
+    for mq in publish_queues_of(route):
+        if mq.broker_name == own_group:
+            continue
+        broker = route.broker(mq.broker_name)
+        addr = None if broker is None else broker.broker_addrs.get(0)
+        if addr:
+            out.append(RemoteQueue(mq.broker_name, mq.queue_id, addr))
+    return sorted(out)
+
+
+class EscapeRoutes:
+    """Broker-side route lookups for remote escape: fresh (at most ``max_age_s``
+    old), refreshed on a miss, dropped after a failed send."""
+
+    def __init__(
+        self,
+        nameserver: NameserverClient,
+        cluster: str,
+        *,
+        max_age_s: float = ROUTE_MAX_AGE_S,
+        clock: Callable[[], float] = time.monotonic,
+    ) -> None:
+        self.nameserver = nameserver
+        self.cluster = cluster
+        self.max_age_s = max_age_s
+        self._clock = clock
+        self._routes: dict[str, tuple[float, TopicRouteData | None]] = {}
+        self._fallback: tuple[float, list[tuple[str, str]]] | None = None
+
+    def invalidate(self, topic: str | None = None) -> None:
+        if topic is None:
+            self._routes.clear()
+        else:
+            self._routes.pop(topic, None)
+        self._fallback = None
+
+    async def route(self, topic: str, *, refresh: bool = False) -> TopicRouteData | None:
+        """The topic's route (None when the nameserver does not know it)."""
+        now = self._clock()
+        cached = self._routes.get(topic)
+        if not refresh and cached is not None and now - cached[0] < self.max_age_s:
+            return cached[1]
+        try:
+            route: TopicRouteData | None = await self.nameserver.route(topic)
+        except TopicNotFound:
+            route = None
+        self._routes[topic] = (now, route)
+        return route
+
+    async def _masters_of_cluster(self, *, refresh: bool) -> list[tuple[str, str]]:
+        """(group, master address) of every group of our cluster whose master is online."""
+        now = self._clock()
+        if not refresh and self._fallback is not None and now - self._fallback[0] < self.max_age_s:
+            return self._fallback[1]
+        groups = await self.nameserver.groups()
+        masters = sorted(
+            (g.broker_name, g.members[0])
+            for g in groups
+            if g.master_online and (not self.cluster or g.cluster == self.cluster)
+        )
+        self._fallback = (now, masters)
+        return masters
+
+    async def queues(
+        self, topic: str, own_group: str, *, refresh: bool = False
+    ) -> list[RemoteQueue]:
+        """Write queues of other groups' masters for ``topic``.
+
+        A topic that no other master serves yet falls back to every online
+        master of the cluster with the default queue count: the target
+        auto-creates the topic, as a producer's first send would.
+        """
+        route = await self.route(topic, refresh=refresh)
+        found = [] if route is None else remote_queues(route, own_group)
+        if not found and not refresh:
+            route = await self.route(topic, refresh=True)  # refresh on a miss
+            found = [] if route is None else remote_queues(route, own_group)
+        if found:
+            return found
+        masters = await self._masters_of_cluster(refresh=refresh)
+        return [
+            RemoteQueue(name, qid, addr)
+            for name, addr in masters
+            if name != own_group
+            for qid in range(DEFAULT_TOPIC_QUEUE_NUMS)
+        ]
+
+    async def group_addrs(self, topic: str, group: str) -> dict[int, str]:
+        """Addresses of ``group`` by broker id: from the topic's route, else its member group."""
+        for refresh in (False, True):
+            route = await self.route(topic, refresh=refresh)
+            broker = None if route is None else route.broker(group)
+            if broker is not None and broker.broker_addrs:
+                return dict(broker.broker_addrs)
+        try:
+            members = await self.nameserver.member_group(self.cluster, group)
+        except TopicNotFound:
+            return {}
+        return dict(members.broker_addrs)
+
+
+class _Container(Protocol):
+    """What the bridge needs from a broker container (broker_agent.container)."""
+
+    @property
+    def services(self) -> list[BrokerService]: ...
+
+
+def _retriable(exc: BaseException) -> bool:
+    if isinstance(exc, BadRequest):
+        return False  # the message itself is refused; another try would be refused too
+    return isinstance(exc, HaError | OSError)
+
+
+def message_from_pb(m: broker_pb2.Message) -> StoredMessage:
+    return StoredMessage(
+        topic=m.topic,
+        queue_id=m.queue_id,
+        body=m.body,
+        properties=dict(m.properties),
+        flags=m.flag,
+        born_ts_ms=m.born_ts_ms,
+        born_host=m.born_host,
+        store_host=m.store_host,
+        queue_offset=m.queue_offset,
+        physical_offset=m.commit_log_offset,
+        store_ts_ms=m.store_ts_ms,
+    )
+
+
+class EscapeBridge:
+    """Puts special messages where a master will serve them (see the module doc)."""
+
+    def __init__(self, service: BrokerService, container: _Container | None = None) -> None:
+        self.service = service
+        self.container = container
+        cfg = service.cfg
+        self.routes = EscapeRoutes(
+            NameserverClient(list(cfg.namesrv_addrs), service.pool), cfg.cluster
+        )
+        self._rr = itertools.count()
+        self._failed_at: dict[str, float] = {}
+        self.inner_producer_group = f"InnerProducerGroup_{cfg.broker_name}_{cfg.broker_id}"
+        self.inner_consumer_group = f"InnerConsumerGroup_{cfg.broker_name}_{cfg.broker_id}"
+
+    # ---- choosing where ---------------------------------------------------
+
+    def local_master(self) -> BrokerService | None:
+        """This broker if it is a master; else an online master in the same process."""
+        if self.service.acting.is_master:
+            return self.service
+        if self.container is not None:
+            for other in self.container.services:
+                if other is not self.service and other.acting.is_master and not other.isolated:
+                    return other
+        return None
+
+    def _local_service_of(self, group: str) -> BrokerService | None:
+        if self.service.cfg.broker_name == group:
+            return self.service
+        if self.container is None:
+            return None
+        candidates = [s for s in self.container.services if s.cfg.broker_name == group]
+        return min(candidates, key=lambda s: s.cfg.broker_id, default=None)
+
+    def _count(self, kind: str, target: str, result: str) -> None:
+        m = self.service.metrics
+        m.escape.labels(**m.ident, kind=kind, target=target, result=result).inc()
+
+    def _check_remote_allowed(self, kind: str) -> None:
+        cfg = self.service.cfg
+        if not (cfg.enable_slave_acting_master and cfg.enable_remote_escape):
+            self._count(kind, "none", "no_target")
+            raise EscapeFailed(
+                f"{cfg.broker_name}/{cfg.broker_id}: no master in this process and remote "
+                "escape is off (enable_slave_acting_master and enable_remote_escape)"
+            )
+
+    # ---- put --------------------------------------------------------------
+
+    async def put_message(
+        self,
+        topic: str,
+        body: bytes,
+        properties: dict[str, str],
+        *,
+        kind: str,
+        queue_id: int | None = None,
+        flags: int = 0,
+        born_ts_ms: int | None = None,
+    ) -> EscapeResult:
+        """Store a message on a local master (``queue_id`` honoured when it exists
+        there), else on a remote master of another group (round robin)."""
+        master = self.local_master()
+        if master is not None:
+            return await self._put_local(
+                master, topic, body, properties, kind, queue_id, flags, born_ts_ms
+            )
+        self._check_remote_allowed(kind)
+
+        def choose(queues: list[RemoteQueue], failed: set[str]) -> RemoteQueue:
+            now = time.monotonic()
+            usable = (
+                [
+                    q
+                    for q in queues
+                    if q.addr not in failed
+                    and now - self._failed_at.get(q.addr, -FAILED_MASTER_AVOID_S)
+                    >= FAILED_MASTER_AVOID_S
+                ]
+                or [q for q in queues if q.addr not in failed]
+                or queues
+            )
+            return usable[next(self._rr) % len(usable)]
+
+        return await self._put_remote(topic, body, properties, kind, flags, born_ts_ms, choose)
+
+    async def put_message_to_specific_queue(
+        self,
+        topic: str,
+        body: bytes,
+        properties: dict[str, str],
+        *,
+        kind: str,
+        flags: int = 0,
+    ) -> EscapeResult:
+        """Like ``put_message`` but the queue is a function of (topic, our store host),
+        so every call of this broker for ``topic`` reaches the same master and queue
+        (as long as the set of live masters does not change)."""
+        key = stable_hash(topic + self.service.addr)
+        master = self.local_master()
+        if master is not None:
+            try:
+                config = master._topic_for_write(topic)
+            except HaError as exc:
+                self._count(kind, LOCAL, "error")
+                raise EscapeFailed(f"local escape of {topic} refused: {exc}") from exc
+            return await self._put_local(
+                master, topic, body, properties, kind, key % config.write_queue_nums, flags, None
+            )
+        self._check_remote_allowed(kind)
+
+        def choose(queues: list[RemoteQueue], failed: set[str]) -> RemoteQueue:
+            return queues[key % len(queues)]
+
+        return await self._put_remote(topic, body, properties, kind, flags, None, choose)
+
+    async def _put_local(
+        self,
+        master: BrokerService,
+        topic: str,
+        body: bytes,
+        properties: Mapping[str, str],
+        kind: str,
+        queue_id: int | None,
+        flags: int,
+        born_ts_ms: int | None,
+    ) -> EscapeResult:
+        """A put into ``master``'s store with the checks and replica wait of a send."""
+        props = dict(properties)
+        ha = master.ha_master
+        needed = master._copies_needed()
+        try:
+            config = master._topic_for_write(topic)
+            if queue_id is None or not 0 <= queue_id < config.write_queue_nums:
+                queue_id = next(master._queue_rr) % config.write_queue_nums
+            live = 1 + (ha.slave_count() if ha is not None else 0)
+            if needed > 1 and live < needed:
+                raise InSyncReplicasNotEnough(f"{live} live copies, {needed} required")
+            result = master.store.put(
+                topic,
+                queue_id,
+                body,
+                props,
+                flags=flags,
+                born_ts_ms=born_ts_ms,
+                born_host=self.service.addr,
+                store_host=master.addr,
+            )
+        except HaError as exc:
+            self._count(kind, LOCAL, "error")
+            raise EscapeFailed(
+                f"local escape of {topic} to {master.cfg.broker_name} failed: {exc}"
+            ) from exc
+        master.holds.notify(topic, queue_id, result.queue_offset + 1, tag_hash(props.get("TAGS")))
+        master.metrics.messages_in.labels(**master.metrics.ident, topic=topic).inc()
+        outcome = "ok"
+        if ha is not None:
+            ha.data_appended()
+            if needed > 1:
+                ok = await ha.wait_for_copies(
+                    result.physical_offset + result.size,
+                    needed,
+                    master.cfg.slave_ack_timeout_ms / 1000,
+                )
+                if not ok:
+                    # Stored: a retry would duplicate it; replication catches up.
+                    outcome = "unconfirmed"
+                    log.warning(
+                        "escaped %s message %s stored on %s but not confirmed by its slaves",
+                        kind,
+                        result.msg_id,
+                        master.cfg.broker_name,
+                    )
+        self._count(kind, LOCAL, outcome)
+        return EscapeResult(LOCAL, result.msg_id, queue_id, result.queue_offset)
+
+    async def _put_remote(
+        self,
+        topic: str,
+        body: bytes,
+        properties: Mapping[str, str],
+        kind: str,
+        flags: int,
+        born_ts_ms: int | None,
+        choose: Callable[[list[RemoteQueue], set[str]], RemoteQueue],
+    ) -> EscapeResult:
+        cfg = self.service.cfg
+        own = cfg.broker_name
+        props = dict(properties)
+        request = broker_pb2.SendMessageRequest(
+            producer_group=props.get(PROPERTY_PRODUCER_GROUP) or self.inner_producer_group,
+            topic=topic,
+            born_host=self.service.addr,
+            entries=[
+                broker_pb2.SendEntry(
+                    body=body, properties=props, born_ts_ms=born_ts_ms or 0, flag=flags
+                )
+            ],
+        )
+        failed: set[str] = set()
+        refresh = False
+
+        async def attempt() -> EscapeResult:
+            nonlocal refresh
+            queues = await self.routes.queues(topic, own, refresh=refresh)
+            if not queues:
+                refresh = True
+                self._count(kind, "none", "no_target")
+                raise EscapeFailed(f"no writable master of another group for {topic}")
+            target = choose(queues, failed)
+            assert target.broker_name != own
+            request.queue_id = target.queue_id
+            try:
+                resp = await self.service.pool.call_pb(
+                    target.addr,
+                    RequestCode.SEND_MESSAGE,
+                    request,
+                    broker_pb2.SendMessageResponse,
+                    timeout_ms=cfg.escape_send_timeout_ms,
+                )
+            except (HaError, OSError) as exc:
+                failed.add(target.addr)
+                self._failed_at[target.addr] = time.monotonic()
+                refresh = True
+                self.routes.invalidate(topic)
+                self._count(kind, target.broker_name, "error")
+                log.info(
+                    "escape of a %s message to %s (%s) failed: %s",
+                    kind,
+                    target.broker_name,
+                    target.addr,
+                    exc,
+                )
+                raise
+            if not resp.results:
+                self._count(kind, target.broker_name, "error")
+                raise EscapeFailed(f"{target.broker_name} returned no send result")
+            self._failed_at.pop(target.addr, None)
+            self._count(kind, target.broker_name, "ok")
+            r = resp.results[0]
+            return EscapeResult(
+                resp.broker_name or target.broker_name, r.msg_id, r.queue_id, r.queue_offset
+            )
+
+        retrying = AsyncRetrying(
+            stop=stop_after_attempt(cfg.escape_max_attempts),
+            wait=wait_exponential(
+                multiplier=cfg.escape_backoff_initial_ms / 1000,
+                min=cfg.escape_backoff_initial_ms / 1000,
+                max=cfg.escape_backoff_max_ms / 1000,
+            ),
+            retry=retry_if_exception(_retriable),
+            reraise=True,
+        )
+        try:
+            async for tried in retrying:
+                with tried:
+                    result = await attempt()
+        except EscapeFailed:
+            raise
+        except (HaError, OSError) as exc:
+            raise EscapeFailed(
+                f"remote escape of a {kind} message for {topic} failed: {exc}"
+            ) from exc
+        return result
+
+    # ---- get --------------------------------------------------------------
+
+    async def get_message(
+        self, topic: str, broker_name: str, queue_id: int, offset: int
+    ) -> StoredMessage | None:
+        """The message at ``offset`` of ``topic``/``queue_id`` of group ``broker_name``.
+
+        None when there is none; EscapeFailed (retriable) when the group cannot be asked.
+        """
+        local = self._local_service_of(broker_name)
+        if local is not None:
+            return local.store.get_message_at(topic, queue_id, offset)
+        try:
+            addrs = await self.routes.group_addrs(topic, broker_name)
+        except (HaError, OSError) as exc:
+            raise EscapeFailed(f"no route to {broker_name} for {topic}: {exc}") from exc
+        addr = addrs.get(0) or (addrs[min(addrs)] if addrs else None)
+        if addr is None:
+            raise EscapeFailed(f"no address of {broker_name} is known")
+        request = broker_pb2.PullMessageRequest(
+            consumer_group=self.inner_consumer_group,
+            topic=topic,
+            queue_id=queue_id,
+            queue_offset=offset,
+            max_msg_nums=1,
+            suspend_timeout_ms=0,
+            commit_offset=-1,
+        )
+        try:
+            resp = await self.service.pool.call_pb(
+                addr,
+                RequestCode.PULL_MESSAGE,
+                request,
+                broker_pb2.PullMessageResponse,
+                timeout_ms=PULL_TIMEOUT_MS,
+            )
+        except (HaError, OSError) as exc:
+            self.routes.invalidate(topic)
+            raise EscapeFailed(f"pull from {broker_name} ({addr}) failed: {exc}") from exc
+        if resp.status != broker_pb2.FOUND:
+            return None
+        for m in resp.messages:
+            if m.queue_offset == offset:
+                return message_from_pb(m)
+        return None
+
+
+__all__ = [
+    "EscapeBridge",
+    "EscapeResult",
+    "EscapeRoutes",
+    "RemoteQueue",
+    "remote_queues",
+    "stable_hash",
+]

@@ -1,0 +1,288 @@
+"""LOCK_BATCH_MQ / UNLOCK_BATCH_MQ on a broker, with RIP-32 strict mode.
+
+After RocketMQ's ``AdminBrokerProcessor.lockBatchMQ`` / ``unlockBatchMQ``
+(reference/rip32.md section 4), with one deliberate difference:
+
+* The broker that receives a lock request (the master, or the acting slave
+  that the route shows as id 0; a plain slave answers ``NotMaster``) locks the
+  queues in its own :class:`RebalanceLockManager` first.
+* ``only_this_broker=true`` (how peers vote) or strict mode off: the local
+  result is the answer.  Any member answers a vote, slaves included.
+* Strict mode with ``total_replicas // 2 + 1 > 1``: the queues locked locally
+  are sent to every other member of the group (``only_this_broker=true``,
+  ``lock_peer_timeout_ms`` per peer, twice that for the round), and only the
+  queues that a quorum of copies locked are granted.  A queue that misses
+  quorum is released locally — RocketMQ keeps it, which would make this broker
+  refuse the queue to everyone until the lock expires.  When fewer members
+  than the quorum answered at all the request fails with ``QuorumNotReached``.
+* Strict unlock removes the local lock and sends the unlock to every other
+  member (awaited for at most one round, not fire-and-forget).
+
+The locks live in memory only: a broker that restarts, or a slave that starts
+acting, has never seen the locks granted elsewhere.  That is exactly the risk
+strict mode covers.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import time
+from collections.abc import Awaitable, Callable, Mapping
+from typing import Protocol, TypeVar
+
+from broker_agent.acting import ActingState
+from broker_agent.locks import MessageQueueKey, RebalanceLockManager, quorum_grant
+from broker_agent.metrics import BrokerMetrics
+from ha_controller.config import BrokerConfig
+from ha_controller.proto import broker_pb2, common_pb2
+from ha_controller.protocol.codes import RequestCode
+from ha_controller.protocol.errors import (
+    BadRequest,
+    BrokerIsolated,
+    HaError,
+    NotMaster,
+    QuorumNotReached,
+)
+from ha_controller.routing import BrokerMemberGroup
+from ha_controller.rpc import ConnectionPool, Dispatcher, RequestContext
+
+__all__ = ["LockHost", "LockService", "mq_from_pb", "mq_to_pb"]
+
+log = logging.getLogger(__name__)
+
+R = TypeVar("R", broker_pb2.LockBatchResponse, common_pb2.Empty)
+
+# Forget expired lock entries at most this often (on the request path, no task).
+EXPIRE_SWEEP_INTERVAL_MS = 10_000
+
+
+class LockHost(Protocol):
+    """What the lock service needs from its broker (``BrokerService`` fits)."""
+
+    @property
+    def cfg(self) -> BrokerConfig: ...
+
+    @property
+    def acting(self) -> ActingState: ...
+
+    @property
+    def isolated(self) -> bool: ...
+
+    @property
+    def pool(self) -> ConnectionPool: ...
+
+    @property
+    def metrics(self) -> BrokerMetrics: ...
+
+    @property
+    def member_group(self) -> BrokerMemberGroup | None: ...
+
+    def fetch_member_group(self) -> Awaitable[BrokerMemberGroup | None]: ...
+
+
+def monotonic_ms() -> int:
+    return int(time.monotonic() * 1000)
+
+
+def mq_from_pb(pb: broker_pb2.MessageQueue) -> MessageQueueKey:
+    if not pb.topic:
+        raise BadRequest("message queue without a topic")
+    if pb.queue_id < 0:
+        raise BadRequest(f"message queue {pb.topic}: queue id {pb.queue_id} < 0")
+    return MessageQueueKey(pb.topic, pb.broker_name, pb.queue_id)
+
+
+def mq_to_pb(mq: MessageQueueKey) -> broker_pb2.MessageQueue:
+    return broker_pb2.MessageQueue(topic=mq.topic, broker_name=mq.broker_name, queue_id=mq.queue_id)
+
+
+def _result(requested: int, granted: int) -> str:
+    if granted == requested:
+        return "granted"
+    return "partial" if granted else "refused"
+
+
+class LockService:
+    """Queue locks of one broker; register with :meth:`register`."""
+
+    def __init__(
+        self,
+        host: LockHost,
+        *,
+        clock: Callable[[], int] = monotonic_ms,
+    ) -> None:
+        self._host = host
+        cfg = host.cfg
+        self.strict = cfg.lock_in_strict_mode
+        self.quorum = cfg.lock_quorum
+        self.peer_timeout_ms = cfg.lock_peer_timeout_ms
+        self.round_timeout_s = 2 * cfg.lock_peer_timeout_ms / 1000
+        self.manager = RebalanceLockManager(clock, cfg.lock_max_live_time_ms)
+        self._clock = clock
+        self._last_sweep_ms = clock()
+
+    def register(self, dispatcher: Dispatcher) -> None:
+        dispatcher.add(RequestCode.LOCK_BATCH_MQ, broker_pb2.LockBatchRequest, self.lock_batch)
+        dispatcher.add(RequestCode.UNLOCK_BATCH_MQ, broker_pb2.LockBatchRequest, self.unlock_batch)
+
+    # ---- handlers ---------------------------------------------------------------------
+
+    async def lock_batch(
+        self, ctx: RequestContext, req: broker_pb2.LockBatchRequest
+    ) -> broker_pb2.LockBatchResponse:
+        group, client_id, mqs = self._parse(req)
+        if not req.only_this_broker:
+            self._check_serves_locks("LOCK_BATCH_MQ")
+        self._sweep()
+        self_locked = self.manager.try_lock_batch(group, mqs, client_id)
+        if req.only_this_broker:
+            mode = "peer"
+            granted = self_locked
+        elif not self.strict or self.quorum <= 1:
+            mode = "local"
+            granted = self_locked
+        else:
+            mode = "strict"
+            try:
+                granted = await self._quorum_lock(group, client_id, self_locked)
+            except QuorumNotReached:
+                self._count(mode, "no_quorum")
+                raise
+        self._count(mode, _result(len(mqs), len(granted)))
+        return broker_pb2.LockBatchResponse(locked=[mq_to_pb(mq) for mq in sorted(granted)])
+
+    async def unlock_batch(
+        self, ctx: RequestContext, req: broker_pb2.LockBatchRequest
+    ) -> common_pb2.Empty:
+        group, client_id, mqs = self._parse(req)
+        if not req.only_this_broker:
+            self._check_serves_locks("UNLOCK_BATCH_MQ")
+        unlocked = self.manager.unlock_batch(group, mqs, client_id)
+        log.debug(
+            "unlocked %d of %d queue(s) of %s for %s", len(unlocked), len(mqs), group, client_id
+        )
+        if self.strict and not req.only_this_broker and mqs:
+            vote = broker_pb2.LockBatchRequest(
+                consumer_group=group,
+                client_id=client_id,
+                mqs=[mq_to_pb(mq) for mq in sorted(mqs)],
+                only_this_broker=True,
+            )
+            peers = await self._peers()
+            await self._round(peers, RequestCode.UNLOCK_BATCH_MQ, vote, common_pb2.Empty)
+        return common_pb2.Empty()
+
+    # ---- strict mode ------------------------------------------------------------------
+
+    async def _quorum_lock(
+        self, group: str, client_id: str, self_locked: set[MessageQueueKey]
+    ) -> set[MessageQueueKey]:
+        if not self_locked:
+            return set()
+        peers = await self._peers()
+        vote = broker_pb2.LockBatchRequest(
+            consumer_group=group,
+            client_id=client_id,
+            mqs=[mq_to_pb(mq) for mq in sorted(self_locked)],
+            only_this_broker=True,
+        )
+        answers = await self._round(
+            peers, RequestCode.LOCK_BATCH_MQ, vote, broker_pb2.LockBatchResponse
+        )
+        peer_locked = [{mq_from_pb(pb) for pb in answer.locked} for answer in answers.values()]
+        total = self._host.cfg.total_replicas
+        granted = quorum_grant(self_locked, peer_locked, total)
+        missed = self_locked - granted
+        if missed:
+            self.manager.release(group, missed, client_id)
+        voters = 1 + len(answers)
+        if voters < self.quorum:
+            log.warning(
+                "lock of %d queue(s) of %s for %s: %d of %d member(s) answered, quorum %d",
+                len(self_locked),
+                group,
+                client_id,
+                voters,
+                total,
+                self.quorum,
+            )
+            raise QuorumNotReached(
+                f"{self._host.cfg.broker_name}: {voters} of {total} member(s) answered the lock "
+                f"round, {self.quorum} needed"
+            )
+        return granted
+
+    async def _peers(self) -> dict[int, str]:
+        """The other members of this broker's group (raw ids from the nameserver)."""
+        group = self._host.member_group
+        if group is None or not group.broker_addrs:
+            group = await self._host.fetch_member_group()
+        if group is None:
+            return {}
+        me = self._host.cfg.broker_id
+        return {bid: addr for bid, addr in group.broker_addrs.items() if bid != me}
+
+    async def _round(
+        self,
+        peers: Mapping[int, str],
+        method: int,
+        request: broker_pb2.LockBatchRequest,
+        response_type: type[R],
+    ) -> dict[int, R]:
+        """Send ``request`` to every peer at once; the answers that came in time.
+
+        Each call is bounded by ``lock_peer_timeout_ms`` (connect included) and
+        the round by twice that.  A peer that fails or is late simply does not vote.
+        """
+        answers: dict[int, R] = {}
+
+        async def ask(broker_id: int, addr: str) -> None:
+            try:
+                async with asyncio.timeout(self.peer_timeout_ms / 1000):
+                    answers[broker_id] = await self._host.pool.call_pb(
+                        addr, method, request, response_type, self.peer_timeout_ms
+                    )
+            except (HaError, OSError, TimeoutError) as exc:
+                log.info("lock peer %d at %s did not answer: %r", broker_id, addr, exc)
+
+        if not peers:
+            return answers
+        try:
+            async with asyncio.timeout(self.round_timeout_s), asyncio.TaskGroup() as tg:
+                for broker_id, addr in sorted(peers.items()):
+                    tg.create_task(ask(broker_id, addr), name=f"lock-peer-{broker_id}")
+        except TimeoutError:
+            log.warning("lock round timed out after %.1f s", self.round_timeout_s)
+        return answers
+
+    # ---- helpers ----------------------------------------------------------------------
+
+    def _parse(self, req: broker_pb2.LockBatchRequest) -> tuple[str, str, list[MessageQueueKey]]:
+        if not req.consumer_group:
+            raise BadRequest("lock request without a consumer group")
+        if not req.client_id:
+            raise BadRequest("lock request without a client id")
+        return req.consumer_group, req.client_id, [mq_from_pb(pb) for pb in req.mqs]
+
+    def _check_serves_locks(self, what: str) -> None:
+        host = self._host
+        name = f"{host.cfg.broker_name}/{host.cfg.broker_id}"
+        if host.isolated:
+            raise BrokerIsolated(f"{what}: {name} is in pre-online")
+        if not host.acting.serves_master_only_ops:
+            raise NotMaster(f"{what}: {name} is a slave and not acting")
+
+    def _sweep(self) -> None:
+        now = self._clock()
+        if now - self._last_sweep_ms >= EXPIRE_SWEEP_INTERVAL_MS:
+            self._last_sweep_ms = now
+            self.manager.expire()
+
+    def _count(self, mode: str, result: str) -> None:
+        metrics = self._host.metrics
+        metrics.lock_requests.labels(**metrics.ident, mode=mode, result=result).inc()
+
+    def held(self, group: str) -> dict[MessageQueueKey, str]:
+        """Live local locks of ``group`` (queue -> client id), for status and tests."""
+        return self.manager.holders(group)

@@ -1,0 +1,711 @@
+"""POP consumption: pop / ack / change-invisible-time with checkpoints and the revive service.
+
+POP_MESSAGE (200050) takes messages from a topic's queues for a consumer group
+(the pop offset is the group's consumer offset, so it is forward-synced to slaves
+and reverse-synced in pre-online like any other), returns each with a receipt
+handle (:class:`ReceiptHandle`, RocketMQ's ExtraInfo idea) in the ``POP_CK``
+property, and writes a checkpoint (CK) record into the revive topic
+``rmq_sys_REVIVE_LOG_{cluster}``.  ACK_MESSAGE (200051) writes an ACK record;
+CHANGE_MESSAGE_INVISIBLETIME (200053) writes a new CK for the one message and
+acks the old one.  CK and ACK keys include the broker name (reference/rip32.md
+§3.3), because one revive queue holds the records of several groups.
+
+The revive service (master, or the acting slave) reads the revive queues, matches
+CKs with ACKs and, when a CK's invisible time is over with offsets still un-acked,
+reads each original message (``EscapeBridge.get_message``: locally, or from the
+group that holds it) and writes it to ``%RETRY%{group}`` through
+``put_message_to_specific_queue``.  A failure re-puts the CK later with RocketMQ's
+back-off (10 s, 20 s, 30 s, 1 min, ...), dropped after the last interval.
+
+On an acting slave CK and ACK records cannot go to its own store: they are escaped
+with ``put_message_to_specific_queue``, which sends every record of this slave for
+the revive topic to the same live master and queue; that master revives them and
+reads the bodies back from this group.  CKs the lost master wrote before it died
+are in the slave's replicated revive queue: the acting slave revives those itself,
+and an ack of such a message (``ck_local`` in its handle) is applied to that
+in-memory state.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import json
+import logging
+import time
+from dataclasses import dataclass, field
+from typing import TYPE_CHECKING, Final
+
+from broker_agent.store.message_store import GetMessageStatus
+from broker_agent.transaction import put_local
+from ha_controller.client.routes import DEFAULT_TOPIC_QUEUE_NUMS
+from ha_controller.proto import broker_pb2
+from ha_controller.protocol.codes import RequestCode
+from ha_controller.protocol.errors import (
+    BadRequest,
+    BrokerIsolated,
+    HaError,
+    NotMaster,
+    TopicNotFound,
+)
+from ha_controller.protocol.record import StoredMessage, make_msg_id, tag_hash
+from ha_controller.routing import Perm, TopicConfig
+from ha_controller.rpc import RequestContext
+
+if TYPE_CHECKING:
+    from broker_agent.service import BrokerService
+
+__all__ = [
+    "REVIVE_GROUP",
+    "Checkpoint",
+    "PopService",
+    "ReceiptHandle",
+    "ReviveState",
+    "retry_topic",
+    "revive_topic",
+]
+
+log = logging.getLogger(__name__)
+
+REVIVE_GROUP: Final = "CID_RMQ_SYS_REVIVE_GROUP"
+REVIVE_QUEUE_NUMS: Final = DEFAULT_TOPIC_QUEUE_NUMS
+RETRY_PREFIX: Final = "%RETRY%"
+PROPERTY_POP_CK: Final = "POP_CK"
+PROPERTY_RETRY_TOPIC: Final = "RETRY_TOPIC"
+PROPERTY_RECONSUME_TIME: Final = "RECONSUME_TIME"
+PROPERTY_ORIGIN_MESSAGE_ID: Final = "ORIGIN_MESSAGE_ID"
+TAG_CK: Final = "ck"
+TAG_ACK: Final = "ack"
+MAX_POP_BATCH: Final = 32
+MIN_INVISIBLE_MS: Final = 1000
+#: RocketMQ ckRewriteIntervalsInSeconds: the back-off of a CK whose revive failed.
+CK_REWRITE_INTERVALS_S: Final = (
+    10,
+    20,
+    30,
+    60,
+    120,
+    180,
+    240,
+    300,
+    360,
+    420,
+    480,
+    540,
+    600,
+    1200,
+    1800,
+    3600,
+    7200,
+)
+#: ACKs read before their CK (or applied in memory) kept at most this many keys.
+MAX_EARLY_ACK_KEYS: Final = 100_000
+
+
+def retry_topic(group: str) -> str:
+    return f"{RETRY_PREFIX}{group}"
+
+
+def revive_topic(cluster: str) -> str:
+    return f"rmq_sys_REVIVE_LOG_{cluster}"
+
+
+def now_ms() -> int:
+    return int(time.time() * 1000)
+
+
+# --- records (plain, no I/O) ------------------------------------------------------
+
+
+@dataclass(frozen=True, slots=True)
+class ReceiptHandle:
+    """Where a popped message came from and where its CK went.
+
+    Text form: ``ck_offset pop_time_ms invisible_ms revive_qid L|R broker_name queue_id
+    offset`` (RocketMQ ExtraInfoUtil order, with L/R: CK in this group's own revive
+    queue, or escaped to a remote master).
+    """
+
+    ck_offset: int
+    pop_time_ms: int
+    invisible_ms: int
+    revive_qid: int
+    ck_local: bool
+    broker_name: str
+    queue_id: int
+    offset: int
+
+    def encode(self) -> str:
+        return " ".join(
+            [
+                str(self.ck_offset),
+                str(self.pop_time_ms),
+                str(self.invisible_ms),
+                str(self.revive_qid),
+                "L" if self.ck_local else "R",
+                self.broker_name,
+                str(self.queue_id),
+                str(self.offset),
+            ]
+        )
+
+    @classmethod
+    def decode(cls, text: str) -> ReceiptHandle:
+        parts = text.split(" ")
+        if len(parts) != 8 or parts[4] not in ("L", "R"):
+            raise BadRequest(f"invalid receipt handle {text!r}")
+        try:
+            return cls(
+                ck_offset=int(parts[0]),
+                pop_time_ms=int(parts[1]),
+                invisible_ms=int(parts[2]),
+                revive_qid=int(parts[3]),
+                ck_local=parts[4] == "L",
+                broker_name=parts[5],
+                queue_id=int(parts[6]),
+                offset=int(parts[7]),
+            )
+        except ValueError as exc:
+            raise BadRequest(f"invalid receipt handle {text!r}") from exc
+
+    def ck_key(self, group: str, topic: str) -> str:
+        return ck_key(
+            self.broker_name, group, topic, self.queue_id, self.ck_offset, self.pop_time_ms
+        )
+
+
+def ck_key(broker_name: str, group: str, topic: str, queue_id: int, start: int, pop_ms: int) -> str:
+    """The CK/ACK unique key; it names the broker (RIP-32: keys include the broker name)."""
+    return f"{broker_name}@{group}@{topic}@{queue_id}@{start}@{pop_ms}"
+
+
+@dataclass(frozen=True, slots=True)
+class Checkpoint:
+    """One pop: which queue offsets of (topic, queue) a group took, until when."""
+
+    broker_name: str
+    group: str
+    topic: str
+    queue_id: int
+    start_offset: int
+    offsets: tuple[int, ...]
+    pop_time_ms: int
+    invisible_ms: int
+    due_ms: int
+    reput_times: int = 0
+
+    @property
+    def key(self) -> str:
+        return ck_key(
+            self.broker_name,
+            self.group,
+            self.topic,
+            self.queue_id,
+            self.start_offset,
+            self.pop_time_ms,
+        )
+
+    def to_json(self) -> bytes:
+        return json.dumps(
+            {
+                "bn": self.broker_name,
+                "g": self.group,
+                "t": self.topic,
+                "q": self.queue_id,
+                "so": self.start_offset,
+                "offs": list(self.offsets),
+                "pt": self.pop_time_ms,
+                "it": self.invisible_ms,
+                "due": self.due_ms,
+                "rp": self.reput_times,
+            }
+        ).encode()
+
+    @classmethod
+    def from_json(cls, data: bytes) -> Checkpoint:
+        d = json.loads(data)
+        return cls(
+            broker_name=str(d["bn"]),
+            group=str(d["g"]),
+            topic=str(d["t"]),
+            queue_id=int(d["q"]),
+            start_offset=int(d["so"]),
+            offsets=tuple(int(o) for o in d["offs"]),
+            pop_time_ms=int(d["pt"]),
+            invisible_ms=int(d["it"]),
+            due_ms=int(d["due"]),
+            reput_times=int(d.get("rp", 0)),
+        )
+
+
+def ack_body(key: str, offset: int) -> bytes:
+    return json.dumps({"k": key, "o": offset}).encode()
+
+
+@dataclass
+class _Pending:
+    ck: Checkpoint
+    revive_qid: int
+    revive_offset: int
+    acked: set[int] = field(default_factory=set)
+
+    @property
+    def done(self) -> bool:
+        return all(o in self.acked for o in self.ck.offsets)
+
+
+class ReviveState:
+    """CKs read from the revive queues and not finished yet, with their ACKs."""
+
+    def __init__(self) -> None:
+        self.read_offsets: dict[int, int] = {}
+        self.pending: dict[str, _Pending] = {}
+        self._early_acks: dict[str, set[int]] = {}
+
+    def reset(self) -> None:
+        self.read_offsets.clear()
+        self.pending.clear()
+        self._early_acks.clear()
+
+    def add_ck(self, ck: Checkpoint, revive_qid: int, revive_offset: int) -> None:
+        p = _Pending(ck, revive_qid, revive_offset, self._early_acks.pop(ck.key, set()))
+        self.pending[ck.key] = p
+
+    def ack(self, key: str, offset: int) -> None:
+        p = self.pending.get(key)
+        if p is not None:
+            p.acked.add(offset)
+            return
+        if key not in self._early_acks and len(self._early_acks) >= MAX_EARLY_ACK_KEYS:
+            self._early_acks.pop(next(iter(self._early_acks)))
+        self._early_acks.setdefault(key, set()).add(offset)
+
+    def due(self, now: int) -> list[_Pending]:
+        """Pending CKs that are finished (all acked) are dropped; the expired are returned."""
+        for key in [k for k, p in self.pending.items() if p.done]:
+            del self.pending[key]
+        return sorted(
+            (p for p in self.pending.values() if p.ck.due_ms <= now),
+            key=lambda p: p.ck.due_ms,
+        )
+
+    def commit_offset(self, revive_qid: int) -> int:
+        """Where the revive queue is consumed up to: the earliest unfinished CK, else read."""
+        read = self.read_offsets.get(revive_qid, 0)
+        offs = [p.revive_offset for p in self.pending.values() if p.revive_qid == revive_qid]
+        return min([read, *offs])
+
+
+# --- the service ------------------------------------------------------------------
+
+
+class PopService:
+    """POP_MESSAGE / ACK_MESSAGE / CHANGE_MESSAGE_INVISIBLETIME and the revive loop."""
+
+    def __init__(self, svc: BrokerService) -> None:
+        self._svc = svc
+        self.revive_topic = revive_topic(svc.cfg.cluster)
+        self.state = ReviveState()
+        self._active = False  # the service turns special services on (master online, acting)
+        self._reset = True
+        self._wake = asyncio.Event()
+        self._locks: dict[tuple[str, str, int], asyncio.Lock] = {}
+        self._rr = 0
+        self.revived = 0
+        svc.dispatcher.add(RequestCode.POP_MESSAGE, broker_pb2.PopMessageRequest, self._pop)
+        svc.dispatcher.add(RequestCode.ACK_MESSAGE, broker_pb2.AckMessageRequest, self._ack)
+        svc.dispatcher.add(
+            RequestCode.CHANGE_MESSAGE_INVISIBLETIME,
+            broker_pb2.AckMessageRequest,
+            self._change_invisible,
+        )
+        svc.special_service_hooks.append(self.set_active)
+        if svc.acting.is_master and svc.topics.get(self.revive_topic) is None:
+            svc.topics.upsert(
+                TopicConfig(
+                    self.revive_topic, REVIVE_QUEUE_NUMS, REVIVE_QUEUE_NUMS, Perm.READ | Perm.WRITE
+                )
+            )
+
+    def set_active(self, active: bool) -> None:
+        """Special-service hook: the revive service runs on the master and an acting slave."""
+        if active != self._active:
+            log.info("pop revive service %s", "started" if active else "stopped")
+        self._active = active
+        self._reset = True
+        self._wake.set()
+
+    # ---- helpers ------------------------------------------------------------
+
+    def _check_serving(self, what: str) -> None:
+        svc = self._svc
+        if svc.isolated:
+            raise BrokerIsolated(f"{svc.cfg.broker_name}/{svc.cfg.broker_id} is in pre-online")
+        if not svc.acting.serves_master_only_ops:
+            raise NotMaster(
+                f"{what}: {svc.cfg.broker_name}/{svc.cfg.broker_id} is a slave and not acting"
+            )
+
+    def _ensure_retry_topic(self, group: str) -> None:
+        """RocketMQ creates ``%RETRY%group`` when a consumer shows up; so do we (masters)."""
+        svc = self._svc
+        topic = retry_topic(group)
+        if not svc.acting.is_master or svc.topics.get(topic) is not None:
+            return
+        svc.topics.upsert(TopicConfig(topic, 1, 1, Perm.READ | Perm.WRITE))
+        log.info("created retry topic %s", topic)
+        svc._schedule(svc.register_all(), "register-after-retry-topic")
+
+    async def _write_record(self, body: bytes, tag: str, key: str, kind: str) -> tuple[int, bool]:
+        """Store a CK/ACK record: our own revive queue on a master, else escaped.
+        Returns (revive queue id, stored locally)."""
+        svc = self._svc
+        props = {"TAGS": tag, "POP_KEY": key}
+        if svc.acting.is_master:
+            put_local(svc, self.revive_topic, 0, body, props)
+            return 0, True
+        result = await svc.escape.put_message_to_specific_queue(
+            self.revive_topic, body, props, kind=kind
+        )
+        return result.queue_id, False
+
+    def _to_pb(self, m: StoredMessage, handle: str) -> broker_pb2.Message:
+        props = dict(m.properties)
+        props[PROPERTY_POP_CK] = handle
+        return broker_pb2.Message(
+            topic=m.topic,
+            body=m.body,
+            properties=props,
+            queue_id=m.queue_id,
+            queue_offset=m.queue_offset,
+            commit_log_offset=m.physical_offset,
+            msg_id=make_msg_id(m.store_host, m.physical_offset),
+            born_ts_ms=m.born_ts_ms,
+            born_host=m.born_host,
+            store_ts_ms=m.store_ts_ms,
+            store_host=m.store_host,
+            broker_name=self._svc.cfg.broker_name,
+            reconsume_times=int(props.get(PROPERTY_RECONSUME_TIME, "0") or 0),
+            flag=m.flags,
+        )
+
+    # ---- handlers ------------------------------------------------------------------
+
+    async def _pop(
+        self, ctx: RequestContext, req: broker_pb2.PopMessageRequest
+    ) -> broker_pb2.PopMessageResponse:
+        self._check_serving("POP_MESSAGE")
+        svc = self._svc
+        if not req.consumer_group or not req.topic:
+            raise BadRequest("POP_MESSAGE needs a consumer group and a topic")
+        self._ensure_retry_topic(req.consumer_group)
+        config = svc.topics.get(req.topic)
+        # an acting slave may not have synced a config the lost master created
+        # just before it died: its replicated queues are enough to serve pops
+        stored = [] if config is not None else svc.store.topics_and_queues().get(req.topic, [])
+        if config is None and not stored:
+            raise TopicNotFound(f"topic {req.topic!r} does not exist on {svc.cfg.broker_name}")
+        all_qids = list(range(config.read_queue_nums)) if config is not None else stored
+        if req.queue_id >= 0:
+            qids = [req.queue_id]
+        else:
+            self._rr += 1
+            qids = [all_qids[(self._rr + i) % len(all_qids)] for i in range(len(all_qids))]
+        tags = {tag_hash(t) for t in req.tags if t and t != "*"} or None
+        max_msgs = max(1, min(req.max_msg_nums or MAX_POP_BATCH, MAX_POP_BATCH))
+        invisible = max(MIN_INVISIBLE_MS, req.invisible_time_ms)
+        resp = broker_pb2.PopMessageResponse(invisible_time_ms=invisible)
+        deadline = time.monotonic() + max(0, req.poll_time_ms) / 1000
+        while True:
+            pop_ms = now_ms()
+            resp.pop_time_ms = pop_ms
+            for qid in qids:
+                if len(resp.messages) >= max_msgs:
+                    break
+                resp.messages.extend(
+                    await self._pop_queue(
+                        req.consumer_group,
+                        req.topic,
+                        qid,
+                        max_msgs - len(resp.messages),
+                        tags,
+                        pop_ms,
+                        invisible,
+                    )
+                )
+            remaining_ms = int((deadline - time.monotonic()) * 1000)
+            if resp.messages or remaining_ms <= 0 or not svc.acting.serves_master_only_ops:
+                return resp
+            await self._hold(req.consumer_group, req.topic, qids, remaining_ms, tags)
+
+    async def _hold(
+        self, group: str, topic: str, qids: list[int], timeout_ms: int, tags: set[int] | None
+    ) -> None:
+        """Wait (long polling) until one of the queues gets a message, or the timeout."""
+        svc = self._svc
+        waits = []
+        for qid in qids:
+            offset = svc.offsets.query(group, topic, qid)
+            if offset < 0:
+                offset = svc.store.min_offset(topic, qid)
+            waits.append(
+                asyncio.ensure_future(svc.holds.hold(topic, qid, offset, timeout_ms, tags))
+            )
+        try:
+            await asyncio.wait(waits, return_when=asyncio.FIRST_COMPLETED)
+        finally:
+            for w in waits:
+                w.cancel()
+            await asyncio.gather(*waits, return_exceptions=True)
+
+    async def _pop_queue(
+        self,
+        group: str,
+        topic: str,
+        qid: int,
+        max_msgs: int,
+        tags: set[int] | None,
+        pop_ms: int,
+        invisible_ms: int,
+    ) -> list[broker_pb2.Message]:
+        svc = self._svc
+        lock = self._locks.setdefault((group, topic, qid), asyncio.Lock())
+        async with lock:
+            start = svc.offsets.query(group, topic, qid)
+            if start < 0:
+                start = svc.store.min_offset(topic, qid)
+            got = svc.store.get_messages(topic, qid, start, max_msgs, tag_filter=tags)
+            if got.status is GetMessageStatus.OFFSET_TOO_SMALL:
+                start = got.next_begin_offset
+                got = svc.store.get_messages(topic, qid, start, max_msgs, tag_filter=tags)
+            if not got.messages:
+                if got.next_begin_offset > start and got.status in (
+                    GetMessageStatus.NO_MATCHED_MESSAGE,
+                    GetMessageStatus.OFFSET_FOUND_NULL,
+                ):
+                    svc.offsets.commit(group, topic, qid, got.next_begin_offset)
+                return []
+            ck = Checkpoint(
+                broker_name=svc.cfg.broker_name,
+                group=group,
+                topic=topic,
+                queue_id=qid,
+                start_offset=start,
+                offsets=tuple(m.queue_offset for m in got.messages),
+                pop_time_ms=pop_ms,
+                invisible_ms=invisible_ms,
+                due_ms=pop_ms + invisible_ms,
+            )
+            revive_qid, local = await self._write_record(ck.to_json(), TAG_CK, ck.key, "pop_ck")
+            svc.offsets.commit(group, topic, qid, got.next_begin_offset)
+        out = []
+        for m in got.messages:
+            handle = ReceiptHandle(
+                start,
+                pop_ms,
+                invisible_ms,
+                revive_qid,
+                local,
+                svc.cfg.broker_name,
+                qid,
+                m.queue_offset,
+            )
+            out.append(self._to_pb(m, handle.encode()))
+        svc.metrics.messages_out.labels(**svc.metrics.ident, topic=topic, group=group).inc(len(out))
+        return out
+
+    def _handle_of(self, req: broker_pb2.AckMessageRequest) -> ReceiptHandle:
+        if not req.consumer_group or not req.topic:
+            raise BadRequest("an ack needs a consumer group and a topic")
+        handle = ReceiptHandle.decode(req.receipt_handle)
+        own = self._svc.cfg.broker_name
+        if handle.broker_name != own:
+            raise BadRequest(f"receipt handle of {handle.broker_name} sent to {own}")
+        return handle
+
+    async def _write_ack(self, handle: ReceiptHandle, key: str) -> None:
+        svc = self._svc
+        if handle.ck_local and not svc.acting.is_master:
+            # the CK sits in our replicated revive queue: our revive loop owns it
+            self.state.ack(key, handle.offset)
+            return
+        await self._write_record(ack_body(key, handle.offset), TAG_ACK, key, "pop_ack")
+
+    async def _ack(
+        self, ctx: RequestContext, req: broker_pb2.AckMessageRequest
+    ) -> broker_pb2.AckMessageResponse:
+        self._check_serving("ACK_MESSAGE")
+        handle = self._handle_of(req)
+        await self._write_ack(handle, handle.ck_key(req.consumer_group, req.topic))
+        return broker_pb2.AckMessageResponse()
+
+    async def _change_invisible(
+        self, ctx: RequestContext, req: broker_pb2.AckMessageRequest
+    ) -> broker_pb2.AckMessageResponse:
+        """A new CK for the one message from now, then an ACK of the old one."""
+        self._check_serving("CHANGE_MESSAGE_INVISIBLETIME")
+        handle = self._handle_of(req)
+        invisible = max(MIN_INVISIBLE_MS, req.invisible_time_ms)
+        pop_ms = now_ms()
+        ck = Checkpoint(
+            broker_name=handle.broker_name,
+            group=req.consumer_group,
+            topic=req.topic,
+            queue_id=handle.queue_id,
+            start_offset=handle.offset,
+            offsets=(handle.offset,),
+            pop_time_ms=pop_ms,
+            invisible_ms=invisible,
+            due_ms=pop_ms + invisible,
+        )
+        revive_qid, local = await self._write_record(ck.to_json(), TAG_CK, ck.key, "pop_ck")
+        await self._write_ack(handle, handle.ck_key(req.consumer_group, req.topic))
+        new = ReceiptHandle(
+            handle.offset,
+            pop_ms,
+            invisible,
+            revive_qid,
+            local,
+            handle.broker_name,
+            handle.queue_id,
+            handle.offset,
+        )
+        return broker_pb2.AckMessageResponse(receipt_handle=new.encode())
+
+    # ---- revive ----------------------------------------------------------------------
+
+    async def run(self) -> None:
+        """Forever: while active (master / acting slave, not isolated), revive."""
+        svc = self._svc
+        interval_s = svc.cfg.pop_revive_interval_ms / 1000
+        while True:
+            with contextlib.suppress(TimeoutError):
+                async with asyncio.timeout(interval_s):
+                    await self._wake.wait()
+            self._wake.clear()
+            if self._reset:
+                self._reset = False
+                self.state.reset()
+            if svc.isolated or not self._active or not svc.acting.serves_master_only_ops:
+                continue
+            try:
+                await self.revive_once()
+            except HaError as exc:
+                log.warning("pop revive pass failed: %s", exc)
+
+    def _revive_queues(self) -> list[int]:
+        return self._svc.store.topics_and_queues().get(self.revive_topic, [])
+
+    def _read_records(self, rq: int) -> None:
+        svc = self._svc
+        state = self.state
+        offset = state.read_offsets.get(rq)
+        if offset is None:
+            offset = svc.offsets.query(REVIVE_GROUP, self.revive_topic, rq)
+            if offset < 0:
+                offset = svc.store.min_offset(self.revive_topic, rq)
+        while True:
+            got = svc.store.get_messages(self.revive_topic, rq, offset, 256)
+            if not got.messages:
+                if got.next_begin_offset > offset and got.status in (
+                    GetMessageStatus.OFFSET_TOO_SMALL,
+                    GetMessageStatus.OFFSET_FOUND_NULL,
+                ):
+                    offset = got.next_begin_offset
+                    continue
+                break
+            for rec in got.messages:
+                tag = rec.properties.get("TAGS")
+                try:
+                    if tag == TAG_CK:
+                        state.add_ck(Checkpoint.from_json(rec.body), rq, rec.queue_offset)
+                    elif tag == TAG_ACK:
+                        d = json.loads(rec.body)
+                        state.ack(str(d["k"]), int(d["o"]))
+                except (ValueError, KeyError, TypeError) as exc:
+                    log.warning("bad revive record %d/%d: %s", rq, rec.queue_offset, exc)
+            offset = got.next_begin_offset
+        state.read_offsets[rq] = offset
+
+    async def revive_once(self) -> None:
+        svc = self._svc
+        queues = self._revive_queues()
+        for rq in queues:
+            self._read_records(rq)
+        for p in self.state.due(now_ms()):
+            if await self._revive(p):
+                self.state.pending.pop(p.ck.key, None)
+        for rq in queues:
+            offset = self.state.commit_offset(rq)
+            if offset != svc.offsets.query(REVIVE_GROUP, self.revive_topic, rq):
+                svc.offsets.commit(REVIVE_GROUP, self.revive_topic, rq, offset)
+
+    async def _revive(self, p: _Pending) -> bool:
+        """Write the un-acked messages of an expired CK to the retry topic; on failure
+        re-put the CK for the rest with back-off.  False: try again next pass."""
+        svc = self._svc
+        ck = p.ck
+        failed: list[int] = []
+        for offset in ck.offsets:
+            if offset in p.acked:
+                continue
+            try:
+                msg = await svc.escape.get_message(ck.topic, ck.broker_name, ck.queue_id, offset)
+                if msg is None:
+                    log.warning(
+                        "revive: %s/%s/%d offset %d not found",
+                        ck.broker_name,
+                        ck.topic,
+                        ck.queue_id,
+                        offset,
+                    )
+                    continue
+                await svc.escape.put_message_to_specific_queue(
+                    retry_topic(ck.group),
+                    msg.body,
+                    self._retry_properties(msg, ck),
+                    kind="pop_retry",
+                    flags=msg.flags,
+                )
+            except HaError as exc:
+                log.info("revive of %s offset %d failed: %s", ck.key, offset, exc)
+                failed.append(offset)
+                continue
+            p.acked.add(offset)
+            self.revived += 1
+        if not failed:
+            log.debug("revived %s", ck.key)
+            return True
+        if ck.reput_times >= len(CK_REWRITE_INTERVALS_S):
+            log.error("revive of %s dropped after %d re-puts", ck.key, ck.reput_times)
+            return True
+        again = Checkpoint(
+            broker_name=ck.broker_name,
+            group=ck.group,
+            topic=ck.topic,
+            queue_id=ck.queue_id,
+            start_offset=ck.start_offset,
+            offsets=tuple(failed),
+            pop_time_ms=ck.pop_time_ms,
+            invisible_ms=ck.invisible_ms,
+            due_ms=now_ms() + CK_REWRITE_INTERVALS_S[ck.reput_times] * 1000,
+            reput_times=ck.reput_times + 1,
+        )
+        try:
+            await self._write_record(again.to_json(), TAG_CK, again.key, "pop_ck")
+        except HaError as exc:
+            log.warning("re-put of CK %s failed: %s", ck.key, exc)
+            return False
+        return True
+
+    @staticmethod
+    def _retry_properties(msg: StoredMessage, ck: Checkpoint) -> dict[str, str]:
+        props = dict(msg.properties)
+        props.pop(PROPERTY_POP_CK, None)
+        if not ck.topic.startswith(RETRY_PREFIX):
+            props[PROPERTY_RETRY_TOPIC] = ck.topic
+        props[PROPERTY_RECONSUME_TIME] = str(int(props.get(PROPERTY_RECONSUME_TIME, "0") or 0) + 1)
+        props.setdefault(
+            PROPERTY_ORIGIN_MESSAGE_ID, make_msg_id(msg.store_host, msg.physical_offset)
+        )
+        return props

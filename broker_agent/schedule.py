@@ -1,0 +1,626 @@
+"""Delayed (level) and timer messages (reference/rip32.md §3.2, §5; DESIGN.md §5).
+
+A send whose properties carry ``DELAY`` (level 1..N of ``delay_levels``) or
+``TIMER_DELIVER_MS`` (absolute ms) is stored not in its topic but in a system
+topic: ``SCHEDULE_TOPIC_XXXX`` queue ``level - 1``, or the timer topic
+``rmq_sys_wheel_timer`` queue 0, with the real topic and queue in
+``REAL_TOPIC`` / ``REAL_QID`` and the due time in ``DUE_MS``.
+
+The schedule service runs only on the master and on the acting slave
+(``BrokerService.special_service_hooks``).  Each level's queue is in due
+order, so one task per level waits for its head; the timer queue is in store
+order, so its task keeps a due-time heap rebuilt from the queue at start.  Due
+messages go through the escape bridge (a local put on a master; local-in-
+container or remote escape on an acting slave) and progress moves only after a
+successful escape:
+
+- delay offsets: level -> next queue offset, with a DataVersion that moves
+  every ``delay_offset_update_version_step`` updates;
+- timer checkpoint: ``master_timer_queue_offset`` (how far the timer queue has
+  been read into the heap) and ``last_read_time_ms`` (every read entry due at
+  or before it has been delivered), with a DataVersion that moves on every
+  change.
+
+Both are persisted (JSON, atomic), served (GET_ALL_DELAY_OFFSET,
+GET_TIMER_CHECK_POINT), forward-synced to slaves while the master is online,
+and reverse-synced by a returning master in pre-online when a slave's version
+is >= its own, so it delivers nothing again (issue #7601 is that bug).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import heapq
+import json
+import logging
+import time
+from collections.abc import Mapping
+from dataclasses import dataclass
+from pathlib import Path
+from typing import TYPE_CHECKING, Final
+
+from broker_agent.escape import EscapeBridge
+from broker_agent.offsets import write_json_atomic
+from ha_controller.config import BrokerConfig
+from ha_controller.dataversion import DataVersion, SteppedVersion
+from ha_controller.proto import broker_pb2, common_pb2
+from ha_controller.protocol.codes import RequestCode
+from ha_controller.protocol.errors import BadRequest, EscapeFailed, HaError
+from ha_controller.protocol.record import StoredMessage
+from ha_controller.rpc import RequestContext
+from ha_controller.wire import data_version_from_pb, data_version_to_pb
+
+if TYPE_CHECKING:
+    from broker_agent.service import BrokerService
+
+log = logging.getLogger(__name__)
+
+SCHEDULE_TOPIC: Final = "SCHEDULE_TOPIC_XXXX"
+TIMER_TOPIC: Final = "rmq_sys_wheel_timer"
+TIMER_QUEUE_ID: Final = 0
+PROPERTY_DELAY: Final = "DELAY"
+PROPERTY_TIMER_DELIVER_MS: Final = "TIMER_DELIVER_MS"
+PROPERTY_REAL_TOPIC: Final = "REAL_TOPIC"
+PROPERTY_REAL_QID: Final = "REAL_QID"
+PROPERTY_DUE_MS: Final = "DUE_MS"
+#: Properties that only mean something while a message waits; dropped on delivery.
+SCHEDULE_PROPERTIES: Final = frozenset(
+    {
+        PROPERTY_DELAY,
+        PROPERTY_TIMER_DELIVER_MS,
+        PROPERTY_REAL_TOPIC,
+        PROPERTY_REAL_QID,
+        PROPERTY_DUE_MS,
+    }
+)
+#: Poll granularity for due items (RocketMQ DELAY_FOR_A_WHILE is 100 ms).
+POLL_S: Final = 0.1
+PERSIST_INTERVAL_S: Final = 1.0
+SYNC_TIMEOUT_MS: Final = 3000
+
+
+def now_ms() -> int:
+    return int(time.time() * 1000)
+
+
+# ---- send side ---------------------------------------------------------------
+
+
+def delayed_target(
+    cfg: BrokerConfig,
+    topic: str,
+    queue_id: int,
+    props: dict[str, str],
+    now: int | None = None,
+) -> tuple[str, int]:
+    """Where a sent message is stored: its own (topic, queue) or, for a delayed
+    one, the schedule/timer queue; ``props`` is rewritten in place for the latter.
+
+    Raises BadRequest for a malformed DELAY / TIMER_DELIVER_MS.
+    """
+    level_text = props.get(PROPERTY_DELAY)
+    deliver_text = props.get(PROPERTY_TIMER_DELIVER_MS)
+    if level_text is None and deliver_text is None:
+        return topic, queue_id
+    now = now_ms() if now is None else now
+    if level_text is not None:
+        try:
+            level = int(level_text)
+        except ValueError:
+            raise BadRequest(f"{PROPERTY_DELAY}={level_text!r} is not a delay level") from None
+        if level <= 0:
+            props.pop(PROPERTY_DELAY)
+            return topic, queue_id
+        level = min(level, cfg.max_delay_level)
+        props[PROPERTY_DELAY] = str(level)
+        due = now + cfg.delay_level_ms(level)
+        target = (SCHEDULE_TOPIC, level - 1)
+    else:
+        assert deliver_text is not None
+        try:
+            deliver = int(deliver_text)
+        except ValueError:
+            raise BadRequest(
+                f"{PROPERTY_TIMER_DELIVER_MS}={deliver_text!r} is not a timestamp"
+            ) from None
+        if deliver <= now:
+            props.pop(PROPERTY_TIMER_DELIVER_MS)  # already due: a normal message
+            return topic, queue_id
+        due = deliver
+        target = (TIMER_TOPIC, TIMER_QUEUE_ID)
+    props[PROPERTY_REAL_TOPIC] = topic
+    props[PROPERTY_REAL_QID] = str(queue_id)
+    props[PROPERTY_DUE_MS] = str(due)
+    return target
+
+
+def due_ms(cfg: BrokerConfig, msg: StoredMessage) -> int:
+    text = msg.properties.get(PROPERTY_DUE_MS)
+    if text is not None:
+        try:
+            return int(text)
+        except ValueError:
+            pass
+    if msg.topic == SCHEDULE_TOPIC:
+        return msg.store_ts_ms + cfg.delay_level_ms(msg.queue_id + 1)
+    return int(msg.properties.get(PROPERTY_TIMER_DELIVER_MS, msg.store_ts_ms))
+
+
+def restored(msg: StoredMessage) -> tuple[str, int | None, dict[str, str]] | None:
+    """(real topic, real queue id, properties without the schedule ones), or None
+    for a message that does not say where it belongs."""
+    topic = msg.properties.get(PROPERTY_REAL_TOPIC)
+    if not topic:
+        return None
+    try:
+        qid: int | None = int(msg.properties.get(PROPERTY_REAL_QID, ""))
+    except ValueError:
+        qid = None
+    props = {k: v for k, v in msg.properties.items() if k not in SCHEDULE_PROPERTIES}
+    return topic, qid, props
+
+
+# ---- metadata tables (plain objects) ---------------------------------------------------
+
+
+class DelayOffsetTable:
+    """level -> next schedule-queue offset to deliver, with a stepped DataVersion."""
+
+    def __init__(self, path: Path | None, version_step: int = 200) -> None:
+        self.path = path
+        self.offsets: dict[int, int] = {}
+        self._version = SteppedVersion(version_step)
+        self._dirty = False
+
+    @property
+    def data_version(self) -> DataVersion:
+        return self._version.version
+
+    def load(self) -> None:
+        if self.path is None:
+            return
+        if not self.path.exists():
+            # Persist the initial version now: a master restarted before its first
+            # update must not invent a newer timestamp than its slaves hold.
+            self._dirty = True
+            self.persist()
+            return
+        data = json.loads(self.path.read_text())
+        self.offsets = {int(k): int(v) for k, v in data["offsets"].items()}
+        self.data_version.assign(DataVersion.from_dict(data["dataVersion"]))
+
+    def persist(self) -> None:
+        if self.path is None or not self._dirty:
+            return
+        self._dirty = False
+        write_json_atomic(
+            self.path,
+            {
+                "offsets": {str(k): v for k, v in sorted(self.offsets.items())},
+                "dataVersion": self.data_version.to_dict(),
+            },
+        )
+
+    def get(self, level: int) -> int:
+        return self.offsets.get(level, 0)
+
+    def update(self, level: int, offset: int) -> None:
+        self.offsets[level] = offset
+        self._version.touch()
+        self._dirty = True
+
+    def bump(self) -> None:
+        """Move the version on (an acting slave taking over: its table is now the truth)."""
+        self.data_version.next_version()
+        self._dirty = True
+
+    def assign(self, offsets: Mapping[int, int], version: DataVersion) -> bool:
+        """Forward sync on a slave: take the master's table and version."""
+        new = dict(offsets)
+        if new == self.offsets and version.key() == self.data_version.key():
+            return False
+        self.offsets = new
+        self.data_version.assign(version)
+        self._dirty = True
+        return True
+
+    def adopt_if_newer(self, offsets: Mapping[int, int], version: DataVersion) -> bool:
+        """Reverse sync in pre-online: adopt a slave's table whose version is >= ours
+        (ties adopt, as RocketMQ does).  Offsets only move forward, so each level
+        keeps the larger of the two: adopting never rolls a level back."""
+        if self.data_version.compare(version) > 0:
+            return False
+        for level, offset in offsets.items():
+            self.offsets[level] = max(offset, self.offsets.get(level, 0))
+        self.data_version.assign(version)
+        self._dirty = True
+        self.persist()
+        return True
+
+
+@dataclass
+class TimerCheckpoint:
+    """How far timer delivery got: entries of the timer queue below
+    ``master_timer_queue_offset`` that are due at or before ``last_read_time_ms``
+    have been delivered."""
+
+    last_read_time_ms: int = 0
+    master_timer_queue_offset: int = 0
+    data_version: DataVersion | None = None
+
+    def __post_init__(self) -> None:
+        if self.data_version is None:
+            self.data_version = DataVersion()
+
+    @property
+    def version(self) -> DataVersion:
+        assert self.data_version is not None
+        return self.data_version
+
+    def to_dict(self) -> dict[str, object]:
+        return {
+            "lastReadTimeMs": self.last_read_time_ms,
+            "masterTimerQueueOffset": self.master_timer_queue_offset,
+            "dataVersion": self.version.to_dict(),
+        }
+
+    @classmethod
+    def from_dict(cls, data: Mapping[str, object]) -> TimerCheckpoint:
+        version = data.get("dataVersion")
+        return cls(
+            int(str(data.get("lastReadTimeMs", 0))),
+            int(str(data.get("masterTimerQueueOffset", 0))),
+            DataVersion.from_dict(version) if isinstance(version, dict) else DataVersion(),
+        )
+
+
+class TimerCheckpointFile:
+    """The timer checkpoint, persisted; its version moves on every change."""
+
+    def __init__(self, path: Path | None) -> None:
+        self.path = path
+        self.cp = TimerCheckpoint()
+        self._dirty = False
+
+    def load(self) -> None:
+        if self.path is None:
+            return
+        if not self.path.exists():
+            self._dirty = True
+            self.persist()
+            return
+        self.cp = TimerCheckpoint.from_dict(json.loads(self.path.read_text()))
+
+    def persist(self) -> None:
+        if self.path is None or not self._dirty:
+            return
+        self._dirty = False
+        write_json_atomic(self.path, self.cp.to_dict())
+
+    def advance(self, last_read_time_ms: int, queue_offset: int) -> bool:
+        if (last_read_time_ms, queue_offset) == (
+            self.cp.last_read_time_ms,
+            self.cp.master_timer_queue_offset,
+        ):
+            return False
+        self.cp.last_read_time_ms = last_read_time_ms
+        self.cp.master_timer_queue_offset = queue_offset
+        self.cp.version.next_version()
+        self._dirty = True
+        return True
+
+    def bump(self) -> None:
+        self.cp.version.next_version()
+        self._dirty = True
+
+    def assign(self, other: TimerCheckpoint) -> bool:
+        if other.to_dict() == self.cp.to_dict():
+            return False
+        self.cp = TimerCheckpoint(
+            other.last_read_time_ms, other.master_timer_queue_offset, other.version.copy()
+        )
+        self._dirty = True
+        return True
+
+    def adopt_if_newer(self, other: TimerCheckpoint) -> bool:
+        if self.cp.version.compare(other.version) > 0:
+            return False
+        self.assign(other)
+        self._dirty = True
+        self.persist()
+        return True
+
+
+class TimerIndex:
+    """The undelivered timer entries read so far, by due time (a heap)."""
+
+    def __init__(self) -> None:
+        self._heap: list[tuple[int, int]] = []  # (due ms, queue offset)
+        self.read_offset = 0
+        self.max_delivered_due = 0
+
+    def __len__(self) -> int:
+        return len(self._heap)
+
+    def add(self, due: int, offset: int) -> None:
+        heapq.heappush(self._heap, (due, offset))
+
+    def peek(self) -> tuple[int, int] | None:
+        return self._heap[0] if self._heap else None
+
+    def pop(self) -> None:
+        due, _ = heapq.heappop(self._heap)
+        self.max_delivered_due = max(self.max_delivered_due, due)
+
+    def checkpoint(self) -> tuple[int, int]:
+        """(last_read_time_ms, master_timer_queue_offset) that holds now: every
+        entry below the offset that is due at or before the time is delivered
+        (the heap holds exactly the undelivered ones)."""
+        head = self.peek()
+        last = self.max_delivered_due if head is None else head[0] - 1
+        return last, self.read_offset
+
+
+# ---- the service -----------------------------------------------------------------
+
+
+class ScheduleService:
+    """Delivers due delayed and timer messages while this broker is master or acting."""
+
+    def __init__(self, service: BrokerService, escape: EscapeBridge) -> None:
+        self.service = service
+        self.cfg = service.cfg
+        self.escape = escape
+        self.delay_offsets = DelayOffsetTable(
+            service.store_dir / "delay_offsets.json", self.cfg.delay_offset_update_version_step
+        )
+        self.delay_offsets.load()
+        self.timer = TimerCheckpointFile(service.store_dir / "timer_checkpoint.json")
+        self.timer.load()
+        self._want_run = asyncio.Event()
+        self._want_stop = asyncio.Event()
+        self.running = False
+        service.special_service_hooks.append(self.set_running)
+        add = service.dispatcher.add
+        add(RequestCode.GET_ALL_DELAY_OFFSET, common_pb2.Empty, self._get_delay_offsets)
+        add(RequestCode.GET_TIMER_CHECK_POINT, common_pb2.Empty, self._get_timer_checkpoint)
+
+    # ---- control ----------------------------------------------------------
+
+    def set_running(self, should_run: bool) -> None:
+        """A special-service hook: start or stop delivering (idempotent)."""
+        if should_run:
+            self._want_stop.clear()
+            self._want_run.set()
+        else:
+            self._want_run.clear()
+            self._want_stop.set()
+
+    async def run(self) -> None:
+        """Owned by the broker's TaskGroup: persists, and runs a delivery session
+        whenever the special services are on."""
+        try:
+            async with asyncio.TaskGroup() as tg:
+                tg.create_task(self._persist_loop(), name="schedule-persist")
+                tg.create_task(self._supervise(), name="schedule-supervisor")
+        finally:
+            self.persist()
+
+    async def _supervise(self) -> None:
+        while True:
+            await self._want_run.wait()
+            if not self.service.acting.is_master:
+                # an acting slave: its tables are the group's truth from now on
+                self.delay_offsets.bump()
+                self.timer.bump()
+            log.info("schedule service started (%s)", self.service.acting.role)
+            self.running = True
+            try:
+                async with asyncio.TaskGroup() as tg:
+                    tasks = [
+                        tg.create_task(self._level_loop(level), name=f"schedule-level-{level}")
+                        for level in range(1, self.cfg.max_delay_level + 1)
+                    ]
+                    tasks.append(tg.create_task(self._timer_loop(), name="schedule-timer"))
+                    await self._want_stop.wait()
+                    for task in tasks:
+                        task.cancel()
+            finally:
+                self.running = False
+                self.persist()
+            log.info("schedule service stopped")
+
+    async def _persist_loop(self) -> None:
+        while True:
+            await asyncio.sleep(PERSIST_INTERVAL_S)
+            await asyncio.to_thread(self.persist)
+
+    def persist(self) -> None:
+        self.delay_offsets.persist()
+        self.timer.persist()
+
+    # ---- delivery -----------------------------------------------------------
+
+    async def _deliver(self, msg: StoredMessage, kind: str) -> bool:
+        """Escape one due message to where it belongs; False to try again later."""
+        target = restored(msg)
+        if target is None:
+            log.warning(
+                "%s message at %s/%d offset %d has no %s: skipped",
+                kind,
+                msg.topic,
+                msg.queue_id,
+                msg.queue_offset,
+                PROPERTY_REAL_TOPIC,
+            )
+            return True
+        topic, qid, props = target
+        try:
+            await self.escape.put_message(
+                topic,
+                msg.body,
+                props,
+                kind=kind,
+                queue_id=qid,
+                flags=msg.flags,
+                born_ts_ms=msg.born_ts_ms,
+            )
+        except EscapeFailed as exc:
+            log.warning("delivering a %s message for %s failed, will retry: %s", kind, topic, exc)
+            return False
+        return True
+
+    async def _level_loop(self, level: int) -> None:
+        store = self.service.store
+        queue_id = level - 1
+        while True:
+            offset = self.delay_offsets.get(level)
+            low = store.min_offset(SCHEDULE_TOPIC, queue_id)
+            if offset < low:
+                log.warning("delay level %d: offset %d below queue min %d", level, offset, low)
+                self.delay_offsets.update(level, low)
+                continue
+            if offset >= store.max_offset(SCHEDULE_TOPIC, queue_id):
+                await asyncio.sleep(POLL_S)
+                continue
+            msg = store.get_message_at(SCHEDULE_TOPIC, queue_id, offset)
+            if msg is None:
+                log.warning("delay level %d: unreadable entry at %d skipped", level, offset)
+                self.delay_offsets.update(level, offset + 1)
+                continue
+            wait_ms = due_ms(self.cfg, msg) - now_ms()
+            if wait_ms > 0:
+                await asyncio.sleep(min(wait_ms / 1000, POLL_S))
+                continue
+            if await self._deliver(msg, "delay"):
+                self.delay_offsets.update(level, offset + 1)
+            else:
+                await asyncio.sleep(POLL_S)
+
+    def _read_timer_queue(self, index: TimerIndex) -> None:
+        store = self.service.store
+        cp = self.timer.cp
+        top = store.max_offset(TIMER_TOPIC, TIMER_QUEUE_ID)
+        while index.read_offset < top:
+            offset = index.read_offset
+            msg = store.get_message_at(TIMER_TOPIC, TIMER_QUEUE_ID, offset)
+            index.read_offset += 1
+            if msg is None:
+                continue
+            due = due_ms(self.cfg, msg)
+            if offset < cp.master_timer_queue_offset and due <= cp.last_read_time_ms:
+                continue  # delivered before the checkpoint was taken
+            index.add(due, offset)
+
+    async def _timer_loop(self) -> None:
+        store = self.service.store
+        index = TimerIndex()
+        index.read_offset = store.min_offset(TIMER_TOPIC, TIMER_QUEUE_ID)
+        index.max_delivered_due = self.timer.cp.last_read_time_ms
+        while True:
+            self._read_timer_queue(index)
+            head = index.peek()
+            now = now_ms()
+            if head is None or head[0] > now:
+                self._checkpoint(index)
+                wait = POLL_S if head is None else min((head[0] - now) / 1000, POLL_S)
+                await asyncio.sleep(wait)
+                continue
+            offset = head[1]
+            msg = store.get_message_at(TIMER_TOPIC, TIMER_QUEUE_ID, offset)
+            if msg is None or await self._deliver(msg, "timer"):
+                index.pop()
+                self._checkpoint(index)
+            else:
+                await asyncio.sleep(POLL_S)
+
+    def _checkpoint(self, index: TimerIndex) -> None:
+        last, offset = index.checkpoint()
+        self.timer.advance(last, offset)
+
+    # ---- metadata RPCs and sync ------------------------------------------------
+
+    def delay_table_pb(self) -> broker_pb2.DelayOffsetTable:
+        return broker_pb2.DelayOffsetTable(
+            offsets=self.delay_offsets.offsets,
+            data_version=data_version_to_pb(self.delay_offsets.data_version),
+        )
+
+    def timer_checkpoint_pb(self) -> broker_pb2.TimerCheckpoint:
+        cp = self.timer.cp
+        return broker_pb2.TimerCheckpoint(
+            last_read_time_ms=cp.last_read_time_ms,
+            master_timer_queue_offset=cp.master_timer_queue_offset,
+            data_version=data_version_to_pb(cp.version),
+        )
+
+    async def _get_delay_offsets(
+        self, ctx: RequestContext, req: common_pb2.Empty
+    ) -> broker_pb2.DelayOffsetTable:
+        return self.delay_table_pb()
+
+    async def _get_timer_checkpoint(
+        self, ctx: RequestContext, req: common_pb2.Empty
+    ) -> broker_pb2.TimerCheckpoint:
+        return self.timer_checkpoint_pb()
+
+    async def _fetch(
+        self, addr: str
+    ) -> tuple[broker_pb2.DelayOffsetTable, broker_pb2.TimerCheckpoint]:
+        pool = self.service.pool
+        delay = await pool.call_pb(
+            addr,
+            RequestCode.GET_ALL_DELAY_OFFSET,
+            common_pb2.Empty(),
+            broker_pb2.DelayOffsetTable,
+            timeout_ms=SYNC_TIMEOUT_MS,
+        )
+        timer = await pool.call_pb(
+            addr,
+            RequestCode.GET_TIMER_CHECK_POINT,
+            common_pb2.Empty(),
+            broker_pb2.TimerCheckpoint,
+            timeout_ms=SYNC_TIMEOUT_MS,
+        )
+        return delay, timer
+
+    @staticmethod
+    def _timer_from_pb(pb: broker_pb2.TimerCheckpoint) -> TimerCheckpoint:
+        return TimerCheckpoint(
+            pb.last_read_time_ms,
+            pb.master_timer_queue_offset,
+            data_version_from_pb(pb.data_version),
+        )
+
+    async def sync_from_master(self, master_addr: str) -> None:
+        """Forward sync on a slave (never while this broker delivers: #7601)."""
+        try:
+            delay, timer = await self._fetch(master_addr)
+        except HaError as exc:
+            log.debug("delay offset / timer checkpoint sync from %s failed: %s", master_addr, exc)
+            return
+        if self.running:
+            return
+        self.delay_offsets.assign(dict(delay.offsets), data_version_from_pb(delay.data_version))
+        self.timer.assign(self._timer_from_pb(timer))
+
+    async def adopt_from_slave(self, slave_id: int, slave_addr: str) -> None:
+        """Pre-online reverse sync: raises HaError when the slave cannot be asked."""
+        delay, timer = await self._fetch(slave_addr)
+        adopted = self.delay_offsets.adopt_if_newer(
+            dict(delay.offsets), data_version_from_pb(delay.data_version)
+        )
+        log.info(
+            "pre-online: delay offsets of slave %d %s: %s",
+            slave_id,
+            "adopted" if adopted else "older, kept ours",
+            dict(delay.offsets),
+        )
+        adopted = self.timer.adopt_if_newer(self._timer_from_pb(timer))
+        log.info(
+            "pre-online: timer checkpoint of slave %d %s (offset %d, last read %d)",
+            slave_id,
+            "adopted" if adopted else "older, kept ours",
+            timer.master_timer_queue_offset,
+            timer.last_read_time_ms,
+        )

@@ -1,0 +1,715 @@
+"""Transaction messages: half and op messages, END_TRANSACTION and the check service.
+
+A send whose properties carry ``TRAN_MSG=true`` is stored as a *half message* in
+``RMQ_SYS_TRANS_HALF_TOPIC`` (queue 0) with ``REAL_TOPIC`` / ``REAL_QID``; consumers
+never see it.  END_TRANSACTION (37) commits it (the real message is written to its
+topic) or rolls it back; either way an *op message* in ``RMQ_SYS_TRANS_OP_HALF_TOPIC``
+records the half queue offset it resolved.  The check service (master, or the acting
+slave) reads the op queue, then walks the half queue from ``half_offset``:
+
+- on a master, an unresolved half message older than ``transaction_timeout_ms`` is
+  checked: CHECK_TRANSACTION_STATE (39) goes one-way to the producer group on the
+  producer's own connection (HEART_BEAT or the send remembers it), and the producer
+  answers with END_TRANSACTION; after ``transaction_check_max`` checks it is discarded;
+- on an acting slave (reference/rip32.md §3.4), every unresolved half message is
+  *escaped*: converted back to a prepared message (same UNIQ_KEY, i.e. transaction
+  id) and put to a live master (local in a container, else remote), which checks it.
+
+The slave cannot write op messages (its store only replicates), so the progress —
+``half_offset``, ``op_offset`` and the offsets resolved or escaped while acting — is a
+small table with a DataVersion (``transaction_offsets.json``), served on
+GET_TRANSACTION_OFFSETS, forward-synced to slaves and adopted by a returning master in
+pre-online, so that it does not check (and the producer commit) again what its
+acting slave already handed on.
+
+Beyond RocketMQ, whose EndTransactionProcessor refuses a SLAVE, an END_TRANSACTION
+received by the acting slave is honoured, as the RIP-32 text promises: a commit is
+forwarded through the escape bridge as the real message, a rollback is recorded.
+Half messages are not rewritten on each check (RocketMQ re-puts them to count the
+checks); check counts live in memory, and resolutions are keyed by offset *and*
+transaction id, so a duplicate half (a retried send) is not committed twice.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import json
+import logging
+import time
+from collections import OrderedDict
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import TYPE_CHECKING, Any, Final
+
+from broker_agent.offsets import write_json_atomic
+from broker_agent.store.message_store import GetMessageStatus, PutResult
+from ha_controller.dataversion import DataVersion
+from ha_controller.proto import broker_pb2, common_pb2
+from ha_controller.protocol.codes import RequestCode
+from ha_controller.protocol.errors import (
+    BadRequest,
+    BrokerIsolated,
+    ConnectionClosed,
+    HaError,
+    NotMaster,
+    UnknownMethod,
+)
+from ha_controller.protocol.record import StoredMessage, make_msg_id, tag_hash
+from ha_controller.rpc import RequestContext, RpcConnection
+from ha_controller.wire import data_version_from_pb, data_version_to_pb
+
+if TYPE_CHECKING:
+    from broker_agent.service import BrokerService
+
+__all__ = [
+    "HALF_TOPIC",
+    "OP_TOPIC",
+    "HalfProgress",
+    "TransactionService",
+    "half_to_prepared",
+    "half_to_real",
+    "put_local",
+]
+
+log = logging.getLogger(__name__)
+
+HALF_TOPIC: Final = "RMQ_SYS_TRANS_HALF_TOPIC"
+OP_TOPIC: Final = "RMQ_SYS_TRANS_OP_HALF_TOPIC"
+HALF_QUEUE: Final = 0
+OP_REMOVE_TAG: Final = "d"
+
+PROPERTY_TRAN_MSG: Final = "TRAN_MSG"
+PROPERTY_REAL_TOPIC: Final = "REAL_TOPIC"
+PROPERTY_REAL_QID: Final = "REAL_QID"
+PROPERTY_PRODUCER_GROUP: Final = "PGROUP"
+PROPERTY_UNIQ_KEY: Final = "UNIQ_KEY"
+PROPERTY_PREPARED_QUEUE_OFFSET: Final = "TRAN_PREPARED_QUEUE_OFFSET"
+PROPERTY_OP_TRANSACTION_ID: Final = "TRAN_ID"
+PROPERTY_OP_RESULT: Final = "TRAN_RESULT"
+
+#: Read statuses after which the scan moves on to ``next_begin_offset``.
+SKIPPABLE: Final = frozenset(
+    {GetMessageStatus.OFFSET_TOO_SMALL, GetMessageStatus.OFFSET_FOUND_NULL}
+)
+#: How many resolved transaction ids are remembered (oldest forgotten first).
+MAX_RESOLVED_IDS: Final = 100_000
+#: Half messages looked at per check pass (the rest wait for the next pass).
+MAX_SCAN_PER_PASS: Final = 2000
+#: Slaves forward-sync the master's progress this often.
+FORWARD_SYNC_INTERVAL_S: Final = 2.0
+#: A producer connection not seen (heartbeat or send) for this long is forgotten.
+PRODUCER_EXPIRY_S: Final = 120.0
+
+
+# --- pure helpers ---------------------------------------------------------------
+
+
+def is_half_send(properties: dict[str, str]) -> bool:
+    return properties.get(PROPERTY_TRAN_MSG, "").lower() == "true"
+
+
+def half_to_real(msg: StoredMessage, half_offset: int) -> tuple[str, int, dict[str, str]]:
+    """The committed message of a half message: (real topic, real queue, properties)."""
+    props = dict(msg.properties)
+    topic = props.pop(PROPERTY_REAL_TOPIC, "")
+    qid = int(props.pop(PROPERTY_REAL_QID, "0") or 0)
+    props.pop(PROPERTY_TRAN_MSG, None)
+    props[PROPERTY_PREPARED_QUEUE_OFFSET] = str(half_offset)
+    if not topic:
+        raise BadRequest(f"half message at {half_offset} has no {PROPERTY_REAL_TOPIC}")
+    return topic, qid, props
+
+
+def half_to_prepared(msg: StoredMessage) -> tuple[str, int, dict[str, str]]:
+    """A half message turned back into the prepared message the producer sent
+    (RocketMQ ``buildTransactionalMessageFromHalfMessage``): real topic and queue,
+    ``TRAN_MSG=true``, same UNIQ_KEY (the transaction id)."""
+    props = dict(msg.properties)
+    topic = props.pop(PROPERTY_REAL_TOPIC, "")
+    qid = int(props.pop(PROPERTY_REAL_QID, "0") or 0)
+    props.pop(PROPERTY_PREPARED_QUEUE_OFFSET, None)
+    props[PROPERTY_TRAN_MSG] = "true"
+    if not topic:
+        raise BadRequest(f"half message at {msg.queue_offset} has no {PROPERTY_REAL_TOPIC}")
+    return topic, qid, props
+
+
+def put_local(
+    svc: BrokerService,
+    topic: str,
+    queue_id: int,
+    body: bytes,
+    properties: dict[str, str],
+    *,
+    flags: int = 0,
+    born_ts_ms: int | None = None,
+) -> PutResult:
+    """Append to this (master) broker's own store, wake held pulls and replication."""
+    if not svc.acting.is_master:
+        raise NotMaster(f"{svc.cfg.broker_name}/{svc.cfg.broker_id} cannot write its own store")
+    result = svc.store.put(
+        topic,
+        queue_id,
+        body,
+        properties,
+        flags=flags,
+        born_ts_ms=born_ts_ms,
+        born_host=svc.addr,
+        store_host=svc.addr,
+    )
+    svc.holds.notify(topic, queue_id, result.queue_offset + 1, tag_hash(properties.get("TAGS")))
+    if svc.ha_master is not None:
+        svc.ha_master.data_appended()
+    return result
+
+
+# --- progress (a plain object) -------------------------------------------------
+
+
+@dataclass
+class HalfProgress:
+    """How far the check service got over the half and op queues.
+
+    Every half offset below ``half_offset`` is resolved, escaped or discarded;
+    ``resolved`` holds those at or above it; ``resolved_ids`` the transaction ids
+    whose resolution is known (bounded, oldest forgotten first).
+    """
+
+    half_offset: int = 0
+    op_offset: int = 0
+    resolved: set[int] = field(default_factory=set)
+    resolved_ids: OrderedDict[str, None] = field(default_factory=OrderedDict)
+    version: DataVersion = field(default_factory=DataVersion)
+
+    def is_resolved(self, offset: int, transaction_id: str | None = None) -> bool:
+        if offset < self.half_offset or offset in self.resolved:
+            return True
+        return bool(transaction_id) and transaction_id in self.resolved_ids
+
+    def resolve(self, offset: int, transaction_id: str | None = None) -> bool:
+        """Record a resolution; True when it is new."""
+        new = not self.is_resolved(offset, None)
+        if offset >= self.half_offset:
+            self.resolved.add(offset)
+        if transaction_id:
+            self.resolved_ids[transaction_id] = None
+            self.resolved_ids.move_to_end(transaction_id)
+            while len(self.resolved_ids) > MAX_RESOLVED_IDS:
+                self.resolved_ids.popitem(last=False)
+        return new
+
+    def advance(self) -> bool:
+        """Move ``half_offset`` over the resolved prefix; True when it moved."""
+        start = self.half_offset
+        while self.half_offset in self.resolved:
+            self.resolved.discard(self.half_offset)
+            self.half_offset += 1
+        return self.half_offset != start
+
+    def adopt_if_newer(self, other: HalfProgress) -> bool:
+        """Pre-online: take a slave's progress whose version is >= ours (ties adopt)."""
+        if self.version.compare(other.version) > 0:
+            return False
+        self.half_offset = max(self.half_offset, other.half_offset)
+        self.op_offset = max(self.op_offset, other.op_offset)
+        self.resolved = {o for o in self.resolved | other.resolved if o >= self.half_offset}
+        for tid in other.resolved_ids:
+            self.resolved_ids[tid] = None
+        self.version.assign(other.version)
+        self.advance()
+        return True
+
+    def assign(self, other: HalfProgress) -> None:
+        """Forward sync on a slave: take the master's progress as it is."""
+        self.half_offset = other.half_offset
+        self.op_offset = other.op_offset
+        self.resolved = set(other.resolved)
+        self.resolved_ids = OrderedDict(other.resolved_ids)
+        self.version.assign(other.version)
+
+    def to_pb(self) -> broker_pb2.TransactionOffsets:
+        return broker_pb2.TransactionOffsets(
+            half_offset=self.half_offset,
+            op_offset=self.op_offset,
+            resolved=sorted(self.resolved),
+            resolved_transaction_ids=list(self.resolved_ids),
+            data_version=data_version_to_pb(self.version),
+        )
+
+    @classmethod
+    def from_pb(cls, pb: broker_pb2.TransactionOffsets) -> HalfProgress:
+        return cls(
+            half_offset=pb.half_offset,
+            op_offset=pb.op_offset,
+            resolved=set(pb.resolved),
+            resolved_ids=OrderedDict.fromkeys(pb.resolved_transaction_ids),
+            version=data_version_from_pb(pb.data_version),
+        )
+
+    def to_dict(self) -> dict[str, Any]:
+        return {
+            "halfOffset": self.half_offset,
+            "opOffset": self.op_offset,
+            "resolved": sorted(self.resolved),
+            "resolvedTransactionIds": list(self.resolved_ids),
+            "dataVersion": self.version.to_dict(),
+        }
+
+    @classmethod
+    def from_dict(cls, data: dict[str, Any]) -> HalfProgress:
+        return cls(
+            half_offset=int(data.get("halfOffset", 0)),
+            op_offset=int(data.get("opOffset", 0)),
+            resolved={int(o) for o in data.get("resolved", [])},
+            resolved_ids=OrderedDict.fromkeys(
+                str(t) for t in data.get("resolvedTransactionIds", [])
+            ),
+            version=DataVersion.from_dict(data.get("dataVersion", {})),
+        )
+
+
+# --- the service ----------------------------------------------------------------
+
+
+class TransactionService:
+    """Half/op messages, END_TRANSACTION, GET_TRANSACTION_OFFSETS and the check loop."""
+
+    def __init__(self, svc: BrokerService) -> None:
+        self._svc = svc
+        self.path: Path = svc.store_dir / "transaction_offsets.json"
+        self.progress = self._load()
+        self._dirty = False
+        self._active = False  # the service turns special services on (master online, acting)
+        self._wake = asyncio.Event()
+        self._checks: dict[int, int] = {}  # half offset -> checks sent (in memory)
+        self._escape_failures: dict[int, int] = {}
+        self._inflight: set[int] = set()
+        # half offset -> (group it was escaped to, its half offset there), while acting
+        self._escaped_to: dict[int, tuple[str, int]] = {}
+        self._producers: dict[str, dict[RpcConnection, float]] = {}
+        self.escaped = 0
+        self.checked = 0
+        svc.dispatcher.add(
+            RequestCode.END_TRANSACTION, broker_pb2.EndTransactionRequest, self._end_transaction
+        )
+        svc.dispatcher.add(RequestCode.GET_TRANSACTION_OFFSETS, common_pb2.Empty, self._get_offsets)
+        svc.special_service_hooks.append(self.set_active)
+
+    # ---- persistence -------------------------------------------------------
+
+    def _load(self) -> HalfProgress:
+        if not self.path.exists():
+            return HalfProgress()
+        return HalfProgress.from_dict(json.loads(self.path.read_text()))
+
+    def persist(self) -> None:
+        if self._dirty:
+            self._dirty = False
+            write_json_atomic(self.path, self.progress.to_dict())
+
+    def _changed(self) -> None:
+        self.progress.version.next_version()
+        self._dirty = True
+
+    # ---- wiring called by the service ----------------------------------------
+
+    def set_active(self, active: bool) -> None:
+        """Special-service hook: checking runs on the master and on an acting slave."""
+        if active != self._active:
+            log.info("transaction check service %s", "started" if active else "stopped")
+        self._active = active
+        self._checks.clear()
+        self._escape_failures.clear()
+        self._escaped_to.clear()
+        self._wake.set()
+
+    def store_target(
+        self, topic: str, queue_id: int, properties: dict[str, str]
+    ) -> tuple[str, int]:
+        """Where SEND_MESSAGE stores an entry: a prepared message goes to the half
+        topic with its real topic and queue in properties (which are updated)."""
+        if not is_half_send(properties):
+            return topic, queue_id
+        properties[PROPERTY_REAL_TOPIC] = topic
+        properties[PROPERTY_REAL_QID] = str(queue_id)
+        return HALF_TOPIC, HALF_QUEUE
+
+    def producer_seen(self, conn: RpcConnection, groups: list[str]) -> None:
+        """HEART_BEAT (or a half send) on ``conn`` for producer ``groups``."""
+        now = time.monotonic()
+        for group in groups:
+            if group:
+                self._producers.setdefault(group, {})[conn] = now
+
+    def connection_closed(self, conn: RpcConnection) -> None:
+        for conns in self._producers.values():
+            conns.pop(conn, None)
+
+    def _producer_conns(self, group: str) -> list[RpcConnection]:
+        now = time.monotonic()
+        conns = self._producers.get(group, {})
+        for conn in [c for c, t in conns.items() if c.closed or now - t > PRODUCER_EXPIRY_S]:
+            del conns[conn]
+        return sorted(conns, key=lambda c: conns[c], reverse=True)
+
+    # ---- handlers --------------------------------------------------------------
+
+    def _check_serving(self, what: str) -> None:
+        svc = self._svc
+        if svc.isolated:
+            raise BrokerIsolated(f"{svc.cfg.broker_name}/{svc.cfg.broker_id} is in pre-online")
+        if not svc.acting.serves_master_only_ops:
+            raise NotMaster(
+                f"{what}: {svc.cfg.broker_name}/{svc.cfg.broker_id} is a slave and not acting"
+            )
+
+    async def _end_transaction(
+        self, ctx: RequestContext, req: broker_pb2.EndTransactionRequest
+    ) -> common_pb2.Empty:
+        self._check_serving("END_TRANSACTION")
+        offset = req.half_queue_offset
+        msg = self._svc.store.get_message_at(HALF_TOPIC, HALF_QUEUE, offset)
+        if msg is None:
+            raise BadRequest(f"no half message at offset {offset}")
+        if req.transaction_id and msg.uniq_key != req.transaction_id:
+            raise BadRequest(
+                f"half message at {offset} is transaction {msg.uniq_key}, not {req.transaction_id}"
+            )
+        tid = msg.uniq_key
+        escaped = self._escaped_to.get(offset)
+        if escaped is not None:
+            # we handed this half message on: the decision goes where it lives now
+            await self._forward_end(msg, escaped, req)
+            return common_pb2.Empty()
+        if self.progress.is_resolved(offset, tid) or offset in self._inflight:
+            log.info("END_TRANSACTION for %s (half %d) already resolved: ignored", tid, offset)
+            return common_pb2.Empty()
+        self._inflight.add(offset)
+        try:
+            if req.commit:
+                await self._deliver(msg, offset)
+            await self._record(msg, offset, "commit" if req.commit else "rollback")
+        finally:
+            self._inflight.discard(offset)
+        log.info(
+            "transaction %s (half %d) %s%s",
+            tid,
+            offset,
+            "committed" if req.commit else "rolled back",
+            " after a check" if req.from_check else "",
+        )
+        return common_pb2.Empty()
+
+    async def _forward_end(
+        self, msg: StoredMessage, escaped: tuple[str, int], req: broker_pb2.EndTransactionRequest
+    ) -> None:
+        group, remote_offset = escaped
+        svc = self._svc
+        topic = msg.properties.get(PROPERTY_REAL_TOPIC, msg.topic)
+        forward = broker_pb2.EndTransactionRequest()
+        forward.CopyFrom(req)
+        forward.broker_name = group
+        forward.half_queue_offset = remote_offset
+        addrs = await svc.escape.routes.group_addrs(topic, group)
+        addr = addrs.get(0)
+        if addr is None:
+            raise NotMaster(f"transaction {msg.uniq_key} was escaped to {group}, which has no id 0")
+        await svc.pool.call_pb(
+            addr, RequestCode.END_TRANSACTION, forward, common_pb2.Empty, timeout_ms=3000
+        )
+        log.info(
+            "END_TRANSACTION for %s forwarded to %s (half %d there)",
+            msg.uniq_key,
+            group,
+            remote_offset,
+        )
+
+    async def _get_offsets(
+        self, ctx: RequestContext, req: common_pb2.Empty
+    ) -> broker_pb2.TransactionOffsets:
+        return self.progress.to_pb()
+
+    # ---- resolution ------------------------------------------------------------
+
+    async def _deliver(self, msg: StoredMessage, offset: int) -> None:
+        """Write the committed (real) message: locally on a master, else by escape."""
+        topic, qid, props = half_to_real(msg, offset)
+        svc = self._svc
+        if svc.acting.is_master:
+            put_local(svc, topic, qid, msg.body, props, flags=msg.flags, born_ts_ms=msg.born_ts_ms)
+            return
+        result = await svc.escape.put_message(
+            topic, msg.body, props, kind="transaction", flags=msg.flags, born_ts_ms=msg.born_ts_ms
+        )
+        log.info("committed transaction %s escaped to %s", msg.uniq_key, result.target)
+
+    async def _record(self, msg: StoredMessage, offset: int, result: str) -> None:
+        """Record a resolution: an op message on a master, the progress table always."""
+        tid = msg.uniq_key
+        if self._svc.acting.is_master:
+            props = {"TAGS": OP_REMOVE_TAG, PROPERTY_OP_RESULT: result}
+            if tid:
+                props[PROPERTY_OP_TRANSACTION_ID] = tid
+            put_local(self._svc, OP_TOPIC, HALF_QUEUE, str(offset).encode(), props)
+        self.progress.resolve(offset, tid)
+        self.progress.advance()
+        self._checks.pop(offset, None)
+        self._changed()
+
+    # ---- the check loop ----------------------------------------------------------
+
+    async def run(self) -> None:
+        """Forever: check (or escape) while active; forward-sync while a plain slave."""
+        svc = self._svc
+        interval_s = svc.cfg.transaction_check_interval_ms / 1000
+        last_check = 0.0
+        last_sync = 0.0
+        try:
+            while True:
+                tick = min(interval_s, FORWARD_SYNC_INTERVAL_S)
+                with contextlib.suppress(TimeoutError):
+                    async with asyncio.timeout(tick):
+                        await self._wake.wait()
+                self._wake.clear()
+                now = time.monotonic()
+                if svc.isolated:
+                    continue
+                try:
+                    if self._active and svc.acting.serves_master_only_ops:
+                        if now - last_check >= interval_s or not svc.acting.is_master:
+                            last_check = now
+                            await self.check_once()
+                    elif not svc.acting.is_master and now - last_sync >= FORWARD_SYNC_INTERVAL_S:
+                        last_sync = now
+                        await self._forward_sync()
+                except HaError as exc:
+                    log.warning("transaction check pass failed: %s", exc)
+                await asyncio.to_thread(self.persist)
+        finally:
+            with contextlib.suppress(OSError):
+                self.persist()
+
+    async def _forward_sync(self) -> None:
+        master = self._svc.acting.master_addr
+        if self._svc.acting.acting or not self._svc.acting.master_online or master is None:
+            return
+        try:
+            pb = await self._svc.pool.call_pb(
+                master,
+                RequestCode.GET_TRANSACTION_OFFSETS,
+                common_pb2.Empty(),
+                broker_pb2.TransactionOffsets,
+                timeout_ms=3000,
+            )
+        except HaError as exc:
+            log.debug("transaction offsets from master %s: %s", master, exc)
+            return
+        theirs = HalfProgress.from_pb(pb)
+        if theirs.version.compare(self.progress.version) != 0:
+            self.progress.assign(theirs)
+            self._dirty = True
+
+    async def sync_from_slave(self, slave_id: int, slave_addr: str) -> None:
+        """Pre-online: adopt the slave's progress when its version is >= ours."""
+        try:
+            pb = await self._svc.pool.call_pb(
+                slave_addr,
+                RequestCode.GET_TRANSACTION_OFFSETS,
+                common_pb2.Empty(),
+                broker_pb2.TransactionOffsets,
+                timeout_ms=3000,
+            )
+        except UnknownMethod:
+            log.info("pre-online: slave %d keeps no transaction offsets", slave_id)
+            return
+        theirs = HalfProgress.from_pb(pb)
+        adopted = self.progress.adopt_if_newer(theirs)
+        if adopted:
+            self._dirty = True
+            self.persist()
+        log.info(
+            "pre-online: transaction offsets of slave %d %s (half %d op %d, ours now half %d)",
+            slave_id,
+            "adopted" if adopted else "older, kept ours",
+            theirs.half_offset,
+            theirs.op_offset,
+            self.progress.half_offset,
+        )
+
+    def _read_ops(self) -> bool:
+        store = self._svc.store
+        progress = self.progress
+        moved = False
+        while True:
+            got = store.get_messages(OP_TOPIC, HALF_QUEUE, progress.op_offset, 256)
+            if not got.messages:
+                if got.next_begin_offset > progress.op_offset and got.status in SKIPPABLE:
+                    progress.op_offset = got.next_begin_offset
+                    moved = True
+                    continue
+                return moved
+            for op in got.messages:
+                try:
+                    half = int(op.body.decode())
+                except ValueError:
+                    log.warning("op message at %d has a bad body", op.queue_offset)
+                    continue
+                progress.resolve(half, op.properties.get(PROPERTY_OP_TRANSACTION_ID))
+                self._checks.pop(half, None)
+            progress.op_offset = got.next_begin_offset
+            moved = True
+
+    async def check_once(self) -> None:
+        """One pass over the op and half queues (check on a master, escape when acting)."""
+        svc = self._svc
+        progress = self.progress
+        changed = self._read_ops()
+        acting_slave = not svc.acting.is_master
+        now_ms = int(time.time() * 1000)
+        timeout_ms = svc.cfg.transaction_timeout_ms
+        offset = progress.half_offset
+        scanned = 0
+        while scanned < MAX_SCAN_PER_PASS:
+            got = svc.store.get_messages(HALF_TOPIC, HALF_QUEUE, offset, 64)
+            if not got.messages:
+                if got.status in SKIPPABLE and got.next_begin_offset > offset:
+                    for o in range(offset, got.next_begin_offset):
+                        progress.resolve(o)
+                    offset = got.next_begin_offset
+                    changed = True
+                    continue
+                break
+            stop = False
+            for msg in got.messages:
+                scanned += 1
+                o = msg.queue_offset
+                offset = o + 1
+                if progress.is_resolved(o, msg.uniq_key) or o in self._inflight:
+                    changed |= progress.resolve(o)
+                    continue
+                if acting_slave:
+                    if not await self._escape(msg):
+                        stop = True
+                        break
+                    changed = True
+                    continue
+                if now_ms - msg.born_ts_ms < timeout_ms:
+                    stop = True  # the rest are younger still
+                    break
+                checks = self._checks.get(o, 0)
+                if checks >= svc.cfg.transaction_check_max:
+                    log.warning(
+                        "transaction %s (half %d) discarded after %d checks",
+                        msg.uniq_key,
+                        o,
+                        checks,
+                    )
+                    await self._record(msg, o, "discard")
+                    continue
+                if self._send_check(msg, o):
+                    self._checks[o] = checks + 1
+            if stop:
+                break
+        changed |= progress.advance()
+        if changed:
+            self._changed()
+
+    def _send_check(self, msg: StoredMessage, offset: int) -> bool:
+        svc = self._svc
+        group = msg.properties.get(PROPERTY_PRODUCER_GROUP, "")
+        topic = msg.properties.get(PROPERTY_REAL_TOPIC, msg.topic)
+        request = broker_pb2.CheckTransactionStateRequest(
+            message=broker_pb2.Message(
+                topic=topic,
+                body=msg.body,
+                properties=msg.properties,
+                queue_id=int(msg.properties.get(PROPERTY_REAL_QID, "0") or 0),
+                queue_offset=offset,
+                commit_log_offset=msg.physical_offset,
+                msg_id=make_msg_id(msg.store_host, msg.physical_offset),
+                born_ts_ms=msg.born_ts_ms,
+                born_host=msg.born_host,
+                store_ts_ms=msg.store_ts_ms,
+                store_host=msg.store_host,
+                broker_name=svc.cfg.broker_name,
+                flag=msg.flags,
+            ),
+            transaction_id=msg.uniq_key or "",
+            commit_log_offset=msg.physical_offset,
+            broker_name=svc.cfg.broker_name,
+            broker_addr=svc.addr,
+        ).SerializeToString()
+        for conn in self._producer_conns(group):
+            try:
+                conn.oneway(RequestCode.CHECK_TRANSACTION_STATE, request)
+            except ConnectionClosed:
+                continue
+            self.checked += 1
+            log.debug("checking transaction %s (half %d) with %s", msg.uniq_key, offset, conn.peer)
+            return True
+        log.info("no live producer of group %r to check transaction %s", group, msg.uniq_key)
+        return False
+
+    async def _escape(self, msg: StoredMessage) -> bool:
+        """Acting slave: hand an unresolved half message to a live master."""
+        svc = self._svc
+        o = msg.queue_offset
+        topic, qid, props = half_to_prepared(msg)
+        try:
+            local = svc.escape.local_master()
+            if local is not None:
+                put = local.transactions.accept_escaped(topic, qid, msg, props)
+                target = local.cfg.broker_name
+                remote_offset = put.queue_offset
+            else:
+                result = await svc.escape.put_message(
+                    topic,
+                    msg.body,
+                    props,
+                    kind="transaction_half",
+                    flags=msg.flags,
+                    born_ts_ms=msg.born_ts_ms,
+                )
+                target = result.target
+                remote_offset = result.queue_offset
+        except HaError as exc:
+            failures = self._escape_failures.get(o, 0) + 1
+            self._escape_failures[o] = failures
+            if failures >= svc.cfg.escape_max_attempts:
+                log.error(
+                    "half message %d (%s) skipped after %d failed escapes: %s",
+                    o,
+                    msg.uniq_key,
+                    failures,
+                    exc,
+                )
+                self._escape_failures.pop(o, None)
+                self.progress.resolve(o)
+                return True
+            log.warning("escaping half message %d failed (%d): %s", o, failures, exc)
+            return False
+        self._escape_failures.pop(o, None)
+        self._escaped_to[o] = (target, remote_offset)
+        self.progress.resolve(o)
+        self.escaped += 1
+        log.info("half message %d (transaction %s) escaped to %s", o, msg.uniq_key, target)
+        return True
+
+    def accept_escaped(
+        self, topic: str, queue_id: int, msg: StoredMessage, properties: dict[str, str]
+    ) -> PutResult:
+        """Local escape (same process): store a slave's prepared message as our half."""
+        config = self._svc.topics.get(topic)
+        qid = queue_id % config.write_queue_nums if config is not None else 0
+        props = dict(properties)
+        target_topic, target_qid = self.store_target(topic, qid, props)
+        return put_local(
+            self._svc,
+            target_topic,
+            target_qid,
+            msg.body,
+            props,
+            flags=msg.flags,
+            born_ts_ms=msg.born_ts_ms,
+        )

@@ -1,0 +1,48 @@
+"""Helpers shared by the special-message (transaction, POP) integration tests."""
+
+from __future__ import annotations
+
+from collections.abc import Iterable
+
+from ha_controller.client.admin import NameserverClient
+from ha_controller.proto import broker_pb2, common_pb2
+from ha_controller.protocol.codes import RequestCode
+from ha_controller.rpc import ConnectionPool
+from ha_controller.testing import eventually
+
+
+async def create_topic_on(addr: str, topic: str, queues: int = 2) -> None:
+    async with ConnectionPool() as pool:
+        await pool.call_pb(
+            addr,
+            RequestCode.UPDATE_AND_CREATE_TOPIC,
+            broker_pb2.CreateTopicRequest(
+                topic=common_pb2.TopicConfig(
+                    topic_name=topic, read_queue_nums=queues, write_queue_nums=queues, perm=6
+                )
+            ),
+            common_pb2.Empty,
+        )
+
+
+async def masters_online(namesrv: str, groups: Iterable[str]) -> None:
+    wanted = set(groups)
+
+    async def ok() -> bool:
+        async with NameserverClient([namesrv]) as ns:
+            online = {g.broker_name for g in await ns.groups() if g.master_online}
+        return wanted <= online
+
+    await eventually(ok, timeout=30, interval=0.1)
+
+
+async def acting(namesrv: str, group: str, addr: str, topic: str = "TX") -> None:
+    """Wait until the route of ``topic`` shows ``addr`` as ``group``'s id 0."""
+
+    async def ok() -> bool:
+        async with NameserverClient([namesrv]) as ns:
+            route = await ns.route(topic)
+        broker = route.broker(group)
+        return broker is not None and broker.broker_addrs.get(0) == addr
+
+    await eventually(ok, timeout=20, interval=0.1)

@@ -1,0 +1,183 @@
+"""POP while a group's master is away (RocketMQ PopSlaveActingMasterIT,
+reference/rip32.md §3.3 and §6.5), over real processes.
+
+16 messages sit on ``popa``; its master dies and the simple consumer pops them
+from the acting slave.  Acked messages never come back; un-acked ones are revived
+into ``%RETRY%{group}`` by the master that received the slave's checkpoints
+(in the same process: local; another group's process: remote), which reads the
+bodies back from ``popa`` (from its own process when a ``popa`` replica lives
+there, else remotely).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import urllib.request
+from pathlib import Path
+
+from special_helpers import acting, create_topic_on, masters_online
+
+from ha_controller.client.message import Message
+from ha_controller.client.producer import Producer
+from ha_controller.client.simple_consumer import SimpleConsumer
+from ha_controller.testing import (
+    Cluster,
+    ContainerHandle,
+    eventually,
+    run_broker,
+    run_cluster,
+    run_container,
+)
+
+TOPIC = "POPT"
+GROUP = "pop-group"
+N = 16
+ENV = {"HAC_POP_REVIVE_INTERVAL_MS": "200"}
+INVISIBLE_S = 2.0
+
+
+async def prepare(cluster: Cluster, groups: list[str]) -> set[bytes]:
+    await masters_online(cluster.namesrv, groups)
+    await create_topic_on(cluster.broker("popa", 0).rpc, TOPIC)
+    bodies = {f"pop-{i}".encode() for i in range(N)}
+    async with Producer(cluster.namesrv, "pop-producer", topics=[TOPIC]) as producer:
+        for body in sorted(bodies):
+            await producer.send(Message(TOPIC, body))
+    return bodies
+
+
+async def receive_all(consumer: SimpleConsumer, bodies: set[bytes], *, ack: bool) -> list[str]:
+    """Receive until every body came once; ack them or not; returns their topics."""
+    got: dict[bytes, str] = {}
+
+    async def step() -> bool:
+        for m in await consumer.receive(N, wait_s=0.5):
+            assert m.body not in got, f"{m.body!r} received twice"
+            got[m.body] = m.topic
+            if ack:
+                await consumer.ack(m)
+        return set(got) == bodies
+
+    await eventually(step, timeout=30, interval=0.05)
+    return list(got.values())
+
+
+async def nothing_more(consumer: SimpleConsumer, seconds: float) -> None:
+    deadline = asyncio.get_running_loop().time() + seconds
+    while asyncio.get_running_loop().time() < deadline:
+        assert await consumer.receive(N, wait_s=0.3) == []
+
+
+def local_ck_escapes(container: ContainerHandle) -> float:
+    """CKs the container's popa slave escaped to its in-process master (metrics)."""
+    http = container.member("popa", 1)["http"]
+    with urllib.request.urlopen(f"http://{http}/metrics", timeout=5) as resp:
+        text = resp.read().decode()
+    return sum(
+        float(line.rsplit(" ", 1)[1])
+        for line in text.splitlines()
+        if line.startswith("hac_escape_messages_total")
+        and 'kind="pop_ck"' in line
+        and 'target="local"' in line
+        and 'result="ok"' in line
+    )
+
+
+async def scenario(cluster: Cluster, acting_addr: str, groups: list[str], *, ack: bool) -> None:
+    bodies = await prepare(cluster, groups)
+    cluster.broker("popa", 0).kill()
+    await acting(cluster.namesrv, "popa", acting_addr, TOPIC)
+    async with SimpleConsumer(
+        cluster.namesrv, GROUP, [TOPIC], invisible_duration_s=INVISIBLE_S
+    ) as consumer:
+        topics = await receive_all(consumer, bodies, ack=ack)
+        assert set(topics) == {TOPIC}
+        if ack:
+            await nothing_more(consumer, INVISIBLE_S + 2.0)
+            await asyncio.to_thread(cluster.restart, "popa", 0)
+            await masters_online(cluster.namesrv, groups)
+            await nothing_more(consumer, 2.0)
+        else:
+            retried = await receive_all(consumer, bodies, ack=True)
+            assert set(retried) == {f"%RETRY%{GROUP}"}
+            await nothing_more(consumer, INVISIBLE_S + 1.0)
+
+
+def two_groups(tmp_path: Path) -> Cluster:
+    return run_cluster(("popa", "popb"), 2, workdir=tmp_path, env=ENV)
+
+
+async def test_remote_acting_ack(tmp_path: Path) -> None:
+    cluster = two_groups(tmp_path)
+    try:
+        await scenario(cluster, cluster.broker("popa", 1).rpc, ["popa", "popb"], ack=True)
+    finally:
+        cluster.stop()
+
+
+async def test_remote_acting_no_ack_body_from_remote(tmp_path: Path) -> None:
+    cluster = two_groups(tmp_path)
+    try:
+        await scenario(cluster, cluster.broker("popa", 1).rpc, ["popa", "popb"], ack=False)
+    finally:
+        cluster.stop()
+
+
+async def with_container(
+    tmp_path: Path, hosted: list[tuple[str, int]], others: list[tuple[str, int]]
+) -> tuple[Cluster, ContainerHandle]:
+    cluster = run_cluster((), 2, workdir=tmp_path, env=ENV)
+    try:
+        container = run_container(cluster.namesrv, hosted, tmp_path / "c1", env=cluster.env)
+    except BaseException:
+        cluster.stop()
+        raise
+    try:
+        for name, bid in others:
+            cluster.brokers[(name, bid)] = run_broker(
+                cluster.namesrv, name, bid, tmp_path, env=cluster.env
+            )
+    except BaseException:
+        container.kill()
+        cluster.stop()
+        raise
+    return cluster, container
+
+
+async def test_local_acting_ack(tmp_path: Path) -> None:
+    cluster, container = await with_container(
+        tmp_path, [("popb", 0), ("popa", 1)], [("popb", 1), ("popa", 0)]
+    )
+    try:
+        await scenario(cluster, container.rpc_of("popa", 1), ["popa", "popb"], ack=True)
+        assert local_ck_escapes(container) >= 1
+    finally:
+        container.kill()
+        cluster.stop()
+
+
+async def test_local_acting_no_ack(tmp_path: Path) -> None:
+    cluster, container = await with_container(
+        tmp_path, [("popb", 0), ("popa", 1)], [("popb", 1), ("popa", 0)]
+    )
+    try:
+        await scenario(cluster, container.rpc_of("popa", 1), ["popa", "popb"], ack=False)
+        assert local_ck_escapes(container) >= 1
+    finally:
+        container.kill()
+        cluster.stop()
+
+
+async def test_remote_acting_no_ack_body_from_local(tmp_path: Path) -> None:
+    """popb's master shares a process with popa's id 2 (not the acting one): it reads
+    the bodies from that local replica instead of pulling them."""
+    cluster, container = await with_container(
+        tmp_path,
+        [("popb", 0), ("popa", 2)],
+        [("popb", 1), ("popa", 1), ("popa", 0)],
+    )
+    try:
+        await scenario(cluster, cluster.broker("popa", 1).rpc, ["popa", "popb"], ack=False)
+    finally:
+        container.kill()
+        cluster.stop()

@@ -1,0 +1,378 @@
+"""The escape bridge against fake peers at the socket seam: a fake nameserver
+serving routes and fake masters answering SEND_MESSAGE / PULL_MESSAGE
+(reference/rip32.md §3.1, §6.2 EscapeBridgeTest, issue #7923)."""
+
+from __future__ import annotations
+
+import contextlib
+import socket
+import zlib
+from collections.abc import AsyncIterator, Callable
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import pytest
+
+from broker_agent.escape import EscapeBridge, EscapeRoutes, stable_hash
+from broker_agent.service import BrokerService
+from ha_controller.config import BrokerConfig
+from ha_controller.proto import broker_pb2, common_pb2, nameserver_pb2
+from ha_controller.protocol.codes import RequestCode
+from ha_controller.protocol.errors import (
+    BadRequest,
+    EscapeFailed,
+    HaError,
+    InSyncReplicasNotEnough,
+    TopicNotFound,
+)
+from ha_controller.routing import BrokerData, Perm, QueueData, TopicRouteData
+from ha_controller.rpc import Dispatcher, RequestContext, RpcServer
+from ha_controller.wire import route_to_pb
+
+TOPIC = "TEST_TOPIC"
+OWN = "broker_a"
+
+
+def dead_addr() -> str:
+    """A local port nothing listens on."""
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return f"127.0.0.1:{s.getsockname()[1]}"
+
+
+@dataclass
+class FakeMaster:
+    """A master that records sends and serves one stored message per queue offset."""
+
+    name: str
+    fail_first: int = 0
+    error: type[HaError] = InSyncReplicasNotEnough
+    sends: list[broker_pb2.SendMessageRequest] = field(default_factory=list)
+    stored: dict[tuple[str, int, int], broker_pb2.Message] = field(default_factory=dict)
+    server: RpcServer | None = None
+    addr: str = ""
+
+    async def start(self) -> FakeMaster:
+        d = Dispatcher()
+        d.add(RequestCode.SEND_MESSAGE, broker_pb2.SendMessageRequest, self._send)
+        d.add(RequestCode.PULL_MESSAGE, broker_pb2.PullMessageRequest, self._pull)
+        self.server = RpcServer(d, name=self.name)
+        host, port = await self.server.start("127.0.0.1", 0)
+        self.addr = f"{host}:{port}"
+        return self
+
+    async def _send(
+        self, ctx: RequestContext, req: broker_pb2.SendMessageRequest
+    ) -> broker_pb2.SendMessageResponse:
+        if self.fail_first > 0:
+            self.fail_first -= 1
+            raise self.error(f"{self.name} refuses this one")
+        self.sends.append(req)
+        return broker_pb2.SendMessageResponse(
+            broker_name=self.name,
+            results=[
+                broker_pb2.SendResult(
+                    msg_id=f"{self.name}-{len(self.sends)}",
+                    queue_id=req.queue_id,
+                    queue_offset=len(self.sends) - 1,
+                )
+            ],
+        )
+
+    async def _pull(
+        self, ctx: RequestContext, req: broker_pb2.PullMessageRequest
+    ) -> broker_pb2.PullMessageResponse:
+        assert req.max_msg_nums == 1
+        msg = self.stored.get((req.topic, req.queue_id, req.queue_offset))
+        if msg is None:
+            return broker_pb2.PullMessageResponse(status=broker_pb2.NO_NEW_MSG)
+        return broker_pb2.PullMessageResponse(status=broker_pb2.FOUND, messages=[msg])
+
+
+class FakeNameserver:
+    def __init__(self) -> None:
+        self.routes: dict[str, TopicRouteData] = {}
+        self.route_calls = 0
+        self.server: RpcServer | None = None
+        self.addr = ""
+
+    async def start(self) -> FakeNameserver:
+        d = Dispatcher()
+        d.add(RequestCode.GET_ROUTEINFO_BY_TOPIC, nameserver_pb2.GetRouteInfoRequest, self._route)
+        d.add(RequestCode.GET_BROKER_CLUSTER_INFO, common_pb2.Empty, self._cluster)
+        self.server = RpcServer(d, name="fake-ns")
+        host, port = await self.server.start("127.0.0.1", 0)
+        self.addr = f"{host}:{port}"
+        return self
+
+    def publish(
+        self, groups: dict[str, dict[int, str]], *, writable: set[str] | None = None
+    ) -> None:
+        writable = set(groups) if writable is None else writable
+        self.routes[TOPIC] = TopicRouteData(
+            TOPIC,
+            [BrokerData("c", name, addrs, True) for name, addrs in groups.items()],
+            [
+                QueueData(name, 4, 4, Perm.READ | Perm.WRITE if name in writable else Perm.READ)
+                for name in groups
+            ],
+        )
+
+    async def _route(
+        self, ctx: RequestContext, req: nameserver_pb2.GetRouteInfoRequest
+    ) -> common_pb2.TopicRoute:
+        self.route_calls += 1
+        route = self.routes.get(req.topic)
+        if route is None:
+            raise TopicNotFound(req.topic)
+        return route_to_pb(route)
+
+    async def _cluster(
+        self, ctx: RequestContext, req: common_pb2.Empty
+    ) -> nameserver_pb2.ClusterInfo:
+        brokers = {b.broker_name: b for r in self.routes.values() for b in r.broker_datas}
+        return nameserver_pb2.ClusterInfo(
+            brokers=[
+                common_pb2.BrokerData(
+                    cluster="c", broker_name=b.broker_name, broker_addrs=b.broker_addrs
+                )
+                for b in brokers.values()
+            ]
+        )
+
+
+@dataclass
+class Env:
+    ns: FakeNameserver
+    masters: dict[str, FakeMaster]
+    services: list[BrokerService]
+    tmp: Path
+
+    def service(self, broker_id: int = 1, name: str = OWN, **kw: object) -> BrokerService:
+        args: dict[str, object] = {
+            "cluster": "c",
+            "broker_name": name,
+            "broker_id": broker_id,
+            "namesrv_addrs": (self.ns.addr,),
+            "store_dir": str(self.tmp / f"{name}-{broker_id}"),
+            "total_replicas": 1,
+            "in_sync_replicas": 1,
+            "escape_max_attempts": 4,
+            "escape_backoff_initial_ms": 1,
+            "escape_backoff_max_ms": 5,
+            "escape_send_timeout_ms": 1000,
+        }
+        args.update(kw)
+        svc = BrokerService(BrokerConfig(**args))  # type: ignore[arg-type]
+        svc.addr = f"127.0.0.{len(self.services) + 1}:10911"
+        self.services.append(svc)
+        return svc
+
+    def escaped(self, svc: BrokerService, target: str, result: str) -> float:
+        m = svc.metrics
+        value = m.registry.get_sample_value(
+            "hac_escape_messages_total",
+            {**m.ident, "kind": "delay", "target": target, "result": result},
+        )
+        return value or 0.0
+
+
+EnvFactory = Callable[..., Env]
+
+
+@pytest.fixture
+async def env(tmp_path: Path) -> AsyncIterator[Env]:
+    ns = await FakeNameserver().start()
+    masters = {name: await FakeMaster(name).start() for name in ("broker_b", "broker_c")}
+    e = Env(ns, masters, [], tmp_path)
+    yield e
+    for svc in e.services:
+        await svc.pool.aclose()
+        with contextlib.suppress(Exception):
+            svc.store.close()
+    for server in [ns.server, *(m.server for m in masters.values())]:
+        assert server is not None
+        await server.aclose(grace_s=0.2)
+
+
+def three_groups(env: Env, own_addr: str = "127.0.0.1:1", **extra: dict[int, str]) -> None:
+    groups = {OWN: {0: own_addr}, **{n: {0: m.addr} for n, m in env.masters.items()}, **extra}
+    env.ns.publish(groups, writable=set(groups) - {OWN})
+
+
+async def test_remote_escape_round_robins_and_never_targets_its_own_group(env: Env) -> None:
+    slave = env.service()
+    # even a route that shows our own group writable with an id 0 is skipped
+    env.ns.publish({OWN: {0: dead_addr()}, **{n: {0: m.addr} for n, m in env.masters.items()}})
+    results = [
+        await slave.escape.put_message(TOPIC, b"x", {"K": str(i)}, kind="delay") for i in range(16)
+    ]
+    assert {r.target for r in results} == {"broker_b", "broker_c"}
+    assert len(env.masters["broker_b"].sends) == len(env.masters["broker_c"].sends) == 8
+    sent = env.masters["broker_b"].sends[0]
+    assert sent.producer_group == f"InnerProducerGroup_{OWN}_1"
+    assert sent.born_host == slave.addr
+    assert env.escaped(slave, "broker_b", "ok") == 8
+
+
+async def test_a_dead_master_in_a_stale_route_costs_one_attempt_not_the_message(env: Env) -> None:
+    slave = env.service()
+    three_groups(env, broker_dead={0: dead_addr()})
+    # 12 queues in round robin: every message passes broker_dead's queues once
+    results = [await slave.escape.put_message(TOPIC, b"x", {}, kind="delay") for _ in range(12)]
+    assert all(r.target in {"broker_b", "broker_c"} for r in results)
+    assert sum(len(m.sends) for m in env.masters.values()) == 12
+    assert env.escaped(slave, "broker_dead", "error") == 1  # then it is avoided
+
+
+async def test_a_master_the_nameserver_dropped_is_never_targeted(env: Env) -> None:
+    slave = env.service()
+    now = [0.0]
+    slave.escape.routes = EscapeRoutes(
+        slave.escape.routes.nameserver, "c", max_age_s=1.0, clock=lambda: now[0]
+    )
+    three_groups(env)
+    await slave.escape.put_message(TOPIC, b"x", {}, kind="delay")  # route now cached
+    env.ns.publish(
+        {OWN: {0: "127.0.0.1:1"}, "broker_c": {0: env.masters["broker_c"].addr}},
+        writable={"broker_c"},
+    )
+    now[0] += 1.5  # the cached route is too old to be used
+    before = len(env.masters["broker_b"].sends)
+    for _ in range(8):
+        assert (await slave.escape.put_message(TOPIC, b"x", {}, kind="delay")).target == "broker_c"
+    assert len(env.masters["broker_b"].sends) == before
+
+
+async def test_refused_sends_are_retried_with_backoff(env: Env) -> None:
+    slave = env.service()
+    env.ns.publish(
+        {OWN: {0: "127.0.0.1:1"}, "broker_b": {0: env.masters["broker_b"].addr}},
+        writable={"broker_b"},
+    )
+    env.masters["broker_b"].fail_first = 2
+    result = await slave.escape.put_message(TOPIC, b"x", {}, kind="delay")
+    assert result.target == "broker_b"
+    assert env.escaped(slave, "broker_b", "error") == 2
+    assert env.escaped(slave, "broker_b", "ok") == 1
+
+
+async def test_attempts_are_bounded_and_a_bad_message_is_not_retried(env: Env) -> None:
+    slave = env.service()
+    b = env.masters["broker_b"]
+    env.ns.publish({OWN: {0: "127.0.0.1:1"}, "broker_b": {0: b.addr}}, writable={"broker_b"})
+    b.fail_first = 100
+    with pytest.raises(EscapeFailed):
+        await slave.escape.put_message(TOPIC, b"x", {}, kind="delay")
+    assert env.escaped(slave, "broker_b", "error") == 4  # escape_max_attempts
+    b.fail_first, b.error = 100, BadRequest
+    with pytest.raises(EscapeFailed):
+        await slave.escape.put_message(TOPIC, b"x", {}, kind="delay")
+    assert env.escaped(slave, "broker_b", "error") == 5
+
+
+async def test_no_other_master_means_escape_failed(env: Env) -> None:
+    slave = env.service()
+    env.ns.publish({OWN: {0: "127.0.0.1:1"}}, writable=set())
+    with pytest.raises(EscapeFailed):
+        await slave.escape.put_message(TOPIC, b"x", {}, kind="delay")
+    assert env.escaped(slave, "none", "no_target") >= 1
+
+
+async def test_remote_escape_off_fails_at_once(env: Env) -> None:
+    slave = env.service(enable_remote_escape=False)
+    three_groups(env)
+    with pytest.raises(EscapeFailed):
+        await slave.escape.put_message(TOPIC, b"x", {}, kind="delay")
+    assert env.ns.route_calls == 0
+
+
+async def test_unknown_topic_falls_back_to_every_online_master(env: Env) -> None:
+    slave = env.service()
+    three_groups(env)
+    result = await slave.escape.put_message("NEW_TOPIC", b"x", {}, kind="delay")
+    assert result.target in {"broker_b", "broker_c"}
+    assert result.queue_id in range(4)
+
+
+async def test_specific_queue_is_a_stable_function_of_topic_and_store_host(env: Env) -> None:
+    slave = env.service()
+    three_groups(env)
+    results = {
+        (r.target, r.queue_id)
+        for r in [
+            await slave.escape.put_message_to_specific_queue(TOPIC, b"ck", {}, kind="delay")
+            for _ in range(10)
+        ]
+    }
+    assert len(results) == 1
+    queues = sorted((n, q) for n in ("broker_b", "broker_c") for q in range(4))
+    assert results == {queues[zlib.crc32((TOPIC + slave.addr).encode()) % len(queues)]}
+    assert stable_hash("abc") == zlib.crc32(b"abc")
+
+
+async def test_a_master_escapes_locally(env: Env) -> None:
+    master = env.service(broker_id=0)
+    three_groups(env)
+    result = await master.escape.put_message(TOPIC, b"x", {"K": "v"}, kind="delay", queue_id=2)
+    assert (result.target, result.queue_id, result.queue_offset) == ("local", 2, 0)
+    stored = master.store.get_message_at(TOPIC, 2, 0)
+    assert stored is not None and stored.properties == {"K": "v"}
+    assert sum(len(m.sends) for m in env.masters.values()) == 0
+    assert env.escaped(master, "local", "ok") == 1
+
+
+@dataclass
+class FakeContainer:
+    services: list[BrokerService]
+
+
+async def test_in_a_container_a_slave_escapes_to_the_master_next_to_it(env: Env) -> None:
+    slave = env.service(broker_id=1)
+    other_master = env.service(broker_id=0, name="broker_x")
+    container = FakeContainer([slave, other_master])
+    slave.escape.container = container
+    three_groups(env)
+    assert slave.escape.local_master() is other_master
+    r1 = await slave.escape.put_message(TOPIC, b"x", {}, kind="delay", queue_id=1)
+    r2 = await slave.escape.put_message_to_specific_queue(TOPIC, b"ck", {}, kind="delay")
+    assert r1.target == r2.target == "local"
+    assert other_master.store.get_message_at(TOPIC, 1, 0) is not None
+    assert slave.store.max_offset(TOPIC, 1) == 0
+    assert sum(len(m.sends) for m in env.masters.values()) == 0
+    # an isolated (pre-online) master next to it is not used
+    other_master.isolated = True
+    assert slave.escape.local_master() is None
+
+
+async def test_get_message_reads_own_store_or_pulls_from_the_group(env: Env) -> None:
+    slave = env.service()
+    slave.store.put(TOPIC, 0, b"mine", {}, store_host=slave.addr)
+    own = await slave.escape.get_message(TOPIC, OWN, 0, 0)
+    assert own is not None and own.body == b"mine"
+    assert await slave.escape.get_message(TOPIC, OWN, 0, 5) is None
+
+    three_groups(env)
+    env.masters["broker_b"].stored[(TOPIC, 3, 7)] = broker_pb2.Message(
+        topic=TOPIC, body=b"theirs", queue_id=3, queue_offset=7, properties={"K": "v"}
+    )
+    theirs = await slave.escape.get_message(TOPIC, "broker_b", 3, 7)
+    assert theirs is not None and theirs.body == b"theirs" and theirs.properties == {"K": "v"}
+    assert await slave.escape.get_message(TOPIC, "broker_b", 3, 8) is None
+
+
+async def test_get_message_transport_error_is_a_retriable_escape_failure(env: Env) -> None:
+    slave = env.service()
+    three_groups(env, broker_dead={0: dead_addr()})
+    with pytest.raises(EscapeFailed) as info:
+        await slave.escape.get_message(TOPIC, "broker_dead", 0, 0)
+    assert info.value.retriable
+    with pytest.raises(EscapeFailed):
+        await slave.escape.get_message(TOPIC, "broker_nowhere", 0, 0)
+
+
+async def test_bridge_constructor_matches_the_published_api(env: Env) -> None:
+    svc = env.service()
+    bridge = EscapeBridge(svc, None)
+    assert bridge.local_master() is None
+    assert EscapeBridge(env.service(broker_id=0, name="m")).local_master() is not None

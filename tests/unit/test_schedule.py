@@ -1,0 +1,316 @@
+"""Delayed and timer messages: the send-side rewrite, the versioned progress
+tables, and the schedule service on a real store (reference/rip32.md §3.2, §5)."""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import time
+from collections.abc import AsyncIterator, Callable
+from pathlib import Path
+
+import pytest
+
+from broker_agent.schedule import (
+    PROPERTY_DUE_MS,
+    PROPERTY_REAL_QID,
+    PROPERTY_REAL_TOPIC,
+    SCHEDULE_TOPIC,
+    TIMER_TOPIC,
+    DelayOffsetTable,
+    TimerCheckpoint,
+    TimerCheckpointFile,
+    TimerIndex,
+    delayed_target,
+    restored,
+)
+from broker_agent.service import BrokerService
+from ha_controller.config import BrokerConfig
+from ha_controller.dataversion import DataVersion
+from ha_controller.protocol.errors import BadRequest
+from ha_controller.protocol.record import StoredMessage
+from ha_controller.rpc import RpcServer
+from ha_controller.testing import eventually
+
+TOPIC = "T"
+
+
+def config(store: Path, broker_id: int = 0, **kw: object) -> BrokerConfig:
+    args: dict[str, object] = {
+        "broker_name": "broker-a",
+        "broker_id": broker_id,
+        "namesrv_addrs": ("127.0.0.1:9",),
+        "store_dir": str(store),
+        "total_replicas": 1,
+        "in_sync_replicas": 1,
+        "delay_levels": "1s 2s 500ms",
+        "delay_offset_update_version_step": 3,
+    }
+    args.update(kw)
+    return BrokerConfig(**args)  # type: ignore[arg-type]
+
+
+# ---- send side -------------------------------------------------------------------------
+
+
+def test_delay_level_goes_to_the_schedule_queue(tmp_path: Path) -> None:
+    cfg = config(tmp_path)
+    props = {"DELAY": "2", "KEYS": "k"}
+    assert delayed_target(cfg, TOPIC, 3, props, now=1000) == (SCHEDULE_TOPIC, 1)
+    assert props[PROPERTY_REAL_TOPIC] == TOPIC
+    assert props[PROPERTY_REAL_QID] == "3"
+    assert props[PROPERTY_DUE_MS] == "3000"
+
+
+def test_delay_level_above_the_highest_is_clamped(tmp_path: Path) -> None:
+    props = {"DELAY": "18"}
+    assert delayed_target(config(tmp_path), TOPIC, 0, props, now=0) == (SCHEDULE_TOPIC, 2)
+    assert props["DELAY"] == "3" and props[PROPERTY_DUE_MS] == "500"
+
+
+def test_level_zero_and_plain_messages_stay_in_their_topic(tmp_path: Path) -> None:
+    props = {"DELAY": "0"}
+    assert delayed_target(config(tmp_path), TOPIC, 1, props) == (TOPIC, 1)
+    assert props == {}
+    props = {"KEYS": "k"}
+    assert delayed_target(config(tmp_path), TOPIC, 1, props) == (TOPIC, 1)
+    assert props == {"KEYS": "k"}
+
+
+def test_timer_message_goes_to_the_timer_queue_unless_already_due(tmp_path: Path) -> None:
+    cfg = config(tmp_path)
+    props = {"TIMER_DELIVER_MS": "5000"}
+    assert delayed_target(cfg, TOPIC, 2, props, now=1000) == (TIMER_TOPIC, 0)
+    assert props[PROPERTY_DUE_MS] == "5000"
+    past = {"TIMER_DELIVER_MS": "500"}
+    assert delayed_target(cfg, TOPIC, 2, past, now=1000) == (TOPIC, 2)
+    assert "TIMER_DELIVER_MS" not in past
+
+
+@pytest.mark.parametrize("props", [{"DELAY": "x"}, {"TIMER_DELIVER_MS": "soon"}])
+def test_malformed_delay_is_refused(tmp_path: Path, props: dict[str, str]) -> None:
+    with pytest.raises(BadRequest):
+        delayed_target(config(tmp_path), TOPIC, 0, props)
+
+
+def test_restored_drops_the_schedule_properties() -> None:
+    msg = StoredMessage(
+        SCHEDULE_TOPIC,
+        0,
+        b"x",
+        {"DELAY": "1", PROPERTY_REAL_TOPIC: TOPIC, PROPERTY_REAL_QID: "2", PROPERTY_DUE_MS: "9"}
+        | {"UNIQ_KEY": "u"},
+    )
+    assert restored(msg) == (TOPIC, 2, {"UNIQ_KEY": "u"})
+    assert restored(StoredMessage(SCHEDULE_TOPIC, 0, b"x", {})) is None
+
+
+# ---- progress tables -------------------------------------------------------------------
+
+
+def test_delay_offset_version_moves_every_step_and_survives_restart(tmp_path: Path) -> None:
+    path = tmp_path / "delay.json"
+    table = DelayOffsetTable(path, version_step=3)
+    table.load()
+    assert path.exists()  # the initial version is persisted at once
+    first = table.data_version.copy()
+    for i in range(1, 3):
+        table.update(4, i)
+    assert table.data_version.counter == first.counter
+    table.update(4, 3)
+    assert table.data_version.counter == first.counter + 1
+    table.persist()
+    again = DelayOffsetTable(path, version_step=3)
+    again.load()
+    assert again.offsets == {4: 3}
+    assert again.data_version.key() == table.data_version.key()
+
+
+def test_restarted_table_without_updates_keeps_its_version(tmp_path: Path) -> None:
+    path = tmp_path / "delay.json"
+    table = DelayOffsetTable(path)
+    table.load()
+    time.sleep(0.005)
+    again = DelayOffsetTable(path)
+    again.load()
+    assert again.data_version.key() == table.data_version.key()
+
+
+def test_reverse_sync_adopts_ties_and_newer_and_never_rolls_back(tmp_path: Path) -> None:
+    master = DelayOffsetTable(tmp_path / "m.json")
+    master.offsets = {1: 10, 4: 5}
+    slave_version = master.data_version.copy()
+    assert master.adopt_if_newer({4: 32, 1: 7}, slave_version)  # tie adopts
+    assert master.offsets == {1: 10, 4: 32}  # per level the larger
+    older = DataVersion(0, master.data_version.counter - 1, 0)
+    assert not master.adopt_if_newer({4: 100}, older)
+    assert master.offsets[4] == 32
+
+
+def test_timer_checkpoint_version_moves_on_every_change(tmp_path: Path) -> None:
+    cp = TimerCheckpointFile(tmp_path / "timer.json")
+    cp.load()
+    before = cp.cp.version.counter
+    assert cp.advance(1000, 3)
+    assert not cp.advance(1000, 3)
+    assert cp.cp.version.counter == before + 1
+    newer = TimerCheckpoint(2000, 32, DataVersion(0, before + 5, 1))
+    assert cp.adopt_if_newer(newer)
+    assert (cp.cp.last_read_time_ms, cp.cp.master_timer_queue_offset) == (2000, 32)
+    assert not cp.adopt_if_newer(TimerCheckpoint(1, 1, DataVersion(0, 0, 0)))
+
+
+def test_timer_index_checkpoint_covers_only_delivered_entries() -> None:
+    index = TimerIndex()
+    index.max_delivered_due = 100
+    for offset, due in enumerate([500, 300, 400]):
+        index.add(due, offset)
+    index.read_offset = 3
+    assert index.checkpoint() == (299, 3)
+    index.pop()  # 300
+    assert index.checkpoint() == (399, 3)
+    index.pop()
+    index.pop()
+    assert index.checkpoint() == (500, 3)
+
+
+# ---- the service on a real store ---------------------------------------------------------
+
+
+ServiceFactory = Callable[..., BrokerService]
+
+
+@pytest.fixture
+async def services(tmp_path: Path) -> AsyncIterator[ServiceFactory]:
+    made: list[BrokerService] = []
+
+    def make(broker_id: int = 0, store: str = "a", **kw: object) -> BrokerService:
+        service = BrokerService(config(tmp_path / store, broker_id, **kw))
+        service.addr = f"127.0.0.1:{10911 + len(made)}"
+        made.append(service)
+        return service
+
+    yield make
+    for service in made:
+        await service.pool.aclose()
+        with contextlib.suppress(Exception):
+            service.store.close()
+
+
+def put_delayed(service: BrokerService, props: dict[str, str], queue_id: int = 0) -> None:
+    topic, qid = delayed_target(service.cfg, TOPIC, queue_id, props)
+    service.store.put(topic, qid, b"body", props, store_host=service.addr)
+
+
+@contextlib.asynccontextmanager
+async def running(service: BrokerService) -> AsyncIterator[None]:
+    service.schedule.set_running(True)
+    task = asyncio.create_task(service.schedule.run())
+    try:
+        yield
+    finally:
+        task.cancel()
+        with contextlib.suppress(asyncio.CancelledError):
+            await task
+
+
+def delivered(service: BrokerService, queue_id: int = 0) -> list[StoredMessage]:
+    store = service.store
+    return [
+        m
+        for o in range(store.max_offset(TOPIC, queue_id))
+        if (m := store.get_message_at(TOPIC, queue_id, o)) is not None
+    ]
+
+
+async def test_master_delivers_a_level_message_when_due(services: ServiceFactory) -> None:
+    master = services()
+    sent = time.time()
+    put_delayed(master, {"DELAY": "3", "UNIQ_KEY": "u1"}, queue_id=1)  # 500 ms
+    async with running(master):
+        msgs = await eventually(lambda: delivered(master, 1), timeout=5)
+    took = time.time() - sent
+    assert 0.45 <= took < 1.5
+    assert msgs[0].properties == {"UNIQ_KEY": "u1"}
+    assert msgs[0].body == b"body"
+    assert master.schedule.delay_offsets.get(3) == 1
+
+
+async def test_master_delivers_timer_messages_in_due_order(services: ServiceFactory) -> None:
+    master = services()
+    now = int(time.time() * 1000)
+    for i, after in enumerate([900, 300, 600]):
+        put_delayed(master, {"TIMER_DELIVER_MS": str(now + after), "UNIQ_KEY": f"t{i}"})
+    async with running(master):
+        msgs = await eventually(lambda: len(delivered(master)) == 3 and delivered(master), 5)
+    assert [m.properties["UNIQ_KEY"] for m in msgs] == ["t1", "t2", "t0"]
+    for m, after in zip(msgs, [300, 600, 900], strict=True):
+        assert abs(m.store_ts_ms - (now + after)) < 300
+    assert master.schedule.timer.cp.master_timer_queue_offset == 3
+
+
+async def test_nothing_is_delivered_while_stopped(services: ServiceFactory) -> None:
+    slave = services(broker_id=1)
+    put_delayed(slave, {"DELAY": "3"})
+    task = asyncio.create_task(slave.schedule.run())
+    try:
+        await asyncio.sleep(0.8)
+        assert slave.schedule.delay_offsets.get(3) == 0
+    finally:
+        task.cancel()
+        with contextlib.suppress(asyncio.CancelledError):
+            await task
+
+
+async def test_restarted_master_does_not_deliver_again(
+    services: ServiceFactory, tmp_path: Path
+) -> None:
+    master = services()
+    now = int(time.time() * 1000)
+    put_delayed(master, {"DELAY": "3"})
+    put_delayed(master, {"TIMER_DELIVER_MS": str(now + 200)})
+    async with running(master):
+        await eventually(lambda: len(delivered(master)) == 2, 5)
+    master.store.close()
+    again = services()
+    async with running(again):
+        await asyncio.sleep(0.7)
+    assert len(delivered(again)) == 2
+
+
+async def test_pre_online_adopts_a_newer_slave_table_over_rpc(services: ServiceFactory) -> None:
+    master = services(store="m")
+    slave = services(broker_id=1, store="s")
+    slave.schedule.delay_offsets.assign({}, master.schedule.delay_offsets.data_version)
+    slave.schedule.timer.assign(master.schedule.timer.cp)
+    # acting: the slave takes over (version bump) and delivers 32 of level 1
+    slave.schedule.delay_offsets.bump()
+    slave.schedule.timer.bump()
+    for i in range(1, 33):
+        slave.schedule.delay_offsets.update(1, i)
+    slave.schedule.timer.advance(12345, 32)
+    server = RpcServer(slave.dispatcher, name="slave")
+    host, port = await server.start("127.0.0.1", 0)
+    try:
+        await master.schedule.adopt_from_slave(1, f"{host}:{port}")
+    finally:
+        await server.aclose(grace_s=0.5)
+    assert master.schedule.delay_offsets.get(1) == 32
+    assert master.schedule.timer.cp.master_timer_queue_offset == 32
+
+
+async def test_forward_sync_is_skipped_while_delivering(services: ServiceFactory) -> None:
+    master = services(store="m")
+    slave = services(broker_id=1, store="s")
+    master.schedule.delay_offsets.update(2, 7)
+    server = RpcServer(master.dispatcher, name="master")
+    host, port = await server.start("127.0.0.1", 0)
+    try:
+        async with running(slave):
+            await eventually(lambda: slave.schedule.running, 2)
+            await slave.schedule.sync_from_master(f"{host}:{port}")
+            assert slave.schedule.delay_offsets.get(2) == 0
+        await slave.schedule.sync_from_master(f"{host}:{port}")
+        assert slave.schedule.delay_offsets.get(2) == 7
+    finally:
+        await server.aclose(grace_s=0.5)
