@@ -7,12 +7,12 @@ BIN := $(VENV)/bin
 STAMP := $(VENV)/.installed
 PYTEST_ARGS ?=
 
-.PHONY: demo test lint typecheck unit integration proto bench clean
+.PHONY: demo test lint typecheck unit integration proto bench bench-nameserver clean
 
 $(STAMP): pyproject.toml
 	$(PY) -m venv $(VENV)
 	$(BIN)/pip install -q --upgrade pip
-	$(BIN)/pip install -q -e '.[dev]'
+	$(BIN)/pip install -q -e '.[dev,spark,grpc]'
 	touch $(STAMP)
 
 venv: $(STAMP)
@@ -40,6 +40,10 @@ proto: $(STAMP)
 	$(BIN)/python -m ha_controller.proto.regen
 
 bench: $(STAMP)
+	$(BIN)/pip install -q -e '.[bench]'
+	$(BIN)/python bench/compare.py --profile
+
+bench-nameserver: $(STAMP)
 	$(BIN)/python bench/nameserver.py
 
 clean:

@@ -64,6 +64,23 @@ def cmd_broker(args: argparse.Namespace) -> int:
     return 0
 
 
+def cmd_proxy(args: argparse.Namespace) -> int:
+    """The RocketMQ 5 gRPC gateway (ha_controller/proxy, docs/grpc.md)."""
+    from ha_controller.process import run_until_signalled, setup_logging
+
+    proxy = importlib.import_module("ha_controller.proxy.app")
+    cfg = proxy.ProxyConfig(
+        namesrv=tuple(a.strip() for a in args.namesrv.split(",") if a.strip()),
+        listen=args.listen,
+        http=args.http,
+        fifo_groups=frozenset(g.strip() for g in args.fifo_groups.split(",") if g.strip()),
+        long_polling_timeout_s=args.long_polling_timeout_s,
+    )
+    setup_logging(args.log_level)
+    run_until_signalled(lambda stop: proxy.serve(cfg, stop, args.ready_file))
+    return 0
+
+
 def cmd_demo(args: argparse.Namespace) -> int:
     import logging
 
@@ -249,6 +266,20 @@ def build_parser() -> argparse.ArgumentParser:
         "(a container of several brokers: {pid, brokers: [{name, id, rpc, http, ha}]})",
     )
     br.set_defaults(func=cmd_broker)
+
+    px = sub.add_parser("proxy", help="run the RocketMQ 5 gRPC gateway (official SDKs)")
+    px.add_argument("--namesrv", default=DEFAULT_NAMESRV, help="nameserver(s) H:P[,H:P]")
+    px.add_argument("--listen", default="0.0.0.0:8081", help="gRPC listen H:P (port 0 = any)")
+    px.add_argument("--http", help="admin HTTP (healthz, readyz, metrics) listen H:P")
+    px.add_argument("--ready-file", help="write {pid, rpc[, http]} JSON here once listening")
+    px.add_argument(
+        "--fifo-groups", default="", help="consumer groups that consume FIFO (comma separated)"
+    )
+    px.add_argument(
+        "--long-polling-timeout-s", type=int, default=20, help="push consumers' long polling"
+    )
+    px.add_argument("--log-level", default="INFO", help="logging level")
+    px.set_defaults(func=cmd_proxy)
 
     de = sub.add_parser("demo", help="a whole failover on loopback, with a verdict")
     de.add_argument("--messages", type=int, default=150, help="messages per phase")

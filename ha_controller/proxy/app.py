@@ -1,0 +1,64 @@
+"""The gateway process: gRPC listener, optional admin HTTP, broker heartbeats;
+phased shutdown (stop accepting, let calls finish for a grace period, close)."""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+from pathlib import Path
+
+import grpc
+
+from ha_controller.admin_http import build_admin_app, start_http
+from ha_controller.config import parse_host_port
+from ha_controller.proto.rocketmq.v2 import service_pb2_grpc
+from ha_controller.proxy.service import Gateway, ProxyConfig
+from ha_controller.readyfile import format_addr, write_ready_file
+
+__all__ = ["ProxyConfig", "serve"]
+
+log = logging.getLogger(__name__)
+
+#: In-flight calls (long polls included) get this long to finish on shutdown.
+SHUTDOWN_GRACE_S = 3.0
+GRPC_OPTIONS = [
+    ("grpc.max_receive_message_length", 16 * 1024 * 1024),
+    ("grpc.max_send_message_length", 16 * 1024 * 1024),
+    ("grpc.keepalive_permit_without_calls", 1),
+    ("grpc.http2.min_ping_interval_without_data_ms", 5000),
+]
+
+
+async def serve(cfg: ProxyConfig, stop: asyncio.Event, ready_file: str | Path | None) -> None:
+    gateway = Gateway(cfg)
+    server = grpc.aio.server(options=GRPC_OPTIONS)
+    service_pb2_grpc.add_MessagingServiceServicer_to_server(gateway, server)  # type: ignore[no-untyped-call]
+    host, port = parse_host_port(cfg.listen)
+    bound = server.add_insecure_port(f"[{host}]:{port}" if ":" in host else f"{host}:{port}")
+    if bound == 0:
+        raise OSError(f"cannot listen on {cfg.listen}")
+    gateway.advertised = format_addr(host, bound)
+    runner = None
+    addresses = {"rpc": gateway.advertised}
+    try:
+        await server.start()
+        if cfg.http:
+            h_host, h_port = parse_host_port(cfg.http)
+            app = build_admin_app(gateway.metrics.registry, ready=lambda: (True, "serving"))
+            runner, (b_host, b_port) = await start_http(app, h_host, h_port)
+            addresses["http"] = format_addr(b_host, b_port)
+        log.info("gateway serving apache.rocketmq.v2.MessagingService on %s", gateway.advertised)
+        if ready_file:
+            write_ready_file(ready_file, **addresses)
+        async with asyncio.TaskGroup() as tg:
+            background = tg.create_task(gateway.run(stop), name="proxy-background")
+            await stop.wait()
+            log.info("stopping: no new calls, %.0f s for in-flight ones", SHUTDOWN_GRACE_S)
+            await server.stop(SHUTDOWN_GRACE_S)
+            await background
+    finally:
+        await server.stop(0)
+        if runner is not None:
+            await runner.cleanup()
+        await gateway.aclose()
+        log.info("gateway stopped")

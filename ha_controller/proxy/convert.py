@@ -1,0 +1,396 @@
+"""The wire edge of the gateway: v2 protobufs <-> our broker protobufs and routes.
+
+Every v2 type is converted here and only here (STYLE.md 10); the servicer
+works with the results.  Property names are RocketMQ's, as our brokers use them.
+"""
+
+from __future__ import annotations
+
+import zlib
+from collections.abc import Iterable, Mapping
+from dataclasses import dataclass
+from typing import Final
+
+from google.protobuf.duration_pb2 import Duration
+from google.protobuf.timestamp_pb2 import Timestamp
+
+from ha_controller.client.siphash import queue_for_message_group
+from ha_controller.proto import broker_pb2
+from ha_controller.proto.rocketmq.v2 import definition_pb2 as v2
+from ha_controller.proto.rocketmq.v2 import service_pb2 as v2s
+from ha_controller.protocol.errors import (
+    BadRequest,
+    BrokerIsolated,
+    BrokerUnavailable,
+    ConnectionClosed,
+    EscapeFailed,
+    HaError,
+    InSyncReplicasNotEnough,
+    NotMaster,
+    Overloaded,
+    RequestTimeout,
+    ServiceStopping,
+    TopicNotFound,
+)
+from ha_controller.proxy.handles import InvalidHandle
+from ha_controller.routing import Perm, TopicRouteData
+
+__all__ = [
+    "PROPERTY_MESSAGE_GROUP",
+    "PROPERTY_TIMER_DELIVER_MS",
+    "PROPERTY_TRAN_MSG",
+    "ALL_MESSAGE_TYPES",
+    "QueueRef",
+    "assignments",
+    "code_for",
+    "endpoints_of",
+    "message_to_v2",
+    "ms_of_duration",
+    "ms_of_timestamp",
+    "route_queues",
+    "send_entry",
+    "status",
+    "tags_of",
+    "writable_queues",
+]
+
+PROPERTY_TAGS: Final = "TAGS"
+PROPERTY_KEYS: Final = "KEYS"
+PROPERTY_UNIQ_KEY: Final = "UNIQ_KEY"
+PROPERTY_MESSAGE_GROUP: Final = "__SHARDINGKEY"
+PROPERTY_TIMER_DELIVER_MS: Final = "TIMER_DELIVER_MS"
+PROPERTY_DELAY: Final = "DELAY"
+PROPERTY_TRAN_MSG: Final = "TRAN_MSG"
+PROPERTY_PRODUCER_GROUP: Final = "PGROUP"
+PROPERTY_RECONSUME_TIME: Final = "RECONSUME_TIME"
+PROPERTY_RETRY_TOPIC: Final = "RETRY_TOPIC"
+PROPERTY_PREPARED_QUEUE_OFFSET: Final = "TRAN_PREPARED_QUEUE_OFFSET"
+
+#: Properties our brokers set or read; never shown as user properties, and a
+#: v2 client may not set them as user properties (ILLEGAL_MESSAGE_PROPERTY_KEY).
+SYSTEM_PROPERTIES: Final = frozenset(
+    {
+        PROPERTY_TAGS,
+        PROPERTY_KEYS,
+        PROPERTY_UNIQ_KEY,
+        PROPERTY_MESSAGE_GROUP,
+        PROPERTY_TIMER_DELIVER_MS,
+        PROPERTY_DELAY,
+        PROPERTY_TRAN_MSG,
+        PROPERTY_PRODUCER_GROUP,
+        PROPERTY_RECONSUME_TIME,
+        PROPERTY_RETRY_TOPIC,
+        PROPERTY_PREPARED_QUEUE_OFFSET,
+        "REAL_TOPIC",
+        "REAL_QID",
+        "DUE_MS",
+        "POP_CK",
+        "ORIGIN_MESSAGE_ID",
+        "TRAN_ID",
+        "TRAN_RESULT",
+        "MIN_OFFSET",
+        "MAX_OFFSET",
+    }
+)
+
+ALL_MESSAGE_TYPES: Final = (v2.NORMAL, v2.FIFO, v2.DELAY, v2.TRANSACTION)
+MAX_BODY_BYTES: Final = 4 * 1024 * 1024
+
+
+def status(code: int = v2.OK, message: str = "OK") -> v2.Status:
+    return v2.Status(code=code, message=message)  # type: ignore[arg-type]
+
+
+def code_for(exc: BaseException) -> int:
+    """The v2 status code for an error from our brokers or the gateway.
+
+    The official producers retry (another queue) on every code except
+    TOO_MANY_REQUESTS, so only real overload maps to it."""
+    if isinstance(exc, InvalidHandle):
+        return v2.INVALID_RECEIPT_HANDLE
+    if isinstance(exc, TopicNotFound):
+        return v2.TOPIC_NOT_FOUND
+    if isinstance(exc, Overloaded):
+        return v2.TOO_MANY_REQUESTS
+    if isinstance(exc, InSyncReplicasNotEnough):
+        return v2.SLAVE_PERSISTENCE_TIMEOUT
+    if isinstance(exc, RequestTimeout | TimeoutError):
+        return v2.PROXY_TIMEOUT
+    if isinstance(exc, NotMaster | BrokerIsolated | BrokerUnavailable | ConnectionClosed):
+        return v2.HA_NOT_AVAILABLE
+    if isinstance(exc, ServiceStopping | EscapeFailed):
+        return v2.HA_NOT_AVAILABLE
+    if isinstance(exc, BadRequest):
+        return v2.BAD_REQUEST
+    if isinstance(exc, HaError):
+        return v2.INTERNAL_SERVER_ERROR
+    return v2.INTERNAL_ERROR
+
+
+def ms_of_timestamp(ts: Timestamp) -> int:
+    return ts.seconds * 1000 + ts.nanos // 1_000_000
+
+
+def timestamp_of_ms(ms: int) -> Timestamp:
+    return Timestamp(seconds=ms // 1000, nanos=(ms % 1000) * 1_000_000)
+
+
+#: Seconds beyond this (year 5138) are taken for milliseconds: rocketmq-python-client
+#: 5.1.2 documents ``Message.delivery_timestamp`` in ms but puts it in
+#: ``Timestamp.seconds`` unchanged.
+_MS_IN_SECONDS_FIELD: Final = 100_000_000_000
+
+
+def delivery_ms(ts: Timestamp) -> int:
+    """A v2 delivery timestamp in ms, tolerating an SDK that put ms in ``seconds``."""
+    if ts.seconds > _MS_IN_SECONDS_FIELD:
+        return ts.seconds
+    return ms_of_timestamp(ts)
+
+
+def ms_of_duration(d: Duration) -> int:
+    return d.seconds * 1000 + d.nanos // 1_000_000
+
+
+def duration_of_ms(ms: int) -> Duration:
+    return Duration(seconds=ms // 1000, nanos=(ms % 1000) * 1_000_000)
+
+
+def endpoints_of(addr: str) -> v2.Endpoints:
+    host, _, port = addr.rpartition(":")
+    host = host.strip("[]")
+    scheme = v2.IPv6 if ":" in host else v2.IPv4
+    if not host.replace(".", "").isdigit() and scheme == v2.IPv4:
+        scheme = v2.DOMAIN_NAME
+    return v2.Endpoints(scheme=scheme, addresses=[v2.Address(host=host, port=int(port))])
+
+
+def _permission(perm: int, readable: bool, writable: bool) -> int:
+    r = readable and Perm.is_readable(perm)
+    w = writable and Perm.is_writeable(perm)
+    if r and w:
+        return v2.READ_WRITE
+    if r:
+        return v2.READ
+    if w:
+        return v2.WRITE
+    return v2.NONE
+
+
+@dataclass(frozen=True, slots=True, order=True)
+class QueueRef:
+    """One queue of a topic in one broker group, and where the group is served."""
+
+    broker_name: str
+    queue_id: int
+    addr: str
+    readable: bool
+    writable: bool
+
+
+def route_queues(route: TopicRouteData) -> list[QueueRef]:
+    """Queues of groups that have an id 0 (their master, or the slave acting for
+    it: the nameserver's RIP-32 rewrite), sorted by (group, queue)."""
+    out: list[QueueRef] = []
+    for qd in route.queue_datas:
+        broker = route.broker(qd.broker_name)
+        addr = broker.broker_addrs.get(0) if broker is not None else None
+        if addr is None:
+            continue  # no master and nobody acting: nothing to read or write there
+        out.extend(
+            QueueRef(
+                qd.broker_name,
+                qid,
+                addr,
+                qid < qd.read_queue_nums and Perm.is_readable(qd.perm),
+                qid < qd.write_queue_nums and Perm.is_writeable(qd.perm),
+            )
+            for qid in range(max(qd.read_queue_nums, qd.write_queue_nums))
+        )
+    return sorted(out)
+
+
+def writable_queues(route: TopicRouteData) -> list[QueueRef]:
+    return [q for q in route_queues(route) if q.writable]
+
+
+def fifo_queue(queues: list[QueueRef], message_group: str) -> QueueRef:
+    """A message group's queue among the writable ones (SipHash-2-4, as our SDK)."""
+    return queues[queue_for_message_group(message_group, len(queues))]
+
+
+def _broker_pb(name: str, gateway: v2.Endpoints) -> v2.Broker:
+    return v2.Broker(name=name, id=0, endpoints=gateway)
+
+
+def v2_queues(route: TopicRouteData, gateway: v2.Endpoints) -> list[v2.MessageQueue]:
+    """QueryRoute: every queue as broker id 0 at the gateway's endpoints; an
+    acting group's queues are READ (the nameserver wiped its write perm)."""
+    perms = {qd.broker_name: qd.perm for qd in route.queue_datas}
+    return [
+        v2.MessageQueue(
+            topic=v2.Resource(name=route.topic),
+            id=q.queue_id,
+            permission=_permission(perms[q.broker_name], q.readable, q.writable),  # type: ignore[arg-type]
+            broker=_broker_pb(q.broker_name, gateway),
+            accept_message_types=ALL_MESSAGE_TYPES,
+        )
+        for q in route_queues(route)
+    ]
+
+
+def assignments(route: TopicRouteData, gateway: v2.Endpoints) -> list[v2.Assignment]:
+    """QueryAssignment: one assignment per readable group, queue id -1 (POP from
+    any queue), like RocketMQ's proxy."""
+    readable = sorted({q.broker_name for q in route_queues(route) if q.readable})
+    return [
+        v2.Assignment(
+            message_queue=v2.MessageQueue(
+                topic=v2.Resource(name=route.topic),
+                id=-1,
+                permission=v2.READ,
+                broker=_broker_pb(name, gateway),
+                accept_message_types=ALL_MESSAGE_TYPES,
+            )
+        )
+        for name in readable
+    ]
+
+
+def tags_of(expr: v2.FilterExpression) -> list[str]:
+    """TAG filter ``a || b`` -> ["a", "b"]; "*" or empty -> [] (all)."""
+    if expr.type == v2.SQL:
+        raise BadRequest("SQL92 filters are not supported by ha-controller")
+    text = expr.expression.strip()
+    if not text or text == "*":
+        return []
+    return [t.strip() for t in text.split("||") if t.strip()]
+
+
+def message_type_of(msg: v2.Message) -> int:
+    sp = msg.system_properties
+    if sp.message_type != v2.MESSAGE_TYPE_UNSPECIFIED:
+        return sp.message_type
+    if sp.HasField("message_group"):
+        return v2.FIFO
+    if sp.HasField("delivery_timestamp"):
+        return v2.DELAY
+    return v2.NORMAL
+
+
+@dataclass(frozen=True, slots=True)
+class SendPlan:
+    """A v2 message translated for SEND_MESSAGE."""
+
+    entry: broker_pb2.SendEntry
+    message_type: int
+    message_id: str
+    message_group: str | None
+    born_host: str
+
+
+def send_entry(msg: v2.Message, topic: str) -> SendPlan:
+    """v2 Message -> our SendEntry (properties as RocketMQ names them)."""
+    sp = msg.system_properties
+    if not msg.body:
+        raise BadRequest("message body is empty")
+    if len(msg.body) > MAX_BODY_BYTES:
+        raise BadRequest(f"message body is larger than {MAX_BODY_BYTES} bytes")
+    reserved = SYSTEM_PROPERTIES.intersection(msg.user_properties)
+    if reserved:
+        raise BadRequest(f"reserved property names in user properties: {sorted(reserved)}")
+    kind = message_type_of(msg)
+    props = dict(msg.user_properties)
+    message_id = sp.message_id
+    if message_id:
+        props[PROPERTY_UNIQ_KEY] = message_id
+    props[PROPERTY_PRODUCER_GROUP] = topic  # a gRPC producer's group is its topic (as RocketMQ)
+    if sp.HasField("tag") and sp.tag:
+        props[PROPERTY_TAGS] = sp.tag
+    if sp.keys:
+        props[PROPERTY_KEYS] = " ".join(sp.keys)
+    group: str | None = None
+    if kind == v2.FIFO:
+        if not sp.message_group:
+            raise BadRequest("a FIFO message needs a message group")
+        group = sp.message_group
+        props[PROPERTY_MESSAGE_GROUP] = group
+    elif kind == v2.DELAY:
+        if not sp.HasField("delivery_timestamp"):
+            raise BadRequest("a DELAY message needs a delivery timestamp")
+        props[PROPERTY_TIMER_DELIVER_MS] = str(delivery_ms(sp.delivery_timestamp))
+    elif kind == v2.TRANSACTION:
+        props[PROPERTY_TRAN_MSG] = "true"
+    elif kind != v2.NORMAL:
+        raise BadRequest(f"message type {kind} is not supported")
+    born_ms = ms_of_timestamp(sp.born_timestamp) if sp.HasField("born_timestamp") else 0
+    entry = broker_pb2.SendEntry(body=msg.body, properties=props, born_ts_ms=born_ms)
+    return SendPlan(entry, kind, message_id, group, sp.born_host)
+
+
+def _received_type(props: Mapping[str, str]) -> int:
+    if PROPERTY_MESSAGE_GROUP in props:
+        return v2.FIFO
+    if PROPERTY_TIMER_DELIVER_MS in props or PROPERTY_DELAY in props:
+        return v2.DELAY
+    if PROPERTY_PREPARED_QUEUE_OFFSET in props or PROPERTY_TRAN_MSG in props:
+        return v2.TRANSACTION
+    return v2.NORMAL
+
+
+def message_to_v2(
+    m: broker_pb2.Message,
+    *,
+    topic: str,
+    receipt_handle: str | None = None,
+    invisible_ms: int | None = None,
+) -> v2.Message:
+    """One of our broker messages as a v2 message (as RocketMQ's proxy builds it)."""
+    props = dict(m.properties)
+    sp = v2.SystemProperties(
+        message_id=props.get(PROPERTY_UNIQ_KEY) or m.msg_id,
+        body_digest=v2.Digest(type=v2.CRC32, checksum=f"{zlib.crc32(m.body) & 0xFFFFFFFF:08X}"),
+        body_encoding=v2.IDENTITY,
+        message_type=_received_type(props),  # type: ignore[arg-type]
+        born_timestamp=timestamp_of_ms(m.born_ts_ms),
+        born_host=m.born_host,
+        store_timestamp=timestamp_of_ms(m.store_ts_ms),
+        store_host=m.store_host,
+        queue_id=m.queue_id,
+        queue_offset=m.queue_offset,
+        delivery_attempt=int(props.get(PROPERTY_RECONSUME_TIME, "0") or 0) + 1,
+    )
+    if PROPERTY_TAGS in props:
+        sp.tag = props[PROPERTY_TAGS]
+    if props.get(PROPERTY_KEYS):
+        sp.keys.extend(props[PROPERTY_KEYS].split())
+    if PROPERTY_MESSAGE_GROUP in props:
+        sp.message_group = props[PROPERTY_MESSAGE_GROUP]
+    deliver = props.get(PROPERTY_TIMER_DELIVER_MS, "")
+    if deliver.isdigit():
+        sp.delivery_timestamp.CopyFrom(timestamp_of_ms(int(deliver)))
+    if receipt_handle is not None:
+        sp.receipt_handle = receipt_handle
+    if invisible_ms is not None:
+        sp.invisible_duration.CopyFrom(duration_of_ms(invisible_ms))
+    user = {k: v for k, v in props.items() if k not in SYSTEM_PROPERTIES}
+    return v2.Message(
+        topic=v2.Resource(name=topic), user_properties=user, system_properties=sp, body=m.body
+    )
+
+
+def recover_command(
+    check: broker_pb2.CheckTransactionStateRequest, tx_id: str
+) -> v2s.TelemetryCommand:
+    """CHECK_TRANSACTION_STATE -> the v2 telemetry command the SDK's checker answers."""
+    msg = message_to_v2(check.message, topic=check.message.topic)
+    msg.system_properties.message_type = v2.TRANSACTION
+    return v2s.TelemetryCommand(
+        recover_orphaned_transaction_command=v2s.RecoverOrphanedTransactionCommand(
+            message=msg, transaction_id=tx_id
+        )
+    )
+
+
+def topics_of(resources: Iterable[v2.Resource]) -> list[str]:
+    return [r.name for r in resources if r.name]

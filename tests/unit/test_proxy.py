@@ -1,0 +1,253 @@
+"""The gRPC gateway's plain parts: handles, FIFO locks, conversions, and the
+committed v2 protocol files (regenerate == committed).
+
+Never imports the official SDK: its generated modules and ours both define
+``apache.rocketmq.v2`` in the default descriptor pool (see
+tests/integration/test_grpc_proxy.py).
+"""
+
+from __future__ import annotations
+
+import zlib
+from pathlib import Path
+
+import pytest
+
+from ha_controller.proto import broker_pb2, regen
+from ha_controller.proto.rocketmq.v2 import definition_pb2 as v2
+from ha_controller.proto.rocketmq.v2 import service_pb2 as v2s
+from ha_controller.protocol.errors import (
+    BadRequest,
+    BrokerUnavailable,
+    InSyncReplicasNotEnough,
+    NotMaster,
+    Overloaded,
+    TopicNotFound,
+)
+from ha_controller.proxy import convert
+from ha_controller.proxy.handles import FifoLocks, GatewayHandle, InvalidHandle, TransactionId
+from ha_controller.proxy.sessions import PRODUCER, Sessions
+from ha_controller.routing import BrokerData, Perm, QueueData, TopicRouteData
+
+
+def test_v2_protocol_files_regenerate_to_the_committed_ones(tmp_path: Path) -> None:
+    regen.regenerate(tmp_path)
+    out = tmp_path / "ha_controller" / "proto" / "rocketmq" / "v2"
+    expected = {f"{p.stem}_pb2{ext}" for p in regen.v2_proto_files() for ext in (".py", ".pyi")}
+    expected |= {f"{Path(name).stem}_pb2_grpc.py" for name in regen.GRPC_PROTOS}
+    assert {p.name for p in out.glob("*_pb2*.py*")} == expected
+    for new in out.glob("*_pb2*.py*"):
+        committed = regen.V2_DIR / new.name
+        assert committed.read_text() == new.read_text(), f"{new.name} differs: run `make proto`"
+
+
+def test_service_path_is_the_official_one() -> None:
+    svc = v2s.DESCRIPTOR.services_by_name["MessagingService"]
+    assert svc.full_name == "apache.rocketmq.v2.MessagingService"
+    assert svc.methods_by_name["ReceiveMessage"].server_streaming
+    telemetry = svc.methods_by_name["Telemetry"]
+    assert telemetry.client_streaming and telemetry.server_streaming
+    # a few field numbers the SDKs depend on
+    sp = v2.SystemProperties.DESCRIPTOR.fields_by_name
+    assert sp["receipt_handle"].number == 12
+    assert sp["delivery_attempt"].number == 16
+    assert sp["message_group"].number == 17
+    assert (
+        v2s.TelemetryCommand.DESCRIPTOR.fields_by_name[
+            "recover_orphaned_transaction_command"
+        ].number
+        == 5
+    )
+
+
+@pytest.mark.parametrize("handle", ["", "x", "h1.!!!", "h1.e30", "t1.WyJhIl0"])
+def test_bad_receipt_handles_are_typed(handle: str) -> None:
+    with pytest.raises(InvalidHandle):
+        GatewayHandle.decode(handle)
+
+
+def test_handles_round_trip() -> None:
+    h = GatewayHandle("broker-a", "%RETRY%g", 3, 42, "1 2 3 4 L broker-a 3 42", 99)
+    assert GatewayHandle.decode(h.encode()) == h
+    t = TransactionId("broker-b", 7, 123456, "01ABC")
+    assert TransactionId.decode(t.encode()) == t
+    with pytest.raises(InvalidHandle):
+        TransactionId.decode(h.encode())
+    assert isinstance(InvalidHandle("x"), BadRequest)
+
+
+def test_fifo_locks_hold_a_queue_until_its_batch_is_acked() -> None:
+    now = [1000]
+    locks = FifoLocks(lambda: now[0])
+    key = ("g", "broker-a", "T", 1)
+    assert not locks.locked(*key)
+    locks.lock(*key, [5, 6], until_ms=2000)
+    assert locks.locked(*key)
+    assert not locks.release(*key, 5)
+    assert locks.locked(*key)
+    assert locks.release(*key, 6)
+    assert not locks.locked(*key)
+    locks.lock(*key, [7], until_ms=2000)
+    locks.extend(*key, 7, until_ms=5000)
+    now[0] = 3000
+    assert locks.locked(*key)
+    now[0] = 5000  # invisible time over: the revive service owns the message now
+    assert not locks.locked(*key)
+    assert len(locks) == 0
+
+
+def _route(acting_b: bool = False) -> TopicRouteData:
+    return TopicRouteData(
+        topic="T",
+        broker_datas=[
+            BrokerData("c", "broker-a", {0: "10.0.0.1:1", 1: "10.0.0.2:1"}, True),
+            BrokerData("c", "broker-b", {0: "10.0.0.4:1"} if acting_b else {0: "10.0.0.3:1"}, True),
+            BrokerData("c", "broker-c", {1: "10.0.0.5:1"}, False),
+        ],
+        queue_datas=[
+            QueueData("broker-a", 2, 2, Perm.READ | Perm.WRITE),
+            QueueData("broker-b", 2, 2, Perm.READ if acting_b else Perm.READ | Perm.WRITE),
+            QueueData("broker-c", 2, 2, Perm.READ | Perm.WRITE),
+        ],
+    )
+
+
+def test_routes_point_at_the_gateway_and_follow_the_acting_rewrite() -> None:
+    gw = convert.endpoints_of("127.0.0.1:8081")
+    queues = convert.v2_queues(_route(acting_b=True), gw)
+    # broker-c has no id 0 (no master, acting disabled): not offered
+    assert {q.broker.name for q in queues} == {"broker-a", "broker-b"}
+    assert all(q.broker.id == 0 and q.broker.endpoints == gw for q in queues)
+    perms = {(q.broker.name, q.id): q.permission for q in queues}
+    assert perms[("broker-a", 0)] == v2.READ_WRITE
+    assert perms[("broker-b", 1)] == v2.READ
+    writable = convert.writable_queues(_route(acting_b=True))
+    assert {q.broker_name for q in writable} == {"broker-a"}
+    assert {
+        q.addr for q in convert.route_queues(_route(acting_b=True)) if q.broker_name == "broker-b"
+    } == {"10.0.0.4:1"}
+    found = convert.assignments(_route(acting_b=True), gw)
+    assert [(a.message_queue.broker.name, a.message_queue.id) for a in found] == [
+        ("broker-a", -1),
+        ("broker-b", -1),
+    ]
+
+
+def test_fifo_groups_stay_on_one_queue() -> None:
+    queues = convert.writable_queues(_route())
+    picks = {convert.fifo_queue(queues, "order-7") for _ in range(5)}
+    assert len(picks) == 1
+
+
+def _v2_message(**sp: object) -> v2.Message:
+    m = v2.Message(topic=v2.Resource(name="T"), body=b"hello")
+    m.system_properties.message_id = "01AB"
+    for k, val in sp.items():
+        setattr(m.system_properties, k, val)
+    return m
+
+
+def test_send_entry_maps_types_to_rocketmq_properties() -> None:
+    m = _v2_message(tag="A", message_type=v2.FIFO, message_group="g1")
+    m.system_properties.keys.extend(["k1", "k2"])
+    m.user_properties["color"] = "red"
+    plan = convert.send_entry(m, "T")
+    props = dict(plan.entry.properties)
+    assert props == {
+        "color": "red",
+        "UNIQ_KEY": "01AB",
+        "PGROUP": "T",
+        "TAGS": "A",
+        "KEYS": "k1 k2",
+        "__SHARDINGKEY": "g1",
+    }
+    assert plan.message_group == "g1"
+
+    d = _v2_message(message_type=v2.DELAY)
+    d.system_properties.delivery_timestamp.seconds = 1_800_000_000
+    assert convert.send_entry(d, "T").entry.properties["TIMER_DELIVER_MS"] == "1800000000000"
+    # rocketmq-python-client 5.1.2 puts milliseconds into Timestamp.seconds
+    d.system_properties.delivery_timestamp.seconds = 1_800_000_000_123
+    assert convert.send_entry(d, "T").entry.properties["TIMER_DELIVER_MS"] == "1800000000123"
+
+    t = _v2_message(message_type=v2.TRANSACTION)
+    assert convert.send_entry(t, "T").entry.properties["TRAN_MSG"] == "true"
+
+
+@pytest.mark.parametrize(
+    "mutate",
+    [
+        lambda m: m.ClearField("body"),
+        lambda m: m.user_properties.__setitem__("UNIQ_KEY", "x"),
+        lambda m: setattr(m.system_properties, "message_type", v2.FIFO),
+        lambda m: setattr(m.system_properties, "message_type", v2.DELAY),
+    ],
+)
+def test_bad_sends_are_rejected(mutate: object) -> None:
+    m = _v2_message()
+    mutate(m)  # type: ignore[operator]
+    with pytest.raises(BadRequest):
+        convert.send_entry(m, "T")
+
+
+def test_received_messages_carry_digest_handle_and_attempt() -> None:
+    bm = broker_pb2.Message(
+        topic="%RETRY%g",
+        body=b"payload",
+        properties={
+            "UNIQ_KEY": "01CD",
+            "TAGS": "B",
+            "KEYS": "x y",
+            "__SHARDINGKEY": "grp",
+            "RECONSUME_TIME": "2",
+            "POP_CK": "ck",
+            "user": "1",
+        },
+        queue_id=1,
+        queue_offset=9,
+        born_ts_ms=1_700_000_000_123,
+        store_ts_ms=1_700_000_000_456,
+    )
+    m = convert.message_to_v2(bm, topic="T", receipt_handle="h", invisible_ms=30_000)
+    sp = m.system_properties
+    assert m.topic.name == "T"
+    assert sp.message_id == "01CD"
+    assert sp.body_digest.checksum == f"{zlib.crc32(b'payload') & 0xFFFFFFFF:08X}"
+    assert sp.delivery_attempt == 3
+    assert sp.message_type == v2.FIFO and sp.message_group == "grp"
+    assert list(sp.keys) == ["x", "y"] and sp.tag == "B"
+    assert sp.receipt_handle == "h" and sp.invisible_duration.seconds == 30
+    assert convert.ms_of_timestamp(sp.born_timestamp) == 1_700_000_000_123
+    assert dict(m.user_properties) == {"user": "1"}
+
+
+def test_error_codes_keep_the_sdk_retrying_except_on_overload() -> None:
+    assert convert.code_for(NotMaster("x")) == v2.HA_NOT_AVAILABLE
+    assert convert.code_for(BrokerUnavailable("x")) == v2.HA_NOT_AVAILABLE
+    assert convert.code_for(InSyncReplicasNotEnough("x")) == v2.SLAVE_PERSISTENCE_TIMEOUT
+    assert convert.code_for(TopicNotFound("x")) == v2.TOPIC_NOT_FOUND
+    assert convert.code_for(Overloaded("x")) == v2.TOO_MANY_REQUESTS
+    assert convert.code_for(InvalidHandle("x")) == v2.INVALID_RECEIPT_HANDLE
+    assert convert.code_for(RuntimeError("x")) == v2.INTERNAL_ERROR
+
+
+def test_tag_filters() -> None:
+    assert convert.tags_of(v2.FilterExpression(type=v2.TAG, expression="*")) == []
+    assert convert.tags_of(v2.FilterExpression(type=v2.TAG, expression="a || b")) == ["a", "b"]
+    with pytest.raises(BadRequest):
+        convert.tags_of(v2.FilterExpression(type=v2.SQL, expression="a > 1"))
+
+
+def test_transaction_checks_prefer_the_producer_that_sent_the_half() -> None:
+    sessions: Sessions[str] = Sessions()
+    for cid in ("p1", "p2"):
+        s = sessions.get(cid)
+        s.kind, s.topics, s.streams = PRODUCER, frozenset({"T"}), 1
+    other = sessions.get("p3")
+    other.kind, other.topics, other.streams = PRODUCER, frozenset({"U"}), 1
+    assert sessions.producers_for("T", prefer="p1")[0].client_id == "p1"
+    assert {s.client_id for s in sessions.producers_for("T")} == {"p1", "p2"}
+    woken: list[str] = []
+    sessions.wakers["p2"] = lambda: woken.append("p2")
+    assert sessions.push(sessions.get("p2"), "cmd")
+    assert woken == ["p2"] and sessions.get("p2").outbox == ["cmd"]
