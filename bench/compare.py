@@ -1,0 +1,456 @@
+"""Side by side: ha-controller vs RabbitMQ (quorum queues) vs NATS JetStream (R3, file).
+
+    .venv/bin/python bench/compare.py            # the whole comparison (~5 min on 2 cores)
+    .venv/bin/python bench/compare.py --quick    # a smoke run
+    .venv/bin/python bench/compare.py --profile  # plus py-spy on our broker and client
+
+One invocation installs the peers from Debian packages (``apt-get update``
+once, then ``apt-get install -y rabbitmq-server nats-server``), starts all
+three clusters on 127.0.0.1, runs each workload on every system, rotating
+the order each round to cancel machine drift, and writes
+``bench/results/compare-<stamp>.{json,md,png}`` (plus ``latest.*``).  A
+system that cannot be installed or started is reported as unavailable with
+its reason.  Every process started here is stopped on the way out.
+
+Deployments (2 copies before an acknowledgement everywhere):
+- ha-controller: nameserver + master + 1 SYNC slave per group; one group
+  for throughput and latency, two for failover (the producer's other group);
+- RabbitMQ: 3 nodes of one cluster, a quorum queue (leader + 2 followers,
+  confirm after a majority, i.e. 2 copies, fsync'd by Ra);
+- NATS: 3 servers of one JetStream cluster, an R3 file-storage stream
+  (PubAck after a majority, i.e. 2 copies, not fsync'd per message).
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import contextlib
+import datetime as dt
+import json
+import logging
+import os
+import platform
+import shutil
+import signal
+import subprocess
+import sys
+import tempfile
+import time
+import traceback
+from collections import Counter
+from pathlib import Path
+from typing import Any
+
+import report
+import workloads
+from drivers import Driver, NatsDriver, OursDriver, RabbitDriver
+from peers import NatsCluster, OursCluster, RabbitCluster, Unavailable, apt_install
+
+HERE = Path(__file__).resolve().parent
+OURS, RABBIT, NATS = "ha-controller", "RabbitMQ", "NATS JetStream"
+CLIENTS = {RABBIT: "aio_pika", NATS: "nats"}
+PACKAGES = {RABBIT: "rabbitmq-server", NATS: "nats-server"}
+
+
+def say(text: str) -> None:
+    print(f"[{time.strftime('%H:%M:%S')}] {text}", flush=True)
+
+
+def machine() -> dict[str, Any]:
+    mem_kib = 0
+    with contextlib.suppress(OSError, ValueError, IndexError):
+        for line in Path("/proc/meminfo").read_text().splitlines():
+            if line.startswith("MemTotal:"):
+                mem_kib = int(line.split()[1])
+    cpu = ""
+    with contextlib.suppress(OSError):
+        for line in Path("/proc/cpuinfo").read_text().splitlines():
+            if line.startswith("model name"):
+                cpu = line.split(":", 1)[1].strip()
+                break
+    return {
+        "cores": os.cpu_count(),
+        "memory_gib": round(mem_kib / 1024 / 1024, 1),
+        "cpu": cpu,
+        "kernel": platform.release(),
+        "python": platform.python_version(),
+    }
+
+
+def client_versions() -> dict[str, str]:
+    from importlib import metadata
+
+    out = {}
+    for dist in ("ha-controller", "aio-pika", "aiormq", "nats-py"):
+        with contextlib.suppress(metadata.PackageNotFoundError):
+            out[dist] = metadata.version(dist)
+    return out
+
+
+class Bench:
+    def __init__(self, args: argparse.Namespace) -> None:
+        self.args = args
+        self.workdir = Path(tempfile.mkdtemp(prefix="hac-compare-"))
+        self.systems: dict[str, dict[str, Any]] = {
+            s: {"throughput": [], "latency": [], "failover": [], "notes": []}
+            for s in (OURS, RABBIT, NATS)
+            if s in args.systems
+        }
+        self.clusters: dict[str, Any] = {}
+        self.seq = Counter[str]()
+        # Other work on the machine skews everything; record how busy it was.
+        self.loadavg_start = os.getloadavg()
+
+    # ---- life cycle ----------------------------------------------------------------
+
+    def unavailable(self, system: str, reason: str) -> None:
+        say(f"{system}: UNAVAILABLE — {reason}")
+        self.systems[system]["unavailable"] = reason
+
+    def live(self) -> list[str]:
+        return [s for s, v in self.systems.items() if not v.get("unavailable")]
+
+    def install(self) -> None:
+        wanted = [PACKAGES[s] for s in (RABBIT, NATS) if s in self.systems]
+        if wanted and not self.args.skip_install:
+            say(f"apt-get: installing {' '.join(wanted)} (if missing)")
+            status = apt_install(wanted, self.workdir / "apt.log")
+            for system in (RABBIT, NATS):
+                if system in self.systems and status.get(PACKAGES[system]):
+                    self.unavailable(system, status[PACKAGES[system]] or "")
+        for system, module in CLIENTS.items():
+            if system in self.live():
+                try:
+                    __import__(module)
+                except ImportError as exc:
+                    self.unavailable(system, f"Python client missing: {exc} (pip install .[bench])")
+
+    async def start(self, system: str) -> None:
+        t0 = time.monotonic()
+        cluster: Any
+        if system == RABBIT:
+            cluster = RabbitCluster(self.workdir / "rabbitmq")
+        elif system == NATS:
+            cluster = NatsCluster(self.workdir / "nats")
+        else:
+            cluster = OursCluster(self.workdir / "ours-1g", ("broker-a",))
+        self.clusters[system] = cluster
+        try:
+            await cluster.start()
+        except (Unavailable, RuntimeError, OSError, TimeoutError) as exc:
+            await cluster.aclose()
+            self.clusters.pop(system)
+            self.unavailable(system, f"could not start: {exc}".strip()[:500])
+            return
+        version = getattr(cluster, "version", "")
+        self.systems[system]["server_version"] = version
+        say(f"{system}: cluster up in {time.monotonic() - t0:.1f} s {version}")
+
+    async def stop_all(self) -> None:
+        for system, cluster in list(self.clusters.items()):
+            with contextlib.suppress(Exception):
+                await asyncio.wait_for(cluster.aclose(), 60)
+            self.clusters.pop(system, None)
+
+    def driver(self, system: str, prefer: int = 0, **kw: Any) -> Driver:
+        cluster = self.clusters[system]
+        if system == RABBIT:
+            return RabbitDriver(cluster, prefer)
+        if system == NATS:
+            return NatsDriver(cluster, prefer)
+        return OursDriver(cluster, prefer, **kw)
+
+    def dest(self, workload: str) -> str:
+        self.seq[workload] += 1
+        return f"bench_{workload}_{self.seq[workload]}_{os.getpid()}"
+
+    # ---- workloads ---------------------------------------------------------------
+
+    async def run_round(self, workload: str, rnd: int) -> None:
+        live = self.live()
+        order = live[rnd % len(live) :] + live[: rnd % len(live)]
+        for system in order:
+            driver = self.driver(system)
+            try:
+                await driver.open()
+                if workload == "throughput":
+                    res = await workloads.throughput(
+                        driver, self.dest("tp"), self.args.n, self.args.size, self.args.window
+                    )
+                    say(
+                        f"  {system:<15} round {rnd + 1}: produce {res['produce_msgs_s']:>8.0f} "
+                        f"msg/s, consume {res['consume_msgs_s']:>8.0f} msg/s"
+                        + ("" if res["complete"] else f" (INCOMPLETE {res['received']})")
+                    )
+                else:
+                    res = await workloads.latency(
+                        driver, self.dest("lat"), self.args.rate, self.args.seconds, self.args.size
+                    )
+                    say(
+                        f"  {system:<15} round {rnd + 1}: p50 {res['p50_ms']:.2f} "
+                        f"p99 {res['p99_ms']:.2f} p999 {res['p999_ms']:.2f} ms "
+                        f"({res['received']}/{res['sent']} received)"
+                    )
+                res["round"] = rnd + 1
+                self.systems[system][workload].append(res)
+            except Exception as exc:
+                say(f"  {system} {workload} round {rnd + 1} FAILED: {exc!r}")
+                self.systems[system]["notes"].append(f"{workload} round {rnd + 1} failed: {exc!r}")
+                logging.debug("%s", traceback.format_exc())
+            finally:
+                with contextlib.suppress(Exception):
+                    await asyncio.wait_for(driver.aclose(), 10)
+
+    async def run_failover(self, system: str) -> None:
+        if system == OURS:
+            await self.clusters.pop(OURS).aclose()
+            cluster = OursCluster(self.workdir / "ours-2g", ("broker-a", "broker-b"))
+            self.clusters[OURS] = cluster
+            await cluster.start()
+        dest = self.dest("fo")
+        setup = self.driver(system)
+        await setup.open()
+        try:
+            await setup.create(dest)
+            leader = await setup.leader(dest)
+        finally:
+            await setup.aclose()
+        # The stream's client starts attached to the leader it is about to lose.
+        driver = self.driver(system, leader, send_timeout_ms=1000)
+        await driver.open()
+        try:
+            res = await workloads.failover(
+                driver, dest, leader, self.args.failover_rate, self.args.size
+            )
+        finally:
+            with contextlib.suppress(Exception):
+                await asyncio.wait_for(driver.aclose(), 10)
+        extra = (
+            f", acting slave reads after {res['acting_slave_read_s']:.2f} s"
+            if "acting_slave_read_s" in res
+            else ""
+        )
+        say(
+            f"  {system:<15} killed {res['killed']}: next send {res['next_send_s']:.2f} s, "
+            f"next receive {res['next_receive_s']:.2f} s{extra}"
+        )
+        self.systems[system]["failover"].append(res)
+        # The cluster is one node short now; stop it to free the cores.
+        with contextlib.suppress(Exception):
+            await asyncio.wait_for(self.clusters.pop(system).aclose(), 60)
+
+    async def profile(self) -> dict[str, Any]:
+        """py-spy on our master, slave and this client process during one throughput run."""
+        out: dict[str, Any] = {}
+        if OURS not in self.clusters:
+            return {"error": "ha-controller cluster not running"}
+        spy = Path(sys.executable).with_name("py-spy")
+        if not spy.exists():
+            return {"error": "py-spy not installed (pip install py-spy)"}
+        cluster: Any = self.clusters[OURS]
+        targets = {
+            "master": cluster.broker("broker-a", 0).pid,
+            "slave": cluster.broker("broker-a", 1).pid,
+            "client": os.getpid(),
+        }
+        procs = {}
+        for role, pid in targets.items():
+            raw = self.out_dir / f"profile-{role}.txt"
+            procs[role] = (
+                subprocess.Popen(
+                    [
+                        *(str(spy), "record", "--pid", str(pid), "--rate", "200"),
+                        *("--format", "raw", "--output", str(raw)),
+                        *("--duration", "120", "--nonblocking"),
+                    ],
+                    stdout=subprocess.DEVNULL,
+                    stderr=subprocess.DEVNULL,
+                ),
+                raw,
+            )
+        await asyncio.sleep(1.0)
+        driver = self.driver(OURS)
+        await driver.open()
+        try:
+            # Three times the messages of a round, for enough samples.
+            res = await workloads.throughput(
+                driver, self.dest("prof"), 3 * self.args.n, self.args.size, self.args.window
+            )
+        finally:
+            await driver.aclose()
+        out["throughput_under_profiler"] = res
+        for role, (proc, raw) in procs.items():
+            proc.send_signal(signal.SIGINT)
+            try:
+                proc.wait(30)
+            except subprocess.TimeoutExpired:
+                proc.kill()
+                proc.wait(5)
+            out[role] = top_frames(raw)
+        return out
+
+    # ---- main -------------------------------------------------------------------------
+
+    async def run(self) -> dict[str, Any]:
+        t_start = time.monotonic()
+        self.out_dir = Path(self.args.out)
+        self.out_dir.mkdir(parents=True, exist_ok=True)
+        await asyncio.to_thread(self.install)
+        try:
+            for system in self.live():
+                await self.start(system)
+            if not self.live():
+                raise SystemExit("no system could start")
+            for workload, rounds in (
+                ("throughput", self.args.rounds),
+                ("latency", self.args.rounds),
+            ):
+                say(f"{workload}: {rounds} round(s), order rotated each round")
+                for rnd in range(rounds):
+                    await self.run_round(workload, rnd)
+            prof = None
+            if self.args.profile:
+                say("profiling ha-controller on the throughput workload (py-spy)")
+                prof = await self.profile()
+            if not self.args.no_failover:
+                say("failover: kill -9 the leader during a steady stream")
+                for system in self.live():
+                    try:
+                        await self.run_failover(system)
+                    except Exception as exc:
+                        say(f"  {system} failover FAILED: {exc!r}")
+                        self.systems[system]["notes"].append(f"failover failed: {exc!r}")
+        finally:
+            say("stopping every process started here")
+            await self.stop_all()
+        return {
+            "meta": {
+                "title": (
+                    f"ha-controller vs RabbitMQ vs NATS JetStream — {self.args.n} x "
+                    f"{self.args.size} B, {machine()['cores']} cores, "
+                    f"{dt.datetime.now(dt.UTC):%Y-%m-%d}"
+                ),
+                "command": " ".join(sys.argv),
+                "args": vars(self.args),
+                "machine": machine(),
+                "clients": client_versions(),
+                "wall_s": time.monotonic() - t_start,
+                "loadavg_start": self.loadavg_start,
+                "loadavg_end": os.getloadavg(),
+                "utc": dt.datetime.now(dt.UTC).isoformat(timespec="seconds"),
+                "workdir": str(self.workdir),
+            },
+            "systems": self.systems,
+            "profile": prof,
+        }
+
+
+def top_frames(raw: Path, limit: int = 15) -> dict[str, Any]:
+    """Self and inclusive sample counts per frame from py-spy's collapsed stacks."""
+    self_count: Counter[str] = Counter()
+    incl: Counter[str] = Counter()
+    total = 0
+    with contextlib.suppress(OSError):
+        for line in raw.read_text(errors="replace").splitlines():
+            stack, _, count = line.rpartition(" ")
+            if not stack or not count.isdigit():
+                continue
+            n = int(count)
+            frames = [f for f in stack.split(";") if f]
+            if not frames:
+                continue
+            total += n
+            self_count[frames[-1]] += n
+            for frame in set(frames):
+                incl[frame] += n
+    if not total:
+        return {"samples": 0}
+    return {
+        "samples": total,
+        "self": [(f, round(100 * c / total, 1)) for f, c in self_count.most_common(limit)],
+        "inclusive": [(f, round(100 * c / total, 1)) for f, c in incl.most_common(limit + 10)],
+    }
+
+
+def write_outputs(results: dict[str, Any], out_dir: Path) -> Path:
+    stamp = dt.datetime.now(dt.UTC).strftime("%Y%m%dT%H%M%SZ")
+    base = out_dir / f"compare-{stamp}"
+    table = report.markdown(results)
+    problem = report.chart(results, base.with_suffix(".png"))
+    if problem:
+        results["meta"]["chart"] = problem
+    base.with_suffix(".json").write_text(json.dumps(results, indent=2, default=str))
+    meta = results["meta"]
+    m = meta["machine"]
+    md = (
+        f"# {meta['title']}\n\n"
+        f"Command: `{meta['command']}`  \n"
+        f"Machine: {m['cores']} cores, {m['memory_gib']} GiB, {m['cpu']}, Linux {m['kernel']}, "
+        f"Python {m['python']}  \nClients: {meta['clients']}  \n"
+        f"Servers: "
+        + ", ".join(
+            f"{s} {v.get('server_version', '')}".strip()
+            for s, v in results["systems"].items()
+            if s != OURS
+        )
+        + f"  \nWall time: {meta['wall_s']:.0f} s; medians over rounds; 1-min load average "
+        f"{meta['loadavg_start'][0]:.1f} at start, {meta['loadavg_end'][0]:.1f} at end.\n\n" + table
+    )
+    base.with_suffix(".md").write_text(md)
+    for suffix in (".json", ".md", ".png"):
+        src = base.with_suffix(suffix)
+        if src.exists():
+            (out_dir / f"latest{suffix}").write_bytes(src.read_bytes())
+    return base
+
+
+def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
+    p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawTextHelpFormatter)
+    p.add_argument("-n", type=int, default=5000, help="messages per throughput round")
+    p.add_argument("--size", type=int, default=1024, help="message body bytes")
+    p.add_argument("--window", type=int, default=64, help="sends in flight (throughput)")
+    p.add_argument("--rounds", type=int, default=3, help="rounds per workload and system")
+    p.add_argument("--rate", type=float, default=500.0, help="msg/s of the latency workload")
+    p.add_argument("--seconds", type=float, default=10.0, help="latency workload duration")
+    p.add_argument("--failover-rate", type=float, default=200.0, help="msg/s during failover")
+    p.add_argument("--systems", nargs="+", default=[OURS, RABBIT, NATS])
+    p.add_argument("--out", default=str(HERE / "results"))
+    p.add_argument("--skip-install", action="store_true", help="do not run apt-get")
+    p.add_argument("--no-failover", action="store_true")
+    p.add_argument("--profile", action="store_true", help="py-spy our broker and client")
+    p.add_argument("--quick", action="store_true", help="small smoke run")
+    args = p.parse_args(argv)
+    if args.quick:
+        args.n, args.rounds, args.seconds = 1000, 1, 3.0
+    return args
+
+
+def main(argv: list[str] | None = None) -> int:
+    args = parse_args(argv)
+    logging.basicConfig(level=logging.CRITICAL)
+    bench = Bench(args)
+    # SIGTERM/SIGHUP become KeyboardInterrupt, so the finally blocks stop every process.
+    for sig in (signal.SIGTERM, signal.SIGHUP):
+        signal.signal(sig, signal.default_int_handler)
+    results = asyncio.run(bench.run())
+    base = write_outputs(results, Path(args.out))
+    print()
+    print(base.with_suffix(".md").read_text())
+    if results.get("profile"):
+        for role in ("master", "slave", "client"):
+            prof = results["profile"].get(role) or {}
+            print(f"profile {role}: {prof.get('samples', 0)} samples; top self frames:")
+            for frame, pct in prof.get("self", [])[:8]:
+                print(f"   {pct:5.1f}%  {frame}")
+    print(f"results: {base}.json / .md / .png")
+    unavailable = [s for s, v in results["systems"].items() if v.get("unavailable")]
+    if any(v.get("notes") or v.get("unavailable") for v in results["systems"].values()):
+        print(f"server logs kept in {bench.workdir}")
+    else:
+        shutil.rmtree(bench.workdir, ignore_errors=True)
+    return 0 if OURS not in unavailable else 1
+
+
+if __name__ == "__main__":
+    sys.exit(main())

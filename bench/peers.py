@@ -1,0 +1,427 @@
+"""Start and stop the three systems of the side-by-side benchmark on loopback.
+
+- ha-controller: ``ha_controller.testing.run_cluster`` (nameserver, per group a
+  master and one SYNC slave, real processes).
+- RabbitMQ: three nodes of one cluster from the Debian package, distinct node
+  names and ports, an epmd of our own on a private port; quorum queues.
+- NATS: three ``nats-server`` processes forming one JetStream cluster with
+  file storage; R3 streams.
+
+Everything listens on 127.0.0.1 only.  Every process started here is
+remembered and stopped by ``aclose()`` (kill -9 of its process group as the
+last resort), including the epmd we start, so a failing run leaves nothing
+behind.  A peer that cannot be installed or started raises ``Unavailable``
+with the reason; the caller reports it instead of dropping it.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import json
+import os
+import shutil
+import signal
+import socket
+import subprocess
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+
+RABBIT_BIN = Path("/usr/lib/rabbitmq/bin")
+LOOPBACK = "127.0.0.1"
+
+
+class Unavailable(RuntimeError):
+    """A system could not be installed or started; the message says why."""
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind((LOOPBACK, 0))
+        return int(s.getsockname()[1])
+
+
+def free_ports(n: int) -> list[int]:
+    """``n`` distinct free loopback ports (held open together so they differ)."""
+    socks = []
+    try:
+        for _ in range(n):
+            s = socket.socket()
+            s.bind((LOOPBACK, 0))
+            socks.append(s)
+        return [int(s.getsockname()[1]) for s in socks]
+    finally:
+        for s in socks:
+            s.close()
+
+
+def apt_install(packages: list[str], log: Path) -> dict[str, str | None]:
+    """``apt-get update`` once, then install each package on its own.
+
+    Returns package -> None (installed) or the reason it is not.
+    """
+    result: dict[str, str | None] = {}
+    missing = [p for p in packages if not _dpkg_installed(p)]
+    for p in packages:
+        result[p] = None
+    if not missing:
+        return result
+    env = {**os.environ, "DEBIAN_FRONTEND": "noninteractive"}
+    with log.open("ab") as out:
+        subprocess.run(["apt-get", "update", "-q"], stdout=out, stderr=out, env=env, timeout=300)
+        for p in missing:
+            proc = subprocess.run(
+                ["apt-get", "install", "-y", "-q", p],
+                stdout=out,
+                stderr=out,
+                env=env,
+                timeout=400,
+            )
+            if proc.returncode != 0 or not _dpkg_installed(p):
+                result[p] = f"apt-get install {p} exited {proc.returncode} (see {log})"
+    return result
+
+
+def _dpkg_installed(package: str) -> bool:
+    proc = subprocess.run(
+        ["dpkg-query", "-W", "-f=${Status}", package], capture_output=True, text=True
+    )
+    return proc.returncode == 0 and "install ok installed" in proc.stdout
+
+
+@dataclass
+class Proc:
+    """A server process in its own process group."""
+
+    name: str
+    argv: list[str]
+    env: dict[str, str]
+    log: Path
+    popen: subprocess.Popen[bytes] | None = None
+
+    def start(self) -> Proc:
+        with self.log.open("ab") as out:
+            self.popen = subprocess.Popen(
+                self.argv,
+                env=self.env,
+                stdout=out,
+                stderr=subprocess.STDOUT,
+                stdin=subprocess.DEVNULL,
+                start_new_session=True,
+            )
+        return self
+
+    @property
+    def pid(self) -> int:
+        assert self.popen is not None
+        return self.popen.pid
+
+    def alive(self) -> bool:
+        return self.popen is not None and self.popen.poll() is None
+
+    def kill9(self) -> None:
+        """SIGKILL the whole process group (the server and any children)."""
+        if self.popen is None:
+            return
+        with contextlib.suppress(ProcessLookupError):
+            os.killpg(self.popen.pid, signal.SIGKILL)
+        with contextlib.suppress(subprocess.TimeoutExpired):
+            self.popen.wait(10)
+
+    def stop(self, timeout: float = 10.0) -> None:
+        if self.popen is None:
+            return
+        if self.popen.poll() is None:
+            with contextlib.suppress(ProcessLookupError):
+                os.killpg(self.popen.pid, signal.SIGTERM)
+            try:
+                self.popen.wait(timeout)
+            except subprocess.TimeoutExpired:
+                pass
+        self.kill9()
+
+    def tail(self, lines: int = 20) -> str:
+        with contextlib.suppress(OSError):
+            return "\n".join(self.log.read_text(errors="replace").splitlines()[-lines:])
+        return ""
+
+
+async def wait_port(port: int, proc: Proc, timeout: float) -> None:
+    deadline = time.monotonic() + timeout
+    while True:
+        if not proc.alive():
+            raise Unavailable(f"{proc.name} exited before it listened:\n{proc.tail()}")
+        with contextlib.suppress(OSError):
+            _, writer = await asyncio.wait_for(asyncio.open_connection(LOOPBACK, port), 1.0)
+            writer.close()
+            with contextlib.suppress(OSError):
+                await writer.wait_closed()
+            return
+        if time.monotonic() > deadline:
+            raise Unavailable(f"{proc.name} did not listen on {port} within {timeout} s")
+        await asyncio.sleep(0.1)
+
+
+# ---- RabbitMQ ------------------------------------------------------------------------
+
+
+@dataclass
+class RabbitCluster:
+    """Three RabbitMQ nodes ``bench1..3@localhost`` forming one cluster."""
+
+    workdir: Path
+    size: int = 3
+    nodes: list[str] = field(default_factory=list)
+    amqp_ports: list[int] = field(default_factory=list)
+    procs: list[Proc] = field(default_factory=list)
+    epmd: Proc | None = None
+    epmd_port: int = 0
+    version: str = ""
+
+    def _env(self) -> dict[str, str]:
+        return {
+            "PATH": os.environ.get("PATH", "/usr/bin:/bin"),
+            "HOME": str(self.workdir),  # .erlang.cookie lives here
+            "LANG": "C.UTF-8",
+            "ERL_EPMD_PORT": str(self.epmd_port),
+            "ERL_EPMD_ADDRESS": LOOPBACK,
+        }
+
+    async def start(self) -> None:
+        if not (RABBIT_BIN / "rabbitmq-server").exists() or shutil.which("epmd") is None:
+            raise Unavailable("rabbitmq-server is not installed")
+        self.workdir.mkdir(parents=True, exist_ok=True)
+        cookie = self.workdir / ".erlang.cookie"
+        cookie.write_text("HACBENCHCOOKIE")
+        cookie.chmod(0o400)
+        ports = free_ports(1 + 2 * self.size)
+        self.epmd_port = ports[0]
+        self.epmd = Proc(
+            "epmd",
+            ["epmd", "-port", str(self.epmd_port), "-address", LOOPBACK],
+            self._env(),
+            self.workdir / "epmd.log",
+        ).start()
+        await wait_port(self.epmd_port, self.epmd, 10)
+        self.nodes = [f"bench{i + 1}@localhost" for i in range(self.size)]
+        self.amqp_ports = ports[1 : 1 + self.size]
+        dist_ports = ports[1 + self.size :]
+        plugins = self.workdir / "enabled_plugins"
+        plugins.write_text("[].\n")
+        peers = "\n".join(
+            f"cluster_formation.classic_config.nodes.{i + 1} = {n}"
+            for i, n in enumerate(self.nodes)
+        )
+        for i, node in enumerate(self.nodes):
+            ndir = self.workdir / node.split("@")[0]
+            ndir.mkdir(exist_ok=True)
+            conf = ndir / "rabbitmq.conf"
+            conf.write_text(
+                f"listeners.tcp.1 = {LOOPBACK}:{self.amqp_ports[i]}\n"
+                "loopback_users = none\n"
+                "cluster_formation.peer_discovery_backend = classic_config\n"
+                f"{peers}\n"
+                "log.console = true\n"
+                "log.file = false\n"
+            )
+            env = {
+                **self._env(),
+                "RABBITMQ_NODENAME": node,
+                "RABBITMQ_USE_LONGNAME": "false",
+                "RABBITMQ_NODE_IP_ADDRESS": LOOPBACK,
+                "RABBITMQ_NODE_PORT": str(self.amqp_ports[i]),
+                "RABBITMQ_DIST_PORT": str(dist_ports[i]),
+                "RABBITMQ_CONFIG_FILE": str(conf),
+                "RABBITMQ_ADVANCED_CONFIG_FILE": str(ndir / "advanced.config"),
+                "RABBITMQ_CONF_ENV_FILE": str(ndir / "rabbitmq-env.conf"),
+                "RABBITMQ_MNESIA_BASE": str(ndir / "mnesia"),
+                "RABBITMQ_LOG_BASE": str(ndir / "log"),
+                "RABBITMQ_ENABLED_PLUGINS_FILE": str(plugins),
+                "RABBITMQ_PLUGINS_EXPAND_DIR": str(ndir / "plugins-expand"),
+                "RABBITMQ_GENERATED_CONFIG_DIR": str(ndir / "gen"),
+                "RABBITMQ_SCHEMA_DIR": str(ndir / "schema"),
+                "RABBITMQ_PID_FILE": str(ndir / "pid"),
+                # Dist on loopback; no scheduler busy-waiting, so that an idle
+                # node does not steal the 2 cores from the system being measured.
+                "RABBITMQ_SERVER_ADDITIONAL_ERL_ARGS": (
+                    "-kernel inet_dist_use_interface {127,0,0,1} "
+                    "+sbwt none +sbwtdcpu none +sbwtdio none"
+                ),
+            }
+            proc = Proc(
+                node, [str(RABBIT_BIN / "rabbitmq-server")], env, ndir / "server.log"
+            ).start()
+            self.procs.append(proc)
+            if i == 0:
+                # The first node forms the cluster; the others join it through
+                # classic-config peer discovery once it is up.
+                await wait_port(self.amqp_ports[0], proc, 90)
+        for port, proc in zip(self.amqp_ports, self.procs, strict=True):
+            await wait_port(port, proc, 90)
+        await self._await_cluster(90)
+
+    def ctl(self, *args: str, node: str | None = None, timeout: float = 30) -> str:
+        proc = subprocess.run(
+            [str(RABBIT_BIN / "rabbitmqctl"), "-n", node or self.live_node(), *args],
+            env=self._env(),
+            capture_output=True,
+            text=True,
+            timeout=timeout,
+        )
+        if proc.returncode != 0:
+            raise RuntimeError(f"rabbitmqctl {' '.join(args)}: {proc.stderr.strip()}")
+        return proc.stdout
+
+    def live_node(self) -> str:
+        for node, proc in zip(self.nodes, self.procs, strict=True):
+            if proc.alive():
+                return node
+        raise RuntimeError("no live RabbitMQ node")
+
+    async def _await_cluster(self, timeout: float) -> None:
+        deadline = time.monotonic() + timeout
+        last = ""
+        while time.monotonic() < deadline:
+            try:
+                out = await asyncio.to_thread(
+                    self.ctl, "cluster_status", "--formatter", "json", node=self.nodes[0]
+                )
+                status = json.loads(out)
+                running = status.get("running_nodes", [])
+                self.version = next(
+                    (v.get("rabbitmq_version", "") for v in status.get("versions", {}).values()),
+                    "",
+                )
+                if len(running) == self.size:
+                    return
+                last = f"running: {running}"
+            except (RuntimeError, ValueError, subprocess.TimeoutExpired) as exc:
+                last = str(exc)
+            await asyncio.sleep(1.0)
+        raise Unavailable(f"RabbitMQ cluster did not form within {timeout} s ({last})")
+
+    def url(self, index: int) -> str:
+        return f"amqp://guest:guest@{LOOPBACK}:{self.amqp_ports[index]}/"
+
+    def queue_leader(self, queue: str) -> int:
+        """Index of the node that leads quorum queue ``queue``."""
+        out = self.ctl("list_queues", "name", "leader", "--formatter", "json")
+        for row in json.loads(out):
+            if row.get("name") == queue:
+                return self.nodes.index(row["leader"])
+        raise RuntimeError(f"queue {queue} not found")
+
+    def kill9(self, index: int) -> None:
+        self.procs[index].kill9()
+
+    async def aclose(self) -> None:
+        for proc in self.procs:
+            await asyncio.to_thread(proc.stop, 15)
+        if self.epmd is not None:
+            await asyncio.to_thread(self.epmd.stop, 5)
+
+
+# ---- NATS JetStream ---------------------------------------------------------------------
+
+
+@dataclass
+class NatsCluster:
+    """Three ``nats-server`` processes forming one JetStream cluster (file storage)."""
+
+    workdir: Path
+    size: int = 3
+    names: list[str] = field(default_factory=list)
+    client_ports: list[int] = field(default_factory=list)
+    procs: list[Proc] = field(default_factory=list)
+    version: str = ""
+
+    async def start(self) -> None:
+        exe = shutil.which("nats-server")
+        if exe is None:
+            raise Unavailable("nats-server is not installed")
+        self.version = subprocess.run(
+            [exe, "--version"], capture_output=True, text=True, check=False
+        ).stdout.strip()
+        self.workdir.mkdir(parents=True, exist_ok=True)
+        ports = free_ports(2 * self.size)
+        self.client_ports = ports[: self.size]
+        route_ports = ports[self.size :]
+        routes = ", ".join(f"nats-route://{LOOPBACK}:{p}" for p in route_ports)
+        self.names = [f"n{i + 1}" for i in range(self.size)]
+        for i, name in enumerate(self.names):
+            ndir = self.workdir / name
+            ndir.mkdir(exist_ok=True)
+            conf = ndir / "server.conf"
+            conf.write_text(
+                f'server_name: "{name}"\n'
+                f'listen: "{LOOPBACK}:{self.client_ports[i]}"\n'
+                f'jetstream {{ store_dir: "{ndir / "js"}" }}\n'
+                "cluster {\n"
+                '  name: "bench"\n'
+                f'  listen: "{LOOPBACK}:{route_ports[i]}"\n'
+                f"  routes: [{routes}]\n"
+                "}\n"
+            )
+            self.procs.append(
+                Proc(name, [exe, "-c", str(conf)], dict(os.environ), ndir / "server.log").start()
+            )
+        for port, proc in zip(self.client_ports, self.procs, strict=True):
+            await wait_port(port, proc, 30)
+
+    def url(self, index: int) -> str:
+        return f"nats://{LOOPBACK}:{self.client_ports[index]}"
+
+    def kill9(self, index: int) -> None:
+        self.procs[index].kill9()
+
+    async def aclose(self) -> None:
+        for proc in self.procs:
+            await asyncio.to_thread(proc.stop, 10)
+
+
+# ---- ha-controller ---------------------------------------------------------------------------
+
+
+@dataclass
+class OursCluster:
+    """A nameserver and ``groups`` x (master + 1 SYNC slave), real processes."""
+
+    workdir: Path
+    groups: tuple[str, ...] = ("broker-a",)
+    cluster: object | None = None
+
+    async def start(self) -> None:
+        from ha_controller.testing import run_cluster
+
+        self.workdir.mkdir(parents=True, exist_ok=True)
+        self.cluster = await asyncio.to_thread(
+            run_cluster,
+            self.groups,
+            2,
+            workdir=self.workdir,
+            env={"HAC_REPLICATION_MODE": "sync", "HAC_IN_SYNC_REPLICAS": "2"},
+        )
+        from ha_controller.client.admin import NameserverClient
+        from ha_controller.testing import eventually
+
+        async with NameserverClient([self.namesrv]) as ns:
+
+            async def masters_online() -> bool:
+                groups = await ns.groups()
+                return len(groups) == len(self.groups) and all(g.master_online for g in groups)
+
+            await eventually(masters_online, timeout=30)
+
+    @property
+    def namesrv(self) -> str:
+        assert self.cluster is not None
+        return str(self.cluster.namesrv)  # type: ignore[attr-defined]
+
+    def broker(self, name: str, broker_id: int) -> object:
+        assert self.cluster is not None
+        return self.cluster.broker(name, broker_id)  # type: ignore[attr-defined]
+
+    async def aclose(self) -> None:
+        if self.cluster is not None:
+            await asyncio.to_thread(self.cluster.stop)  # type: ignore[attr-defined]

@@ -1,0 +1,121 @@
+"""Turn a results dict into a markdown table (absolute figures and ratios) and a PNG chart."""
+
+from __future__ import annotations
+
+import math
+import statistics
+from pathlib import Path
+from typing import Any
+
+OURS = "ha-controller"
+
+# (workload, key, label, higher is better)
+METRICS: list[tuple[str, str, str, bool]] = [
+    ("throughput", "produce_msgs_s", "produce msgs/s (durable, acked)", True),
+    ("throughput", "produce_mb_s", "produce MB/s", True),
+    ("throughput", "consume_msgs_s", "consume msgs/s", True),
+    ("throughput", "consume_mb_s", "consume MB/s", True),
+    ("latency", "p50_ms", "e2e latency p50 ms", False),
+    ("latency", "p99_ms", "e2e latency p99 ms", False),
+    ("latency", "p999_ms", "e2e latency p999 ms", False),
+    ("failover", "next_send_s", "failover: next successful send s", False),
+    ("failover", "next_receive_s", "failover: next successful receive s", False),
+]
+
+
+def median_of(runs: list[dict[str, Any]], key: str) -> float:
+    values = [
+        r[key] for r in runs if isinstance(r.get(key), int | float) and not math.isnan(r[key])
+    ]
+    return statistics.median(values) if values else math.nan
+
+
+def summary(results: dict[str, Any]) -> dict[str, dict[str, float]]:
+    """system -> metric key -> median over rounds."""
+    out: dict[str, dict[str, float]] = {}
+    for system, per in results["systems"].items():
+        if per.get("unavailable"):
+            continue
+        row: dict[str, float] = {}
+        for workload, key, _, _ in METRICS:
+            row[key] = median_of(per.get(workload, []), key)
+        row["acting_slave_read_s"] = median_of(per.get("failover", []), "acting_slave_read_s")
+        out[system] = row
+    return out
+
+
+def _fmt(value: float) -> str:
+    if math.isnan(value):
+        return "n/a"
+    if value >= 100:
+        return f"{value:,.0f}"
+    if value >= 10:
+        return f"{value:.1f}"
+    return f"{value:.2f}" if value >= 0.1 else f"{value:.3f}"
+
+
+def markdown(results: dict[str, Any]) -> str:
+    stats = summary(results)
+    peers = [s for s in stats if s != OURS]
+    systems = [OURS, *peers] if OURS in stats else peers
+    head = ["metric", *systems, *(f"ours / {p}" for p in peers)]
+    lines = ["| " + " | ".join(head) + " |", "|" + "---|" * len(head)]
+    for _, key, label, higher in METRICS:
+        cells = [label + (" (higher better)" if higher else " (lower better)")]
+        cells += [_fmt(stats[s][key]) for s in systems]
+        for p in peers:
+            ours, peer = stats.get(OURS, {}).get(key, math.nan), stats[p][key]
+            ratio = ours / peer if peer and not math.isnan(peer) else math.nan
+            cells.append("n/a" if math.isnan(ratio) else f"{ratio:.2f}x")
+        lines.append("| " + " | ".join(cells) + " |")
+    acting = stats.get(OURS, {}).get("acting_slave_read_s", math.nan)
+    notes = []
+    if not math.isnan(acting):
+        notes.append(
+            f"- ha-controller: the killed master's group served reads again through its "
+            f"acting slave after {_fmt(acting)} s."
+        )
+    for system, per in results["systems"].items():
+        if per.get("unavailable"):
+            notes.append(f"- **{system}: unavailable** — {per['unavailable']}")
+        elif per.get("notes"):
+            notes.extend(f"- {system}: {n}" for n in per["notes"])
+    return "\n".join(lines) + ("\n\n" + "\n".join(notes) if notes else "") + "\n"
+
+
+def chart(results: dict[str, Any], path: Path) -> str | None:
+    """Three panels: throughput, latency percentiles, failover; None when matplotlib is missing."""
+    try:
+        import matplotlib
+
+        matplotlib.use("Agg")
+        import matplotlib.pyplot as plt
+    except ImportError as exc:
+        return f"matplotlib not installed ({exc})"
+    stats = summary(results)
+    systems = list(stats)
+    colours = {"ha-controller": "#2a7ab9", "RabbitMQ": "#f28c28", "NATS JetStream": "#3aa655"}
+    panels = [
+        ("Throughput (msgs/s, higher is better)", ["produce_msgs_s", "consume_msgs_s"]),
+        ("End-to-end latency (ms, lower is better)", ["p50_ms", "p99_ms", "p999_ms"]),
+        ("Failover after kill -9 (s, lower is better)", ["next_send_s", "next_receive_s"]),
+    ]
+    fig, axes = plt.subplots(1, 3, figsize=(16, 5))
+    for ax, (title, keys) in zip(axes, panels, strict=True):
+        width = 0.8 / max(1, len(systems))
+        for i, system in enumerate(systems):
+            xs = [k + i * width for k in range(len(keys))]
+            ys = [0 if math.isnan(stats[system][k]) else stats[system][k] for k in keys]
+            bars = ax.bar(xs, ys, width, label=system, color=colours.get(system))
+            ax.bar_label(bars, labels=[_fmt(stats[system][k]) for k in keys], fontsize=7)
+        ax.set_xticks([k + width * (len(systems) - 1) / 2 for k in range(len(keys))])
+        ax.set_xticklabels([k.replace("_", " ") for k in keys], fontsize=8)
+        ax.set_title(title, fontsize=10)
+        if "latency" in title:
+            ax.set_yscale("log")
+    axes[0].legend(fontsize=8)
+    fig.suptitle(results["meta"]["title"], fontsize=10)
+    fig.tight_layout()
+    fig.savefig(path, dpi=110)
+    plt.close(fig)
+    return None

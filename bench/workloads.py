@@ -1,0 +1,254 @@
+"""The three workloads, written once against the ``Driver`` surface.
+
+Every message body starts with a 16-byte header (sequence number, then the
+send time from ``time.perf_counter_ns()``, the intended send time for the
+fixed-rate workload so that queueing in the client counts: no coordinated
+omission) and is padded to the message size.  Producer and consumer run in
+this one process, so the clock is shared.  Every loop is bounded in count and
+time.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import math
+import struct
+import time
+from typing import Any
+
+from drivers import Driver
+
+HEADER = struct.Struct(">Qq")
+
+
+def body(seq: int, t_ns: int, size: int) -> bytes:
+    head = HEADER.pack(seq, t_ns)
+    return head + b"x" * max(0, size - len(head))
+
+
+def percentile(sorted_values: list[float], q: float) -> float:
+    """Nearest-rank percentile of an ascending list."""
+    if not sorted_values:
+        return math.nan
+    rank = max(1, math.ceil(q * len(sorted_values)))
+    return sorted_values[min(rank, len(sorted_values)) - 1]
+
+
+async def _wait_for(predicate: Any, timeout_s: float) -> bool:
+    deadline = time.monotonic() + timeout_s
+    while not predicate():
+        if time.monotonic() > deadline:
+            return False
+        await asyncio.sleep(0.005)
+    return True
+
+
+async def throughput(
+    driver: Driver, dest: str, n: int, size: int, window: int, timeout_s: float = 180
+) -> dict[str, Any]:
+    """Durable produce of ``n`` messages with ``window`` sends in flight, then consume all."""
+    await driver.create(dest)
+    counter = iter(range(n))
+    errors = 0
+
+    async def sender() -> None:
+        nonlocal errors
+        for seq in counter:
+            try:
+                await driver.send(dest, body(seq, time.perf_counter_ns(), size), 10.0)
+            except Exception:
+                errors += 1
+
+    t0 = time.perf_counter()
+    await asyncio.wait_for(asyncio.gather(*(sender() for _ in range(window))), timeout_s)
+    produce_s = time.perf_counter() - t0
+    received = 0
+
+    def on_body(_: bytes) -> None:
+        nonlocal received
+        received += 1
+
+    t1 = time.perf_counter()
+    sub = await driver.subscribe(dest, f"{dest}-g", on_body)
+    try:
+        complete = await _wait_for(lambda: received >= n - errors, timeout_s)
+        consume_s = time.perf_counter() - t1
+    finally:
+        await sub.aclose()
+    await driver.drop(dest)
+    mb = n * size / 1e6
+    return {
+        "n": n,
+        "size": size,
+        "window": window,
+        "send_errors": errors,
+        "received": received,
+        "complete": complete,
+        "produce_s": produce_s,
+        "consume_s": consume_s,
+        "produce_msgs_s": (n - errors) / produce_s,
+        "produce_mb_s": mb / produce_s,
+        "consume_msgs_s": received / consume_s,
+        "consume_mb_s": received * size / 1e6 / consume_s,
+    }
+
+
+async def latency(
+    driver: Driver, dest: str, rate: float, duration_s: float, size: int, max_inflight: int = 2000
+) -> dict[str, Any]:
+    """Open-loop sends at ``rate`` msg/s for ``duration_s``; end-to-end latency at the consumer."""
+    await driver.create(dest)
+    samples: list[float] = []
+
+    def on_body(data: bytes) -> None:
+        _, t_ns = HEADER.unpack_from(data)
+        samples.append((time.perf_counter_ns() - t_ns) / 1e6)
+
+    sub = await driver.subscribe(dest, f"{dest}-g", on_body)
+    n = int(rate * duration_s)
+    errors = skipped = 0
+    inflight = asyncio.Semaphore(max_inflight)
+    tasks: set[asyncio.Task[None]] = set()
+
+    async def one(seq: int, t_ns: int) -> None:
+        nonlocal errors
+        try:
+            await driver.send(dest, body(seq, t_ns, size), 10.0)
+        except Exception:
+            errors += 1
+        finally:
+            inflight.release()
+
+    try:
+        # A short warm-up so connection set-up and the first route look-ups do not count.
+        for i in range(20):
+            await driver.send(dest, body(1 << 40 | i, time.perf_counter_ns(), size), 10.0)
+        await _wait_for(lambda: len(samples) >= 20, 30)
+        samples.clear()
+        start_ns = time.perf_counter_ns()
+        period_ns = 1e9 / rate
+        for seq in range(n):
+            due = start_ns + int(seq * period_ns)
+            delay = (due - time.perf_counter_ns()) / 1e9
+            if delay > 0:
+                await asyncio.sleep(delay)
+            if inflight.locked():
+                skipped += 1
+                continue
+            await inflight.acquire()
+            task = asyncio.create_task(one(seq, due))
+            tasks.add(task)
+            task.add_done_callback(tasks.discard)
+        if tasks:
+            await asyncio.wait(tasks, timeout=30)
+        await _wait_for(lambda: len(samples) >= n - errors - skipped, 30)
+    finally:
+        for task in tasks:
+            task.cancel()
+        await sub.aclose()
+    await driver.drop(dest)
+    ordered = sorted(samples)
+    return {
+        "rate": rate,
+        "duration_s": duration_s,
+        "sent": n - skipped,
+        "send_errors": errors,
+        "skipped_overload": skipped,
+        "received": len(samples),
+        "p50_ms": percentile(ordered, 0.50),
+        "p99_ms": percentile(ordered, 0.99),
+        "p999_ms": percentile(ordered, 0.999),
+        "max_ms": ordered[-1] if ordered else math.nan,
+    }
+
+
+async def failover(
+    driver: Driver,
+    dest: str,
+    leader: int,
+    rate: float,
+    size: int,
+    before_s: float = 3.0,
+    limit_s: float = 60.0,
+    send_timeout_s: float = 1.0,
+) -> dict[str, Any]:
+    """A steady stream of awaited sends; kill -9 the leader; time the next send and receive.
+
+    ``next_send_s``: from the kill to the completion of the first successful
+    send that was started after it.  ``next_receive_s``: from the kill to the
+    first delivery of a message whose send started after it.
+    """
+    state: dict[str, Any] = {"t_kill": None, "send": None, "recv": None}
+    received = 0
+
+    def on_body(data: bytes) -> None:
+        nonlocal received
+        received += 1
+        _, t_ns = HEADER.unpack_from(data)
+        t_kill = state["t_kill"]
+        if t_kill is not None and t_ns >= t_kill and state["recv"] is None:
+            state["recv"] = time.perf_counter_ns()
+
+    sub = await driver.subscribe(dest, f"{dest}-g", on_body)
+    sent = errors = 0
+    stop = asyncio.Event()
+
+    async def stream() -> None:
+        nonlocal sent, errors
+        period = 1.0 / rate
+        seq = 0
+        while not stop.is_set():
+            started = time.perf_counter_ns()
+            try:
+                await driver.send(dest, body(seq, started, size), send_timeout_s)
+            except Exception:
+                errors += 1
+                await asyncio.sleep(0.01)
+            else:
+                sent += 1
+                t_kill = state["t_kill"]
+                if t_kill is not None and started >= t_kill and state["send"] is None:
+                    state["send"] = time.perf_counter_ns()
+            seq += 1
+            elapsed = (time.perf_counter_ns() - started) / 1e9
+            if elapsed < period:
+                await asyncio.sleep(period - elapsed)
+
+    probe = getattr(driver, "probe_after_kill", None)
+    extra: dict[str, Any] = {}
+    streamer = asyncio.create_task(stream())
+    try:
+        await asyncio.sleep(before_s)
+        if streamer.done():
+            streamer.result()
+        sent_before, recv_before = sent, received
+        state["t_kill"] = time.perf_counter_ns()
+        killed = driver.kill_leader(leader)
+        probe_task = asyncio.create_task(probe(dest, state["t_kill"])) if probe else None
+        await _wait_for(lambda: state["send"] is not None and state["recv"] is not None, limit_s)
+        if probe_task is not None:
+            with contextlib.suppress(TimeoutError):
+                extra = await asyncio.wait_for(probe_task, limit_s)
+    finally:
+        stop.set()
+        with contextlib.suppress(Exception):
+            await asyncio.wait_for(streamer, 10)
+        await sub.aclose()
+
+    def since_kill(t: int | None) -> float:
+        return math.nan if t is None else (t - state["t_kill"]) / 1e9
+
+    return {
+        "rate": rate,
+        "killed": killed,
+        "sent_before_kill": sent_before,
+        "received_before_kill": recv_before,
+        "sent": sent,
+        "send_errors": errors,
+        "received": received,
+        "next_send_s": since_kill(state["send"]),
+        "next_receive_s": since_kill(state["recv"]),
+        "limit_s": limit_s,
+        **extra,
+    }
