@@ -1,0 +1,1 @@
+"""Chaos drills: cluster launcher, faults, workloads, history, checker, report."""

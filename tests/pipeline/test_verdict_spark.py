@@ -1,0 +1,120 @@
+"""The Spark verdict equals the in-process verdict, JSON for JSON.
+
+Histories that share checker options are judged in one ``compute_verdicts`` call (one set
+of Spark jobs), which keeps this module fast; each verdict is still compared on its own.
+"""
+
+from __future__ import annotations
+
+import importlib.util
+import sys
+from pathlib import Path
+from types import ModuleType
+from typing import TYPE_CHECKING
+
+import pytest
+
+from ha_controller.drills.checker import CheckOptions, Verdict, check
+from ha_controller.drills.history import HistoryWriter
+from ha_controller.pipeline.verdict import analyze_dir, compute_verdict, compute_verdicts
+
+if TYPE_CHECKING:
+    from pyspark.sql import SparkSession
+
+ROOT = Path(__file__).resolve().parents[2]
+
+
+def _load(name: str, path: Path) -> ModuleType:
+    if name in sys.modules:
+        return sys.modules[name]
+    spec = importlib.util.spec_from_file_location(name, path)
+    assert spec is not None and spec.loader is not None
+    module = importlib.util.module_from_spec(spec)
+    sys.modules[name] = module
+    spec.loader.exec_module(module)
+    return module
+
+
+handmade = _load("hac_handmade_cases", ROOT / "tests" / "unit" / "test_checker.py")
+gen = _load("hac_gen_history", ROOT / "bench" / "gen_history.py")
+
+
+@pytest.fixture(scope="module")
+def handmade_verdicts(
+    spark: SparkSession, tmp_path_factory: pytest.TempPathFactory
+) -> dict[str, tuple[Verdict, Verdict]]:
+    """name -> (in-process verdict, Spark verdict) for every hand-made case."""
+    tmp = tmp_path_factory.mktemp("handmade")
+    by_options: dict[CheckOptions, dict[str, Path]] = {}
+    for name, case in handmade.CASES.items():
+        path = tmp / f"{name}.jsonl"
+        with HistoryWriter(path) as writer:
+            writer.write_all(case.build().events)
+        by_options.setdefault(case.options, {})[name] = path
+    out: dict[str, tuple[Verdict, Verdict]] = {}
+    for options, paths in by_options.items():
+        got = compute_verdicts(spark, paths, options=options)
+        for name, path in paths.items():
+            out[name] = (check(path, scenario=name, options=options), got[name])
+    return out
+
+
+@pytest.mark.parametrize("name", sorted(handmade.CASES))
+def test_handmade_spark_equals_in_process(
+    handmade_verdicts: dict[str, tuple[Verdict, Verdict]], name: str
+) -> None:
+    expected, got = handmade_verdicts[name]
+    assert got.to_json() == expected.to_json()
+    assert dict(got.counts) == handmade.CASES[name].counts
+
+
+GENERATED = {
+    "all-anomalies": gen.Anomalies(
+        lost=7,
+        duplicated=5,
+        unexpected=3,
+        recovered=4,
+        order=6,
+        late=5,
+        unresolved=3,
+        double_locks=4,
+        rollbacks=2,
+        faults=3,
+    ),
+    "clean": gen.Anomalies(faults=2),
+    "lost-and-order": gen.Anomalies(lost=11, order=9, late=2),
+}
+
+
+def test_generated_spark_equals_in_process(spark: SparkSession, tmp_path: Path) -> None:
+    paths = {name: tmp_path / f"{name}.jsonl" for name in GENERATED}
+    expected = {
+        name: gen.write_history(paths[name], 6_000, anomalies, seed=len(name)).counts()
+        for name, anomalies in GENERATED.items()
+    }
+    got = compute_verdicts(spark, paths)
+    for name, path in paths.items():
+        in_process = check(path, scenario=name)
+        assert dict(in_process.counts) == expected[name], name
+        assert got[name].to_json() == in_process.to_json(), name
+    assert got["clean"].ok
+    assert not got["all-anomalies"].ok
+
+
+def test_analyze_dir_reads_many_files_as_one_history(spark: SparkSession, tmp_path: Path) -> None:
+    events = handmade.case_transactions().events + handmade.case_fault_recovery().events
+    for i, part in enumerate(("a", "b")):
+        with HistoryWriter(tmp_path / f"history-{part}.jsonl") as writer:
+            writer.write_all(events[i::2])
+    expected = check(events, scenario="transactions-acting")
+    (tmp_path / "verdict.json").write_text(expected.to_json())
+    got = analyze_dir(spark, tmp_path)
+    assert got.to_json() == expected.to_json()
+    assert (tmp_path / "verdict.spark.json").read_text() == expected.to_json() + "\n"
+
+
+def test_malformed_line_fails(spark: SparkSession, tmp_path: Path) -> None:
+    path = tmp_path / "bad.jsonl"
+    path.write_text('{"t_ms": 1, "process": "p", "type": "ok", "f": "send"}\n{oops\n')
+    with pytest.raises(Exception, match=r"(?i)malformed"):
+        compute_verdict(spark, path, scenario="bad")

@@ -1,0 +1,400 @@
+"""Checker verdicts on hand-made histories, one per anomaly; plus the history file format.
+
+``CASES`` is shared with ``tests/pipeline/test_verdict_spark.py``, which asserts that the
+Spark pipeline produces the same verdict JSON for every case.
+"""
+
+from __future__ import annotations
+
+import json
+import threading
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from ha_controller.drills.checker import (
+    COUNT_NAMES,
+    CheckOptions,
+    FaultWindow,
+    Verdict,
+    check,
+    unavailability_windows,
+)
+from ha_controller.drills.history import (
+    Ack,
+    EndTx,
+    Event,
+    EventType,
+    Fault,
+    HistoryError,
+    HistoryWriter,
+    Lock,
+    OffsetCommit,
+    OffsetProbe,
+    Receive,
+    Role,
+    SendInvoke,
+    SendOk,
+    SendOutcome,
+    Subscribe,
+    Unlock,
+    read_history,
+)
+
+
+@dataclass
+class H:
+    """Builds a history tersely."""
+
+    events: list[Event] = field(default_factory=list)
+    _offsets: dict[str, int] = field(default_factory=dict)
+
+    def add(self, t: int, process: str, type_: EventType, value: Any) -> H:
+        self.events.append(Event.of(t, process, type_, value))
+        return self
+
+    def send(
+        self,
+        t: int,
+        key: str,
+        *,
+        topic: str = "T",
+        outcome: str | None = "ok",
+        done_t: int | None = None,
+        group: str | None = None,
+        tx: bool | None = None,
+        delay_ms: int | None = None,
+        delay_level: int | None = None,
+        due_ts_ms: int | None = None,
+        broker: str = "broker-a",
+    ) -> H:
+        self.add(
+            t,
+            "producer",
+            "invoke",
+            SendInvoke(key, topic, group, delay_level, delay_ms, due_ts_ms, tx),
+        )
+        done = t + 5 if done_t is None else done_t
+        if outcome == "ok":
+            qo = self._offsets.get(topic, 0)
+            self._offsets[topic] = qo + 1
+            self.add(done, "producer", "ok", SendOk(key, f"ID-{key}", broker, 0, qo))
+        elif outcome in ("fail", "info"):
+            self.add(done, "producer", outcome, SendOutcome(key, "timeout"))  # type: ignore[arg-type]
+        return self
+
+    def recv(
+        self,
+        t: int,
+        key: str,
+        *,
+        cg: str = "G",
+        consumer: str = "c1",
+        qo: int = 0,
+        broker: str = "broker-a",
+    ) -> H:
+        return self.add(t, consumer, "ok", Receive(key, f"ID-{key}", broker, 0, qo, consumer, cg))
+
+
+def counts(**nonzero: int) -> dict[str, int]:
+    out = dict.fromkeys(COUNT_NAMES, 0)
+    out.update(nonzero)
+    return out
+
+
+def case_clean() -> H:
+    h = H()
+    h.add(0, "nemesis", "info", Role("broker-a", 0, "master"))
+    h.add(0, "c1", "info", Subscribe("c1", "G", "T"))
+    for i in range(3):
+        h.send(10 * i, f"k{i}", group="g1", done_t=10 * i + 5)
+    for i in range(3):
+        h.recv(100 + i, f"k{i}", qo=i)
+    h.add(200, "nemesis", "info", Fault("kill", "broker-a/0"))
+    h.send(210, "k3")
+    h.recv(250, "k3", qo=3)
+    h.add(400, "nemesis", "ok", Fault("kill", "broker-a/0"))
+    return h
+
+
+def case_lost() -> H:
+    h = H()
+    for i in range(3):
+        h.send(i, f"k{i}")
+    h.recv(10, "k0").recv(11, "k2")
+    # a second subscribed group that received nothing: each acked key is lost for it too
+    h.add(0, "c9", "info", Subscribe("c9", "G2", "T"))
+    return h
+
+
+def case_duplicated() -> H:
+    h = H().send(0, "k0").send(1, "k1")
+    h.recv(10, "k0").recv(11, "k0", consumer="c2").recv(12, "k0")
+    h.recv(13, "k0", cg="G2").recv(14, "k1", cg="G2").recv(15, "k1")
+    return h
+
+
+def case_unexpected() -> H:
+    h = H().send(0, "k0")
+    h.recv(10, "k0").recv(11, "ghost").recv(12, "ghost")
+    return h
+
+
+def case_recovered() -> H:
+    h = H()
+    h.send(0, "k-info", outcome="info")
+    h.send(1, "k-fail", outcome="fail")
+    h.send(2, "k-none", outcome=None)
+    h.send(3, "k-info-lost", outcome="info")
+    h.recv(10, "k-info").recv(11, "k-fail").recv(12, "k-none")
+    return h
+
+
+def case_order() -> H:
+    h = H()
+    for i, t in enumerate((10, 20, 30, 40)):
+        h.send(t - 5, f"k{i}", group="g1", done_t=t)
+    h.send(1, "other", group="g2", done_t=50)
+    # c1 gets k0, k2, k1 (violation), k3, then k0 again (a duplicate, not an order violation)
+    h.recv(100, "k0", qo=0).recv(101, "k2", qo=2).recv(102, "k1", qo=1).recv(103, "k3", qo=3)
+    h.recv(104, "k0", qo=0)
+    # a batch at one instant is ordered by queue offset: no violation for c2
+    for i in (3, 2, 1, 0):
+        h.recv(200, f"k{i}", qo=i, consumer="c2", cg="G2")
+    h.recv(105, "other", qo=9)  # other message group: independent stream
+    return h
+
+
+def case_late_delayed() -> H:
+    h = H()
+    h.send(0, "late", delay_ms=5_000)  # due 5000, tolerance 1000
+    h.send(0, "on-time", due_ts_ms=5_000)
+    h.send(0, "level", delay_level=1)  # due 1000, tolerance 4000
+    h.send(0, "level-late", delay_level=2)  # due 5000, tolerance 4000
+    h.send(0, "early", delay_ms=5_000)
+    h.send(0, "dup-first-ok", delay_ms=1_000)
+    h.recv(6_500, "late").recv(5_800, "on-time").recv(4_500, "level")
+    h.recv(9_001, "level-late").recv(4_000, "early")
+    h.recv(1_100, "dup-first-ok").recv(9_000, "dup-first-ok", consumer="c2")
+    return h
+
+
+def case_transactions() -> H:
+    h = H()
+    for key in ("commit", "rollback", "unended", "commit-lost", "unended-delivered"):
+        h.send(0, key, tx=True)
+    h.add(10, "producer", "ok", EndTx("commit", True))
+    h.add(11, "producer", "ok", EndTx("rollback", False))
+    h.add(12, "producer", "ok", EndTx("commit-lost", True, via="check"))
+    h.add(13, "producer", "info", EndTx("unended", True))  # unknown outcome: not resolved
+    h.recv(20, "commit").recv(21, "rollback").recv(22, "unended-delivered")
+    return h
+
+
+def case_double_lock() -> H:
+    h = H()
+    mq = "T/broker-a/0"
+    h.add(0, "c1", "ok", Lock("c1", "G", mq, True))
+    h.add(10_000, "c2", "ok", Lock("c2", "G", mq, True))  # c1 still holds: double grant
+    h.add(12_000, "c2", "ok", Unlock("c2", "G", mq, "unlock"))
+    h.add(15_000, "c1", "invoke", Unlock("c1", "G", mq))
+    h.add(20_000, "c3", "ok", Lock("c3", "G", mq, True))  # both released: fine
+    h.add(25_000, "c3", "ok", Lock("c3", "G", mq, True))  # own renewal: fine
+    h.add(26_000, "c4", "ok", Lock("c4", "G", mq, False))  # refused: not a grant
+    h.add(27_000, "x1", "ok", Lock("x1", "OTHER", mq, True))  # another consumer group
+    h.add(60_000, "c4", "ok", Lock("c4", "G", mq, True))  # c3's lease ended at 55_000
+    return h
+
+
+def case_offset_rollback() -> H:
+    h = H()
+    mq = "T/broker-a/0"
+    h.add(10, "c1", "ok", OffsetCommit("G", mq, 100))
+    h.add(20, "c1", "ok", OffsetCommit("G", mq, 120))
+    h.add(25, "c1", "fail", OffsetCommit("G", mq, 200))
+    h.add(5, "probe", "ok", OffsetProbe("G", mq, 0))
+    h.add(15, "probe", "ok", OffsetProbe("G", mq, 100))
+    h.add(30, "probe", "ok", OffsetProbe("G", mq, 110, "broker-a"))  # rollback
+    h.add(31, "probe", "ok", OffsetProbe("G2", mq, 0))
+    return h
+
+
+def case_fault_recovery() -> H:
+    h = H()
+    h.send(0, "k0").recv(50, "k0")
+    h.add(1_000, "nemesis", "invoke", Fault("kill", "broker-a/0"))
+    h.add(1_000, "nemesis", "info", Fault("kill", "broker-a/0", "SIGKILL"))
+    h.send(1_005, "k1", outcome="info", done_t=1_500)
+    h.send(1_600, "k2", done_t=3_000)
+    h.recv(4_000, "k2")
+    h.add(5_000, "nemesis", "ok", Fault("kill", "broker-a/0"))
+    h.add(5_100, "nemesis", "info", Fault("pause", "broker-b/1"))
+    return h
+
+
+@dataclass(frozen=True)
+class Case:
+    build: Callable[[], H]
+    counts: dict[str, int]
+    faults: tuple[FaultWindow, ...] = ()
+    options: CheckOptions = field(default_factory=CheckOptions)
+
+
+CASES: dict[str, Case] = {
+    "clean": Case(
+        case_clean,
+        counts(acknowledged=4, delivered=4),
+        (FaultWindow("kill", "broker-a/0", 200, 400, 50),),
+    ),
+    "lost": Case(case_lost, counts(acknowledged=3, delivered=2, lost=4)),
+    "duplicated": Case(case_duplicated, counts(acknowledged=2, delivered=6, duplicated=2)),
+    "duplicated-after-ack": Case(
+        lambda: (
+            case_duplicated()
+            .add(11, "c1", "ok", Ack("k0", "c1", "G"))
+            .add(14, "c1", "ok", Ack("k1", "c1", "G2"))
+        ),
+        counts(acknowledged=2, delivered=6, duplicated=1),
+        options=CheckOptions(redelivery="after_ack"),
+    ),
+    "unexpected": Case(case_unexpected, counts(acknowledged=1, delivered=3, unexpected=2)),
+    "recovered": Case(case_recovered, counts(delivered=3, recovered=3)),
+    "order": Case(
+        case_order,
+        counts(acknowledged=5, delivered=10, order_violations=1, duplicated=1, lost=1),
+    ),
+    "late_delayed": Case(
+        case_late_delayed, counts(acknowledged=6, delivered=7, late_delayed=3, duplicated=1)
+    ),
+    "transactions": Case(
+        case_transactions,
+        counts(acknowledged=2, delivered=3, lost=1, unexpected=1, unresolved_transactions=1),
+    ),
+    "double_lock": Case(case_double_lock, counts(double_lock_grants=1)),
+    "double_lock-short-lease": Case(
+        case_double_lock, counts(), options=CheckOptions(lock_lease_ms=5_000)
+    ),
+    "offset_rollback": Case(case_offset_rollback, counts(offset_rollbacks=1)),
+    "fault_recovery": Case(
+        case_fault_recovery,
+        counts(acknowledged=2, delivered=2, recovered=0),
+        (
+            FaultWindow("kill", "broker-a/0", 1_000, 5_000, 3_000),
+            FaultWindow("pause", "broker-b/1", 5_100, None, None),
+        ),
+    ),
+}
+
+
+@pytest.mark.parametrize("name", sorted(CASES))
+def test_case_counts(name: str) -> None:
+    case = CASES[name]
+    verdict = check(case.build().events, scenario=name, options=case.options)
+    assert dict(verdict.counts) == case.counts
+    assert verdict.faults == case.faults
+    failing = any(
+        case.counts[k] for k in COUNT_NAMES if k not in ("acknowledged", "delivered", "recovered")
+    )
+    assert verdict.ok is not failing
+
+
+def test_clean_is_ok_and_json_shape() -> None:
+    verdict = check(case_clean().events, scenario="kill-master")
+    assert verdict.ok
+    doc = json.loads(verdict.to_json())
+    assert list(doc) == ["scenario", "ok", "counts", "faults"]
+    assert list(doc["counts"]) == list(COUNT_NAMES)
+    assert doc["faults"] == [
+        {"kind": "kill", "target": "broker-a/0", "start_ms": 200, "end_ms": 400, "recovery_ms": 50}
+    ]
+    assert Verdict.from_dict(doc) == verdict
+
+
+def test_recovered_alone_is_ok() -> None:
+    assert check(case_recovered().events, scenario="x").ok
+
+
+def test_check_reads_a_path(tmp_path: Path) -> None:
+    path = tmp_path / "history.jsonl"
+    with HistoryWriter(path) as writer:
+        writer.write_all(case_lost().events)
+    assert check(path, scenario="lost").counts["lost"] == 4
+
+
+def test_unavailability_windows() -> None:
+    h = H()
+    h.send(0, "a", done_t=10)
+    h.send(20, "b", outcome="fail", done_t=100)
+    h.send(30, "c", outcome="info", done_t=200)
+    h.send(210, "d", done_t=300)
+    h.send(310, "e", outcome="fail", done_t=1_000)  # within 2 s of the last window: merged
+    h.send(1_010, "f", done_t=1_500)
+    h.send(5_000, "g", outcome="fail", done_t=5_000)
+    windows = unavailability_windows(h.events)
+    assert [(w.start_ms, w.end_ms) for w in windows] == [(100, 1_500), (5_000, None)]
+    assert windows[0].duration_ms == 1_400
+
+
+# --- history format -------------------------------------------------------------------
+
+
+def test_writer_round_trip_and_thread_safety(tmp_path: Path) -> None:
+    path = tmp_path / "out" / "history.jsonl"
+    clock = iter(range(10_000))
+    with HistoryWriter(path, clock_ms=lambda: next(clock)) as writer:
+        first = writer.record("p", "invoke", SendInvoke("k", "T", delay_ms=10))
+
+        def work(n: int) -> None:
+            for i in range(200):
+                writer.write(
+                    Event.of(i, f"t{n}", "ok", Receive(f"k{n}-{i}", "id", "b", 0, i, "c", "G"))
+                )
+
+        threads = [threading.Thread(target=work, args=(n,)) for n in range(4)]
+        for th in threads:
+            th.start()
+        for th in threads:
+            th.join()
+        assert writer.count == 801
+    events = read_history(path)
+    assert len(events) == 801
+    assert events[0] == first
+    assert events[0].value == {"key": "k", "topic": "T", "delay_ms": 10}
+    assert json.loads(path.read_text().splitlines()[0]) == {
+        "t_ms": 0,
+        "process": "p",
+        "type": "invoke",
+        "f": "send",
+        "value": {"key": "k", "topic": "T", "delay_ms": 10},
+    }
+    writer.close()  # idempotent
+    with pytest.raises(HistoryError, match="closed"):
+        writer.write(first)
+
+
+@pytest.mark.parametrize(
+    ("line", "message"),
+    [
+        ("{not json", "invalid JSON"),
+        ("[1, 2]", "expected a JSON object"),
+        ('{"t_ms": "1", "process": "p", "type": "ok", "f": "send"}', "'t_ms' must be an integer"),
+        ('{"t_ms": 1, "process": "p", "type": "done", "f": "send"}', "'type' must be one of"),
+        ('{"t_ms": 1, "process": "p", "type": "ok", "f": "send", "value": 3}', "'value'"),
+        ('{"t_ms": 1, "process": 2, "type": "ok", "f": "send"}', "'process'"),
+    ],
+)
+def test_read_history_names_bad_line(tmp_path: Path, line: str, message: str) -> None:
+    path = tmp_path / "history.jsonl"
+    good = Event(1, "p", "ok", "send", {"key": "k"}).to_line()
+    path.write_text(f"{good}\n\n{line}\n{good}\n")
+    with pytest.raises(HistoryError, match=rf"history\.jsonl:3: {message}"):
+        read_history(path)
+
+
+def test_read_history_keeps_unknown_f(tmp_path: Path) -> None:
+    path = tmp_path / "h.jsonl"
+    path.write_text('{"t_ms": 1, "process": "p", "type": "info", "f": "pop_revive"}\n')
+    assert read_history(path) == [Event(1, "p", "info", "pop_revive", {})]
