@@ -52,7 +52,6 @@ from ha_controller.client.message import (
     ReceivedMessage,
 )
 from ha_controller.client.producer import Producer
-from ha_controller.client.pull_consumer import PullStatus
 from ha_controller.client.push_consumer import MessageListener, PushConsumer, _QueueState
 from ha_controller.client.routes import RouteCache
 from ha_controller.proto import broker_pb2, common_pb2
@@ -394,45 +393,15 @@ class OrderlyPushConsumer(PushConsumer):
 
     async def _consume_locked(self, state: _QueueState, epoch: int, offset: int) -> None:
         """Pull and consume in order from ``offset`` until the lock is lost."""
-        mq = state.mq
-        loop = asyncio.get_running_loop()
-        while self._holds(mq, epoch):
-            started = loop.time()
-            try:
-                result = await self._pull.pull(
-                    mq, offset, self.batch, self.suspend_timeout_ms, self.tags
-                )
-            except (HaError, OSError) as exc:
-                log.warning("pull of %s at %d failed: %s", mq, offset, exc)
-                await asyncio.sleep(self.pull_error_backoff_s)
-                continue
-            if result.status is PullStatus.OFFSET_ILLEGAL:
-                log.warning(
-                    "offset %d of %s is illegal (min %d, max %d); moving to %d",
-                    offset,
-                    mq,
-                    result.min_offset,
-                    result.max_offset,
-                    result.next_begin_offset,
-                )
-                offset = result.next_begin_offset
-                state.tracker.reset(offset)
-                await self._commit_state(state)
-                continue
-            if result.messages:
-                state.tracker.add(
-                    (m.queue_offset for m in result.messages), result.next_begin_offset
-                )
-                for message in sorted(result.messages, key=lambda m: m.queue_offset):
-                    if not await self._consume_in_order(state, epoch, message):
-                        return
-                    state.tracker.done(message.queue_offset)
-            elif state.tracker.inflight == 0:
-                state.tracker.reset(result.next_begin_offset)
-            offset = result.next_begin_offset
-            await self._commit_state(state)
-            if not result.messages and loop.time() - started < 0.01:
-                await asyncio.sleep(0.05)  # the broker did not hold the pull: do not spin
+
+        async def consume_batch(messages: list[ReceivedMessage]) -> bool:
+            for message in sorted(messages, key=lambda m: m.queue_offset):
+                if not await self._consume_in_order(state, epoch, message):
+                    return False
+                state.tracker.done(message.queue_offset)
+            return True
+
+        await self._pull_loop(state, offset, consume_batch, lambda: self._holds(state.mq, epoch))
 
     async def _consume_in_order(
         self, state: _QueueState, epoch: int, message: ReceivedMessage

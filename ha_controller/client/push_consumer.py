@@ -425,8 +425,28 @@ class PushConsumer:
         state.tracker.reset(offset)
         state.last_committed = committed if committed >= 0 else None
         state.ready = True
+
+        async def consume_batch(messages: list[ReceivedMessage]) -> bool:
+            async with asyncio.TaskGroup() as tg:
+                for message in messages:
+                    tg.create_task(self._consume(state, message))
+            return True
+
+        await self._pull_loop(state, offset, consume_batch, lambda: True)
+
+    async def _pull_loop(
+        self,
+        state: _QueueState,
+        offset: int,
+        consume_batch: Callable[[list[ReceivedMessage]], Awaitable[bool]],
+        keep_going: Callable[[], bool],
+    ) -> None:
+        """Long-poll ``state``'s queue from ``offset`` while ``keep_going()``: hand each
+        batch to ``consume_batch`` (False stops the loop), commit what is done, back off
+        on errors and follow the broker when it calls an offset illegal."""
+        mq = state.mq
         loop = asyncio.get_running_loop()
-        while True:
+        while keep_going():
             started = loop.time()
             try:
                 result = await self._pull.pull(
@@ -453,9 +473,8 @@ class PushConsumer:
                 state.tracker.add(
                     (m.queue_offset for m in result.messages), result.next_begin_offset
                 )
-                async with asyncio.TaskGroup() as tg:
-                    for message in result.messages:
-                        tg.create_task(self._consume(state, message))
+                if not await consume_batch(result.messages):
+                    return
             elif state.tracker.inflight == 0:
                 state.tracker.reset(result.next_begin_offset)
             offset = result.next_begin_offset
