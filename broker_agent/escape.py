@@ -426,6 +426,7 @@ class EscapeBridge:
             producer_group=props.get(PROPERTY_PRODUCER_GROUP) or self.inner_producer_group,
             topic=topic,
             born_host=self.service.addr,
+            no_replica_wait=True,
             entries=[
                 broker_pb2.SendEntry(
                     body=body, properties=props, born_ts_ms=born_ts_ms or 0, flag=flags

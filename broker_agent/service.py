@@ -333,7 +333,7 @@ class BrokerService:
             )
         self.ha_master.data_appended()
         self.metrics.messages_in.labels(**self.metrics.ident, topic=req.topic).inc(len(req.entries))
-        if needed > 1:
+        if needed > 1 and not req.no_replica_wait:
             ok = await self.ha_master.wait_for_copies(
                 end, needed, self.cfg.slave_ack_timeout_ms / 1000
             )
