@@ -318,6 +318,9 @@ def build_parser() -> argparse.ArgumentParser:
     tool("groups", "show broker groups, their members and acting masters", _groups)
     r = tool("route", "show a topic's route as clients see it", _route)
     r.add_argument("topic")
+    from ha_controller.drills.commands import add_subcommands as add_drill_commands
+
+    add_drill_commands(sub)  # `hactl drill`, `hactl analyze`
     return p
 
 

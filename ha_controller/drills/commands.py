@@ -1,0 +1,170 @@
+"""``hactl drill`` and ``hactl analyze``: argument parsing and the two command handlers.
+
+Kept apart from :mod:`ha_controller.cli` (which only calls :func:`add_subcommands`) and
+light to import: the drill runner and the Spark pipeline are imported when a command
+runs.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import logging
+import sys
+from pathlib import Path
+from typing import Any
+
+__all__ = ["add_subcommands", "cmd_analyze", "cmd_drill"]
+
+#: Scenario names for ``--help`` (the runner's SCENARIOS is the source of truth).
+SCENARIO_NAMES = (
+    "kill-master",
+    "pause-master",
+    "partition-master",
+    "loss-master",
+    "kill-slave",
+    "pause-nameserver",
+    "master-return",
+    "kill-after-ack",
+)
+
+
+def add_subcommands(sub: Any) -> None:
+    """Add ``drill`` and ``analyze`` to the ``hactl`` sub-parsers."""
+    dr = sub.add_parser(
+        "drill",
+        help="run a failover drill and judge its history (exit 0 only when ok)",
+        description="Start a cluster, run workloads, inject faults, heal, drain and check. "
+        "Writes DIR/history.jsonl, DIR/verdict.json, DIR/report.html and DIR/logs/.",
+    )
+    dr.add_argument("scenario", metavar="SCENARIO", help="one of: " + ", ".join(SCENARIO_NAMES))
+    dr.add_argument("--duration", type=float, default=60.0, help="seconds of faults (default 60)")
+    dr.add_argument("--seed", type=int, default=0, help="seed for fault timing jitter")
+    dr.add_argument("--out", type=Path, help="output directory (default: a new temp dir)")
+    dr.add_argument(
+        "--netns",
+        action="store_true",
+        help="run every process in its own network namespace (root; needed for partitions)",
+    )
+    dr.add_argument("--repeat", type=int, default=1, help="run N times (DIR/run-1 ...)")
+    dr.add_argument("--replication", choices=("sync", "async"), default="sync")
+    dr.add_argument(
+        "--skip-pre-online",
+        action="store_true",
+        help="brokers skip pre-online (a returning master keeps its stale metadata)",
+    )
+    dr.add_argument("--rate", type=float, default=100.0, help="messages per second (default 100)")
+    dr.add_argument("--fault-seconds", type=float, default=8.0, help="how long a fault lasts")
+    dr.add_argument("--drain-timeout", type=float, default=30.0, help="seconds to drain")
+    dr.add_argument("--no-fifo", action="store_true", help="skip the FIFO workload")
+    dr.add_argument(
+        "--send-attempts",
+        type=int,
+        default=1,
+        help="attempts per send (default 1: every outcome recorded; the client's 3 retries "
+        "an unknown outcome on another group, which can duplicate)",
+    )
+    dr.add_argument("-v", "--verbose", action="store_true", help="log client warnings")
+    dr.set_defaults(func=cmd_drill)
+
+    an = sub.add_parser(
+        "analyze",
+        help="compute DIR/verdict.spark.json from DIR/history.jsonl with PySpark",
+    )
+    an.add_argument("dir", type=Path, metavar="DIR", help="a drill output directory")
+    an.add_argument("--master", help="Spark master URL or sc:// address (default local[*])")
+    an.add_argument("--scenario", help="scenario name (default: from DIR/verdict.json)")
+    an.set_defaults(func=cmd_analyze)
+
+
+def cmd_drill(args: argparse.Namespace) -> int:
+    from ha_controller.drills.runner import SCENARIOS, DrillOptions, run_drill_sync
+
+    logging.basicConfig(
+        level=logging.WARNING if args.verbose else logging.CRITICAL,
+        format="    (%(name)s: %(message)s)",
+    )
+    if args.scenario not in SCENARIOS:
+        print(
+            f"hactl drill: unknown scenario {args.scenario!r}; known: {', '.join(SCENARIOS)}",
+            file=sys.stderr,
+        )
+        return 2
+    if args.repeat < 1:
+        print("hactl drill: --repeat must be >= 1", file=sys.stderr)
+        return 2
+    all_ok = True
+    for i in range(args.repeat):
+        out = args.out
+        if out is not None and args.repeat > 1:
+            out = out / f"run-{i + 1}"
+        options = DrillOptions(
+            scenario=args.scenario,
+            duration_s=args.duration,
+            seed=args.seed + i,
+            out=out,
+            netns=args.netns,
+            replication=args.replication,
+            skip_pre_online=args.skip_pre_online,
+            rate=args.rate,
+            fault_s=args.fault_seconds,
+            drain_timeout_s=args.drain_timeout,
+            fifo=not args.no_fifo,
+            send_attempts=args.send_attempts,
+        )
+        result = run_drill_sync(options)
+        all_ok = all_ok and result.ok
+    return 0 if all_ok else 1
+
+
+def cmd_analyze(args: argparse.Namespace) -> int:
+    directory: Path = args.dir
+    history = directory / "history.jsonl"
+    if not history.is_file():
+        print(f"hactl analyze: {history} not found", file=sys.stderr)
+        return 2
+    scenario = args.scenario
+    local = directory / "verdict.json"
+    if scenario is None and local.is_file():
+        scenario = json.loads(local.read_text(encoding="utf-8")).get("scenario")
+    try:
+        verdict = analyze_dir(directory, master=args.master, scenario=scenario or directory.name)
+    except ImportError as exc:
+        print(f"hactl analyze: the pipeline needs pyspark ({exc})", file=sys.stderr)
+        return 2
+    print(verdict.to_json())
+    if local.is_file():
+        from ha_controller.drills.checker import Verdict
+
+        same = Verdict.from_dict(json.loads(local.read_text(encoding="utf-8"))).to_dict()
+        match = same["counts"] == verdict.to_dict()["counts"]
+        print(
+            f"counts {'equal' if match else 'DIFFER from'} {local}",
+            file=sys.stderr,
+        )
+    return 0 if verdict.ok else 1
+
+
+def analyze_dir(directory: Path, *, master: str | None, scenario: str) -> Any:
+    """Write ``DIR/verdict.spark.json`` through the pipeline and return the verdict.
+
+    Uses the pipeline's own directory entry point when it has one
+    (``ha_controller.pipeline.analyze_dir``), else builds a session and calls
+    ``compute_verdict``.
+    """
+    import importlib
+
+    pipeline = importlib.import_module("ha_controller.pipeline")
+    entry = getattr(pipeline, "analyze_dir", None)
+    if entry is not None:
+        return entry(directory, master=master, scenario=scenario)
+    from ha_controller.pipeline.session import build_session
+    from ha_controller.pipeline.verdict import compute_verdict
+
+    spark = build_session(master)
+    try:
+        verdict = compute_verdict(spark, directory / "history.jsonl", scenario=scenario)
+    finally:
+        spark.stop()
+    (directory / "verdict.spark.json").write_text(verdict.to_json() + "\n", encoding="utf-8")
+    return verdict

@@ -1,0 +1,268 @@
+"""Faults ("nemesis", after Jepsen/OpenChaos) and the role observer of a drill.
+
+:class:`Nemesis` injects one fault at a time on a target chosen at the moment of the
+fault — the current master of a group (the broker the nameserver lists as id 0), a
+slave, the nameserver or an explicit ``"group/id"`` — and heals it:
+
+========== =============================== ===================================
+kind       inject                          heal
+========== =============================== ===================================
+kill       kill -9                         restart on the same store
+pause      SIGSTOP                         SIGCONT
+partition  host's link down (netns)        link up
+netem      tc netem delay/loss (netns)     qdisc removed
+========== =============================== ===================================
+
+Each fault is recorded in the history as ``fault`` info when it takes effect and
+``fault`` ok when it is healed (history module schema).  :class:`RoleObserver` polls the
+nameserver's ``/api/v1/groups`` and every broker's ``/api/v1/status`` and records a
+``role`` info event whenever a broker's observed role changes.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import logging
+from collections.abc import Callable
+from dataclasses import dataclass
+from typing import Any, Literal
+
+import aiohttp
+
+from ha_controller.drills.cluster import NAMESERVER, DrillCluster, broker_target, parse_target
+from ha_controller.drills.history import Fault, HistoryWriter, Role
+
+__all__ = [
+    "ActiveFault",
+    "FaultKind",
+    "Nemesis",
+    "RoleObserver",
+    "TargetRole",
+]
+
+log = logging.getLogger(__name__)
+
+FaultKind = Literal["kill", "pause", "partition", "netem"]
+TargetRole = Literal["master", "slave", "nameserver"]
+
+PROCESS = "nemesis"
+
+
+@dataclass(slots=True)
+class ActiveFault:
+    kind: FaultKind
+    target: str
+    detail: str
+    start_ms: int
+    restart: bool = True
+    healed: bool = False
+
+
+class RoleObserver:
+    """Polls roles every ``interval_s`` and records changes; also answers "who is master"."""
+
+    def __init__(
+        self,
+        cluster: DrillCluster,
+        history: HistoryWriter,
+        *,
+        interval_s: float = 0.25,
+        on_change: Callable[[str, str], None] | None = None,
+    ) -> None:
+        self.cluster = cluster
+        self.history = history
+        self.interval_s = interval_s
+        self.roles: dict[str, str] = {}
+        self.groups: dict[str, dict[str, Any]] = {}
+        self._on_change = on_change
+        self._session: aiohttp.ClientSession | None = None
+
+    async def __aenter__(self) -> RoleObserver:
+        self._session = aiohttp.ClientSession(timeout=aiohttp.ClientTimeout(total=1.0))
+        return self
+
+    async def __aexit__(self, *exc: object) -> None:
+        if self._session is not None:
+            await self._session.close()
+            self._session = None
+
+    async def _get(self, addr: str, path: str) -> Any:
+        assert self._session is not None
+        try:
+            async with self._session.get(f"http://{addr}{path}") as resp:
+                if resp.status != 200:
+                    return None
+                return await resp.json()
+        except (aiohttp.ClientError, TimeoutError, ValueError):
+            return None
+
+    async def poll_once(self) -> None:
+        groups = await self._get(self.cluster.namesrv_http, "/api/v1/groups")
+        if isinstance(groups, list):
+            self.groups = {str(g.get("brokerName")): g for g in groups if isinstance(g, dict)}
+        targets = self.cluster.broker_targets()
+        statuses = await asyncio.gather(
+            *(self._status(t) for t in targets), return_exceptions=False
+        )
+        for target, role in zip(targets, statuses, strict=True):
+            if not self.cluster.alive(target):
+                self.roles.pop(target, None)  # a restart is observed as a new role
+                continue
+            if role is None or self.roles.get(target) == role:
+                continue
+            self.roles[target] = role
+            group, bid = parse_target(target)
+            self.history.record("observer", "info", Role(group=group, broker_id=bid, role=role))
+            if self._on_change is not None:
+                self._on_change(target, role)
+
+    async def _status(self, target: str) -> str | None:
+        if not self.cluster.alive(target):
+            return None
+        status = await self._get(self.cluster.http(target), "/api/v1/status")
+        if not isinstance(status, dict):
+            return None
+        if status.get("isolated"):
+            return "isolated"
+        if status.get("acting"):
+            return "acting"
+        return "master" if status.get("role") == "master" else "slave"
+
+    async def run(self) -> None:
+        """Poll until cancelled."""
+        while True:
+            await self.poll_once()
+            await asyncio.sleep(self.interval_s)
+
+    def master_id(self, group: str) -> int | None:
+        """The id the nameserver lists as 0 for ``group`` (None while no master is online)."""
+        g = self.groups.get(group)
+        if g is None or not g.get("masterOnline"):
+            return None
+        return 0
+
+    def master_online(self, group: str) -> bool:
+        g = self.groups.get(group)
+        return bool(g and g.get("masterOnline"))
+
+    def live_ids(self, group: str) -> list[int]:
+        g = self.groups.get(group)
+        if g is None:
+            return []
+        return sorted(int(m["brokerId"]) for m in g.get("members", []) if "brokerId" in m)
+
+
+class Nemesis:
+    """Injects and heals faults, recording both in the history."""
+
+    def __init__(
+        self,
+        cluster: DrillCluster,
+        history: HistoryWriter,
+        observer: RoleObserver,
+        *,
+        say: Callable[[str], None] = lambda _text: None,
+    ) -> None:
+        self.cluster = cluster
+        self.history = history
+        self.observer = observer
+        self.say = say
+        self.active: list[ActiveFault] = []
+        self.done: list[ActiveFault] = []
+
+    def resolve(self, role: TargetRole | str, group: str = "broker-a") -> str:
+        """The target for ``role`` now: ``master`` is the group's id 0 (as listed by the
+        nameserver, else the configured master), ``slave`` its lowest live slave."""
+        if role == "nameserver":
+            return NAMESERVER
+        if role == "master":
+            return broker_target(group, 0)
+        if role == "slave":
+            live = [i for i in self.observer.live_ids(group) if i != 0]
+            ids = live or [
+                parse_target(t)[1]
+                for t in self.cluster.broker_targets(group)
+                if not t.endswith("/0")
+            ]
+            if not ids:
+                raise ValueError(f"group {group} has no slave")
+            return broker_target(group, min(ids))
+        parse_target(role)
+        return role
+
+    async def inject(
+        self,
+        kind: FaultKind,
+        target: str,
+        *,
+        delay_ms: int = 0,
+        jitter_ms: int = 0,
+        loss_pct: float = 0,
+        restart: bool = True,
+    ) -> ActiveFault:
+        """Apply the fault now; ``restart=False`` makes a kill permanent (heal does nothing
+        and no ``fault`` ok is recorded: the host is gone)."""
+        detail: str = kind
+        if kind == "kill":
+            await asyncio.to_thread(self.cluster.kill, target)
+            detail = "kill -9" + ("" if restart else " (host lost, not restarted)")
+        elif kind == "pause":
+            await asyncio.to_thread(self.cluster.pause, target)
+            detail = "SIGSTOP"
+        elif kind == "partition":
+            await asyncio.to_thread(self.cluster.partition, target)
+            detail = "link down"
+        elif kind == "netem":
+            how = await asyncio.to_thread(
+                self.cluster.netem,
+                target,
+                delay_ms=delay_ms,
+                jitter_ms=jitter_ms,
+                loss_pct=loss_pct,
+            )
+            detail = f"{how} delay {delay_ms}ms jitter {jitter_ms}ms loss {loss_pct}%"
+        else:
+            raise ValueError(f"unknown fault kind {kind!r}")
+        ev = self.history.record(PROCESS, "info", Fault(kind=kind, target=target, detail=detail))
+        fault = ActiveFault(kind, target, detail, ev.t_ms, restart=restart)
+        self.active.append(fault)
+        self.say(f"fault: {kind} {target} ({detail})")
+        return fault
+
+    async def heal(self, fault: ActiveFault) -> None:
+        """Undo ``fault`` (idempotent); cancellation during a restart still finishes it."""
+        if fault.healed:
+            return
+        fault.healed = True
+        if fault.kind == "kill":
+            if not fault.restart:
+                self.say(f"heal: {fault.target} stays down (host lost)")
+                return
+            await _shielded(asyncio.to_thread(self.cluster.restart, fault.target))
+        elif fault.kind == "pause":
+            await asyncio.to_thread(self.cluster.resume, fault.target)
+        elif fault.kind == "partition":
+            await asyncio.to_thread(self.cluster.heal_partition, fault.target)
+        elif fault.kind == "netem":
+            await asyncio.to_thread(self.cluster.clear_netem, fault.target)
+        self.history.record(PROCESS, "ok", Fault(kind=fault.kind, target=fault.target))
+        with contextlib.suppress(ValueError):
+            self.active.remove(fault)
+        self.done.append(fault)
+        self.say(f"heal: {fault.kind} {fault.target}")
+
+    async def heal_all(self) -> None:
+        for fault in list(reversed(self.active)):
+            await self.heal(fault)
+
+
+async def _shielded(aw: Any) -> Any:
+    """Run ``aw`` to completion even if the caller is cancelled, then re-raise."""
+    task = asyncio.ensure_future(aw)
+    try:
+        return await asyncio.shield(task)
+    except asyncio.CancelledError:
+        with contextlib.suppress(Exception):
+            await asyncio.wait_for(task, timeout=60)
+        raise

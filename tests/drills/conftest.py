@@ -1,0 +1,101 @@
+"""Drill tests: real clusters with real faults, short durations.
+
+``run`` runs one drill (quiet) into a fresh directory and, when pyspark and a JDK are
+available, checks that the Spark pipeline's verdict counts equal the in-process ones on
+the same history.  Network-namespace drills skip with the reason when ``ip netns add``
+is not permitted here.
+"""
+
+from __future__ import annotations
+
+import os
+import shutil
+from collections.abc import Callable, Iterator
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from ha_controller.drills.netns import netns_available
+from ha_controller.drills.runner import DrillOptions, DrillResult, run_drill
+
+#: Short drills: enough traffic and one or two faults each.
+SHORT: dict[str, Any] = {
+    "rate": 60.0,
+    "fault_s": 4.0,
+    "gap_s": 3.0,
+    "drain_timeout_s": 20.0,
+    "quiet": True,
+}
+
+
+def _spark_missing() -> str | None:
+    try:
+        import pyspark  # noqa: F401
+    except ImportError:
+        return "pyspark is not installed"
+    if not (os.environ.get("JAVA_HOME") or shutil.which("java")):
+        return "no JDK for pyspark"
+    return None
+
+
+def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
+    """Long drills are opt-in: they run only when ``-m`` names ``slow``."""
+    if "slow" in (config.getoption("markexpr") or ""):
+        return
+    skip = pytest.mark.skip(reason="long drill: run with -m slow")
+    here = Path(__file__).parent
+    for item in items:
+        if item.get_closest_marker("slow") and here in item.path.parents:
+            item.add_marker(skip)
+
+
+@pytest.fixture(scope="session")
+def spark(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Any]:
+    """One local[2] session for the drill histories, or None without pyspark/Java."""
+    if _spark_missing() is not None:
+        yield None
+        return
+    from ha_controller.pipeline.session import build_session
+
+    tmp = tmp_path_factory.mktemp("spark-drills")
+    session = build_session(
+        "local[2]",
+        app_name="ha-controller-drill-tests",
+        local_dir=tmp / "local",
+        config={
+            "spark.sql.shuffle.partitions": "2",
+            "spark.default.parallelism": "2",
+            "spark.driver.extraJavaOptions": "-XX:+UseSerialGC -XX:TieredStopAtLevel=1",
+        },
+    )
+    session.sparkContext.setLogLevel("ERROR")
+    yield session
+    session.stop()
+
+
+@pytest.fixture
+def needs_netns() -> None:
+    reason = netns_available()
+    if reason is not None:
+        pytest.skip(f"network-namespace drill: {reason}")
+
+
+DrillRunner = Callable[..., Any]
+
+
+@pytest.fixture
+def run(tmp_path: Path, spark: Any) -> DrillRunner:
+    async def go(scenario: str, **overrides: Any) -> DrillResult:
+        options = DrillOptions(scenario=scenario, out=tmp_path / scenario, **{**SHORT, **overrides})
+        result = await run_drill(options)
+        assert (result.out / "verdict.json").is_file()
+        assert (result.out / "report.html").is_file()
+        if spark is not None:
+            from ha_controller.pipeline.verdict import compute_verdict
+
+            spark_verdict = compute_verdict(spark, result.out / "history.jsonl", scenario=scenario)
+            assert spark_verdict.to_dict() == result.verdict.to_dict()
+        return result
+
+    return go
