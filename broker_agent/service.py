@@ -39,6 +39,7 @@ from ha_controller.protocol.errors import (
     HaError,
     InSyncReplicasNotEnough,
     NotMaster,
+    SlaveAckTimeout,
     TopicNotFound,
 )
 from ha_controller.protocol.record import StoredMessage, make_msg_id, tag_hash
@@ -341,7 +342,7 @@ class BrokerService:
                 self.metrics.send_errors.labels(
                     **self.metrics.ident, reason="replica_timeout"
                 ).inc()
-                raise InSyncReplicasNotEnough(
+                raise SlaveAckTimeout(
                     f"stored but not confirmed by {needed - 1} slave(s) within "
                     f"{self.cfg.slave_ack_timeout_ms} ms"
                 )
@@ -365,7 +366,15 @@ class BrokerService:
             req.topic, req.queue_id, req.queue_offset, max_msgs, max_bytes, tags
         )
         held = req.suspend_timeout_ms > 0 and self.cfg.long_polling_enable
-        if held and result.status in WAITABLE:
+        # A slave asked past its end is behind (the consumer read further on the master
+        # before a failover, or a partition): wait for replication, never send the
+        # consumer back (RocketMQ's offsetCheckInSlave=false), or it reads twice.
+        behind = (
+            not self.acting.is_master
+            and result.status is GetMessageStatus.OFFSET_OVERFLOW_BADLY
+            and req.queue_offset > result.max_offset
+        )
+        if held and (result.status in WAITABLE or behind):
             offset = req.queue_offset
             if result.status is GetMessageStatus.NO_MATCHED_MESSAGE:
                 offset = result.next_begin_offset
@@ -377,6 +386,13 @@ class BrokerService:
             self.metrics.pull_held.labels(**self.metrics.ident).set(self.holds.held_count)
             result = self.store.get_messages(
                 req.topic, req.queue_id, offset, max_msgs, max_bytes, tags
+            )
+        if behind and result.status is GetMessageStatus.OFFSET_OVERFLOW_BADLY:
+            return broker_pb2.PullMessageResponse(
+                status=broker_pb2.NO_NEW_MSG,
+                next_begin_offset=req.queue_offset,
+                min_offset=result.min_offset,
+                max_offset=result.max_offset,
             )
         resp = broker_pb2.PullMessageResponse(
             next_begin_offset=result.next_begin_offset,

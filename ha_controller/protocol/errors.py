@@ -125,6 +125,14 @@ class BrokerIsolated(HaError):
     retriable = True
 
 
+class SlaveAckTimeout(HaError):
+    """Stored on the master but not confirmed by enough slaves in time (RocketMQ's
+    FLUSH_SLAVE_TIMEOUT). Not retriable: the message is stored and will be delivered,
+    so a retry elsewhere would duplicate it; the outcome is "unknown" to the caller."""
+
+    code = 306
+
+
 class SignatureInvalid(Unauthorized):
     code = 304
 

@@ -227,3 +227,81 @@ async def test_failover_read_path(tmp_path: Path) -> None:
 
 async def _groups_in_route(ns: NameserverClient, n: int) -> bool:
     return len((await ns.route(TOPIC)).broker_datas) == n
+
+
+async def test_slave_ack_timeout_is_not_retried_and_the_message_stays(tmp_path: Path) -> None:
+    """A send stored on the master whose slave copy is late fails with the
+    non-retriable SlaveAckTimeout: the producer must not store it again elsewhere."""
+    from ha_controller.protocol.errors import SlaveAckTimeout
+
+    cluster = run_cluster(
+        ("ack-a", "ack-b"), 2, workdir=tmp_path, env={"HAC_SLAVE_ACK_TIMEOUT_MS": "500"}
+    )
+    try:
+        async with NameserverClient([cluster.namesrv]) as ns:
+            await wait_masters(ns, 2)
+            await ns.create_topic(TOPIC, queues=1)
+            await eventually(lambda: _groups_in_route(ns, 2), timeout=10)
+        async with Producer(cluster.namesrv, group="ack-p") as producer:
+            # warm up until a send has landed on ack-a, then freeze ack-a's slave
+            while (await producer.send(Message(TOPIC, b"warm"))).broker_name != "ack-a":
+                pass
+            cluster.broker("ack-a", 1).pause()
+            outcomes: dict[str, str] = {}
+            for i in range(6):
+                key = f"late-{i}"
+                try:
+                    r = await producer.send(Message(TOPIC, key.encode(), keys=(key,)))
+                    outcomes[key] = r.broker_name
+                except SlaveAckTimeout:
+                    outcomes[key] = "unknown"
+            cluster.broker("ack-a", 1).resume()
+        unknown = [k for k, v in outcomes.items() if v == "unknown"]
+        assert unknown, f"no send hit the frozen slave: {outcomes}"
+        async with PullConsumer(cluster.namesrv, "ack-check") as pull:
+            stored = await read_all(pull, await pull.queues(TOPIC))
+        for key in unknown:
+            assert key in stored, f"{key} (outcome unknown) was not stored on ack-a"
+        # read_all asserts that nothing is stored twice
+    finally:
+        cluster.stop()
+
+
+async def test_a_slave_never_sends_a_consumer_back(tmp_path: Path) -> None:
+    """Asked past its end, a slave answers "no new message" at the same offset
+    (it is behind), where the master corrects the offset."""
+    from ha_controller.proto import broker_pb2
+    from ha_controller.protocol.codes import RequestCode
+    from ha_controller.rpc import ConnectionPool
+
+    cluster = run_cluster(("behind",), 2, workdir=tmp_path)
+    try:
+        async with NameserverClient([cluster.namesrv]) as ns:
+            await wait_masters(ns, 1)
+        async with Producer(cluster.namesrv, group="b-p") as producer:
+            for i in range(5):
+                await producer.send(Message(TOPIC, f"m{i}".encode()))
+        async with ConnectionPool() as pool:
+
+            async def pull(addr: str, offset: int) -> broker_pb2.PullMessageResponse:
+                req = broker_pb2.PullMessageRequest(
+                    consumer_group="g",
+                    topic=TOPIC,
+                    queue_id=0,
+                    queue_offset=offset,
+                    max_msg_nums=8,
+                    commit_offset=-1,
+                )
+                return await pool.call_pb(
+                    addr, RequestCode.PULL_MESSAGE, req, broker_pb2.PullMessageResponse
+                )
+
+            master, slave = cluster.broker("behind", 0).rpc, cluster.broker("behind", 1).rpc
+            on_master = await pull(master, 1000)
+            assert on_master.status == broker_pb2.OFFSET_ILLEGAL
+            assert on_master.next_begin_offset < 1000
+            on_slave = await pull(slave, 1000)
+            assert on_slave.status == broker_pb2.NO_NEW_MSG
+            assert on_slave.next_begin_offset == 1000
+    finally:
+        cluster.stop()
