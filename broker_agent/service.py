@@ -156,7 +156,7 @@ class BrokerService:
         self.addr = ""  # advertised RPC address, set once bound
         self.ha_addr = ""
         self.http_addr = ""
-        self.isolated = cfg.is_master and cfg.total_replicas > 1 and not cfg.skip_pre_online
+        self.isolated = cfg.total_replicas > 1 and not cfg.skip_pre_online
         self.preonline_step = "waiting to start" if self.isolated else "online"
         self.ha_master: HaMaster | None = HaMaster(self.store) if cfg.is_master else None
         self.ha_slave: HaSlave | None = None
@@ -783,38 +783,73 @@ class BrokerService:
     # ---- pre-online ---------------------------------------------------------
 
     async def preonline(self) -> None:
-        """A returning master reverse-syncs newer metadata from its slaves, then registers."""
-        logged_cycle = 0
+        """Stay isolated (unregistered, /readyz 503) until it is safe to serve.
+
+        A master reverse-syncs the newer metadata of each slave (rip32.md §5), retrying
+        from the slave that failed; a slave waits for its HA link to an online master.
+        """
+        cycle = 0
+        synced: set[int] = set()
         while self.isolated:
             self.preonline_step = "reading member group"
             group = await self.fetch_member_group()
             if group is None:
-                self._preonline_wait("no nameserver answered", logged_cycle)
-                logged_cycle += 1
-                await asyncio.sleep(1.0)
-                continue
-            slaves = sorted(
-                (i, a) for i, a in group.broker_addrs.items() if i != self.cfg.broker_id
-            )
-            failed = None
-            for slave_id, slave_addr in slaves:
-                try:
-                    await self._sync_from_slave(slave_id, slave_addr)
-                except HaError as exc:
-                    failed = f"slave {slave_id} at {slave_addr}: {exc}"
-                    break
-            if failed is not None:
-                self.metrics.preonline_syncs.labels(**self.metrics.ident, result="failed").inc()
-                self._preonline_wait(failed, logged_cycle)
-                logged_cycle += 1
+                why: str | None = "no nameserver answered"
+            elif self.acting.is_master:
+                why = await self._preonline_master(group, synced)
+            else:
+                why = await self._preonline_slave(group)
+            if why is not None:
+                self._preonline_wait(why, cycle)
+                cycle += 1
                 await asyncio.sleep(1.0)
                 continue
             self.isolated = False
             self.preonline_step = "online"
-            log.info("pre-online done (%d slave(s) synced): registering", len(slaves))
+            log.info("pre-online done: registering as %s", self.acting.role)
+            if group is not None and not self.acting.is_master:
+                min_id = min((i for i in group.broker_addrs), default=self.cfg.broker_id)
+                min_id = min(min_id, self.cfg.broker_id)
+                min_addr = group.broker_addrs.get(min_id, self.addr)
+                await self.apply_min_broker(min_id, min_addr, None, None)
             self._update_role_metrics()
-            self.change_special_service_status(True)
+            self.change_special_service_status(self.acting.serves_master_only_ops)
             await self.register_all()
+
+    async def _preonline_master(self, group: BrokerMemberGroup, synced: set[int]) -> str | None:
+        """Sync from each slave not synced yet; the reason to wait, or None when done."""
+        slaves = sorted((i, a) for i, a in group.broker_addrs.items() if i != self.cfg.broker_id)
+        for slave_id, slave_addr in slaves:
+            if slave_id in synced:
+                continue
+            try:
+                await self._sync_from_slave(slave_id, slave_addr)
+            except HaError as exc:
+                self.metrics.preonline_syncs.labels(**self.metrics.ident, result="failed").inc()
+                return f"slave {slave_id} at {slave_addr}: {exc}"
+            synced.add(slave_id)
+        log.info("pre-online: %d slave(s) synced", len(synced))
+        return None
+
+    async def _preonline_slave(self, group: BrokerMemberGroup) -> str | None:
+        """With the master online, wait for the HA link (10 s) before serving."""
+        master_addr = group.broker_addrs.get(0)
+        if master_addr is None or self.ha_slave is None:
+            return None  # no master online: start directly
+        self.preonline_step = "retrieving the master's HA address"
+        ha_addr = await self._retrieve_master_ha(master_addr)
+        if ha_addr is None:
+            return f"master {master_addr} does not answer EXCHANGE_BROKER_HA_INFO"
+        self.acting.master_addr = master_addr
+        self.acting.master_ha_addr = ha_addr
+        self.ha_slave.set_master(ha_addr)
+        self.preonline_step = f"waiting for the HA link to {ha_addr}"
+        try:
+            async with asyncio.timeout(10.0):
+                await self.ha_slave.transfer_ok.wait()
+        except TimeoutError:
+            return f"no HA transfer from master {ha_addr} within 10 s"
+        return None
 
     def _preonline_wait(self, why: str, cycle: int) -> None:
         self.preonline_step = f"waiting: {why}"

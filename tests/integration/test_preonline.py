@@ -141,3 +141,30 @@ async def test_master_stays_isolated_while_slaves_are_unreachable(tmp_path: Path
 async def _not_listed(ns: NameserverClient, addr: str) -> bool:
     group = await ns.member_group("DefaultCluster", "g1")
     return addr not in group.broker_addrs.values()
+
+
+async def test_a_restarted_slave_serves_only_after_its_ha_link(tmp_path: Path) -> None:
+    cluster = run_cluster(("g1",), 3, workdir=tmp_path)
+    try:
+        async with NameserverClient([cluster.namesrv]) as ns:
+            await eventually(lambda: master_online(ns, cluster), timeout=30)
+            cluster.broker("g1", 1).kill()
+            await eventually(lambda: _not_listed(ns, cluster.broker("g1", 1).rpc), timeout=10)
+            # written while slave 1 is down (slave 2 holds the second copy)
+            async with Producer(cluster.namesrv, group="s-p") as p:
+                for i in range(10):
+                    await p.send(Message(TOPIC, f"m{i}".encode()))
+            master_end = http(cluster.broker("g1", 0), "/api/v1/status")[1]["commitLogMaxOffset"]
+            slave = await asyncio.to_thread(cluster.restart, "g1", 1)
+
+            async def listed() -> bool:
+                return not await _not_listed(ns, slave.rpc)
+
+            await eventually(listed, timeout=20)
+            code, status = http(slave, "/api/v1/status")
+            assert code == 200 and status["isolated"] is False and status["role"] == "slave"
+            assert "pre-online done: registering as slave" in slave.log_tail(200)
+            # it registered only after its HA link delivered what it had missed
+            assert status["commitLogMaxOffset"] >= master_end > 0
+    finally:
+        cluster.stop()
