@@ -884,16 +884,17 @@ class BrokerService:
             broker_pb2.ConsumerOffsetTable,
             timeout_ms=3000,
         )
+        theirs = data_version_from_pb(table.data_version)
+        ours = self.offsets.data_version.copy()
         adopted = self.offsets.adopt_if_newer(
-            [(e.consumer_group, e.topic, e.queue_id, e.offset) for e in table.entries],
-            data_version_from_pb(table.data_version),
+            [(e.consumer_group, e.topic, e.queue_id, e.offset) for e in table.entries], theirs
         )
         log.info(
-            "pre-online: consumer offsets of slave %d %s (theirs %s, ours %s)",
+            "pre-online: consumer offsets of slave %d %s (theirs %s, ours was %s)",
             slave_id,
             "adopted" if adopted else "older, kept ours",
-            table.data_version.counter,
-            self.offsets.data_version.counter,
+            theirs.key(),
+            ours.key(),
         )
         await self.schedule.adopt_from_slave(slave_id, slave_addr)
         await self.transactions.sync_from_slave(slave_id, slave_addr)
