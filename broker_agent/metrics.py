@@ -4,6 +4,17 @@ from __future__ import annotations
 
 from prometheus_client import CollectorRegistry, Counter, Gauge
 
+ESCAPE_KINDS = (
+    "delay",
+    "timer",
+    "transaction",
+    "transaction_half",
+    "pop_ck",
+    "pop_ack",
+    "pop_retry",
+)
+ESCAPE_RESULTS = ("ok", "error", "unconfirmed", "no_target")
+
 
 class BrokerMetrics:
     def __init__(self, cluster: str, broker_name: str, broker_id: int) -> None:
@@ -44,7 +55,28 @@ class BrokerMetrics:
         self.min_broker_id = gauge("hac_min_broker_id_in_group", "Lowest live id this broker knows")
         for role in ("master", "slave", "acting"):
             self.role.labels(**ident, role=role).set(0)
+        # Counters exist at 0 from the start: a counter that appears only on its first
+        # increment hides that first event from rate() and increase().
+        for result in ("ok", "failed"):
+            self.preonline_syncs.labels(**ident, result=result)
+        for mode in ("local", "strict", "peer"):
+            for result in ("granted", "partial", "refused", "no_quorum"):
+                self.lock_requests.labels(**ident, mode=mode, result=result)
+        for reason in ("not_master", "replicas", "replica_timeout"):
+            self.send_errors.labels(**ident, reason=reason)
+        self._escape_targets: set[str] = set()
+        for target in ("local", "none"):
+            self.init_escape_target(target)
         self.isolated.labels(**ident).set(0)
+
+    def init_escape_target(self, target: str) -> None:
+        """Create every escape series for ``target`` (a group name, "local", "none") at 0."""
+        if target in self._escape_targets:
+            return
+        self._escape_targets.add(target)
+        for kind in ESCAPE_KINDS:
+            for result in ESCAPE_RESULTS:
+                self.escape.labels(**self.ident, kind=kind, target=target, result=result)
 
     def set_role(self, role: str) -> None:
         for r in ("master", "slave", "acting"):

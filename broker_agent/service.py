@@ -933,6 +933,12 @@ class BrokerService:
             await asyncio.to_thread(self.store.flush)
             await asyncio.to_thread(self.offsets.persist)
 
+    async def _metric_targets_loop(self) -> None:
+        while True:
+            with contextlib.suppress(HaError):
+                await self.escape.init_metric_targets()
+            await asyncio.sleep(10.0)
+
     async def _hold_check_loop(self) -> None:
         interval = (
             self.cfg.long_polling_check_interval_ms
@@ -957,6 +963,7 @@ class BrokerService:
                     tg.create_task(self._member_group_loop(), name="member-group"),
                     tg.create_task(self._flush_loop(), name="flush"),
                     tg.create_task(self._hold_check_loop(), name="hold-check"),
+                    tg.create_task(self._metric_targets_loop(), name="metric-targets"),
                     tg.create_task(self.schedule.run(), name="schedule"),
                     tg.create_task(self.transactions.run(), name="transaction-check"),
                     tg.create_task(self.pop.run(), name="pop-revive"),

@@ -81,6 +81,14 @@ class NameserverMetrics:
             ["result"],
             registry=self.registry,
         )
+        # Series exist at 0 from the start: the first event of a counter that only
+        # appears on its first increment is invisible to rate() and increase().
+        for reason in ("connection_closed", "heartbeat_timeout"):
+            self.expired.labels(reason)
+        for result in ("ok", "failed"):
+            self.notifications.labels(result)
+        for result in ("ok", "stale", "unauthorized"):
+            self.registrations.labels(result)
         self.route_watchers = Gauge(
             "hac_route_watchers", "Route watches currently held", registry=self.registry
         )

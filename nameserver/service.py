@@ -248,6 +248,7 @@ class NameserverService:
             )
         ctx.conn.attrs["registered"] = True
         self.metrics.registrations.labels("ok").inc()
+        self.metrics.min_broker_id_changes.labels(req.cluster, req.broker_name)  # at 0
         self._after_mutation(outcome.notifications)
         return nameserver_pb2.RegisterBrokerResponse(
             master_addr=outcome.master_addr or "", master_ha_addr=outcome.master_ha_addr or ""
