@@ -82,7 +82,7 @@ class ConsumerOffsetManager:
         self.table[(group, topic, queue_id)] = offset
         if self._bump_next:
             self._bump_next = False
-            self._version.version.next_version()
+            self._version.version.take_over()
         else:
             self._version.touch()
         self._dirty = True

@@ -483,7 +483,7 @@ class PopService:
                     GetMessageStatus.NO_MATCHED_MESSAGE,
                     GetMessageStatus.OFFSET_FOUND_NULL,
                 ):
-                    svc.offsets.commit(group, topic, qid, got.next_begin_offset)
+                    svc.commit_consumer_offset(group, topic, qid, got.next_begin_offset)
                 return []
             ck = Checkpoint(
                 broker_name=svc.cfg.broker_name,
@@ -497,7 +497,7 @@ class PopService:
                 due_ms=pop_ms + invisible_ms,
             )
             revive_qid, local = await self._write_record(ck.to_json(), TAG_CK, ck.key, "pop_ck")
-            svc.offsets.commit(group, topic, qid, got.next_begin_offset)
+            svc.commit_consumer_offset(group, topic, qid, got.next_begin_offset)
         out = []
         for m in got.messages:
             handle = ReceiptHandle(
@@ -638,7 +638,7 @@ class PopService:
         for rq in queues:
             offset = self.state.commit_offset(rq)
             if offset != svc.offsets.query(REVIVE_GROUP, self.revive_topic, rq):
-                svc.offsets.commit(REVIVE_GROUP, self.revive_topic, rq, offset)
+                svc.commit_consumer_offset(REVIVE_GROUP, self.revive_topic, rq, offset)
 
     async def _revive(self, p: _Pending) -> bool:
         """Write the un-acked messages of an expired CK to the retry topic; on failure

@@ -56,6 +56,9 @@ if TYPE_CHECKING:
 log = logging.getLogger(__name__)
 
 SCHEDULE_TOPIC: Final = "SCHEDULE_TOPIC_XXXX"
+# delay offsets replicate through the commit log as offset records of this pseudo
+# group (queue id = delay level), like consumer offsets
+DELAY_OFFSET_GROUP: Final = "%DELAY_OFFSET%"
 TIMER_TOPIC: Final = "rmq_sys_wheel_timer"
 TIMER_QUEUE_ID: Final = 0
 PROPERTY_DELAY: Final = "DELAY"
@@ -211,18 +214,26 @@ class DelayOffsetTable:
 
     def bump(self) -> None:
         """Move the version on (an acting slave taking over: its table is now the truth)."""
-        self.data_version.next_version()
+        self.data_version.take_over()
         self._dirty = True
 
     def assign(self, offsets: Mapping[int, int], version: DataVersion) -> bool:
-        """Forward sync on a slave: take the master's table and version."""
-        new = dict(offsets)
+        """Forward sync on a slave: take the master's version, and its offsets where
+        they are ahead (replicated records may already have moved a level further)."""
+        new = {lvl: max(off, self.offsets.get(lvl, 0)) for lvl, off in offsets.items()}
+        new.update({lvl: off for lvl, off in self.offsets.items() if lvl not in new})
         if new == self.offsets and version.key() == self.data_version.key():
             return False
         self.offsets = new
         self.data_version.assign(version)
         self._dirty = True
         return True
+
+    def apply_replicated(self, level: int, offset: int) -> None:
+        """A delivery the master made, replicated through the commit log (slave side)."""
+        if offset > self.offsets.get(level, 0):
+            self.offsets[level] = offset
+            self._dirty = True
 
     def adopt_if_newer(self, offsets: Mapping[int, int], version: DataVersion) -> bool:
         """Reverse sync in pre-online: adopt a slave's table whose version is >= ours
@@ -310,7 +321,7 @@ class TimerCheckpointFile:
         return True
 
     def bump(self) -> None:
-        self.cp.version.next_version()
+        self.cp.version.take_over()
         self._dirty = True
 
     def assign(self, other: TimerCheckpoint) -> bool:
@@ -494,6 +505,8 @@ class ScheduleService:
                 continue
             if await self._deliver(msg, "delay"):
                 self.delay_offsets.update(level, offset + 1)
+                # the slave that may act next learns it with the same durability
+                self.service.replicate_offset(DELAY_OFFSET_GROUP, SCHEDULE_TOPIC, level, offset + 1)
             else:
                 await asyncio.sleep(POLL_S)
 

@@ -20,7 +20,7 @@ from broker_agent.metrics import BrokerMetrics
 from broker_agent.offsets import ConsumerOffsetManager
 from broker_agent.pop import PopService
 from broker_agent.pull_hold import PullHoldService
-from broker_agent.schedule import ScheduleService, delayed_target
+from broker_agent.schedule import DELAY_OFFSET_GROUP, ScheduleService, delayed_target
 from broker_agent.store.message_store import (
     Dispatched,
     GetMessageStatus,
@@ -361,7 +361,9 @@ class BrokerService:
         max_msgs = max(1, min(req.max_msg_nums or 32, MAX_PULL_BATCH))
         max_bytes = req.max_bytes or 4 * 1024 * 1024
         if req.commit_offset >= 0 and req.consumer_group and self.acting.serves_master_only_ops:
-            self._commit_offset(req.consumer_group, req.topic, req.queue_id, req.commit_offset)
+            self.commit_consumer_offset(
+                req.consumer_group, req.topic, req.queue_id, req.commit_offset
+            )
         result = self.store.get_messages(
             req.topic, req.queue_id, req.queue_offset, max_msgs, max_bytes, tags
         )
@@ -432,19 +434,25 @@ class BrokerService:
         self._check_master_only("UPDATE_CONSUMER_OFFSET")
         if req.offset < 0:
             raise BadRequest("offset must be >= 0")
-        end = self._commit_offset(req.consumer_group, req.topic, req.queue_id, req.offset)
+        end = self.commit_consumer_offset(req.consumer_group, req.topic, req.queue_id, req.offset)
         needed = self._copies_needed()
         if end is not None and needed > 1 and self.ha_master is not None:
             # best effort: a committed offset should reach the slave that may act next
             await self.ha_master.wait_for_copies(end, needed, self.cfg.slave_ack_timeout_ms / 1000)
         return common_pb2.Empty()
 
-    def _commit_offset(self, group: str, topic: str, queue_id: int, offset: int) -> int | None:
+    def commit_consumer_offset(
+        self, group: str, topic: str, queue_id: int, offset: int
+    ) -> int | None:
         """Commit a consumer offset; on the master also append it to the commit log so
         it replicates to the slaves with the same durability as messages (an acting
         slave then knows every committed offset, not only the last periodic sync).
         Returns the commit-log end offset of that record, if one was written."""
         self.offsets.commit(group, topic, queue_id, offset)
+        return self.replicate_offset(group, topic, queue_id, offset)
+
+    def replicate_offset(self, group: str, topic: str, queue_id: int, offset: int) -> int | None:
+        """On the master, append an offset record to the commit log (slaves apply it)."""
         if not self.acting.is_master or self.ha_master is None:
             return None
         result = self.store.put(
@@ -923,6 +931,9 @@ class BrokerService:
             return
         p = m.properties
         try:
+            if p["G"] == DELAY_OFFSET_GROUP:
+                self.schedule.delay_offsets.apply_replicated(int(p["Q"]), int(p["O"]))
+                return
             self.offsets.apply_replicated(p["G"], p["T"], int(p["Q"]), int(p["O"]))
         except (KeyError, ValueError):
             log.warning("malformed replicated offset record at %d: %s", queue_offset, p)

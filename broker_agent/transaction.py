@@ -208,7 +208,11 @@ class HalfProgress:
         return self.half_offset != start
 
     def adopt_if_newer(self, other: HalfProgress) -> bool:
-        """Pre-online: take a slave's progress whose version is >= ours (ties adopt)."""
+        """Pre-online: merge a slave's progress whose version is >= ours (ties adopt).
+
+        Progress only grows (every offset in either table was resolved or escaped by
+        someone), so the merge is safe; the version check is RocketMQ's rule, and an
+        acting slave's table outranks ours because it took over (state version + 1)."""
         if self.version.compare(other.version) > 0:
             return False
         self.half_offset = max(self.half_offset, other.half_offset)
@@ -318,6 +322,10 @@ class TransactionService:
         """Special-service hook: checking runs on the master and on an acting slave."""
         if active != self._active:
             log.info("transaction check service %s", "started" if active else "stopped")
+            if active and not self._svc.acting.is_master:
+                # an acting slave: its progress is the group's truth from now on
+                self.progress.version.take_over()
+                self._dirty = True
         self._active = active
         self._checks.clear()
         self._escape_failures.clear()

@@ -30,6 +30,12 @@ class DataVersion:
         self.counter += 1
         self.timestamp_ms = _now_ms()
 
+    def take_over(self) -> None:
+        """An acting slave takes over a table: move the state version on, so that its
+        table outranks anything the absent master wrote since the last sync, however
+        many steps the master's counter moved (compared before the counter)."""
+        self.next_version(self.state_version + 1)
+
     def assign(self, other: DataVersion) -> None:
         self.state_version = other.state_version
         self.counter = other.counter
