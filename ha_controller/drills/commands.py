@@ -26,6 +26,10 @@ SCENARIO_NAMES = (
     "pause-nameserver",
     "master-return",
     "kill-after-ack",
+    "delayed-acting",
+    "transactions-acting",
+    "pop-acting",
+    "strict-lock",
 )
 
 
@@ -63,6 +67,12 @@ def add_subcommands(sub: Any) -> None:
         default=1,
         help="attempts per send (default 1: every outcome recorded; the client's 3 retries "
         "an unknown outcome on another group, which can duplicate)",
+    )
+    dr.add_argument(
+        "--no-strict",
+        action="store_true",
+        help="strict-lock: brokers lock queues without strict mode (documents the double "
+        "grant risk; the verdict is expected to fail)",
     )
     dr.add_argument("-v", "--verbose", action="store_true", help="log client warnings")
     dr.set_defaults(func=cmd_drill)
@@ -111,6 +121,7 @@ def cmd_drill(args: argparse.Namespace) -> int:
             drain_timeout_s=args.drain_timeout,
             fifo=not args.no_fifo,
             send_attempts=args.send_attempts,
+            strict_locks=not args.no_strict,
         )
         result = run_drill_sync(options)
         all_ok = all_ok and result.ok
@@ -150,20 +161,27 @@ def analyze_dir(directory: Path, *, master: str | None, scenario: str) -> Any:
 
     Uses the pipeline's own directory entry point when it has one
     (``ha_controller.pipeline.analyze_dir``), else builds a session and calls
-    ``compute_verdict``.
+    ``compute_verdict``.  A known scenario is judged with its checker options (e.g.
+    ``pop-acting``'s ``redelivery="after_ack"``), as the drill judged it.
     """
     import importlib
 
+    from ha_controller.drills.runner import SCENARIOS
+
+    known = SCENARIOS.get(scenario)
+    options = known.check if known is not None else None
     pipeline = importlib.import_module("ha_controller.pipeline")
     entry = getattr(pipeline, "analyze_dir", None)
     if entry is not None:
-        return entry(directory, master=master, scenario=scenario)
+        return entry(directory, master=master, scenario=scenario, options=options)
     from ha_controller.pipeline.session import build_session
     from ha_controller.pipeline.verdict import compute_verdict
 
     spark = build_session(master)
     try:
-        verdict = compute_verdict(spark, directory / "history.jsonl", scenario=scenario)
+        verdict = compute_verdict(
+            spark, directory / "history.jsonl", scenario=scenario, options=options
+        )
     finally:
         spark.stop()
     (directory / "verdict.spark.json").write_text(verdict.to_json() + "\n", encoding="utf-8")

@@ -26,6 +26,37 @@ Scenarios (:data:`SCENARIOS`):
     last ack and its host is lost for good (not restarted), the slaves come back and
     one acts as master.  With async replication the verdict must fail with ``lost``;
     with sync replication the burst is refused by ``broker-a`` and nothing is lost.
+
+The RIP-32 special-message scenarios run the plain producer and push consumer of
+``DrillTopic`` as background traffic plus their own workload; each holds the master
+of ``broker-a`` down for ``fault_s`` *after* a slave was seen acting, then restarts it.
+Slaves copy consumer offsets, delay offsets and the timer checkpoint from the master
+every 2 s, so what the master consumed or delivered in the last 2 s before a hard kill
+is served again by the acting slave (at-least-once, as in RocketMQ); ``delayed-acting``
+and ``pop-acting`` keep that window empty before each kill so that the verdict judges
+the acting slave itself:
+
+``delayed-acting``
+    delay-level and timer messages (short levels via ``HAC_DELAY_LEVELS``) sent before
+    and during the kill; those stored on ``broker-a`` fall due while its slave acts and
+    are escaped by it to ``broker-b``; judged with the checker's default tolerances
+    (the slave acts within a fraction of a second, so none is late).
+``transactions-acting``
+    one transaction per message: committed or rolled back at once, or left open for the
+    brokers' check-back; those open on ``broker-a`` at the kill are escaped by the acting
+    slave and checked from ``broker-b``.
+``pop-acting``
+    a SimpleConsumer (POP) receives and acks through the acting slave; a share of
+    messages is deliberately not acked and comes back through the retry topic (judged
+    with ``redelivery="after_ack"``).
+``strict-lock``
+    two orderly consumers of one group on a FIFO topic with broker lock strict mode on
+    (``--no-strict``: off).  Consumer A holds every queue; the master of ``broker-a`` is
+    killed (``--netns``: partitioned) right after A renewed its locks; consumer B joins
+    while the slave acts and is allotted ``broker-a``'s queues, which it must not get
+    until A let them go; the master returns; B leaves.  Strict mode: no double grant.
+    Without it the acting slave, which never saw A's locks, grants them to B at once:
+    the verdict fails with ``double_lock_grants`` (the risk strict mode removes).
 """
 
 from __future__ import annotations
@@ -38,27 +69,33 @@ import shutil
 import signal
 import tempfile
 import time
-from collections.abc import Awaitable, Callable, Sequence
+from collections.abc import Awaitable, Callable, Mapping, Sequence
 from dataclasses import dataclass, field, replace
 from pathlib import Path
-from typing import Final
+from typing import Final, Protocol
 
 from ha_controller.client.admin import NameserverClient
-from ha_controller.drills.checker import FaultWindow, Verdict, check
+from ha_controller.drills.checker import CheckOptions, FaultWindow, Verdict, check
 from ha_controller.drills.cluster import ClusterSpec, DrillCluster, FaultUnsupported, Replication
 from ha_controller.drills.history import Event, HistoryWriter, read_history
-from ha_controller.drills.nemesis import FaultKind, Nemesis, RoleObserver
+from ha_controller.drills.nemesis import ActiveFault, FaultKind, Nemesis, RoleObserver
 from ha_controller.drills.report import write_report
 from ha_controller.drills.workloads import (
+    DelayedProducerWorkload,
+    Delivered,
+    OrderlyWorkload,
+    PopWorkload,
     ProducerWorkload,
     PullWorkload,
     PushWorkload,
+    TransactionWorkload,
     offset_probe,
 )
 from ha_controller.protocol.errors import HaError
 from ha_controller.testing import EventuallyTimeout, eventually
 
 __all__ = [
+    "DELAY_LEVELS_S",
     "SCENARIOS",
     "DrillOptions",
     "DrillResult",
@@ -75,6 +112,27 @@ PUSH_GROUP: Final = "drill-push"
 FIFO_GROUP: Final = "drill-fifo"
 PULL_GROUP: Final = "drill-pull"
 GROUP_A: Final = "broker-a"
+DELAY_TOPIC: Final = "DrillDelay"
+DELAY_GROUP: Final = "drill-delay"
+TX_TOPIC: Final = "DrillTx"
+TX_GROUP: Final = "drill-tx"
+POP_TOPIC: Final = "DrillPop"
+POP_GROUP: Final = "drill-pop"
+ORDERLY_TOPIC: Final = "DrillOrderly"
+ORDERLY_GROUP: Final = "drill-orderly"
+
+#: ``HAC_DELAY_LEVELS`` of ``delayed-acting``: level n delays by entry n-1 seconds.
+DELAY_LEVELS_S: Final[tuple[int, ...]] = (1, 2, 3, 4, 5, 6, 8, 10)
+#: ``delayed-acting`` draws levels 1..6 and timers of 1..6 s
+DELAY_MAX_S: Final = 6
+POP_INVISIBLE_S: Final = 3.0
+#: POP offsets and the revive progress replicate through the commit log with the
+#: messages, so the drill keeps popping right up to the kill (no quiet period)
+POP_QUIESCE_S: Final = 0.0
+#: client ids sort B before A, so B is allotted broker-a's queues (AllocateAveragely)
+ORDERLY_IDS: Final = {"orderly-a": "drill-orderly-2-a", "orderly-b": "drill-orderly-1-b"}
+#: queues of every drill topic in every group
+QUEUES: Final = 4
 
 
 @dataclass(frozen=True, slots=True)
@@ -99,6 +157,8 @@ class DrillOptions:
     groups: tuple[str, ...] = ("broker-a", "broker-b")
     replicas: int = 3
     quiet: bool = False
+    #: ``strict-lock``: brokers lock queues in strict mode (``--no-strict``: False)
+    strict_locks: bool = True
 
 
 @dataclass(slots=True)
@@ -128,12 +188,36 @@ class Drill:
     producers: list[ProducerWorkload] = field(default_factory=list)
     pushers: list[PushWorkload] = field(default_factory=list)
     puller: PullWorkload | None = None
+    #: further consumers (POP, orderly) the drain waits for, per consumer group
+    consumers: list[Consuming] = field(default_factory=list)
+    #: further drain conditions: name -> how many things are still outstanding
+    waits: dict[str, Callable[[], int]] = field(default_factory=dict)
+    #: ``_acting_cycle`` hooks: awaited before each master kill / called right after it
+    before_fault: list[Callable[[], Awaitable[None]]] = field(default_factory=list)
+    after_fault: list[Callable[[], None]] = field(default_factory=list)
     deadline: float = 0.0
     #: groups whose master was lost for good (not waited for at the end)
     lost_masters: set[str] = field(default_factory=set)
 
     def remaining(self) -> float:
         return self.deadline - time.monotonic()
+
+    async def wait_acting(self, group: str = GROUP_A, timeout: float = 30.0) -> float | None:
+        """Wait until a slave of ``group`` is observed acting; the seconds waited, or None."""
+        t = time.monotonic()
+
+        def acting() -> bool:
+            return any(
+                role == "acting" and target.startswith(group + "/")
+                for target, role in self.observer.roles.items()
+            )
+
+        try:
+            await eventually(acting, timeout, interval=0.1)
+        except EventuallyTimeout:
+            self.say(f"WARNING: no slave of {group} acted within {timeout:.0f} s")
+            return None
+        return time.monotonic() - t
 
     def jitter(self, seconds: float) -> float:
         return seconds * self.rng.uniform(0.8, 1.2)
@@ -161,7 +245,23 @@ class Drill:
             self.puller.resume()
 
 
+class Consuming(Protocol):
+    """A consumer workload as the drain sees it."""
+
+    @property
+    def consumer_group(self) -> str: ...
+    @property
+    def topic(self) -> str: ...
+    @property
+    def delivered(self) -> Delivered: ...
+
+
 ScenarioFn = Callable[[Drill], Awaitable[None]]
+SetupFn = Callable[[Drill, contextlib.AsyncExitStack], Awaitable[None]]
+
+
+def _no_env(_o: DrillOptions) -> Mapping[str, str]:
+    return {}
 
 
 @dataclass(frozen=True, slots=True)
@@ -171,6 +271,14 @@ class Scenario:
     run: ScenarioFn
     netns: bool = False
     spec: Callable[[DrillOptions], DrillOptions] = lambda o: o
+    #: the checker's options for this scenario (also for ``hactl analyze``)
+    check: CheckOptions = field(default_factory=CheckOptions)
+    #: environment of every cluster process (broker settings the scenario needs)
+    env: Callable[[DrillOptions], Mapping[str, str]] = _no_env
+    #: topics to create besides DrillTopic/DrillFifo
+    topics: tuple[str, ...] = ()
+    #: starts the scenario's own workloads (after the standard ones) on the stack
+    setup: SetupFn | None = None
 
 
 def _cycle(kind: FaultKind, role: str, *, loss_pct: float = 0) -> ScenarioFn:
@@ -248,6 +356,219 @@ async def _kill_after_ack(d: Drill) -> None:
         await asyncio.sleep(d.remaining())
 
 
+async def _heal_master(d: Drill, fault: ActiveFault) -> None:
+    await d.nemesis.heal(fault)
+    waited = await d.wait_master()
+    d.say(f"master of {GROUP_A} online {waited:.1f} s after the heal")
+
+
+async def _acting_cycle(d: Drill) -> None:
+    """Repeat: kill the master, hold it down ``fault_s`` after a slave acts, restart.
+    The drill's ``before_fault`` hooks run before each kill, ``after_fault`` right after."""
+    o = d.options
+    await asyncio.sleep(min(4.0, max(d.remaining() * 0.1, 2.0)))
+    n = 0
+    while n == 0 or d.remaining() > o.fault_s + 6:
+        for before in d.before_fault:
+            await before()
+        fault = await d.nemesis.inject("kill", d.nemesis.resolve("master", GROUP_A))
+        for after in d.after_fault:
+            after()
+        waited = await d.wait_acting()
+        if waited is not None:
+            d.say(f"a slave of {GROUP_A} acts {waited:.1f} s after the fault")
+        await asyncio.sleep(d.jitter(o.fault_s))
+        await _heal_master(d, fault)
+        n += 1
+        if d.remaining() <= 0:
+            break
+        await asyncio.sleep(min(d.jitter(o.gap_s), max(d.remaining(), 0.0)))
+    if d.remaining() > 0:
+        await asyncio.sleep(d.remaining())
+
+
+def _push(d: Drill, topic: str, group: str) -> PushWorkload:
+    return PushWorkload(d.cluster.namesrv, topic, group, d.history, process=f"push-{topic}")
+
+
+def _special_rate(o: DrillOptions) -> float:
+    return max(o.rate / 4, 5.0)
+
+
+async def _setup_delayed(d: Drill, stack: contextlib.AsyncExitStack) -> None:
+    o = d.options
+    d.pushers.append(await stack.enter_async_context(_push(d, DELAY_TOPIC, DELAY_GROUP)))
+    delayed = await stack.enter_async_context(
+        DelayedProducerWorkload(
+            d.cluster.namesrv,
+            DELAY_TOPIC,
+            d.history,
+            process="delay-0",
+            levels_ms=[s * 1000 for s in DELAY_LEVELS_S],
+            levels=range(1, DELAY_MAX_S + 1),
+            timer_ms=(1000, DELAY_MAX_S * 1000),
+            seed=o.seed,
+            rate=_special_rate(o),
+            concurrency=2,
+            max_attempts=o.send_attempts,
+        )
+    )
+    d.producers.append(delayed)
+
+    async def clear_window() -> None:
+        # Delay offsets and the timer checkpoint reach the slaves by the 2 s forward
+        # sync: a message the master delivered in the last 2 s before a hard kill is
+        # delivered again by the acting slave, and a delivery the master wrote but had
+        # not replicated comes back with it (at-least-once, as in RocketMQ).  The drill
+        # judges the acting slave, not that window: from now on nothing falls due from
+        # 3.5 s before the kill to 0.5 s after it (messages sent now are due after).
+        kill_at = int(time.time() * 1000) + (DELAY_MAX_S * 1000 + 500)
+        delayed.blackout_ms = (kill_at - 3500, kill_at + 500)
+        d.say("delayed producer: nothing falls due around the coming kill")
+        await asyncio.sleep(DELAY_MAX_S + 0.5)
+
+    d.before_fault.append(clear_window)
+
+
+async def _setup_transactions(d: Drill, stack: contextlib.AsyncExitStack) -> None:
+    o = d.options
+    pusher = await stack.enter_async_context(_push(d, TX_TOPIC, TX_GROUP))
+    d.pushers.append(pusher)
+    tx = await stack.enter_async_context(
+        TransactionWorkload(
+            d.cluster.namesrv,
+            TX_TOPIC,
+            d.history,
+            process="tx-0",
+            seed=o.seed,
+            rate=_special_rate(o),
+            concurrency=2,
+            max_attempts=o.send_attempts,
+        )
+    )
+    d.producers.append(tx)
+    d.waits["unresolved transactions"] = lambda: len(tx.unresolved() - pusher.delivered.keys)
+
+
+async def _setup_pop(d: Drill, stack: contextlib.AsyncExitStack) -> None:
+    o = d.options
+    pop = await stack.enter_async_context(
+        PopWorkload(
+            d.cluster.namesrv,
+            POP_TOPIC,
+            POP_GROUP,
+            d.history,
+            process="pop-0",
+            invisible_s=POP_INVISIBLE_S,
+            skip_ratio=0.2,
+            seed=o.seed,
+        )
+    )
+    d.consumers.append(pop)
+    d.waits["POP deliveries not acked"] = lambda: len(pop.pending())
+
+    async def quiesce() -> None:
+        # POP offsets and the revive service's progress replicate to the slaves through
+        # the commit log, so nothing needs to settle before the kill: the acting slave
+        # continues exactly where the master stopped (RocketMQ's slaves copy every 10 s
+        # and pop again what the master popped in that window).
+        if POP_QUIESCE_S:
+            await pop.pause()
+            await asyncio.sleep(POP_QUIESCE_S)
+
+    d.before_fault.append(quiesce)
+    d.after_fault.append(pop.resume)
+    d.producers.append(
+        await stack.enter_async_context(
+            ProducerWorkload(
+                d.cluster.namesrv,
+                POP_TOPIC,
+                d.history,
+                process="pop-producer",
+                rate=_special_rate(o),
+                concurrency=2,
+                max_attempts=o.send_attempts,
+            )
+        )
+    )
+
+
+def _orderly(d: Drill, process: str) -> OrderlyWorkload:
+    return OrderlyWorkload(
+        d.cluster.namesrv,
+        ORDERLY_TOPIC,
+        ORDERLY_GROUP,
+        d.history,
+        process=process,
+        client_id=ORDERLY_IDS[process],
+    )
+
+
+async def _setup_strict_lock(d: Drill, stack: contextlib.AsyncExitStack) -> None:
+    o = d.options
+    a, b = (_orderly(d, process) for process in ORDERLY_IDS)
+    for workload in (a, b):  # B starts later, in the scenario
+        stack.push_async_callback(workload.aclose)
+        d.consumers.append(workload)
+    await a.start()
+    d.producers.append(
+        await stack.enter_async_context(
+            ProducerWorkload(
+                d.cluster.namesrv,
+                ORDERLY_TOPIC,
+                d.history,
+                process="orderly-producer",
+                rate=_special_rate(o),
+                concurrency=1,
+                message_groups=8,
+                max_attempts=o.send_attempts,
+            )
+        )
+    )
+
+
+async def _strict_lock(d: Drill) -> None:
+    o = d.options
+    a, b = (c for c in d.consumers if isinstance(c, OrderlyWorkload))
+    everything = QUEUES * len(o.groups)
+
+    def holds(w: OrderlyWorkload, n: int) -> bool:
+        return len(w.consumer.held_queues()) == n
+
+    with contextlib.suppress(EventuallyTimeout):
+        await eventually(lambda: holds(a, everything), 20, 0.1)
+    await asyncio.sleep(min(3.0, max(d.remaining() * 0.1, 1.0)))
+    # A renews now, so that its next renewal is lock_renew_interval_s (20 s) away
+    outcome = await a.consumer.lock_all()
+    d.say(f"{a.process} renewed {len(outcome.granted)} locks; the master of {GROUP_A} goes")
+    kind: FaultKind = "partition" if o.netns else "kill"
+    fault = await d.nemesis.inject(kind, d.nemesis.resolve("master", GROUP_A))
+    waited = await d.wait_acting()
+    if waited is not None:
+        d.say(f"a slave of {GROUP_A} acts {waited:.1f} s after the fault; {b.process} joins")
+    await b.start()
+    t = time.monotonic()
+    try:
+        await eventually(lambda: holds(b, QUEUES) and holds(a, everything - QUEUES), 30, 0.1)
+        d.say(f"{b.process} holds {GROUP_A}'s queues {time.monotonic() - t:.1f} s after joining")
+    except EventuallyTimeout:
+        d.say(f"WARNING: {b.process} did not get {GROUP_A}'s queues while the slave acts")
+    await asyncio.sleep(d.jitter(o.fault_s))
+    await _heal_master(d, fault)
+    await asyncio.sleep(min(3.0, max(d.remaining(), 1.0)))
+    d.say(f"{b.process} leaves")
+    await b.aclose()
+    with contextlib.suppress(EventuallyTimeout):
+        await eventually(lambda: holds(a, everything), 30, 0.1)
+    d.say(
+        f"{a.process} holds all {everything} queues again; lock grants "
+        f"a={a.locker.grants} b={b.locker.grants}, refusals a={a.locker.refusals} "
+        f"b={b.locker.refusals}"
+    )
+    if d.remaining() > 0:
+        await asyncio.sleep(d.remaining())
+
+
 SCENARIOS: Final[dict[str, Scenario]] = {
     s.name: s
     for s in (
@@ -290,6 +611,47 @@ SCENARIOS: Final[dict[str, Scenario]] = {
                 o, push=False, fifo=False, pull=True, drain_timeout_s=min(o.drain_timeout_s, 15.0)
             ),
         ),
+        Scenario(
+            "delayed-acting",
+            "delay-level and timer messages fall due while the slave acts; escaped to broker-b",
+            _acting_cycle,
+            spec=lambda o: replace(o, fifo=False, pull=False),
+            env=lambda o: {"HAC_DELAY_LEVELS": " ".join(f"{s}s" for s in DELAY_LEVELS_S)},
+            topics=(DELAY_TOPIC,),
+            setup=_setup_delayed,
+        ),
+        Scenario(
+            "transactions-acting",
+            "transactions open at the kill are escaped by the acting slave and checked back",
+            _acting_cycle,
+            spec=lambda o: replace(o, fifo=False, pull=False),
+            env=lambda o: {
+                "HAC_TRANSACTION_CHECK_INTERVAL_MS": "500",
+                "HAC_TRANSACTION_TIMEOUT_MS": "2000",
+                "HAC_TRANSACTION_CHECK_MAX": "1000",
+            },
+            topics=(TX_TOPIC,),
+            setup=_setup_transactions,
+        ),
+        Scenario(
+            "pop-acting",
+            "a SimpleConsumer receives and acks through the acting slave; un-acked ones revive",
+            _acting_cycle,
+            spec=lambda o: replace(o, fifo=False, pull=False),
+            check=CheckOptions(redelivery="after_ack"),
+            env=lambda o: {"HAC_POP_REVIVE_INTERVAL_MS": "200"},
+            topics=(POP_TOPIC,),
+            setup=_setup_pop,
+        ),
+        Scenario(
+            "strict-lock",
+            "two orderly consumers; one joins while the slave acts; strict locks (--no-strict)",
+            _strict_lock,
+            spec=lambda o: replace(o, fifo=False, pull=False),
+            env=lambda o: {"HAC_LOCK_IN_STRICT_MODE": "true" if o.strict_locks else "false"},
+            topics=(ORDERLY_TOPIC,),
+            setup=_setup_strict_lock,
+        ),
     )
 }
 
@@ -327,6 +689,7 @@ async def run_drill(options: DrillOptions) -> DrillResult:
         replication=options.replication,
         skip_pre_online=options.skip_pre_online,
         netns=options.netns,
+        env=dict(scenario.env(options)),
     )
     shutil.rmtree(out / "logs", ignore_errors=True)
     cluster = DrillCluster(spec, log_dir=out / "logs")
@@ -346,7 +709,7 @@ async def run_drill(options: DrillOptions) -> DrillResult:
     finally:
         history.close()
         await _shielded_thread(cluster.close)
-    verdict = check(out / "history.jsonl", scenario=scenario.name)
+    verdict = check(out / "history.jsonl", scenario=scenario.name, options=scenario.check)
     (out / "verdict.json").write_text(verdict.to_json() + "\n", encoding="utf-8")
     events = read_history(out / "history.jsonl")
     write_report(out / "report.html", events, verdict)
@@ -402,10 +765,10 @@ async def _cancel(task: asyncio.Task[None]) -> None:
 async def _with_workloads(d: Drill, scenario: Scenario) -> bool:
     o = d.options
     await eventually(lambda: all(d.observer.master_online(g) for g in o.groups), 60, 0.1)
-    topics = [TOPIC, *([FIFO_TOPIC] if o.fifo else [])]
+    topics = [TOPIC, *([FIFO_TOPIC] if o.fifo else []), *scenario.topics]
     async with NameserverClient([d.cluster.namesrv]) as ns:
         for topic in topics:
-            await ns.create_topic(topic, queues=4)
+            await ns.create_topic(topic, queues=QUEUES)
 
         async def routed() -> bool:
             for t in topics:
@@ -419,7 +782,7 @@ async def _with_workloads(d: Drill, scenario: Scenario) -> bool:
 
         await eventually(routed, 30, 0.1)
     async with contextlib.AsyncExitStack() as stack:
-        for topic in topics if o.push else []:
+        for topic in [TOPIC, *([FIFO_TOPIC] if o.fifo else [])] if o.push else []:
             d.pushers.append(
                 await stack.enter_async_context(
                     PushWorkload(
@@ -462,6 +825,8 @@ async def _with_workloads(d: Drill, scenario: Scenario) -> bool:
                     )
                 )
             )
+        if scenario.setup is not None:
+            await scenario.setup(d, stack)
         await eventually(lambda: all(p.acked for p in d.producers), 30, 0.1)
         d.say("workloads running: " + ", ".join(p.process for p in d.producers))
         d.deadline = time.monotonic() + o.duration_s
@@ -480,22 +845,31 @@ async def _with_workloads(d: Drill, scenario: Scenario) -> bool:
     return False  # pragma: no cover - the exit stack does not swallow
 
 
-def _consumers(d: Drill) -> list[tuple[str, str, set[str]]]:
-    out = [(w.process, w.topic, w.delivered.keys) for w in d.pushers]
+def _consumers(d: Drill) -> list[Consuming]:
+    out: list[Consuming] = [*d.pushers, *d.consumers]
     if d.puller is not None:
-        out.append((d.puller.process, d.puller.topic, d.puller.delivered.keys))
+        out.append(d.puller)
     return out
 
 
 def _missing(d: Drill) -> dict[str, int]:
+    """What the drain still waits for: acknowledged keys missing per consumer group,
+    and the scenario's own outstanding counts."""
     acked: dict[str, set[str]] = {}
     for p in d.producers:
         acked.setdefault(p.topic, set()).update(p.acked)
-    return {
-        name: len(acked.get(topic, set()) - keys)
-        for name, topic, keys in _consumers(d)
+    got: dict[tuple[str, str], set[str]] = {}
+    for c in _consumers(d):
+        got.setdefault((c.consumer_group, c.topic), set()).update(c.delivered.keys)
+    out = {
+        group: len(acked.get(topic, set()) - keys)
+        for (group, topic), keys in got.items()
         if acked.get(topic, set()) - keys
     }
+    for name, outstanding in d.waits.items():
+        if n := outstanding():
+            out[name] = n
+    return out
 
 
 async def _drain(d: Drill) -> bool:
@@ -516,9 +890,7 @@ async def _progress(d: Drill) -> None:
         await asyncio.sleep(5.0)
         sent = sum(p.sent for p in d.producers)
         acked = sum(len(p.acked) for p in d.producers)
-        recv = sum(w.delivered.count for w in d.pushers) + (
-            d.puller.delivered.count if d.puller else 0
-        )
+        recv = sum(c.delivered.count for c in _consumers(d))
         roles = " ".join(
             f"{t}={r}" for t, r in sorted(d.observer.roles.items()) if t.startswith(GROUP_A)
         )

@@ -15,10 +15,25 @@
 - :func:`offset_probe` reads the group's committed offsets from the brokers
   (``offset_probe`` ok, timed at the request's start so that commits acknowledged
   before it are strictly earlier).
+- :class:`DelayedProducerWorkload` alternates delay-level and timer messages; a level
+  is recorded as ``delay_ms`` (the broker's configured delay of that level, since the
+  checker's level table is RocketMQ's default one), a timer as ``due_ts_ms``.
+- :class:`TransactionWorkload` sends each message in a transaction (``tx: true``) and
+  follows a plan drawn per key: commit or roll back at once (``end_tx`` invoke/ok/info)
+  or leave it open for the brokers' check-back, which the producer's checker answers
+  with the plan's outcome (``end_tx`` ok with ``via: "check"``).
+- :class:`PopWorkload` receives with a :class:`~ha_controller.client.SimpleConsumer`
+  (POP) and acks (``ack`` ok); a share of first deliveries is deliberately not acked
+  (a ``nack`` info event, ignored by the checkers) so that the brokers revive it into
+  the retry topic; judge it with ``CheckOptions(redelivery="after_ack")``.
+- :class:`OrderlyWorkload` consumes in order with an
+  :class:`~ha_controller.client.orderly.OrderlyPushConsumer` whose queue locker
+  records every lock round (``lock`` invoke, then ok ``granted`` true/false or info
+  when the broker did not answer) and every unlock (``unlock`` invoke/ok; a renewal the
+  broker refuses is an ``unlock`` info ``"dropped"``: the client stops at once).
 
-Hooks for the workloads other parts of the client are growing (transactions,
-SimpleConsumer/POP, orderly consumption with strict locks) are in :data:`PENDING`:
-:func:`available_workloads` reports which exist in the installed client.
+:data:`PENDING` names the client APIs these need; :func:`available_workloads` reports
+which exist in the installed client.
 
 All loops run in a task group owned by the workload: ``async with`` starts and stops it;
 cancellation is re-raised.
@@ -30,19 +45,30 @@ import asyncio
 import contextlib
 import importlib
 import logging
+import random
 import time
-from collections.abc import AsyncIterator, Callable
+from collections.abc import AsyncIterator, Callable, Iterable, Iterator, Sequence
 from dataclasses import dataclass, field
-from typing import Final
+from typing import Any, Final, Literal, Self
 
-from ha_controller.client.message import Message, MessageQueue, ReceivedMessage
-from ha_controller.client.producer import Producer
+from ha_controller.client.message import Message, MessageQueue, ReceivedMessage, SendReceipt
+from ha_controller.client.orderly import LockOutcome, OrderlyPushConsumer, QueueLocker
+from ha_controller.client.producer import (
+    Producer,
+    Transaction,
+    TransactionChecker,
+    TransactionResolution,
+)
 from ha_controller.client.pull_consumer import PullConsumer, PullStatus
 from ha_controller.client.push_consumer import PushConsumer
+from ha_controller.client.simple_consumer import SimpleConsumer
 from ha_controller.client.tools import body_for
 from ha_controller.drills.history import (
     Ack,
+    EndTx,
+    Event,
     HistoryWriter,
+    Lock,
     OffsetCommit,
     OffsetProbe,
     Receive,
@@ -50,6 +76,7 @@ from ha_controller.drills.history import (
     SendOk,
     SendOutcome,
     Subscribe,
+    Unlock,
 )
 from ha_controller.protocol.errors import (
     BrokerUnavailable,
@@ -60,10 +87,15 @@ from ha_controller.protocol.errors import (
 
 __all__ = [
     "PENDING",
+    "DelayedProducerWorkload",
     "Delivered",
+    "OrderlyWorkload",
+    "PopWorkload",
     "ProducerWorkload",
     "PullWorkload",
     "PushWorkload",
+    "RecordingQueueLocker",
+    "TransactionWorkload",
     "available_workloads",
     "mq_name",
     "offset_probe",
@@ -126,6 +158,7 @@ class ProducerWorkload:
         delay_ms: int = 0,
         max_attempts: int = 3,
         send_timeout_ms: int = 3000,
+        checker: TransactionChecker | None = None,
     ) -> None:
         if rate <= 0 or concurrency < 1:
             raise ValueError("rate must be > 0 and concurrency >= 1")
@@ -144,6 +177,9 @@ class ProducerWorkload:
             group=f"drill-{process}",
             max_attempts=max_attempts,
             send_timeout_ms=send_timeout_ms,
+            checker=checker,
+            # brokers send check-backs to the connection of the group's last heartbeat
+            heartbeat_interval_s=1.0 if checker is not None else 10.0,
         )
         self.acked: set[str] = set()
         self.sent = 0
@@ -164,15 +200,21 @@ class ProducerWorkload:
     def resume(self) -> None:
         self._running.set()
 
-    async def __aenter__(self) -> ProducerWorkload:
+    async def __aenter__(self) -> Self:
         await self.producer.start()
         self._task = asyncio.get_running_loop().create_task(self._run(), name=self.process)
         return self
 
     async def __aexit__(self, *exc: object) -> None:
-        await self.stop()
+        await self.stop_sending()
+        await self.producer.aclose()
 
     async def stop(self) -> None:
+        """Stop sending (see :meth:`stop_sending`) and close the producer."""
+        await self.stop_sending()
+        await self.producer.aclose()
+
+    async def stop_sending(self) -> None:
         """Stop sending: in-flight sends may finish (bounded by the send timeout); what is
         still in flight then is cancelled and recorded as info."""
         self.pause()
@@ -186,7 +228,6 @@ class ProducerWorkload:
             with contextlib.suppress(asyncio.CancelledError):
                 await self._task
             self._task = None
-        await self.producer.aclose()
 
     async def _run(self) -> None:
         async with asyncio.TaskGroup() as tg:
@@ -236,30 +277,46 @@ class ProducerWorkload:
     async def send_one(self) -> bool:
         """One recorded send; True when acknowledged."""
         msg, invoke = self._next_message()
-        key = invoke.key
-        self.history.record(self.process, "invoke", invoke)
-        self.sent += 1
+        receipt = await self._send_recorded(msg, invoke)
+        if receipt is None:
+            return False
+        self.acked.add(invoke.key)
+        return True
+
+    @contextlib.contextmanager
+    def _in_flight(self) -> Iterator[None]:
         self._inflight += 1
         self._drained.clear()
         try:
-            receipt = await self.producer.send(msg)
-        except asyncio.CancelledError:
-            self.history.record(self.process, "info", SendOutcome(key=key, error="cancelled"))
-            self.unknown += 1
-            raise
-        except (HaError, OSError) as exc:
-            error = f"{type(exc).__name__}: {exc}"
-            if _definitely_not_stored(exc):
-                self.history.record(self.process, "fail", SendOutcome(key=key, error=error))
-                self.failed += 1
-            else:
-                self.history.record(self.process, "info", SendOutcome(key=key, error=error))
-                self.unknown += 1
-            return False
+            yield
         finally:
             self._inflight -= 1
             if self._inflight == 0:
                 self._drained.set()
+
+    async def _send_recorded(
+        self, msg: Message, invoke: SendInvoke, transaction: Transaction | None = None
+    ) -> SendReceipt | None:
+        """Send ``msg`` recording invoke and outcome; the receipt when acknowledged."""
+        key = invoke.key
+        self.history.record(self.process, "invoke", invoke)
+        self.sent += 1
+        with self._in_flight():
+            try:
+                receipt = await self.producer.send(msg, transaction=transaction)
+            except asyncio.CancelledError:
+                self.history.record(self.process, "info", SendOutcome(key=key, error="cancelled"))
+                self.unknown += 1
+                raise
+            except (HaError, OSError) as exc:
+                error = f"{type(exc).__name__}: {exc}"
+                if _definitely_not_stored(exc):
+                    self.history.record(self.process, "fail", SendOutcome(key=key, error=error))
+                    self.failed += 1
+                else:
+                    self.history.record(self.process, "info", SendOutcome(key=key, error=error))
+                    self.unknown += 1
+                return None
         self.history.record(
             self.process,
             "ok",
@@ -271,8 +328,7 @@ class ProducerWorkload:
                 queue_offset=receipt.queue_offset,
             ),
         )
-        self.acked.add(key)
-        return True
+        return receipt
 
     async def burst(self, count: int) -> int:
         """Send ``count`` messages one after another (no pacing); returns how many were acked."""
@@ -523,3 +579,439 @@ async def offset_probe(
                 t_ms=t_ms,
             )
     return out
+
+
+# --- delayed messages ------------------------------------------------------------------
+
+
+class DelayedProducerWorkload(ProducerWorkload):
+    """Alternates delay-level and timer messages (never FIFO).
+
+    ``levels_ms`` is the brokers' configured level table (``HAC_DELAY_LEVELS``) and
+    ``levels`` the levels to draw from; timer delays are drawn from ``timer_ms``
+    (inclusive bounds).  A level message is recorded with ``delay_ms`` = its level's
+    configured delay, a timer message with its absolute ``due_ts_ms``.  While
+    :attr:`blackout_ms` (wall-clock ``(start, end)``) is set, delays are drawn among
+    those whose due time falls outside it (when there is one).
+    """
+
+    def __init__(
+        self,
+        namesrv: str,
+        topic: str,
+        history: HistoryWriter,
+        *,
+        levels_ms: Sequence[int],
+        levels: Sequence[int],
+        timer_ms: tuple[int, int],
+        seed: int = 0,
+        **options: Any,
+    ) -> None:
+        if not levels or any(not 1 <= lv <= len(levels_ms) for lv in levels):
+            raise ValueError(f"levels {list(levels)} must be within 1..{len(levels_ms)}")
+        if not 0 < timer_ms[0] <= timer_ms[1]:
+            raise ValueError(f"timer_ms must be 0 < low <= high, got {timer_ms}")
+        super().__init__(namesrv, topic, history, **options)
+        self.levels_ms = tuple(levels_ms)
+        self.levels = tuple(levels)
+        self.timer_ms = timer_ms
+        self.blackout_ms: tuple[int, int] | None = None
+        self._rng = random.Random(seed)
+
+    def _choose(self, now: int, delays: Sequence[int]) -> int:
+        """One of ``delays`` (ms), avoiding due times in the blackout when possible."""
+        if self.blackout_ms is not None:
+            start, end = self.blackout_ms
+            allowed = [d for d in delays if not start <= now + d <= end]
+            if allowed:
+                return self._rng.choice(allowed)
+        return self._rng.choice(delays)
+
+    def _next_message(self) -> tuple[Message, SendInvoke]:
+        key = f"{self.process}-{self._seq}"
+        timer = self._seq % 2 == 1
+        self._seq += 1
+        body = body_for(key, self.size)
+        now = int(time.time() * 1000)
+        if timer:
+            low, high = self.timer_ms
+            due = now + self._choose(now, range(low, high + 1, 50))
+            msg = Message(self.topic, body, keys=(key,), deliver_ts_ms=due)
+            return msg, SendInvoke(key=key, topic=self.topic, due_ts_ms=due)
+        delay = self._choose(now, [self.levels_ms[lv - 1] for lv in self.levels])
+        level = self.levels_ms.index(delay) + 1
+        msg = Message(self.topic, body, keys=(key,), delay_level=level)
+        return msg, SendInvoke(key=key, topic=self.topic, delay_ms=delay)
+
+
+# --- transactions ----------------------------------------------------------------------
+
+TxPlan = Literal["commit", "rollback", "check-commit", "check-rollback"]
+TX_PLANS: Final[tuple[TxPlan, ...]] = ("commit", "rollback", "check-commit", "check-rollback")
+
+
+class TransactionWorkload(ProducerWorkload):
+    """One transaction per message, resolved at once or left to the brokers' check.
+
+    Each key draws a plan (weights ``plan_weights`` over :data:`TX_PLANS`).  ``commit``
+    / ``rollback`` end the transaction right after the half message is stored; the
+    ``check-*`` plans leave it open and the producer's checker answers the brokers'
+    check-back with the plan's outcome (also for an explicit end whose outcome was
+    unknown).  :attr:`acked` holds the keys that must be delivered (stored and
+    committed); :meth:`unresolved` those stored and not resolved yet.
+    """
+
+    def __init__(
+        self,
+        namesrv: str,
+        topic: str,
+        history: HistoryWriter,
+        *,
+        seed: int = 0,
+        plan_weights: Sequence[float] = (0.35, 0.15, 0.3, 0.2),
+        **options: Any,
+    ) -> None:
+        if len(plan_weights) != len(TX_PLANS):
+            raise ValueError(f"plan_weights needs {len(TX_PLANS)} weights")
+        super().__init__(namesrv, topic, history, checker=self._check, **options)
+        self.plan_weights = tuple(plan_weights)
+        self.plans: dict[str, TxPlan] = {}
+        self.stored: set[str] = set()
+        self.resolved: dict[str, bool] = {}  # key -> committed
+        self.checks = 0
+        self._rng = random.Random(seed)
+
+    def unresolved(self) -> set[str]:
+        return self.stored - self.resolved.keys()
+
+    async def stop(self) -> None:
+        """Stop sending; the producer stays open (until the workload exits) to answer the
+        brokers' check-backs of the transactions still open."""
+        await self.stop_sending()
+
+    def _resolve(self, key: str, commit: bool) -> None:
+        self.resolved[key] = commit
+        if commit and key in self.stored:
+            self.acked.add(key)
+
+    async def send_one(self) -> bool:
+        key = f"{self.process}-{self._seq}"
+        self._seq += 1
+        plan = self._rng.choices(TX_PLANS, self.plan_weights)[0]
+        self.plans[key] = plan
+        msg = Message(self.topic, body_for(key, self.size), keys=(key,))
+        tx = self.producer.begin_transaction()
+        invoke = SendInvoke(key=key, topic=self.topic, tx=True)
+        if await self._send_recorded(msg, invoke, tx) is None:
+            return False
+        self.stored.add(key)
+        if key in self.resolved:  # a check answered before the send's ok arrived
+            self._resolve(key, self.resolved[key])
+        if plan in ("commit", "rollback"):
+            await self._end(tx, key, commit=plan == "commit")
+        return True
+
+    async def _end(self, tx: Transaction, key: str, *, commit: bool) -> None:
+        value = EndTx(key=key, commit=commit)
+        self.history.record(self.process, "invoke", value)
+        with self._in_flight():
+            try:
+                await (tx.commit() if commit else tx.rollback())
+            except asyncio.CancelledError:
+                self.history.record(self.process, "info", value)
+                raise
+            except (HaError, OSError) as exc:
+                # END_TRANSACTION may or may not have arrived: the check decides
+                log.debug("end of transaction %s failed: %s", key, exc)
+                self.history.record(self.process, "info", value)
+                return
+        self.history.record(self.process, "ok", value)
+        self._resolve(key, commit)
+
+    async def _check(self, message: ReceivedMessage) -> TransactionResolution:
+        plan = self.plans.get(message.key)
+        if plan is None:
+            return TransactionResolution.UNKNOWN
+        commit = plan in ("commit", "check-commit")
+        self.checks += 1
+        # The answer goes out as END_TRANSACTION right after; should it be lost, the
+        # brokers ask again (the schema records the producer's answer as the outcome).
+        self.history.record(self.process, "ok", EndTx(key=message.key, commit=commit, via="check"))
+        self._resolve(message.key, commit)
+        return TransactionResolution.COMMIT if commit else TransactionResolution.ROLLBACK
+
+
+# --- POP ---------------------------------------------------------------------------------
+
+
+class PopWorkload:
+    """Receives with a SimpleConsumer (POP) and acks, leaving a share un-acked once.
+
+    A first delivery (not from the retry topic) is not acked with probability
+    ``skip_ratio``: the key goes to :attr:`skipped` and a ``nack`` info event records
+    the decision; the brokers revive it after ``invisible_s`` into ``%RETRY%<group>``
+    and that delivery is acked.  Failed acks are recorded as ``ack`` fail (ignored by the
+    checkers): such a message comes back too.
+    """
+
+    def __init__(
+        self,
+        namesrv: str,
+        topic: str,
+        consumer_group: str,
+        history: HistoryWriter,
+        *,
+        process: str = "pop-0",
+        invisible_s: float = 4.0,
+        skip_ratio: float = 0.1,
+        batch: int = 16,
+        seed: int = 0,
+    ) -> None:
+        if not 0 <= skip_ratio < 1:
+            raise ValueError(f"skip_ratio must be in [0, 1), got {skip_ratio}")
+        self.history = history
+        self.process = process
+        self.topic = topic
+        self.consumer_group = consumer_group
+        self.skip_ratio = skip_ratio
+        self.batch = batch
+        self.delivered = Delivered()
+        self.acked: set[str] = set()
+        self.skipped: set[str] = set()
+        self.retried: set[str] = set()  # keys delivered from the retry topic
+        self.ack_failures = 0
+        self.consumer = SimpleConsumer(
+            namesrv, consumer_group, [topic], invisible_duration_s=invisible_s
+        )
+        self._rng = random.Random(seed)
+        self._task: asyncio.Task[None] | None = None
+        self._running = asyncio.Event()
+        self._running.set()
+        self._idle = asyncio.Event()
+        self._idle.set()
+
+    async def pause(self) -> None:
+        """Stop receiving; returns once no receive or ack is in progress."""
+        self._running.clear()
+        await self._idle.wait()
+
+    def resume(self) -> None:
+        self._running.set()
+
+    def pending(self) -> set[str]:
+        """Delivered keys not acked yet (the deliberately skipped ones among them)."""
+        return self.delivered.keys - self.acked
+
+    async def __aenter__(self) -> PopWorkload:
+        self.history.record(
+            self.process,
+            "info",
+            Subscribe(consumer=self.process, consumer_group=self.consumer_group, topic=self.topic),
+        )
+        await self.consumer.start()
+        self._task = asyncio.get_running_loop().create_task(self._run(), name=self.process)
+        return self
+
+    async def __aexit__(self, *exc: object) -> None:
+        if self._task is not None:
+            self._task.cancel()
+            with contextlib.suppress(asyncio.CancelledError):
+                await self._task
+            self._task = None
+        await self.consumer.aclose()
+
+    async def _run(self) -> None:
+        while True:
+            await self._running.wait()
+            self._idle.clear()
+            try:
+                await self._receive_once()
+            finally:
+                self._idle.set()
+
+    async def _receive_once(self) -> None:
+        try:
+            messages = await self.consumer.receive(self.batch, wait_s=1.0)
+        except (HaError, OSError) as exc:
+            log.debug("receive from %s failed: %s", self.topic, exc)
+            await asyncio.sleep(0.3)
+            return
+        now = int(time.time() * 1000)
+        for m in messages:
+            record_receive(self.history, self.process, self.consumer_group, m, self.delivered, now)
+        for m in messages:
+            await self._settle(m)
+
+    async def _settle(self, m: ReceivedMessage) -> None:
+        key = m.key
+        if m.topic != self.topic:
+            self.retried.add(key)
+        elif key not in self.skipped and self._rng.random() < self.skip_ratio:
+            self.skipped.add(key)
+            self.history.write(
+                Event(
+                    int(time.time() * 1000),
+                    self.process,
+                    "info",
+                    "nack",
+                    {"key": key, "consumer": self.process, "consumer_group": self.consumer_group},
+                )
+            )
+            return
+        value = Ack(key=key, consumer=self.process, consumer_group=self.consumer_group)
+        try:
+            await self.consumer.ack(m)
+        except (HaError, OSError, ValueError) as exc:
+            log.debug("ack of %s failed: %s", key, exc)
+            self.ack_failures += 1
+            self.history.record(self.process, "fail", value)
+            return
+        self.history.record(self.process, "ok", value)
+        self.acked.add(key)
+
+
+# --- orderly consumption with queue locks -------------------------------------------------
+
+
+class RecordingQueueLocker(QueueLocker):
+    """A :class:`QueueLocker` that records its lock rounds and unlocks in the history."""
+
+    def __init__(self, history: HistoryWriter, process: str, *args: Any, **kwargs: Any) -> None:
+        super().__init__(*args, **kwargs)
+        self.history = history
+        self.process = process
+        self.granted_now: set[MessageQueue] = set()
+        self.grants = 0
+        self.refusals = 0
+
+    def _value(self, mq: MessageQueue, *, granted: bool | None = None) -> Lock:
+        return Lock(
+            consumer=self.process, consumer_group=self.group, mq=mq_name(mq), granted=granted
+        )
+
+    def _unlock_value(self, mq: MessageQueue, reason: str) -> Unlock:
+        return Unlock(
+            consumer=self.process, consumer_group=self.group, mq=mq_name(mq), reason=reason
+        )
+
+    async def lock(self, mqs: Iterable[MessageQueue]) -> LockOutcome:
+        wanted = sorted(mqs)
+        for mq in wanted:
+            self.history.record(self.process, "invoke", self._value(mq))
+        outcome = await super().lock(wanted)
+        for mq in sorted(outcome.granted):
+            self.history.record(self.process, "ok", self._value(mq, granted=True))
+            self.granted_now.add(mq)
+            self.grants += 1
+        for mq in sorted(outcome.refused):
+            self.history.record(self.process, "ok", self._value(mq, granted=False))
+            self.refusals += 1
+            if mq in self.granted_now:  # the consumer stops consuming it at once
+                self.granted_now.discard(mq)
+                self.history.record(self.process, "info", self._unlock_value(mq, "dropped"))
+        for mq in sorted(outcome.unknown):
+            self.history.record(self.process, "info", self._value(mq))
+        return outcome
+
+    async def unlock(self, mqs: Iterable[MessageQueue]) -> None:
+        wanted = sorted(mqs)
+        # the consumer stopped consuming these before it asked
+        for mq in wanted:
+            self.history.record(self.process, "invoke", self._unlock_value(mq, "unlock"))
+            self.granted_now.discard(mq)
+        await super().unlock(wanted)
+        for mq in wanted:
+            self.history.record(self.process, "ok", self._unlock_value(mq, "unlock"))
+
+
+class _RecordingOrderlyConsumer(OrderlyPushConsumer):
+    def __init__(self, history: HistoryWriter, process: str, *args: Any, **kwargs: Any) -> None:
+        super().__init__(*args, **kwargs)
+        self.locker = RecordingQueueLocker(
+            history,
+            process,
+            self.routes,
+            self._pool,
+            self.group,
+            self.client_id,
+            request_timeout_ms=self.request_timeout_ms,
+        )
+
+
+class OrderlyWorkload:
+    """An orderly push consumer whose deliveries, acks, locks and unlocks are recorded.
+
+    Options are those of :class:`~ha_controller.client.orderly.OrderlyPushConsumer`
+    (drill defaults: rebalance every 2 s, heartbeats every 1 s, no dead-letter topic).
+    """
+
+    def __init__(
+        self,
+        namesrv: str,
+        topic: str,
+        consumer_group: str,
+        history: HistoryWriter,
+        *,
+        process: str = "orderly-0",
+        **options: Any,
+    ) -> None:
+        self.history = history
+        self.process = process
+        self.topic = topic
+        self.consumer_group = consumer_group
+        self.delivered = Delivered()
+        defaults: dict[str, Any] = {
+            "rebalance_interval_s": 2.0,
+            "heartbeat_interval_s": 1.0,
+            "commit_interval_s": 1.0,
+            "suspend_timeout_ms": 2000,
+            "pull_error_backoff_s": 0.3,
+            "dead_letter": False,
+        }
+        self.consumer = _RecordingOrderlyConsumer(
+            history,
+            process,
+            namesrv,
+            consumer_group,
+            topic,
+            self._listener,
+            **{**defaults, **options},
+        )
+        self._started = False
+
+    @property
+    def locker(self) -> RecordingQueueLocker:
+        locker = self.consumer.locker
+        assert isinstance(locker, RecordingQueueLocker)
+        return locker
+
+    async def _listener(self, m: ReceivedMessage) -> bool:
+        record_receive(self.history, self.process, self.consumer_group, m, self.delivered)
+        self.history.record(
+            self.process,
+            "ok",
+            Ack(key=m.key, consumer=self.process, consumer_group=self.consumer_group),
+        )
+        return True
+
+    async def start(self) -> None:
+        if self._started:
+            return
+        self._started = True
+        self.history.record(
+            self.process,
+            "info",
+            Subscribe(consumer=self.process, consumer_group=self.consumer_group, topic=self.topic),
+        )
+        await self.consumer.start()
+
+    async def aclose(self) -> None:
+        """Stop consuming: commit, unlock (recorded), close; idempotent."""
+        await self.consumer.aclose()
+
+    async def __aenter__(self) -> OrderlyWorkload:
+        await self.start()
+        return self
+
+    async def __aexit__(self, *exc: object) -> None:
+        await self.aclose()

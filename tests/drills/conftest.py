@@ -17,7 +17,7 @@ from typing import Any
 import pytest
 
 from ha_controller.drills.netns import netns_available
-from ha_controller.drills.runner import DrillOptions, DrillResult, run_drill
+from ha_controller.drills.runner import SCENARIOS, DrillOptions, DrillResult, run_drill
 
 #: Short drills: enough traffic and one or two faults each.
 SHORT: dict[str, Any] = {
@@ -94,7 +94,12 @@ def run(tmp_path: Path, spark: Any) -> DrillRunner:
         if spark is not None:
             from ha_controller.pipeline.verdict import compute_verdict
 
-            spark_verdict = compute_verdict(spark, result.out / "history.jsonl", scenario=scenario)
+            spark_verdict = compute_verdict(
+                spark,
+                result.out / "history.jsonl",
+                scenario=scenario,
+                options=SCENARIOS[scenario].check,  # as the drill judged it
+            )
             assert spark_verdict.to_dict() == result.verdict.to_dict()
         return result
 
