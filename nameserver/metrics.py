@@ -14,8 +14,13 @@ class GroupCollector(Collector):
     """Group membership as the route table sees it, computed per scrape so
     that a vanished member disappears instead of lingering as a stale series."""
 
-    def __init__(self, groups: Callable[[], list[dict[str, Any]]]) -> None:
+    def __init__(
+        self,
+        groups: Callable[[], list[dict[str, Any]]],
+        acting_since: Callable[[], dict[tuple[str, str], float]] | None = None,
+    ) -> None:
         self._groups = groups
+        self._acting_since = acting_since
 
     def collect(self) -> Iterator[GaugeMetricFamily]:
         up = GaugeMetricFamily(
@@ -38,6 +43,13 @@ class GroupCollector(Collector):
             "Seconds since the broker's last heartbeat reached this nameserver",
             labels=["cluster", "broker_name", "broker_id"],
         )
+        since = GaugeMetricFamily(
+            "hac_group_acting_master_since_seconds",
+            "Unix time at which the group's current acting master took over (only while one acts)",
+            labels=["cluster", "broker_name"],
+        )
+        for (cluster, name), ts in (self._acting_since() if self._acting_since else {}).items():
+            since.add_metric([cluster, name], ts)
         for g in self._groups():
             labels = [g["cluster"], g["brokerName"]]
             acting_id = g.get("actingBrokerId")
@@ -51,12 +63,17 @@ class GroupCollector(Collector):
         yield acting
         yield master
         yield age
+        yield since
 
 
 class NameserverMetrics:
-    def __init__(self, groups: Callable[[], list[dict[str, Any]]]) -> None:
+    def __init__(
+        self,
+        groups: Callable[[], list[dict[str, Any]]],
+        acting_since: Callable[[], dict[tuple[str, str], float]] | None = None,
+    ) -> None:
         self.registry = CollectorRegistry()
-        self.registry.register(GroupCollector(groups))
+        self.registry.register(GroupCollector(groups, acting_since))
         self.min_broker_id_changes = Counter(
             "hac_min_broker_id_changes_total",
             "Changes of a group's lowest live broker id (master lost or back)",

@@ -7,6 +7,7 @@ import asyncio
 import contextlib
 import hashlib
 import logging
+import time
 from typing import Any
 
 from ha_controller import auth
@@ -57,7 +58,11 @@ class NameserverService:
             support_acting_master=cfg.support_acting_master,
             notify_min_broker_id_changed=cfg.notify_min_broker_id_changed,
         )
-        self.metrics = NameserverMetrics(self.table.groups_view)
+        # (cluster, group) -> (acting broker id, unix time it took over)
+        self._acting: dict[tuple[str, str], tuple[int, float]] = {}
+        self.metrics = NameserverMetrics(
+            self.table.groups_view, lambda: {k: ts for k, (_, ts) in self._acting.items()}
+        )
         self.pool = ConnectionPool(connect_timeout_ms=cfg.notify_timeout_ms)
         self.dispatcher = Dispatcher()
         self._changed = asyncio.Condition()
@@ -131,7 +136,21 @@ class NameserverService:
                 task.add_done_callback(lambda t: t.exception() if not t.cancelled() else None)
         self._after_mutation(changes)
 
+    def _track_acting(self) -> None:
+        """Remember when each group's current acting master took over (for metrics)."""
+        now = time.time()
+        current: dict[tuple[str, str], tuple[int, float]] = {}
+        for g in self.table.groups_view():
+            acting_id = g.get("actingBrokerId")
+            if acting_id is None:
+                continue
+            key = (g["cluster"], g["brokerName"])
+            prev = self._acting.get(key)
+            current[key] = prev if prev is not None and prev[0] == acting_id else (acting_id, now)
+        self._acting = current
+
     def _after_mutation(self, changes: list[MinIdChange]) -> None:
+        self._track_acting()
         for change in changes:
             self.metrics.min_broker_id_changes.labels(change.cluster, change.broker_name).inc()
             if self._tg is None:

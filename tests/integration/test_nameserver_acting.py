@@ -292,5 +292,6 @@ async def test_http_api_shapes(nameserver: ProcessHandle, client: NameserverClie
         assert 'hac_group_acting_master{broker_name="broker-a",cluster="c1"} 1.0' in text
         assert 'hac_min_broker_id_changes_total{broker_name="broker-a",cluster="c1"}' in text
         assert "hac_broker_heartbeat_age_seconds" in text
+        assert 'hac_group_acting_master_since_seconds{broker_name="broker-a",cluster="c1"}' in text
     finally:
         await close_all(brokers)
