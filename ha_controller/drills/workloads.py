@@ -49,7 +49,7 @@ import random
 import time
 from collections.abc import AsyncIterator, Callable, Iterable, Iterator, Sequence
 from dataclasses import dataclass, field
-from typing import Any, Final, Literal, Self
+from typing import Any, Final, Literal, Protocol, Self
 
 from ha_controller.client.message import Message, MessageQueue, ReceivedMessage, SendReceipt
 from ha_controller.client.orderly import LockOutcome, OrderlyPushConsumer, QueueLocker
@@ -420,47 +420,41 @@ def record_receive(
     delivered.last_ms = ev.t_ms
 
 
-class PullWorkload:
-    """Pulls every queue of ``topic`` and commits offsets itself, recording the commits."""
+class _Consumer(Protocol):
+    async def start(self) -> None: ...
 
-    def __init__(
-        self,
-        namesrv: str,
-        topic: str,
-        consumer_group: str,
-        history: HistoryWriter,
-        *,
-        process: str = "puller-0",
-        suspend_timeout_ms: int = 2000,
-        batch: int = 32,
-        requeue_interval_s: float = 2.0,
+    async def aclose(self) -> None: ...
+
+
+class _ConsumerLoop:
+    """A consumer workload: records its subscription, runs :meth:`_run` as one task
+    between ``async with`` enter and exit, and can be paused (a fault hook waits for
+    it to be idle)."""
+
+    consumer: _Consumer
+
+    def _init_loop(
+        self, history: HistoryWriter, process: str, topic: str, consumer_group: str
     ) -> None:
         self.history = history
         self.process = process
         self.topic = topic
         self.consumer_group = consumer_group
-        self.suspend_timeout_ms = suspend_timeout_ms
-        self.batch = batch
-        self.requeue_interval_s = requeue_interval_s
-        self.delivered = Delivered()
-        self.consumer = PullConsumer(namesrv, consumer_group, request_timeout_ms=3000)
+        self._task: asyncio.Task[None] | None = None
         self._running = asyncio.Event()
         self._running.set()
-        self._busy = 0
         self._idle = asyncio.Event()
         self._idle.set()
-        self._task: asyncio.Task[None] | None = None
-        self._queues: dict[MessageQueue, asyncio.Task[None]] = {}
 
     async def pause(self) -> None:
-        """Stop pulling and committing; returns once no pull or commit is in progress."""
+        """Stop the loop; returns once no operation of it is in progress."""
         self._running.clear()
         await self._idle.wait()
 
     def resume(self) -> None:
         self._running.set()
 
-    async def __aenter__(self) -> PullWorkload:
+    async def __aenter__(self) -> Self:
         self.history.record(
             self.process,
             "info",
@@ -477,6 +471,34 @@ class PullWorkload:
                 await self._task
             self._task = None
         await self.consumer.aclose()
+
+    async def _run(self) -> None:
+        raise NotImplementedError
+
+
+class PullWorkload(_ConsumerLoop):
+    """Pulls every queue of ``topic`` and commits offsets itself, recording the commits."""
+
+    def __init__(
+        self,
+        namesrv: str,
+        topic: str,
+        consumer_group: str,
+        history: HistoryWriter,
+        *,
+        process: str = "puller-0",
+        suspend_timeout_ms: int = 2000,
+        batch: int = 32,
+        requeue_interval_s: float = 2.0,
+    ) -> None:
+        self._init_loop(history, process, topic, consumer_group)
+        self.suspend_timeout_ms = suspend_timeout_ms
+        self.batch = batch
+        self.requeue_interval_s = requeue_interval_s
+        self.delivered = Delivered()
+        self.consumer: PullConsumer = PullConsumer(namesrv, consumer_group, request_timeout_ms=3000)
+        self._busy = 0
+        self._queues: dict[MessageQueue, asyncio.Task[None]] = {}
 
     async def _run(self) -> None:
         async with asyncio.TaskGroup() as tg:
@@ -744,7 +766,7 @@ class TransactionWorkload(ProducerWorkload):
 # --- POP ---------------------------------------------------------------------------------
 
 
-class PopWorkload:
+class PopWorkload(_ConsumerLoop):
     """Receives with a SimpleConsumer (POP) and acks, leaving a share un-acked once.
 
     A first delivery (not from the retry topic) is not acked with probability
@@ -769,10 +791,7 @@ class PopWorkload:
     ) -> None:
         if not 0 <= skip_ratio < 1:
             raise ValueError(f"skip_ratio must be in [0, 1), got {skip_ratio}")
-        self.history = history
-        self.process = process
-        self.topic = topic
-        self.consumer_group = consumer_group
+        self._init_loop(history, process, topic, consumer_group)
         self.skip_ratio = skip_ratio
         self.batch = batch
         self.delivered = Delivered()
@@ -780,45 +799,14 @@ class PopWorkload:
         self.skipped: set[str] = set()
         self.retried: set[str] = set()  # keys delivered from the retry topic
         self.ack_failures = 0
-        self.consumer = SimpleConsumer(
+        self.consumer: SimpleConsumer = SimpleConsumer(
             namesrv, consumer_group, [topic], invisible_duration_s=invisible_s
         )
         self._rng = random.Random(seed)
-        self._task: asyncio.Task[None] | None = None
-        self._running = asyncio.Event()
-        self._running.set()
-        self._idle = asyncio.Event()
-        self._idle.set()
-
-    async def pause(self) -> None:
-        """Stop receiving; returns once no receive or ack is in progress."""
-        self._running.clear()
-        await self._idle.wait()
-
-    def resume(self) -> None:
-        self._running.set()
 
     def pending(self) -> set[str]:
         """Delivered keys not acked yet (the deliberately skipped ones among them)."""
         return self.delivered.keys - self.acked
-
-    async def __aenter__(self) -> PopWorkload:
-        self.history.record(
-            self.process,
-            "info",
-            Subscribe(consumer=self.process, consumer_group=self.consumer_group, topic=self.topic),
-        )
-        await self.consumer.start()
-        self._task = asyncio.get_running_loop().create_task(self._run(), name=self.process)
-        return self
-
-    async def __aexit__(self, *exc: object) -> None:
-        if self._task is not None:
-            self._task.cancel()
-            with contextlib.suppress(asyncio.CancelledError):
-                await self._task
-            self._task = None
-        await self.consumer.aclose()
 
     async def _run(self) -> None:
         while True:
