@@ -143,3 +143,57 @@ def test_audit_store(
     assert report["missing"] == 2
     assert report["missing_keys"] == ["never-stored", "u33"]
     assert [(q["topic"], q["queue_id"]) for q in report["non_contiguous"]] == [("T1", 0)]
+
+
+async def test_audit_of_a_store_written_by_a_broker_process(
+    spark: SparkSession, tmp_path: Path
+) -> None:
+    """A real broker (through hactl) writes the store; the audit finds every
+    acknowledged message, then exactly the record we corrupt on disk."""
+    from ha_controller.client.admin import NameserverClient
+    from ha_controller.client.message import Message
+    from ha_controller.client.producer import Producer
+    from ha_controller.testing import eventually, run_cluster
+
+    cluster = run_cluster(
+        ("audit",),
+        1,
+        workdir=tmp_path,
+        env={"HAC_TOTAL_REPLICAS": "1", "HAC_IN_SYNC_REPLICAS": "1"},
+    )
+    try:
+        async with NameserverClient([cluster.namesrv]) as ns:
+
+            async def online() -> bool:
+                return any(g.master_online for g in await ns.groups())
+
+            await eventually(online, timeout=30)
+        receipts = []
+        async with Producer(cluster.namesrv, group="audit-p") as producer:
+            for i in range(40):
+                receipts.append(
+                    await producer.send(Message("Audited", bytes(100 + i), keys=(f"a{i}",)))
+                )
+    finally:
+        cluster.stop()  # SIGTERM: the broker flushes and closes its store
+    store_dir = tmp_path / "store" / "audit-0"
+    keys = [r.uniq_key for r in receipts]
+    clean = audit_store(spark, store_dir, keys)
+    assert clean["ok"] and clean["missing"] == 0 and clean["corrupt"] == 0, clean
+
+    victim = next(
+        r.physical_offset
+        for r in load_commitlog(spark, store_dir).orderBy("physical_offset").collect()
+        if r["uniq_key"] == receipts[17].uniq_key
+    )
+    ((start, segment),) = segment_files(store_dir)
+    with open(segment, "r+b") as fh:  # flip a byte inside that record's body
+        fh.seek(victim - start + 80)
+        byte = fh.read(1)
+        fh.seek(victim - start + 80)
+        fh.write(bytes([byte[0] ^ 0xFF]))
+    report = audit_store(spark, store_dir, keys)
+    assert not report["ok"]
+    assert report["corrupt"] == 1
+    assert report["corrupt_records"][0]["physical_offset"] == victim
+    assert report["missing_keys"] == [receipts[17].uniq_key]
