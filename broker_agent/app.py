@@ -28,7 +28,7 @@ def advertised(cfg: BrokerConfig, host: str, port: int) -> str:
 
 def http_routes(service: BrokerService) -> list[web.RouteDef]:
     async def status(_: web.Request) -> web.Response:
-        return web.json_response(service.status())
+        return web.json_response(service.core.status())
 
     return [web.get("/api/v1/status", status)]
 
@@ -48,57 +48,60 @@ class Listeners:
 async def open_listeners(service: BrokerService) -> Listeners:
     """Bind RPC, HA and admin HTTP for ``service`` and record the bound addresses on it."""
     cfg = service.cfg
+    core = service.core
     tls = None
     if cfg.tls.enabled:
         assert cfg.tls.cert_file and cfg.tls.key_file
         tls = server_context(
             cfg.tls.cert_file, cfg.tls.key_file, cfg.tls.ca_file, cfg.tls.require_client_cert
         )
-    server = RpcServer(service.dispatcher, limits=cfg.limits, ssl_context=tls, name="broker")
+    server = RpcServer(core.dispatcher, limits=cfg.limits, ssl_context=tls, name="broker")
     server.on_connection_closed(service.on_connection_closed)
+    service.attach_listener(server)
     host, port = parse_host_port(cfg.listen)
     rpc_host, rpc_port = await server.start(host, port)
-    service.addr = advertised(cfg, rpc_host, rpc_port)
+    core.addr = advertised(cfg, rpc_host, rpc_port)
     ha_addr = ""
-    if service.ha_master is not None:
+    if core.ha_master is not None:
         ha_host, ha_port_req = parse_host_port(cfg.ha_listen)
-        h, p = await service.ha_master.start(ha_host, ha_port_req)
+        h, p = await core.ha_master.start(ha_host, ha_port_req)
         ha_addr = advertised(cfg, h, p)
     else:
         ha_addr = advertised(cfg, *parse_host_port(cfg.ha_listen))
-    service.ha_addr = ha_addr
+    core.ha_addr = ha_addr
 
     def ready() -> tuple[bool, str]:
-        service.refresh_gauges()
-        if service.isolated:
-            return False, f"pre-online: {service.preonline_step}"
-        return True, service.acting.role
+        core.refresh_gauges()
+        if core.isolated:
+            return False, f"pre-online: {core.preonline_step}"
+        return True, core.acting.role
 
-    app = build_admin_app(service.metrics.registry, ready=ready, routes=http_routes(service))
+    app = build_admin_app(core.metrics.registry, ready=ready, routes=http_routes(service))
 
     async def refresh(request: web.Request, handler: object) -> web.StreamResponse:
         if request.path == "/metrics":
-            service.refresh_gauges()
+            core.refresh_gauges()
         return await handler(request)  # type: ignore[operator,no-any-return]
 
     app.middlewares.append(web.middleware(refresh))
     hh, hp = parse_host_port(cfg.http_listen)
     runner, (http_host, http_port) = await start_http(app, hh, hp, tls)
-    service.http_addr = format_addr(http_host, http_port)
+    core.http_addr = format_addr(http_host, http_port)
     log.info(
         "broker %s/%d ready: rpc %s ha %s http %s (%s)",
         cfg.broker_name,
         cfg.broker_id,
-        service.addr,
+        core.addr,
         ha_addr,
-        service.http_addr,
-        "isolated for pre-online" if service.isolated else service.acting.role,
+        core.http_addr,
+        "isolated for pre-online" if core.isolated else core.acting.role,
     )
     return Listeners(server, runner)
 
 
 def ready_info(service: BrokerService) -> dict[str, str]:
-    return {"rpc": service.addr, "http": service.http_addr, "ha": service.ha_addr}
+    core = service.core
+    return {"rpc": core.addr, "http": core.http_addr, "ha": core.ha_addr}
 
 
 async def serve(cfg: BrokerConfig, stop: asyncio.Event, ready_file: str | Path | None) -> None:

@@ -32,8 +32,12 @@ class BrokerContainer:
         self.services: list[BrokerService] = []
         for cfg in configs:
             service = BrokerService(cfg)
-            service.escape.container = self
+            service.set_neighbours(self)
             self.services.append(service)
+
+    def local_brokers(self) -> list[BrokerService]:
+        """The brokers hosted here (the escape bridges' Neighbours port)."""
+        return self.services
 
     def peek_master(self) -> BrokerService | None:
         """The first online master hosted here (RocketMQ peekMasterBroker)."""

@@ -5,7 +5,7 @@ from __future__ import annotations
 import json
 from pathlib import Path
 
-from broker_agent.offsets import write_json_atomic
+from broker_agent.metadata.offsets import write_json_atomic
 from ha_controller.dataversion import DataVersion
 from ha_controller.routing import Perm, TopicConfig
 

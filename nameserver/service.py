@@ -131,9 +131,10 @@ class NameserverService:
             self.metrics.expired.labels("heartbeat_timeout").inc()
             conn = broker.conn_id
             if isinstance(conn, RpcConnection) and not conn.closed:
-                # RocketMQ closes the channel of an expired broker too.
-                task = asyncio.get_running_loop().create_task(conn.aclose())
-                task.add_done_callback(lambda t: t.exception() if not t.cancelled() else None)
+                # RocketMQ closes the channel of an expired broker too (owned by the
+                # service's TaskGroup; closing never raises)
+                if self._tg is not None:
+                    self._tg.create_task(conn.aclose(), name="ns-close-expired")
         self._after_mutation(changes)
 
     def _track_acting(self) -> None:

@@ -4,8 +4,8 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from broker_agent.acting import ActingState
-from broker_agent.offsets import ConsumerOffsetManager
+from broker_agent.membership.acting import ActingState
+from broker_agent.metadata.offsets import ConsumerOffsetManager
 from ha_controller.dataversion import DataVersion
 
 

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import pytest
 
-from broker_agent.locks import (
+from broker_agent.locks.manager import (
     DEFAULT_LOCK_MAX_LIVE_TIME_MS,
     MessageQueueKey,
     RebalanceLockManager,

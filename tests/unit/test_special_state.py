@@ -4,8 +4,8 @@ from __future__ import annotations
 
 import pytest
 
-from broker_agent.pop import Checkpoint, ReceiptHandle, ReviveState
-from broker_agent.transaction import HalfProgress, half_to_prepared, half_to_real
+from broker_agent.special.pop import Checkpoint, ReceiptHandle, ReviveState
+from broker_agent.special.transaction import HalfProgress, half_to_prepared, half_to_real
 from ha_controller.dataversion import DataVersion
 from ha_controller.protocol.errors import BadRequest
 from ha_controller.protocol.record import StoredMessage

@@ -40,27 +40,25 @@ import time
 from collections import OrderedDict
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import TYPE_CHECKING, Any, Final
+from typing import Any, Final
 
-from broker_agent.offsets import write_json_atomic
+from broker_agent.metadata.offsets import write_json_atomic
+from broker_agent.metadata.versioned import FETCH_TIMEOUT_MS, VersionedTable
+from broker_agent.special.escape import EscapeBridge
+from broker_agent.special.ports import CorePort, WritePort
 from broker_agent.store.message_store import GetMessageStatus, PutResult
 from ha_controller.dataversion import DataVersion
 from ha_controller.proto import broker_pb2, common_pb2
 from ha_controller.protocol.codes import RequestCode
 from ha_controller.protocol.errors import (
     BadRequest,
-    BrokerIsolated,
     ConnectionClosed,
     HaError,
     NotMaster,
-    UnknownMethod,
 )
-from ha_controller.protocol.record import StoredMessage, make_msg_id, tag_hash
-from ha_controller.rpc import RequestContext, RpcConnection
+from ha_controller.protocol.record import StoredMessage, make_msg_id
+from ha_controller.rpc import ConnectionPool, RequestContext, RpcConnection
 from ha_controller.wire import data_version_from_pb, data_version_to_pb
-
-if TYPE_CHECKING:
-    from broker_agent.service import BrokerService
 
 __all__ = [
     "HALF_TOPIC",
@@ -69,7 +67,7 @@ __all__ = [
     "TransactionService",
     "half_to_prepared",
     "half_to_real",
-    "put_local",
+    "accept_escaped",
 ]
 
 log = logging.getLogger(__name__)
@@ -96,8 +94,8 @@ SKIPPABLE: Final = frozenset(
 MAX_RESOLVED_IDS: Final = 100_000
 #: Half messages looked at per check pass (the rest wait for the next pass).
 MAX_SCAN_PER_PASS: Final = 2000
-#: Slaves forward-sync the master's progress this often.
-FORWARD_SYNC_INTERVAL_S: Final = 2.0
+#: The check loop wakes at least this often.
+CHECK_TICK_S: Final = 2.0
 #: A producer connection not seen (heartbeat or send) for this long is forgotten.
 PRODUCER_EXPIRY_S: Final = 120.0
 
@@ -135,33 +133,33 @@ def half_to_prepared(msg: StoredMessage) -> tuple[str, int, dict[str, str]]:
     return topic, qid, props
 
 
-def put_local(
-    svc: BrokerService,
+def accept_escaped(
+    core: CorePort,
+    write_path: WritePort,
     topic: str,
     queue_id: int,
-    body: bytes,
+    msg: StoredMessage,
     properties: dict[str, str],
-    *,
-    flags: int = 0,
-    born_ts_ms: int | None = None,
 ) -> PutResult:
-    """Append to this (master) broker's own store, wake held pulls and replication."""
-    if not svc.acting.is_master:
-        raise NotMaster(f"{svc.cfg.broker_name}/{svc.cfg.broker_id} cannot write its own store")
-    result = svc.store.put(
-        topic,
-        queue_id,
-        body,
-        properties,
-        flags=flags,
-        born_ts_ms=born_ts_ms,
-        born_host=svc.addr,
-        store_host=svc.addr,
+    """Local escape (same process): a master stores a slave's prepared message as
+    its own half message."""
+    config = core.topics.get(topic)
+    qid = queue_id % config.write_queue_nums if config is not None else 0
+    props = dict(properties)
+    target_topic, target_qid = store_target(topic, qid, props)
+    return write_path.append_local(
+        target_topic, target_qid, msg.body, props, flags=msg.flags, born_ts_ms=msg.born_ts_ms
     )
-    svc.holds.notify(topic, queue_id, result.queue_offset + 1, tag_hash(properties.get("TAGS")))
-    if svc.ha_master is not None:
-        svc.ha_master.data_appended()
-    return result
+
+
+def store_target(topic: str, queue_id: int, properties: dict[str, str]) -> tuple[str, int]:
+    """Where SEND_MESSAGE stores an entry: a prepared message goes to the half
+    topic with its real topic and queue in properties (which are updated)."""
+    if not is_half_send(properties):
+        return topic, queue_id
+    properties[PROPERTY_REAL_TOPIC] = topic
+    properties[PROPERTY_REAL_QID] = str(queue_id)
+    return HALF_TOPIC, HALF_QUEUE
 
 
 # --- progress (a plain object) -------------------------------------------------
@@ -279,9 +277,11 @@ class HalfProgress:
 class TransactionService:
     """Half/op messages, END_TRANSACTION, GET_TRANSACTION_OFFSETS and the check loop."""
 
-    def __init__(self, svc: BrokerService) -> None:
-        self._svc = svc
-        self.path: Path = svc.store_dir / "transaction_offsets.json"
+    def __init__(self, core: CorePort, write_path: WritePort, escape: EscapeBridge) -> None:
+        self.core = core
+        self.write_path = write_path
+        self.escape = escape
+        self.path: Path = core.store_dir / "transaction_offsets.json"
         self.progress = self._load()
         self._dirty = False
         self._active = False  # the service turns special services on (master online, acting)
@@ -294,11 +294,13 @@ class TransactionService:
         self._producers: dict[str, dict[RpcConnection, float]] = {}
         self.escaped = 0
         self.checked = 0
-        svc.dispatcher.add(
+        core.dispatcher.add(
             RequestCode.END_TRANSACTION, broker_pb2.EndTransactionRequest, self._end_transaction
         )
-        svc.dispatcher.add(RequestCode.GET_TRANSACTION_OFFSETS, common_pb2.Empty, self._get_offsets)
-        svc.special_service_hooks.append(self.set_active)
+        core.dispatcher.add(
+            RequestCode.GET_TRANSACTION_OFFSETS, common_pb2.Empty, self._get_offsets
+        )
+        core.add_special_service(self.set_active)
 
     # ---- persistence -------------------------------------------------------
 
@@ -312,6 +314,9 @@ class TransactionService:
             self._dirty = False
             write_json_atomic(self.path, self.progress.to_dict())
 
+    def mark_dirty(self) -> None:
+        self._dirty = True
+
     def _changed(self) -> None:
         self.progress.version.next_version()
         self._dirty = True
@@ -322,7 +327,7 @@ class TransactionService:
         """Special-service hook: checking runs on the master and on an acting slave."""
         if active != self._active:
             log.info("transaction check service %s", "started" if active else "stopped")
-            if active and not self._svc.acting.is_master:
+            if active and not self.core.acting.is_master:
                 # an acting slave: its progress is the group's truth from now on
                 self.progress.version.take_over()
                 self._dirty = True
@@ -331,17 +336,6 @@ class TransactionService:
         self._escape_failures.clear()
         self._escaped_to.clear()
         self._wake.set()
-
-    def store_target(
-        self, topic: str, queue_id: int, properties: dict[str, str]
-    ) -> tuple[str, int]:
-        """Where SEND_MESSAGE stores an entry: a prepared message goes to the half
-        topic with its real topic and queue in properties (which are updated)."""
-        if not is_half_send(properties):
-            return topic, queue_id
-        properties[PROPERTY_REAL_TOPIC] = topic
-        properties[PROPERTY_REAL_QID] = str(queue_id)
-        return HALF_TOPIC, HALF_QUEUE
 
     def producer_seen(self, conn: RpcConnection, groups: list[str]) -> None:
         """HEART_BEAT (or a half send) on ``conn`` for producer ``groups``."""
@@ -363,21 +357,12 @@ class TransactionService:
 
     # ---- handlers --------------------------------------------------------------
 
-    def _check_serving(self, what: str) -> None:
-        svc = self._svc
-        if svc.isolated:
-            raise BrokerIsolated(f"{svc.cfg.broker_name}/{svc.cfg.broker_id} is in pre-online")
-        if not svc.acting.serves_master_only_ops:
-            raise NotMaster(
-                f"{what}: {svc.cfg.broker_name}/{svc.cfg.broker_id} is a slave and not acting"
-            )
-
     async def _end_transaction(
         self, ctx: RequestContext, req: broker_pb2.EndTransactionRequest
     ) -> common_pb2.Empty:
-        self._check_serving("END_TRANSACTION")
+        self.core.check_master_only("END_TRANSACTION")
         offset = req.half_queue_offset
-        msg = self._svc.store.get_message_at(HALF_TOPIC, HALF_QUEUE, offset)
+        msg = self.core.store.get_message_at(HALF_TOPIC, HALF_QUEUE, offset)
         if msg is None:
             raise BadRequest(f"no half message at offset {offset}")
         if req.transaction_id and msg.uniq_key != req.transaction_id:
@@ -413,17 +398,17 @@ class TransactionService:
         self, msg: StoredMessage, escaped: tuple[str, int], req: broker_pb2.EndTransactionRequest
     ) -> None:
         group, remote_offset = escaped
-        svc = self._svc
+        core = self.core
         topic = msg.properties.get(PROPERTY_REAL_TOPIC, msg.topic)
         forward = broker_pb2.EndTransactionRequest()
         forward.CopyFrom(req)
         forward.broker_name = group
         forward.half_queue_offset = remote_offset
-        addrs = await svc.escape.routes.group_addrs(topic, group)
+        addrs = await self.escape.routes.group_addrs(topic, group)
         addr = addrs.get(0)
         if addr is None:
             raise NotMaster(f"transaction {msg.uniq_key} was escaped to {group}, which has no id 0")
-        await svc.pool.call_pb(
+        await core.pool.call_pb(
             addr, RequestCode.END_TRANSACTION, forward, common_pb2.Empty, timeout_ms=3000
         )
         log.info(
@@ -443,11 +428,13 @@ class TransactionService:
     async def _deliver(self, msg: StoredMessage, offset: int) -> None:
         """Write the committed (real) message: locally on a master, else by escape."""
         topic, qid, props = half_to_real(msg, offset)
-        svc = self._svc
-        if svc.acting.is_master:
-            put_local(svc, topic, qid, msg.body, props, flags=msg.flags, born_ts_ms=msg.born_ts_ms)
+        core = self.core
+        if core.acting.is_master:
+            self.write_path.append_local(
+                topic, qid, msg.body, props, flags=msg.flags, born_ts_ms=msg.born_ts_ms
+            )
             return
-        result = await svc.escape.put_message(
+        result = await self.escape.put_message(
             topic, msg.body, props, kind="transaction", flags=msg.flags, born_ts_ms=msg.born_ts_ms
         )
         log.info("committed transaction %s escaped to %s", msg.uniq_key, result.target)
@@ -455,11 +442,11 @@ class TransactionService:
     async def _record(self, msg: StoredMessage, offset: int, result: str) -> None:
         """Record a resolution: an op message on a master, the progress table always."""
         tid = msg.uniq_key
-        if self._svc.acting.is_master:
+        if self.core.acting.is_master:
             props = {"TAGS": OP_REMOVE_TAG, PROPERTY_OP_RESULT: result}
             if tid:
                 props[PROPERTY_OP_TRANSACTION_ID] = tid
-            put_local(self._svc, OP_TOPIC, HALF_QUEUE, str(offset).encode(), props)
+            self.write_path.append_local(OP_TOPIC, HALF_QUEUE, str(offset).encode(), props)
         self.progress.resolve(offset, tid)
         self.progress.advance()
         self._checks.pop(offset, None)
@@ -468,29 +455,26 @@ class TransactionService:
     # ---- the check loop ----------------------------------------------------------
 
     async def run(self) -> None:
-        """Forever: check (or escape) while active; forward-sync while a plain slave."""
-        svc = self._svc
-        interval_s = svc.cfg.transaction_check_interval_ms / 1000
+        """Forever: check (or escape) while active (membership forward-syncs the
+        progress of a plain slave, see :meth:`table`)."""
+        core = self.core
+        interval_s = core.cfg.transaction_check_interval_ms / 1000
         last_check = 0.0
-        last_sync = 0.0
         try:
             while True:
-                tick = min(interval_s, FORWARD_SYNC_INTERVAL_S)
+                tick = min(interval_s, CHECK_TICK_S)
                 with contextlib.suppress(TimeoutError):
                     async with asyncio.timeout(tick):
                         await self._wake.wait()
                 self._wake.clear()
                 now = time.monotonic()
-                if svc.isolated:
+                if core.isolated:
                     continue
                 try:
-                    if self._active and svc.acting.serves_master_only_ops:
-                        if now - last_check >= interval_s or not svc.acting.is_master:
+                    if self._active and core.acting.serves_master_only_ops:
+                        if now - last_check >= interval_s or not core.acting.is_master:
                             last_check = now
                             await self.check_once()
-                    elif not svc.acting.is_master and now - last_sync >= FORWARD_SYNC_INTERVAL_S:
-                        last_sync = now
-                        await self._forward_sync()
                 except HaError as exc:
                     log.warning("transaction check pass failed: %s", exc)
                 await asyncio.to_thread(self.persist)
@@ -498,55 +482,12 @@ class TransactionService:
             with contextlib.suppress(OSError):
                 self.persist()
 
-    async def _forward_sync(self) -> None:
-        master = self._svc.acting.master_addr
-        if self._svc.acting.acting or not self._svc.acting.master_online or master is None:
-            return
-        try:
-            pb = await self._svc.pool.call_pb(
-                master,
-                RequestCode.GET_TRANSACTION_OFFSETS,
-                common_pb2.Empty(),
-                broker_pb2.TransactionOffsets,
-                timeout_ms=3000,
-            )
-        except HaError as exc:
-            log.debug("transaction offsets from master %s: %s", master, exc)
-            return
-        theirs = HalfProgress.from_pb(pb)
-        if theirs.version.compare(self.progress.version) != 0:
-            self.progress.assign(theirs)
-            self._dirty = True
-
-    async def sync_from_slave(self, slave_id: int, slave_addr: str) -> None:
-        """Pre-online: adopt the slave's progress when its version is >= ours."""
-        try:
-            pb = await self._svc.pool.call_pb(
-                slave_addr,
-                RequestCode.GET_TRANSACTION_OFFSETS,
-                common_pb2.Empty(),
-                broker_pb2.TransactionOffsets,
-                timeout_ms=3000,
-            )
-        except UnknownMethod:
-            log.info("pre-online: slave %d keeps no transaction offsets", slave_id)
-            return
-        theirs = HalfProgress.from_pb(pb)
-        adopted = self.progress.adopt_if_newer(theirs)
-        if adopted:
-            self._dirty = True
-            self.persist()
-        log.info(
-            "pre-online: transaction offsets of slave %d %s (half %d op %d, ours now half %d)",
-            slave_id,
-            "adopted" if adopted else "older, kept ours",
-            theirs.half_offset,
-            theirs.op_offset,
-            self.progress.half_offset,
-        )
+    def table(self) -> VersionedTable:
+        """Transaction progress, for forward and reverse sync."""
+        return TransactionProgressSync(self)
 
     def _read_ops(self) -> bool:
-        store = self._svc.store
+        store = self.core.store
         progress = self.progress
         moved = False
         while True:
@@ -570,16 +511,16 @@ class TransactionService:
 
     async def check_once(self) -> None:
         """One pass over the op and half queues (check on a master, escape when acting)."""
-        svc = self._svc
+        core = self.core
         progress = self.progress
         changed = self._read_ops()
-        acting_slave = not svc.acting.is_master
+        acting_slave = not core.acting.is_master
         now_ms = int(time.time() * 1000)
-        timeout_ms = svc.cfg.transaction_timeout_ms
+        timeout_ms = core.cfg.transaction_timeout_ms
         offset = progress.half_offset
         scanned = 0
         while scanned < MAX_SCAN_PER_PASS:
-            got = svc.store.get_messages(HALF_TOPIC, HALF_QUEUE, offset, 64)
+            got = core.store.get_messages(HALF_TOPIC, HALF_QUEUE, offset, 64)
             if not got.messages:
                 if got.status in SKIPPABLE and got.next_begin_offset > offset:
                     for o in range(offset, got.next_begin_offset):
@@ -606,7 +547,7 @@ class TransactionService:
                     stop = True  # the rest are younger still
                     break
                 checks = self._checks.get(o, 0)
-                if checks >= svc.cfg.transaction_check_max:
+                if checks >= core.cfg.transaction_check_max:
                     log.warning(
                         "transaction %s (half %d) discarded after %d checks",
                         msg.uniq_key,
@@ -624,7 +565,7 @@ class TransactionService:
             self._changed()
 
     def _send_check(self, msg: StoredMessage, offset: int) -> bool:
-        svc = self._svc
+        core = self.core
         group = msg.properties.get(PROPERTY_PRODUCER_GROUP, "")
         topic = msg.properties.get(PROPERTY_REAL_TOPIC, msg.topic)
         request = broker_pb2.CheckTransactionStateRequest(
@@ -640,13 +581,13 @@ class TransactionService:
                 born_host=msg.born_host,
                 store_ts_ms=msg.store_ts_ms,
                 store_host=msg.store_host,
-                broker_name=svc.cfg.broker_name,
+                broker_name=core.cfg.broker_name,
                 flag=msg.flags,
             ),
             transaction_id=msg.uniq_key or "",
             commit_log_offset=msg.physical_offset,
-            broker_name=svc.cfg.broker_name,
-            broker_addr=svc.addr,
+            broker_name=core.cfg.broker_name,
+            broker_addr=core.addr,
         ).SerializeToString()
         for conn in self._producer_conns(group):
             try:
@@ -661,17 +602,17 @@ class TransactionService:
 
     async def _escape(self, msg: StoredMessage) -> bool:
         """Acting slave: hand an unresolved half message to a live master."""
-        svc = self._svc
+        core = self.core
         o = msg.queue_offset
         topic, qid, props = half_to_prepared(msg)
         try:
-            local = svc.escape.local_master()
+            local = self.escape.local_master()
             if local is not None:
-                put = local.transactions.accept_escaped(topic, qid, msg, props)
-                target = local.cfg.broker_name
+                put = accept_escaped(local[0], local[1], topic, qid, msg, props)
+                target = local[0].cfg.broker_name
                 remote_offset = put.queue_offset
             else:
-                result = await svc.escape.put_message(
+                result = await self.escape.put_message(
                     topic,
                     msg.body,
                     props,
@@ -684,7 +625,7 @@ class TransactionService:
         except HaError as exc:
             failures = self._escape_failures.get(o, 0) + 1
             self._escape_failures[o] = failures
-            if failures >= svc.cfg.escape_max_attempts:
+            if failures >= core.cfg.escape_max_attempts:
                 log.error(
                     "half message %d (%s) skipped after %d failed escapes: %s",
                     o,
@@ -704,20 +645,44 @@ class TransactionService:
         log.info("half message %d (transaction %s) escaped to %s", o, msg.uniq_key, target)
         return True
 
-    def accept_escaped(
-        self, topic: str, queue_id: int, msg: StoredMessage, properties: dict[str, str]
-    ) -> PutResult:
-        """Local escape (same process): store a slave's prepared message as our half."""
-        config = self._svc.topics.get(topic)
-        qid = queue_id % config.write_queue_nums if config is not None else 0
-        props = dict(properties)
-        target_topic, target_qid = self.store_target(topic, qid, props)
-        return put_local(
-            self._svc,
-            target_topic,
-            target_qid,
-            msg.body,
-            props,
-            flags=msg.flags,
-            born_ts_ms=msg.born_ts_ms,
+
+class TransactionProgressSync:
+    """Transaction progress as a versioned table (GET_TRANSACTION_OFFSETS)."""
+
+    name = "transaction offsets"
+
+    def __init__(self, service: TransactionService) -> None:
+        self.service = service
+
+    async def fetch(self, pool: ConnectionPool, addr: str) -> HalfProgress:
+        pb = await pool.call_pb(
+            addr,
+            RequestCode.GET_TRANSACTION_OFFSETS,
+            common_pb2.Empty(),
+            broker_pb2.TransactionOffsets,
+            timeout_ms=FETCH_TIMEOUT_MS,
         )
+        return HalfProgress.from_pb(pb)
+
+    def assign(self, snapshot: HalfProgress) -> None:
+        service = self.service
+        if snapshot.version.compare(service.progress.version) != 0:
+            service.progress.assign(snapshot)
+            service.mark_dirty()
+
+    def adopt_if_newer(self, snapshot: HalfProgress) -> bool:
+        service = self.service
+        adopted = service.progress.adopt_if_newer(snapshot)
+        if adopted:
+            service.mark_dirty()
+            service.persist()
+        return adopted
+
+    def describe(self, snapshot: HalfProgress) -> str:
+        return (
+            f"half {snapshot.half_offset} op {snapshot.op_offset}, "
+            f"ours now half {self.service.progress.half_offset}"
+        )
+
+    def busy(self) -> bool:
+        return False

@@ -192,10 +192,9 @@ class HaSlave:
         if ha_addr != self.master_ha_addr:
             log.info("HA master address %s -> %s", self.master_ha_addr, ha_addr)
             self.master_ha_addr = ha_addr
+            # the run loop wakes on this, closes the old link and attaches to the new one
             self._addr_changed.set()
-            if self.conn is not None:
-                conn, self.conn = self.conn, None
-                asyncio.get_running_loop().create_task(conn.aclose())
+            self.conn = None
 
     @property
     def lag_bytes(self) -> int:
@@ -226,6 +225,7 @@ class HaSlave:
                 continue
             backoff = 0.1
             self.conn = conn
+            self.last_transfer_at = time.monotonic()  # the silence watchdog starts now
             self._report()
             log.info(
                 "HA link to master %s established at offset %d",

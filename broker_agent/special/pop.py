@@ -34,26 +34,23 @@ import json
 import logging
 import time
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING, Final
+from typing import Final
 
+from broker_agent.convert import message_to_pb
+from broker_agent.special.escape import EscapeBridge
+from broker_agent.special.ports import CorePort, WritePort
 from broker_agent.store.message_store import GetMessageStatus
-from broker_agent.transaction import put_local
 from ha_controller.client.routes import DEFAULT_TOPIC_QUEUE_NUMS
 from ha_controller.proto import broker_pb2
 from ha_controller.protocol.codes import RequestCode
 from ha_controller.protocol.errors import (
     BadRequest,
-    BrokerIsolated,
     HaError,
-    NotMaster,
     TopicNotFound,
 )
 from ha_controller.protocol.record import StoredMessage, make_msg_id, tag_hash
 from ha_controller.routing import Perm, TopicConfig
 from ha_controller.rpc import RequestContext
-
-if TYPE_CHECKING:
-    from broker_agent.service import BrokerService
 
 __all__ = [
     "REVIVE_GROUP",
@@ -302,9 +299,11 @@ class ReviveState:
 class PopService:
     """POP_MESSAGE / ACK_MESSAGE / CHANGE_MESSAGE_INVISIBLETIME and the revive loop."""
 
-    def __init__(self, svc: BrokerService) -> None:
-        self._svc = svc
-        self.revive_topic = revive_topic(svc.cfg.cluster)
+    def __init__(self, core: CorePort, write_path: WritePort, escape: EscapeBridge) -> None:
+        self.core = core
+        self.write_path = write_path
+        self.escape = escape
+        self.revive_topic = revive_topic(core.cfg.cluster)
         self.state = ReviveState()
         self._active = False  # the service turns special services on (master online, acting)
         self._reset = True
@@ -312,16 +311,16 @@ class PopService:
         self._locks: dict[tuple[str, str, int], asyncio.Lock] = {}
         self._rr = 0
         self.revived = 0
-        svc.dispatcher.add(RequestCode.POP_MESSAGE, broker_pb2.PopMessageRequest, self._pop)
-        svc.dispatcher.add(RequestCode.ACK_MESSAGE, broker_pb2.AckMessageRequest, self._ack)
-        svc.dispatcher.add(
+        core.dispatcher.add(RequestCode.POP_MESSAGE, broker_pb2.PopMessageRequest, self._pop)
+        core.dispatcher.add(RequestCode.ACK_MESSAGE, broker_pb2.AckMessageRequest, self._ack)
+        core.dispatcher.add(
             RequestCode.CHANGE_MESSAGE_INVISIBLETIME,
             broker_pb2.AckMessageRequest,
             self._change_invisible,
         )
-        svc.special_service_hooks.append(self.set_active)
-        if svc.acting.is_master and svc.topics.get(self.revive_topic) is None:
-            svc.topics.upsert(
+        core.add_special_service(self.set_active)
+        if core.acting.is_master and core.topics.get(self.revive_topic) is None:
+            core.topics.upsert(
                 TopicConfig(
                     self.revive_topic, REVIVE_QUEUE_NUMS, REVIVE_QUEUE_NUMS, Perm.READ | Perm.WRITE
                 )
@@ -337,34 +336,25 @@ class PopService:
 
     # ---- helpers ------------------------------------------------------------
 
-    def _check_serving(self, what: str) -> None:
-        svc = self._svc
-        if svc.isolated:
-            raise BrokerIsolated(f"{svc.cfg.broker_name}/{svc.cfg.broker_id} is in pre-online")
-        if not svc.acting.serves_master_only_ops:
-            raise NotMaster(
-                f"{what}: {svc.cfg.broker_name}/{svc.cfg.broker_id} is a slave and not acting"
-            )
-
     def _ensure_retry_topic(self, group: str) -> None:
         """RocketMQ creates ``%RETRY%group`` when a consumer shows up; so do we (masters)."""
-        svc = self._svc
+        core = self.core
         topic = retry_topic(group)
-        if not svc.acting.is_master or svc.topics.get(topic) is not None:
+        if not core.acting.is_master or core.topics.get(topic) is not None:
             return
-        svc.topics.upsert(TopicConfig(topic, 1, 1, Perm.READ | Perm.WRITE))
+        core.topics.upsert(TopicConfig(topic, 1, 1, Perm.READ | Perm.WRITE))
         log.info("created retry topic %s", topic)
-        svc._schedule(svc.register_all(), "register-after-retry-topic")
+        core.topics_changed()
 
     async def _write_record(self, body: bytes, tag: str, key: str, kind: str) -> tuple[int, bool]:
         """Store a CK/ACK record: our own revive queue on a master, else escaped.
         Returns (revive queue id, stored locally)."""
-        svc = self._svc
+        core = self.core
         props = {"TAGS": tag, "POP_KEY": key}
-        if svc.acting.is_master:
-            put_local(svc, self.revive_topic, 0, body, props)
+        if core.acting.is_master:
+            self.write_path.append_local(self.revive_topic, 0, body, props)
             return 0, True
-        result = await svc.escape.put_message_to_specific_queue(
+        result = await self.escape.put_message_to_specific_queue(
             self.revive_topic, body, props, kind=kind
         )
         return result.queue_id, False
@@ -372,21 +362,11 @@ class PopService:
     def _to_pb(self, m: StoredMessage, handle: str) -> broker_pb2.Message:
         props = dict(m.properties)
         props[PROPERTY_POP_CK] = handle
-        return broker_pb2.Message(
-            topic=m.topic,
-            body=m.body,
+        return message_to_pb(
+            m,
+            self.core.cfg.broker_name,
             properties=props,
-            queue_id=m.queue_id,
-            queue_offset=m.queue_offset,
-            commit_log_offset=m.physical_offset,
-            msg_id=make_msg_id(m.store_host, m.physical_offset),
-            born_ts_ms=m.born_ts_ms,
-            born_host=m.born_host,
-            store_ts_ms=m.store_ts_ms,
-            store_host=m.store_host,
-            broker_name=self._svc.cfg.broker_name,
             reconsume_times=int(props.get(PROPERTY_RECONSUME_TIME, "0") or 0),
-            flag=m.flags,
         )
 
     # ---- handlers ------------------------------------------------------------------
@@ -394,17 +374,17 @@ class PopService:
     async def _pop(
         self, ctx: RequestContext, req: broker_pb2.PopMessageRequest
     ) -> broker_pb2.PopMessageResponse:
-        self._check_serving("POP_MESSAGE")
-        svc = self._svc
+        self.core.check_master_only("POP_MESSAGE")
+        core = self.core
         if not req.consumer_group or not req.topic:
             raise BadRequest("POP_MESSAGE needs a consumer group and a topic")
         self._ensure_retry_topic(req.consumer_group)
-        config = svc.topics.get(req.topic)
+        config = core.topics.get(req.topic)
         # an acting slave may not have synced a config the lost master created
         # just before it died: its replicated queues are enough to serve pops
-        stored = [] if config is not None else svc.store.topics_and_queues().get(req.topic, [])
+        stored = [] if config is not None else core.store.topics_and_queues().get(req.topic, [])
         if config is None and not stored:
-            raise TopicNotFound(f"topic {req.topic!r} does not exist on {svc.cfg.broker_name}")
+            raise TopicNotFound(f"topic {req.topic!r} does not exist on {core.cfg.broker_name}")
         all_qids = list(range(config.read_queue_nums)) if config is not None else stored
         if req.queue_id >= 0:
             qids = [req.queue_id]
@@ -434,7 +414,7 @@ class PopService:
                     )
                 )
             remaining_ms = int((deadline - time.monotonic()) * 1000)
-            if resp.messages or remaining_ms <= 0 or not svc.acting.serves_master_only_ops:
+            if resp.messages or remaining_ms <= 0 or not core.acting.serves_master_only_ops:
                 return resp
             await self._hold(req.consumer_group, req.topic, qids, remaining_ms, tags)
 
@@ -442,14 +422,14 @@ class PopService:
         self, group: str, topic: str, qids: list[int], timeout_ms: int, tags: set[int] | None
     ) -> None:
         """Wait (long polling) until one of the queues gets a message, or the timeout."""
-        svc = self._svc
+        core = self.core
         waits = []
         for qid in qids:
-            offset = svc.offsets.query(group, topic, qid)
+            offset = core.offsets.query(group, topic, qid)
             if offset < 0:
-                offset = svc.store.min_offset(topic, qid)
+                offset = core.store.min_offset(topic, qid)
             waits.append(
-                asyncio.ensure_future(svc.holds.hold(topic, qid, offset, timeout_ms, tags))
+                asyncio.ensure_future(core.holds.hold(topic, qid, offset, timeout_ms, tags))
             )
         try:
             await asyncio.wait(waits, return_when=asyncio.FIRST_COMPLETED)
@@ -468,25 +448,25 @@ class PopService:
         pop_ms: int,
         invisible_ms: int,
     ) -> list[broker_pb2.Message]:
-        svc = self._svc
+        core = self.core
         lock = self._locks.setdefault((group, topic, qid), asyncio.Lock())
         async with lock:
-            start = svc.offsets.query(group, topic, qid)
+            start = core.offsets.query(group, topic, qid)
             if start < 0:
-                start = svc.store.min_offset(topic, qid)
-            got = svc.store.get_messages(topic, qid, start, max_msgs, tag_filter=tags)
+                start = core.store.min_offset(topic, qid)
+            got = core.store.get_messages(topic, qid, start, max_msgs, tag_filter=tags)
             if got.status is GetMessageStatus.OFFSET_TOO_SMALL:
                 start = got.next_begin_offset
-                got = svc.store.get_messages(topic, qid, start, max_msgs, tag_filter=tags)
+                got = core.store.get_messages(topic, qid, start, max_msgs, tag_filter=tags)
             if not got.messages:
                 if got.next_begin_offset > start and got.status in (
                     GetMessageStatus.NO_MATCHED_MESSAGE,
                     GetMessageStatus.OFFSET_FOUND_NULL,
                 ):
-                    svc.commit_consumer_offset(group, topic, qid, got.next_begin_offset)
+                    self.write_path.commit_offset(group, topic, qid, got.next_begin_offset)
                 return []
             ck = Checkpoint(
-                broker_name=svc.cfg.broker_name,
+                broker_name=core.cfg.broker_name,
                 group=group,
                 topic=topic,
                 queue_id=qid,
@@ -497,7 +477,7 @@ class PopService:
                 due_ms=pop_ms + invisible_ms,
             )
             revive_qid, local = await self._write_record(ck.to_json(), TAG_CK, ck.key, "pop_ck")
-            svc.commit_consumer_offset(group, topic, qid, got.next_begin_offset)
+            self.write_path.commit_offset(group, topic, qid, got.next_begin_offset)
         out = []
         for m in got.messages:
             handle = ReceiptHandle(
@@ -506,26 +486,28 @@ class PopService:
                 invisible_ms,
                 revive_qid,
                 local,
-                svc.cfg.broker_name,
+                core.cfg.broker_name,
                 qid,
                 m.queue_offset,
             )
             out.append(self._to_pb(m, handle.encode()))
-        svc.metrics.messages_out.labels(**svc.metrics.ident, topic=topic, group=group).inc(len(out))
+        core.metrics.messages_out.labels(**core.metrics.ident, topic=topic, group=group).inc(
+            len(out)
+        )
         return out
 
     def _handle_of(self, req: broker_pb2.AckMessageRequest) -> ReceiptHandle:
         if not req.consumer_group or not req.topic:
             raise BadRequest("an ack needs a consumer group and a topic")
         handle = ReceiptHandle.decode(req.receipt_handle)
-        own = self._svc.cfg.broker_name
+        own = self.core.cfg.broker_name
         if handle.broker_name != own:
             raise BadRequest(f"receipt handle of {handle.broker_name} sent to {own}")
         return handle
 
     async def _write_ack(self, handle: ReceiptHandle, key: str) -> None:
-        svc = self._svc
-        if handle.ck_local and not svc.acting.is_master:
+        core = self.core
+        if handle.ck_local and not core.acting.is_master:
             # the CK sits in our replicated revive queue: our revive loop owns it
             self.state.ack(key, handle.offset)
             return
@@ -534,7 +516,7 @@ class PopService:
     async def _ack(
         self, ctx: RequestContext, req: broker_pb2.AckMessageRequest
     ) -> broker_pb2.AckMessageResponse:
-        self._check_serving("ACK_MESSAGE")
+        self.core.check_master_only("ACK_MESSAGE")
         handle = self._handle_of(req)
         await self._write_ack(handle, handle.ck_key(req.consumer_group, req.topic))
         return broker_pb2.AckMessageResponse()
@@ -543,7 +525,7 @@ class PopService:
         self, ctx: RequestContext, req: broker_pb2.AckMessageRequest
     ) -> broker_pb2.AckMessageResponse:
         """A new CK for the one message from now, then an ACK of the old one."""
-        self._check_serving("CHANGE_MESSAGE_INVISIBLETIME")
+        self.core.check_master_only("CHANGE_MESSAGE_INVISIBLETIME")
         handle = self._handle_of(req)
         invisible = max(MIN_INVISIBLE_MS, req.invisible_time_ms)
         pop_ms = now_ms()
@@ -576,8 +558,8 @@ class PopService:
 
     async def run(self) -> None:
         """Forever: while active (master / acting slave, not isolated), revive."""
-        svc = self._svc
-        interval_s = svc.cfg.pop_revive_interval_ms / 1000
+        core = self.core
+        interval_s = core.cfg.pop_revive_interval_ms / 1000
         while True:
             with contextlib.suppress(TimeoutError):
                 async with asyncio.timeout(interval_s):
@@ -586,7 +568,7 @@ class PopService:
             if self._reset:
                 self._reset = False
                 self.state.reset()
-            if svc.isolated or not self._active or not svc.acting.serves_master_only_ops:
+            if core.isolated or not self._active or not core.acting.serves_master_only_ops:
                 continue
             try:
                 await self.revive_once()
@@ -594,18 +576,18 @@ class PopService:
                 log.warning("pop revive pass failed: %s", exc)
 
     def _revive_queues(self) -> list[int]:
-        return self._svc.store.topics_and_queues().get(self.revive_topic, [])
+        return self.core.store.topics_and_queues().get(self.revive_topic, [])
 
     def _read_records(self, rq: int) -> None:
-        svc = self._svc
+        core = self.core
         state = self.state
         offset = state.read_offsets.get(rq)
         if offset is None:
-            offset = svc.offsets.query(REVIVE_GROUP, self.revive_topic, rq)
+            offset = core.offsets.query(REVIVE_GROUP, self.revive_topic, rq)
             if offset < 0:
-                offset = svc.store.min_offset(self.revive_topic, rq)
+                offset = core.store.min_offset(self.revive_topic, rq)
         while True:
-            got = svc.store.get_messages(self.revive_topic, rq, offset, 256)
+            got = core.store.get_messages(self.revive_topic, rq, offset, 256)
             if not got.messages:
                 if got.next_begin_offset > offset and got.status in (
                     GetMessageStatus.OFFSET_TOO_SMALL,
@@ -628,7 +610,7 @@ class PopService:
         state.read_offsets[rq] = offset
 
     async def revive_once(self) -> None:
-        svc = self._svc
+        core = self.core
         queues = self._revive_queues()
         for rq in queues:
             self._read_records(rq)
@@ -637,20 +619,19 @@ class PopService:
                 self.state.pending.pop(p.ck.key, None)
         for rq in queues:
             offset = self.state.commit_offset(rq)
-            if offset != svc.offsets.query(REVIVE_GROUP, self.revive_topic, rq):
-                svc.commit_consumer_offset(REVIVE_GROUP, self.revive_topic, rq, offset)
+            if offset != core.offsets.query(REVIVE_GROUP, self.revive_topic, rq):
+                self.write_path.commit_offset(REVIVE_GROUP, self.revive_topic, rq, offset)
 
     async def _revive(self, p: _Pending) -> bool:
         """Write the un-acked messages of an expired CK to the retry topic; on failure
         re-put the CK for the rest with back-off.  False: try again next pass."""
-        svc = self._svc
         ck = p.ck
         failed: list[int] = []
         for offset in ck.offsets:
             if offset in p.acked:
                 continue
             try:
-                msg = await svc.escape.get_message(ck.topic, ck.broker_name, ck.queue_id, offset)
+                msg = await self.escape.get_message(ck.topic, ck.broker_name, ck.queue_id, offset)
                 if msg is None:
                     log.warning(
                         "revive: %s/%s/%d offset %d not found",
@@ -660,7 +641,7 @@ class PopService:
                         offset,
                     )
                     continue
-                await svc.escape.put_message_to_specific_queue(
+                await self.escape.put_message_to_specific_queue(
                     retry_topic(ck.group),
                     msg.body,
                     self._retry_properties(msg, ck),

@@ -7,7 +7,7 @@ topic: ``SCHEDULE_TOPIC_XXXX`` queue ``level - 1``, or the timer topic
 ``REAL_TOPIC`` / ``REAL_QID`` and the due time in ``DUE_MS``.
 
 The schedule service runs only on the master and on the acting slave
-(``BrokerService.special_service_hooks``).  Each level's queue is in due
+(``BrokerCore.add_special_service``).  Each level's queue is in due
 order, so one task per level waits for its head; the timer queue is in store
 order, so its task keeps a due-time heap rebuilt from the queue at start.  Due
 messages go through the escape bridge (a local put on a master; local-in-
@@ -37,21 +37,20 @@ import time
 from collections.abc import Mapping
 from dataclasses import dataclass
 from pathlib import Path
-from typing import TYPE_CHECKING, Final
+from typing import Final
 
-from broker_agent.escape import EscapeBridge
-from broker_agent.offsets import write_json_atomic
+from broker_agent.metadata.offsets import write_json_atomic
+from broker_agent.metadata.versioned import FETCH_TIMEOUT_MS, VersionedTable
+from broker_agent.special.escape import EscapeBridge
+from broker_agent.special.ports import CorePort, WritePort
 from ha_controller.config import BrokerConfig
 from ha_controller.dataversion import DataVersion, SteppedVersion
 from ha_controller.proto import broker_pb2, common_pb2
 from ha_controller.protocol.codes import RequestCode
-from ha_controller.protocol.errors import BadRequest, EscapeFailed, HaError
+from ha_controller.protocol.errors import BadRequest, EscapeFailed
 from ha_controller.protocol.record import StoredMessage
-from ha_controller.rpc import RequestContext
+from ha_controller.rpc import ConnectionPool, RequestContext
 from ha_controller.wire import data_version_from_pb, data_version_to_pb
-
-if TYPE_CHECKING:
-    from broker_agent.service import BrokerService
 
 log = logging.getLogger(__name__)
 
@@ -79,7 +78,6 @@ SCHEDULE_PROPERTIES: Final = frozenset(
 #: Poll granularity for due items (RocketMQ DELAY_FOR_A_WHILE is 100 ms).
 POLL_S: Final = 0.1
 PERSIST_INTERVAL_S: Final = 1.0
-SYNC_TIMEOUT_MS: Final = 3000
 
 
 def now_ms() -> int:
@@ -378,21 +376,22 @@ class TimerIndex:
 class ScheduleService:
     """Delivers due delayed and timer messages while this broker is master or acting."""
 
-    def __init__(self, service: BrokerService, escape: EscapeBridge) -> None:
-        self.service = service
-        self.cfg = service.cfg
+    def __init__(self, core: CorePort, write_path: WritePort, escape: EscapeBridge) -> None:
+        self.core = core
+        self.cfg = core.cfg
+        self.write_path = write_path
         self.escape = escape
         self.delay_offsets = DelayOffsetTable(
-            service.store_dir / "delay_offsets.json", self.cfg.delay_offset_update_version_step
+            core.store_dir / "delay_offsets.json", self.cfg.delay_offset_update_version_step
         )
         self.delay_offsets.load()
-        self.timer = TimerCheckpointFile(service.store_dir / "timer_checkpoint.json")
+        self.timer = TimerCheckpointFile(core.store_dir / "timer_checkpoint.json")
         self.timer.load()
         self._want_run = asyncio.Event()
         self._want_stop = asyncio.Event()
         self.running = False
-        service.special_service_hooks.append(self.set_running)
-        add = service.dispatcher.add
+        core.add_special_service(self.set_running)
+        add = core.dispatcher.add
         add(RequestCode.GET_ALL_DELAY_OFFSET, common_pb2.Empty, self._get_delay_offsets)
         add(RequestCode.GET_TIMER_CHECK_POINT, common_pb2.Empty, self._get_timer_checkpoint)
 
@@ -420,11 +419,11 @@ class ScheduleService:
     async def _supervise(self) -> None:
         while True:
             await self._want_run.wait()
-            if not self.service.acting.is_master:
+            if not self.core.acting.is_master:
                 # an acting slave: its tables are the group's truth from now on
                 self.delay_offsets.bump()
                 self.timer.bump()
-            log.info("schedule service started (%s)", self.service.acting.role)
+            log.info("schedule service started (%s)", self.core.acting.role)
             self.running = True
             try:
                 async with asyncio.TaskGroup() as tg:
@@ -482,7 +481,7 @@ class ScheduleService:
         return True
 
     async def _level_loop(self, level: int) -> None:
-        store = self.service.store
+        store = self.core.store
         queue_id = level - 1
         while True:
             offset = self.delay_offsets.get(level)
@@ -506,12 +505,14 @@ class ScheduleService:
             if await self._deliver(msg, "delay"):
                 self.delay_offsets.update(level, offset + 1)
                 # the slave that may act next learns it with the same durability
-                self.service.replicate_offset(DELAY_OFFSET_GROUP, SCHEDULE_TOPIC, level, offset + 1)
+                self.write_path.replicate_offset(
+                    DELAY_OFFSET_GROUP, SCHEDULE_TOPIC, level, offset + 1
+                )
             else:
                 await asyncio.sleep(POLL_S)
 
     def _read_timer_queue(self, index: TimerIndex) -> None:
-        store = self.service.store
+        store = self.core.store
         cp = self.timer.cp
         top = store.max_offset(TIMER_TOPIC, TIMER_QUEUE_ID)
         while index.read_offset < top:
@@ -526,7 +527,7 @@ class ScheduleService:
             index.add(due, offset)
 
     async def _timer_loop(self) -> None:
-        store = self.service.store
+        store = self.core.store
         index = TimerIndex()
         index.read_offset = store.min_offset(TIMER_TOPIC, TIMER_QUEUE_ID)
         index.max_delivered_due = self.timer.cp.last_read_time_ms
@@ -577,63 +578,82 @@ class ScheduleService:
     ) -> broker_pb2.TimerCheckpoint:
         return self.timer_checkpoint_pb()
 
-    async def _fetch(
-        self, addr: str
-    ) -> tuple[broker_pb2.DelayOffsetTable, broker_pb2.TimerCheckpoint]:
-        pool = self.service.pool
-        delay = await pool.call_pb(
+    def tables(self) -> list[VersionedTable]:
+        """Delay offsets and the timer checkpoint, for forward and reverse sync."""
+        return [DelayOffsetSync(self), TimerCheckpointSync(self)]
+
+
+def timer_from_pb(pb: broker_pb2.TimerCheckpoint) -> TimerCheckpoint:
+    return TimerCheckpoint(
+        pb.last_read_time_ms,
+        pb.master_timer_queue_offset,
+        data_version_from_pb(pb.data_version),
+    )
+
+
+class DelayOffsetSync:
+    """Delay offsets as a versioned table (GET_ALL_DELAY_OFFSET); never assigned while
+    this broker delivers (RocketMQ #7601)."""
+
+    name = "delay offsets"
+
+    def __init__(self, service: ScheduleService) -> None:
+        self.service = service
+
+    async def fetch(self, pool: ConnectionPool, addr: str) -> broker_pb2.DelayOffsetTable:
+        return await pool.call_pb(
             addr,
             RequestCode.GET_ALL_DELAY_OFFSET,
             common_pb2.Empty(),
             broker_pb2.DelayOffsetTable,
-            timeout_ms=SYNC_TIMEOUT_MS,
+            timeout_ms=FETCH_TIMEOUT_MS,
         )
-        timer = await pool.call_pb(
+
+    def assign(self, snapshot: broker_pb2.DelayOffsetTable) -> None:
+        self.service.delay_offsets.assign(
+            dict(snapshot.offsets), data_version_from_pb(snapshot.data_version)
+        )
+
+    def adopt_if_newer(self, snapshot: broker_pb2.DelayOffsetTable) -> bool:
+        return self.service.delay_offsets.adopt_if_newer(
+            dict(snapshot.offsets), data_version_from_pb(snapshot.data_version)
+        )
+
+    def describe(self, snapshot: broker_pb2.DelayOffsetTable) -> str:
+        return str(dict(snapshot.offsets))
+
+    def busy(self) -> bool:
+        return self.service.running
+
+
+class TimerCheckpointSync:
+    """The timer checkpoint as a versioned table (GET_TIMER_CHECK_POINT)."""
+
+    name = "timer checkpoint"
+
+    def __init__(self, service: ScheduleService) -> None:
+        self.service = service
+
+    async def fetch(self, pool: ConnectionPool, addr: str) -> TimerCheckpoint:
+        pb = await pool.call_pb(
             addr,
             RequestCode.GET_TIMER_CHECK_POINT,
             common_pb2.Empty(),
             broker_pb2.TimerCheckpoint,
-            timeout_ms=SYNC_TIMEOUT_MS,
+            timeout_ms=FETCH_TIMEOUT_MS,
         )
-        return delay, timer
+        return timer_from_pb(pb)
 
-    @staticmethod
-    def _timer_from_pb(pb: broker_pb2.TimerCheckpoint) -> TimerCheckpoint:
-        return TimerCheckpoint(
-            pb.last_read_time_ms,
-            pb.master_timer_queue_offset,
-            data_version_from_pb(pb.data_version),
+    def assign(self, snapshot: TimerCheckpoint) -> None:
+        self.service.timer.assign(snapshot)
+
+    def adopt_if_newer(self, snapshot: TimerCheckpoint) -> bool:
+        return self.service.timer.adopt_if_newer(snapshot)
+
+    def describe(self, snapshot: TimerCheckpoint) -> str:
+        return (
+            f"offset {snapshot.master_timer_queue_offset}, last read {snapshot.last_read_time_ms}"
         )
 
-    async def sync_from_master(self, master_addr: str) -> None:
-        """Forward sync on a slave (never while this broker delivers: #7601)."""
-        try:
-            delay, timer = await self._fetch(master_addr)
-        except HaError as exc:
-            log.debug("delay offset / timer checkpoint sync from %s failed: %s", master_addr, exc)
-            return
-        if self.running:
-            return
-        self.delay_offsets.assign(dict(delay.offsets), data_version_from_pb(delay.data_version))
-        self.timer.assign(self._timer_from_pb(timer))
-
-    async def adopt_from_slave(self, slave_id: int, slave_addr: str) -> None:
-        """Pre-online reverse sync: raises HaError when the slave cannot be asked."""
-        delay, timer = await self._fetch(slave_addr)
-        adopted = self.delay_offsets.adopt_if_newer(
-            dict(delay.offsets), data_version_from_pb(delay.data_version)
-        )
-        log.info(
-            "pre-online: delay offsets of slave %d %s: %s",
-            slave_id,
-            "adopted" if adopted else "older, kept ours",
-            dict(delay.offsets),
-        )
-        adopted = self.timer.adopt_if_newer(self._timer_from_pb(timer))
-        log.info(
-            "pre-online: timer checkpoint of slave %d %s (offset %d, last read %d)",
-            slave_id,
-            "adopted" if adopted else "older, kept ours",
-            timer.master_timer_queue_offset,
-            timer.last_read_time_ms,
-        )
+    def busy(self) -> bool:
+        return self.service.running

@@ -31,8 +31,8 @@ import time
 from collections.abc import Awaitable, Callable, Mapping
 from typing import Protocol, TypeVar
 
-from broker_agent.acting import ActingState
-from broker_agent.locks import MessageQueueKey, RebalanceLockManager, quorum_grant
+from broker_agent.locks.manager import MessageQueueKey, RebalanceLockManager, quorum_grant
+from broker_agent.membership.acting import ActingState
 from broker_agent.metrics import BrokerMetrics
 from ha_controller.config import BrokerConfig
 from ha_controller.proto import broker_pb2, common_pb2

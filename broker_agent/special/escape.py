@@ -28,7 +28,7 @@ import time
 import zlib
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Final, Protocol
+from typing import Final
 
 from tenacity import (
     AsyncRetrying,
@@ -37,8 +37,9 @@ from tenacity import (
     wait_exponential,
 )
 
+from broker_agent.convert import message_from_pb
+from broker_agent.special.ports import CorePort, LocalBroker, Neighbours, WritePort
 from ha_controller.client.admin import NameserverClient
-from ha_controller.client.message import PROPERTY_PRODUCER_GROUP
 from ha_controller.client.routes import DEFAULT_TOPIC_QUEUE_NUMS, publish_queues_of
 from ha_controller.proto import broker_pb2
 from ha_controller.protocol.codes import RequestCode
@@ -46,14 +47,11 @@ from ha_controller.protocol.errors import (
     BadRequest,
     EscapeFailed,
     HaError,
-    InSyncReplicasNotEnough,
     TopicNotFound,
 )
-from ha_controller.protocol.record import StoredMessage, tag_hash
+from ha_controller.protocol.properties import PROPERTY_PRODUCER_GROUP
+from ha_controller.protocol.record import StoredMessage
 from ha_controller.routing import TopicRouteData
-
-if TYPE_CHECKING:
-    from broker_agent.service import BrokerService
 
 log = logging.getLogger(__name__)
 
@@ -203,44 +201,24 @@ class EscapeRoutes:
         return dict(members.broker_addrs)
 
 
-class _Container(Protocol):
-    """What the bridge needs from a broker container (broker_agent.container)."""
-
-    @property
-    def services(self) -> list[BrokerService]: ...
-
-
 def _retriable(exc: BaseException) -> bool:
     if isinstance(exc, BadRequest):
         return False  # the message itself is refused; another try would be refused too
     return isinstance(exc, HaError | OSError)
 
 
-def message_from_pb(m: broker_pb2.Message) -> StoredMessage:
-    return StoredMessage(
-        topic=m.topic,
-        queue_id=m.queue_id,
-        body=m.body,
-        properties=dict(m.properties),
-        flags=m.flag,
-        born_ts_ms=m.born_ts_ms,
-        born_host=m.born_host,
-        store_host=m.store_host,
-        queue_offset=m.queue_offset,
-        physical_offset=m.commit_log_offset,
-        store_ts_ms=m.store_ts_ms,
-    )
-
-
 class EscapeBridge:
     """Puts special messages where a master will serve them (see the module doc)."""
 
-    def __init__(self, service: BrokerService, container: _Container | None = None) -> None:
-        self.service = service
-        self.container = container
-        cfg = service.cfg
+    def __init__(
+        self, core: CorePort, write_path: WritePort, neighbours: Neighbours | None = None
+    ) -> None:
+        self.core = core
+        self.write_path = write_path
+        self.neighbours = neighbours
+        cfg = core.cfg
         self.routes = EscapeRoutes(
-            NameserverClient(list(cfg.namesrv_addrs), service.pool), cfg.cluster
+            NameserverClient(list(cfg.namesrv_addrs), core.pool), cfg.cluster
         )
         self._rr = itertools.count()
         self._failed_at: dict[str, float] = {}
@@ -249,26 +227,28 @@ class EscapeBridge:
 
     # ---- choosing where ---------------------------------------------------
 
-    def local_master(self) -> BrokerService | None:
+    def _others(self) -> list[LocalBroker]:
+        if self.neighbours is None:
+            return []
+        return [b for b in self.neighbours.local_brokers() if b.core is not self.core]
+
+    def local_master(self) -> tuple[CorePort, WritePort] | None:
         """This broker if it is a master; else an online master in the same process."""
-        if self.service.acting.is_master:
-            return self.service
-        if self.container is not None:
-            for other in self.container.services:
-                if other is not self.service and other.acting.is_master and not other.isolated:
-                    return other
+        if self.core.acting.is_master:
+            return self.core, self.write_path
+        for other in self._others():
+            if other.core.acting.is_master and not other.core.isolated:
+                return other.core, other.write_path
         return None
 
-    def _local_service_of(self, group: str) -> BrokerService | None:
-        if self.service.cfg.broker_name == group:
-            return self.service
-        if self.container is None:
-            return None
-        candidates = [s for s in self.container.services if s.cfg.broker_name == group]
-        return min(candidates, key=lambda s: s.cfg.broker_id, default=None)
+    def _local_core_of(self, group: str) -> CorePort | None:
+        if self.core.cfg.broker_name == group:
+            return self.core
+        candidates = [b.core for b in self._others() if b.core.cfg.broker_name == group]
+        return min(candidates, key=lambda c: c.cfg.broker_id, default=None)
 
     def _count(self, kind: str, target: str, result: str) -> None:
-        m = self.service.metrics
+        m = self.core.metrics
         m.init_escape_target(target)
         m.escape.labels(**m.ident, kind=kind, target=target, result=result).inc()
 
@@ -276,13 +256,13 @@ class EscapeBridge:
         """Create the escape series of every other group of the cluster at 0 before any
         escape happens, so that the first one shows in rate() (called periodically)."""
         for group in await self.routes.nameserver.groups():
-            if group.broker_name != self.service.cfg.broker_name and (
+            if group.broker_name != self.core.cfg.broker_name and (
                 not self.routes.cluster or group.cluster == self.routes.cluster
             ):
-                self.service.metrics.init_escape_target(group.broker_name)
+                self.core.metrics.init_escape_target(group.broker_name)
 
     def _check_remote_allowed(self, kind: str) -> None:
-        cfg = self.service.cfg
+        cfg = self.core.cfg
         if not (cfg.enable_slave_acting_master and cfg.enable_remote_escape):
             self._count(kind, "none", "no_target")
             raise EscapeFailed(
@@ -341,11 +321,11 @@ class EscapeBridge:
         """Like ``put_message`` but the queue is a function of (topic, our store host),
         so every call of this broker for ``topic`` reaches the same master and queue
         (as long as the set of live masters does not change)."""
-        key = stable_hash(topic + self.service.addr)
+        key = stable_hash(topic + self.core.addr)
         master = self.local_master()
         if master is not None:
             try:
-                config = master._topic_for_write(topic)
+                config = master[1].topic_for_write(topic)
             except HaError as exc:
                 self._count(kind, LOCAL, "error")
                 raise EscapeFailed(f"local escape of {topic} refused: {exc}") from exc
@@ -361,7 +341,7 @@ class EscapeBridge:
 
     async def _put_local(
         self,
-        master: BrokerService,
+        master: tuple[CorePort, WritePort],
         topic: str,
         body: bytes,
         properties: Mapping[str, str],
@@ -371,54 +351,38 @@ class EscapeBridge:
         born_ts_ms: int | None,
     ) -> EscapeResult:
         """A put into ``master``'s store with the checks and replica wait of a send."""
-        props = dict(properties)
-        ha = master.ha_master
-        needed = master._copies_needed()
+        core, write_path = master
         try:
-            config = master._topic_for_write(topic)
-            if queue_id is None or not 0 <= queue_id < config.write_queue_nums:
-                queue_id = next(master._queue_rr) % config.write_queue_nums
-            live = 1 + (ha.slave_count() if ha is not None else 0)
-            if needed > 1 and live < needed:
-                raise InSyncReplicasNotEnough(f"{live} live copies, {needed} required")
-            result = master.store.put(
+            stored = await write_path.put(
                 topic,
-                queue_id,
                 body,
-                props,
+                properties,
+                queue_id=queue_id,
                 flags=flags,
                 born_ts_ms=born_ts_ms,
-                born_host=self.service.addr,
-                store_host=master.addr,
+                born_host=self.core.addr,
             )
         except HaError as exc:
             self._count(kind, LOCAL, "error")
             raise EscapeFailed(
-                f"local escape of {topic} to {master.cfg.broker_name} failed: {exc}"
+                f"local escape of {topic} to {core.cfg.broker_name} failed: {exc}"
             ) from exc
-        master.holds.notify(topic, queue_id, result.queue_offset + 1, tag_hash(props.get("TAGS")))
         # not counted in hac_messages_in_total: the send that first stored it
         # (a delayed, half or retried message) was already counted
         outcome = "ok"
-        if ha is not None:
-            ha.data_appended()
-            if needed > 1:
-                ok = await ha.wait_for_copies(
-                    result.physical_offset + result.size,
-                    needed,
-                    master.cfg.slave_ack_timeout_ms / 1000,
-                )
-                if not ok:
-                    # Stored: a retry would duplicate it; replication catches up.
-                    outcome = "unconfirmed"
-                    log.warning(
-                        "escaped %s message %s stored on %s but not confirmed by its slaves",
-                        kind,
-                        result.msg_id,
-                        master.cfg.broker_name,
-                    )
+        if not stored.confirmed:
+            # Stored: a retry would duplicate it; replication catches up.
+            outcome = "unconfirmed"
+            log.warning(
+                "escaped %s message %s stored on %s but not confirmed by its slaves",
+                kind,
+                stored.result.msg_id,
+                core.cfg.broker_name,
+            )
         self._count(kind, LOCAL, outcome)
-        return EscapeResult(LOCAL, result.msg_id, queue_id, result.queue_offset)
+        return EscapeResult(
+            LOCAL, stored.result.msg_id, stored.queue_id, stored.result.queue_offset
+        )
 
     async def _put_remote(
         self,
@@ -430,13 +394,13 @@ class EscapeBridge:
         born_ts_ms: int | None,
         choose: Callable[[list[RemoteQueue], set[str]], RemoteQueue],
     ) -> EscapeResult:
-        cfg = self.service.cfg
+        cfg = self.core.cfg
         own = cfg.broker_name
         props = dict(properties)
         request = broker_pb2.SendMessageRequest(
             producer_group=props.get(PROPERTY_PRODUCER_GROUP) or self.inner_producer_group,
             topic=topic,
-            born_host=self.service.addr,
+            born_host=self.core.addr,
             no_replica_wait=True,
             entries=[
                 broker_pb2.SendEntry(
@@ -458,7 +422,7 @@ class EscapeBridge:
             assert target.broker_name != own
             request.queue_id = target.queue_id
             try:
-                resp = await self.service.pool.call_pb(
+                resp = await self.core.pool.call_pb(
                     target.addr,
                     RequestCode.SEND_MESSAGE,
                     request,
@@ -520,7 +484,7 @@ class EscapeBridge:
 
         None when there is none; EscapeFailed (retriable) when the group cannot be asked.
         """
-        local = self._local_service_of(broker_name)
+        local = self._local_core_of(broker_name)
         if local is not None:
             return local.store.get_message_at(topic, queue_id, offset)
         try:
@@ -540,7 +504,7 @@ class EscapeBridge:
             commit_offset=-1,
         )
         try:
-            resp = await self.service.pool.call_pb(
+            resp = await self.core.pool.call_pb(
                 addr,
                 RequestCode.PULL_MESSAGE,
                 request,

@@ -13,7 +13,12 @@ import os
 from collections.abc import Iterable
 from pathlib import Path
 
+from broker_agent.metadata.versioned import FETCH_TIMEOUT_MS
 from ha_controller.dataversion import DataVersion, SteppedVersion
+from ha_controller.proto import broker_pb2, common_pb2
+from ha_controller.protocol.codes import RequestCode
+from ha_controller.rpc import ConnectionPool
+from ha_controller.wire import data_version_from_pb
 
 log = logging.getLogger(__name__)
 
@@ -125,3 +130,39 @@ class ConsumerOffsetManager:
         self._dirty = True
         self.persist()
         return True
+
+
+OffsetSnapshot = tuple[list[tuple[str, str, int, int]], DataVersion]
+
+
+class ConsumerOffsetSync:
+    """Consumer offsets as a versioned table (GET_ALL_CONSUMER_OFFSET)."""
+
+    name = "consumer offsets"
+
+    def __init__(self, offsets: ConsumerOffsetManager) -> None:
+        self.offsets = offsets
+
+    async def fetch(self, pool: ConnectionPool, addr: str) -> OffsetSnapshot:
+        pb = await pool.call_pb(
+            addr,
+            RequestCode.GET_ALL_CONSUMER_OFFSET,
+            common_pb2.Empty(),
+            broker_pb2.ConsumerOffsetTable,
+            timeout_ms=FETCH_TIMEOUT_MS,
+        )
+        entries = [(e.consumer_group, e.topic, e.queue_id, e.offset) for e in pb.entries]
+        return entries, data_version_from_pb(pb.data_version)
+
+    def assign(self, snapshot: OffsetSnapshot) -> None:
+        self.offsets.assign_from_master(*snapshot)
+
+    def adopt_if_newer(self, snapshot: OffsetSnapshot) -> bool:
+        return self.offsets.adopt_if_newer(*snapshot)
+
+    def describe(self, snapshot: OffsetSnapshot) -> str:
+        entries, version = snapshot
+        return f"{len(entries)} entries, version {version.key()}"
+
+    def busy(self) -> bool:
+        return False

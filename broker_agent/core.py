@@ -1,0 +1,218 @@
+"""BrokerCore: what every part of one broker shares, and the guards it serves by.
+
+The core owns the broker's state (config, store, topics, consumer offsets, acting
+state, replication ends, connection pool, metrics, the request dispatcher) but no
+behaviour beyond answering questions about it: "am I serving?", "am I master?",
+"how many copies does a write need?", "what is my status?".  Request handlers,
+membership, the write path and the special services each take the core (or a
+narrow port of it) and do their one job.
+
+Background work is spawned through :meth:`BrokerCore.spawn` into the TaskGroup
+that the service owns while it runs; outside that window a spawned coroutine is
+closed, never left running without an owner.
+"""
+
+from __future__ import annotations
+
+import logging
+import time
+from collections.abc import Callable, Coroutine
+from pathlib import Path
+from typing import Any
+
+from broker_agent.membership.acting import ActingState
+from broker_agent.metadata.offsets import ConsumerOffsetManager
+from broker_agent.metrics import BrokerMetrics
+from broker_agent.pull_hold import PullHoldService
+from broker_agent.replication.ha import HaMaster, HaSlave
+from broker_agent.store.message_store import MessageStore, StoreConfig
+from broker_agent.topics import TopicConfigManager
+from ha_controller.config import BrokerConfig
+from ha_controller.protocol.errors import BrokerIsolated, NotMaster
+from ha_controller.protocol.properties import now_ms
+from ha_controller.routing import BrokerMemberGroup
+from ha_controller.rpc import ConnectionPool, Dispatcher, RpcConnection
+
+log = logging.getLogger(__name__)
+
+#: A consumer client not seen (HEART_BEAT) for this long leaves its group's list.
+CONSUMER_EXPIRY_S = 40.0
+
+
+class ConsumerRegistry:
+    """Which clients consume for a group (HEART_BEAT), for client-side rebalancing."""
+
+    def __init__(self) -> None:
+        self._seen: dict[str, dict[str, float]] = {}
+        self._by_conn: dict[RpcConnection, set[tuple[str, str]]] = {}
+
+    def heartbeat(self, conn: RpcConnection, client_id: str, groups: list[str]) -> None:
+        now = time.monotonic()
+        for g in groups:
+            self._seen.setdefault(g, {})[client_id] = now
+            self._by_conn.setdefault(conn, set()).add((g, client_id))
+
+    def unregister(self, client_id: str, groups: list[str]) -> None:
+        for g in groups:
+            self._seen.get(g, {}).pop(client_id, None)
+
+    def connection_closed(self, conn: RpcConnection) -> None:
+        for g, c in self._by_conn.pop(conn, set()):
+            self._seen.get(g, {}).pop(c, None)
+
+    def clients(self, group: str) -> list[str]:
+        now = time.monotonic()
+        members = self._seen.get(group, {})
+        for c in [c for c, t in members.items() if now - t > CONSUMER_EXPIRY_S]:
+            del members[c]
+        return sorted(members)
+
+
+class BrokerCore:
+    """The shared state of one broker and the checks every handler makes."""
+
+    def __init__(self, cfg: BrokerConfig) -> None:
+        self.cfg = cfg
+        self.name = f"{cfg.broker_name}/{cfg.broker_id}"
+        self.store_dir = Path(cfg.store_path)
+        self.store_dir.mkdir(parents=True, exist_ok=True)
+        self.store = MessageStore.open(
+            self.store_dir,
+            StoreConfig(
+                segment_size_bytes=cfg.segment_size_bytes,
+                flush_mode=cfg.flush_mode,
+                flush_interval_ms=cfg.flush_interval_ms,
+                max_message_size_bytes=cfg.max_message_bytes,
+            ),
+        )
+        self.topics = TopicConfigManager(
+            self.store_dir / "topics.json", cfg.default_topic_queue_nums
+        )
+        self.topics.load()
+        self.offsets = ConsumerOffsetManager(
+            self.store_dir / "consumer_offsets.json", cfg.consumer_offset_update_version_step
+        )
+        self.offsets.load()
+        self.acting = ActingState(cfg.broker_id, cfg.enable_slave_acting_master)
+        self.metrics = BrokerMetrics(cfg.cluster, cfg.broker_name, cfg.broker_id)
+        self.holds = PullHoldService(cfg.max_held_pulls, now_ms)
+        self.consumers = ConsumerRegistry()
+        self.pool = ConnectionPool(connect_timeout_ms=2000)
+        self.dispatcher = Dispatcher()
+        self.addr = ""  # advertised RPC address, set once bound
+        self.ha_addr = ""
+        self.http_addr = ""
+        self.isolated = cfg.total_replicas > 1 and not cfg.skip_pre_online
+        self.preonline_step = "waiting to start" if self.isolated else "online"
+        self.ha_master: HaMaster | None = HaMaster(self.store) if cfg.is_master else None
+        self.ha_slave: HaSlave | None = None
+        self.member_group: BrokerMemberGroup | None = None
+        self._special_hooks: list[Callable[[bool], None]] = []
+        self._spawn: Callable[[Coroutine[Any, Any, None], str], None] | None = None
+        self._topics_changed: Callable[[], None] = lambda: None
+        self.update_role_metrics()
+
+    # ---- ownership of background work -----------------------------------------
+
+    def bind_task_owner(
+        self, spawn: Callable[[Coroutine[Any, Any, None], str], None] | None
+    ) -> None:
+        """The service's TaskGroup while it runs (``None`` once it stops)."""
+        self._spawn = spawn
+
+    def spawn(self, coro: Coroutine[Any, Any, None], name: str) -> None:
+        """Run ``coro`` under the service's TaskGroup; closed unrun when none is bound."""
+        if self._spawn is not None:
+            self._spawn(coro, name)
+        else:
+            coro.close()
+
+    def on_topics_changed(self, callback: Callable[[], None]) -> None:
+        """Who re-registers with the nameservers when a topic appears (membership)."""
+        self._topics_changed = callback
+
+    def topics_changed(self) -> None:
+        """A topic was created on this broker: the nameservers must learn it."""
+        self._topics_changed()
+
+    # ---- special services --------------------------------------------------------
+
+    def add_special_service(self, hook: Callable[[bool], None]) -> None:
+        """Register a special service's ``set_running`` (rip32.md §2.6)."""
+        self._special_hooks.append(hook)
+
+    def set_special_services(self, should_run: bool) -> None:
+        """Start/stop every special service (a master runs them once online)."""
+        for hook in self._special_hooks:
+            hook(should_run)
+
+    # ---- guards ------------------------------------------------------------------
+
+    def check_online(self) -> None:
+        """Refuse clients while isolated (pre-online)."""
+        if self.isolated:
+            raise BrokerIsolated(f"{self.name} is in pre-online")
+
+    def check_master_only(self, what: str) -> None:
+        """Online, and the master or the acting slave."""
+        self.check_online()
+        if not self.acting.serves_master_only_ops:
+            raise NotMaster(f"{what}: {self.name} is a slave and not acting")
+
+    def check_writable_master(self, what: str) -> None:
+        """Online and the master: the only broker that may append to its own log."""
+        self.check_online()
+        if not self.acting.is_master:
+            raise NotMaster(f"{what}: {self.name} is a slave; send to the master")
+
+    def copies_needed(self) -> int:
+        """Copies (the master's included) a write needs before it is acknowledged."""
+        if self.cfg.replication_mode != "sync":
+            return 1
+        return min(self.cfg.in_sync_replicas, self.cfg.total_replicas)
+
+    # ---- status and gauges -------------------------------------------------------
+
+    def replication_lag(self) -> int:
+        if self.ha_master is not None:
+            return self.ha_master.lag_bytes()
+        if self.ha_slave is not None:
+            return self.ha_slave.lag_bytes
+        return 0
+
+    def status(self) -> dict[str, Any]:
+        """``GET /api/v1/status`` and GET_BROKER_STATUS."""
+        return {
+            "cluster": self.cfg.cluster,
+            "brokerName": self.cfg.broker_name,
+            "brokerId": self.cfg.broker_id,
+            "role": "master" if self.acting.is_master else "slave",
+            "acting": self.acting.acting,
+            "isolated": self.isolated,
+            "preOnlineStep": self.preonline_step,
+            "minBrokerIdInGroup": self.acting.min_broker_id,
+            "commitLogMaxOffset": self.store.commitlog_max_offset,
+            "replicationLagBytes": self.replication_lag(),
+            "addr": self.addr,
+            "haAddr": self.ha_addr,
+            "slaves": (
+                [
+                    {"addr": link.slave_addr, "brokerId": link.broker_id, "ackedOffset": link.acked}
+                    for link in self.ha_master.transfer_slaves()
+                ]
+                if self.ha_master is not None
+                else []
+            ),
+        }
+
+    def update_role_metrics(self) -> None:
+        self.metrics.set_role(self.acting.role)
+        self.metrics.isolated.labels(**self.metrics.ident).set(1 if self.isolated else 0)
+        self.metrics.min_broker_id.labels(**self.metrics.ident).set(self.acting.min_broker_id)
+
+    def refresh_gauges(self) -> None:
+        ident = self.metrics.ident
+        self.metrics.replication_lag.labels(**ident).set(self.replication_lag())
+        self.metrics.commitlog_max_offset.labels(**ident).set(self.store.commitlog_max_offset)
+        self.metrics.pull_held.labels(**ident).set(self.holds.held_count)
+        self.update_role_metrics()

@@ -1,0 +1,170 @@
+"""SEND_MESSAGE and PULL_MESSAGE."""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+
+from broker_agent.convert import message_to_pb
+from broker_agent.core import BrokerCore
+from broker_agent.special.schedule import delayed_target
+from broker_agent.store.message_store import GetMessageStatus
+from broker_agent.write_path import WritePath
+from ha_controller.proto import broker_pb2
+from ha_controller.protocol.codes import RequestCode
+from ha_controller.protocol.errors import BadRequest, InSyncReplicasNotEnough, SlaveAckTimeout
+from ha_controller.protocol.properties import PROPERTY_UNIQ_KEY
+from ha_controller.protocol.record import tag_hash
+from ha_controller.rpc import RequestContext
+
+MAX_PULL_BATCH = 256
+# statuses that mean "nothing yet at this offset": a long-poll pull waits on them
+WAITABLE = frozenset(
+    {
+        GetMessageStatus.NO_MATCHED_LOGIC_QUEUE,
+        GetMessageStatus.NO_MESSAGE_IN_QUEUE,
+        GetMessageStatus.OFFSET_OVERFLOW_ONE,
+        GetMessageStatus.NO_MATCHED_MESSAGE,
+        GetMessageStatus.OFFSET_FOUND_NULL,
+    }
+)
+
+#: Where a sent entry is stored: (topic, queue, properties rewritten in place).
+StoreTarget = Callable[[str, int, dict[str, str]], tuple[str, int]]
+
+
+class MessageHandlers:
+    """The send and pull paths of one broker."""
+
+    def __init__(self, core: BrokerCore, write_path: WritePath, half_target: StoreTarget) -> None:
+        self.core = core
+        self.write_path = write_path
+        self._half_target = half_target  # the transaction service: a prepared message
+
+    def register(self) -> None:
+        add = self.core.dispatcher.add
+        add(RequestCode.SEND_MESSAGE, broker_pb2.SendMessageRequest, self.send)
+        add(RequestCode.PULL_MESSAGE, broker_pb2.PullMessageRequest, self.pull)
+
+    def _store_target(self, topic: str, queue_id: int, props: dict[str, str]) -> tuple[str, int]:
+        put_topic, put_qid = self._half_target(topic, queue_id, props)
+        if put_topic == topic:  # a half message is not delayed until committed
+            put_topic, put_qid = delayed_target(self.core.cfg, topic, queue_id, props)
+        return put_topic, put_qid
+
+    async def send(
+        self, ctx: RequestContext, req: broker_pb2.SendMessageRequest
+    ) -> broker_pb2.SendMessageResponse:
+        core, wp = self.core, self.write_path
+        metrics = core.metrics
+        core.check_online()
+        if not core.acting.is_master:
+            metrics.send_errors.labels(**metrics.ident, reason="not_master").inc()
+        core.check_writable_master("SEND_MESSAGE")
+        if not req.entries:
+            raise BadRequest("send with no messages")
+        config = wp.topic_for_write(req.topic)
+        queue_id = wp.pick_queue(config, req.queue_id, strict=True)
+        try:
+            needed = wp.check_replicas()
+        except InSyncReplicasNotEnough:
+            metrics.send_errors.labels(**metrics.ident, reason="replicas").inc()
+            raise
+        resp = broker_pb2.SendMessageResponse(broker_name=core.cfg.broker_name)
+        end = 0
+        for entry in req.entries:
+            props = dict(entry.properties)
+            put_topic, put_qid = self._store_target(req.topic, queue_id, props)
+            result = wp.append(
+                put_topic,
+                put_qid,
+                entry.body,
+                props,
+                flags=entry.flag,
+                born_ts_ms=entry.born_ts_ms or None,
+                born_host=req.born_host or ctx.peer,
+            )
+            end = result.physical_offset + result.size
+            resp.results.add(
+                msg_id=result.msg_id,
+                uniq_key=props.get(PROPERTY_UNIQ_KEY, ""),
+                queue_id=queue_id,
+                queue_offset=result.queue_offset,
+                commit_log_offset=result.physical_offset,
+            )
+        wp.replicate()
+        metrics.messages_in.labels(**metrics.ident, topic=req.topic).inc(len(req.entries))
+        if not req.no_replica_wait and not await wp.confirm(end, needed):
+            metrics.send_errors.labels(**metrics.ident, reason="replica_timeout").inc()
+            raise SlaveAckTimeout(
+                f"stored but not confirmed by {needed - 1} slave(s) within "
+                f"{core.cfg.slave_ack_timeout_ms} ms"
+            )
+        return resp
+
+    async def pull(
+        self, ctx: RequestContext, req: broker_pb2.PullMessageRequest
+    ) -> broker_pb2.PullMessageResponse:
+        core = self.core
+        core.check_online()
+        tags = {tag_hash(t) for t in req.tags if t and t != "*"} or None
+        max_msgs = max(1, min(req.max_msg_nums or 32, MAX_PULL_BATCH))
+        max_bytes = req.max_bytes or 4 * 1024 * 1024
+        if req.commit_offset >= 0 and req.consumer_group and core.acting.serves_master_only_ops:
+            self.write_path.commit_offset(
+                req.consumer_group, req.topic, req.queue_id, req.commit_offset
+            )
+        result = core.store.get_messages(
+            req.topic, req.queue_id, req.queue_offset, max_msgs, max_bytes, tags
+        )
+        held = req.suspend_timeout_ms > 0 and core.cfg.long_polling_enable
+        # A slave asked past its end is behind (the consumer read further on the master
+        # before a failover, or a partition): wait for replication, never send the
+        # consumer back (RocketMQ's offsetCheckInSlave=false), or it reads twice.
+        behind = (
+            not core.acting.is_master
+            and result.status is GetMessageStatus.OFFSET_OVERFLOW_BADLY
+            and req.queue_offset > result.max_offset
+        )
+        if held and (result.status in WAITABLE or behind):
+            offset = req.queue_offset
+            if result.status is GetMessageStatus.NO_MATCHED_MESSAGE:
+                offset = result.next_begin_offset
+            timeout = min(
+                req.suspend_timeout_ms, max(0, ctx.timeout_ms - 1000) or req.suspend_timeout_ms
+            )
+            pull_held = core.metrics.pull_held.labels(**core.metrics.ident)
+            pull_held.set(core.holds.held_count + 1)
+            await core.holds.hold(req.topic, req.queue_id, offset, timeout, tags)
+            pull_held.set(core.holds.held_count)
+            result = core.store.get_messages(
+                req.topic, req.queue_id, offset, max_msgs, max_bytes, tags
+            )
+        if behind and result.status is GetMessageStatus.OFFSET_OVERFLOW_BADLY:
+            return broker_pb2.PullMessageResponse(
+                status=broker_pb2.NO_NEW_MSG,
+                next_begin_offset=req.queue_offset,
+                min_offset=result.min_offset,
+                max_offset=result.max_offset,
+            )
+        resp = broker_pb2.PullMessageResponse(
+            next_begin_offset=result.next_begin_offset,
+            min_offset=result.min_offset,
+            max_offset=result.max_offset,
+        )
+        status = result.status
+        if status is GetMessageStatus.FOUND:
+            resp.status = broker_pb2.FOUND
+            name = core.cfg.broker_name
+            resp.messages.extend(message_to_pb(m, name) for m in result.messages)
+            core.metrics.messages_out.labels(
+                **core.metrics.ident, topic=req.topic, group=req.consumer_group or "-"
+            ).inc(len(result.messages))
+        elif status is GetMessageStatus.NO_MATCHED_MESSAGE:
+            resp.status = broker_pb2.NO_MATCHED_MSG
+        elif status in WAITABLE:
+            resp.status = broker_pb2.NO_NEW_MSG
+        else:
+            resp.status = broker_pb2.OFFSET_ILLEGAL
+        if not core.acting.is_master and core.acting.master_online:
+            resp.suggest_which_broker_id = 0
+        return resp

@@ -1,0 +1,92 @@
+"""Offsets and the master-only queries (max/min offset, search by time, earliest)."""
+
+from __future__ import annotations
+
+from broker_agent.core import BrokerCore
+from broker_agent.write_path import WritePath
+from ha_controller.proto import broker_pb2, common_pb2
+from ha_controller.protocol.codes import RequestCode
+from ha_controller.protocol.errors import BadRequest
+from ha_controller.rpc import RequestContext
+from ha_controller.wire import data_version_to_pb
+
+
+class QueryHandlers:
+    """Consumer offsets and queue queries; the acting slave serves the master-only ones."""
+
+    def __init__(self, core: BrokerCore, write_path: WritePath) -> None:
+        self.core = core
+        self.write_path = write_path
+
+    def register(self) -> None:
+        add = self.core.dispatcher.add
+        add(RequestCode.QUERY_CONSUMER_OFFSET, broker_pb2.ConsumerOffsetRequest, self.query_offset)
+        add(
+            RequestCode.UPDATE_CONSUMER_OFFSET,
+            broker_pb2.ConsumerOffsetRequest,
+            self.update_offset,
+        )
+        add(RequestCode.GET_MAX_OFFSET, broker_pb2.QueueOffsetRequest, self.max_offset)
+        add(RequestCode.GET_MIN_OFFSET, broker_pb2.QueueOffsetRequest, self.min_offset)
+        add(RequestCode.SEARCH_OFFSET_BY_TIMESTAMP, broker_pb2.QueueOffsetRequest, self.search)
+        add(RequestCode.GET_EARLIEST_MSG_STORETIME, broker_pb2.QueueOffsetRequest, self.earliest)
+        add(RequestCode.GET_ALL_CONSUMER_OFFSET, common_pb2.Empty, self.all_offsets)
+
+    async def query_offset(
+        self, ctx: RequestContext, req: broker_pb2.ConsumerOffsetRequest
+    ) -> broker_pb2.OffsetResponse:
+        self.core.check_online()
+        return broker_pb2.OffsetResponse(
+            offset=self.core.offsets.query(req.consumer_group, req.topic, req.queue_id)
+        )
+
+    async def update_offset(
+        self, ctx: RequestContext, req: broker_pb2.ConsumerOffsetRequest
+    ) -> common_pb2.Empty:
+        self.core.check_master_only("UPDATE_CONSUMER_OFFSET")
+        if req.offset < 0:
+            raise BadRequest("offset must be >= 0")
+        end = self.write_path.commit_offset(req.consumer_group, req.topic, req.queue_id, req.offset)
+        if end is not None:
+            # best effort: a committed offset should reach the slave that may act next
+            await self.write_path.confirm(end)
+        return common_pb2.Empty()
+
+    async def max_offset(
+        self, ctx: RequestContext, req: broker_pb2.QueueOffsetRequest
+    ) -> broker_pb2.OffsetResponse:
+        self.core.check_master_only("GET_MAX_OFFSET")
+        return broker_pb2.OffsetResponse(offset=self.core.store.max_offset(req.topic, req.queue_id))
+
+    async def min_offset(
+        self, ctx: RequestContext, req: broker_pb2.QueueOffsetRequest
+    ) -> broker_pb2.OffsetResponse:
+        self.core.check_master_only("GET_MIN_OFFSET")
+        return broker_pb2.OffsetResponse(offset=self.core.store.min_offset(req.topic, req.queue_id))
+
+    async def search(
+        self, ctx: RequestContext, req: broker_pb2.QueueOffsetRequest
+    ) -> broker_pb2.OffsetResponse:
+        self.core.check_master_only("SEARCH_OFFSET_BY_TIMESTAMP")
+        return broker_pb2.OffsetResponse(
+            offset=self.core.store.search_offset(req.topic, req.queue_id, req.timestamp_ms)
+        )
+
+    async def earliest(
+        self, ctx: RequestContext, req: broker_pb2.QueueOffsetRequest
+    ) -> broker_pb2.TimestampResponse:
+        self.core.check_master_only("GET_EARLIEST_MSG_STORETIME")
+        ts = self.core.store.earliest_msg_store_time(req.topic, req.queue_id)
+        return broker_pb2.TimestampResponse(timestamp_ms=-1 if ts is None else ts)
+
+    async def all_offsets(
+        self, ctx: RequestContext, req: common_pb2.Empty
+    ) -> broker_pb2.ConsumerOffsetTable:
+        offsets = self.core.offsets
+        return broker_pb2.ConsumerOffsetTable(
+            entries=[
+                broker_pb2.ConsumerOffsetEntry(consumer_group=g, topic=t, queue_id=q, offset=o)
+                for g, t, q, o in offsets.entries()
+            ],
+            data_version=data_version_to_pb(offsets.data_version),
+        )

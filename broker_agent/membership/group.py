@@ -1,0 +1,148 @@
+"""The broker's group: who is id 0 now, and what that means for this broker.
+
+Min-id notifications from the nameserver (NOTIFY_MIN_BROKER_ID_CHANGE), the 1 s
+GET_BROKER_MEMBER_GROUP backstop, and EXCHANGE_BROKER_HA_INFO all end in
+:meth:`MemberGroupSync.apply_min_broker`, which asks the plain
+:class:`~broker_agent.membership.acting.ActingState` for a decision and carries it out
+(special services on/off, replication re-pointed, held pulls told).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+
+from broker_agent.core import BrokerCore
+from broker_agent.membership.acting import Decision
+from ha_controller.proto import broker_pb2, common_pb2, nameserver_pb2
+from ha_controller.protocol.codes import RequestCode
+from ha_controller.protocol.errors import HaError
+from ha_controller.routing import BrokerMemberGroup
+from ha_controller.rpc import RequestContext
+from ha_controller.wire import member_group_from_pb
+
+log = logging.getLogger(__name__)
+
+
+class MemberGroupSync:
+    """Member group, min-id changes and the HA-address exchange."""
+
+    def __init__(self, core: BrokerCore) -> None:
+        self.core = core
+
+    def register(self) -> None:
+        add = self.core.dispatcher.add
+        add(
+            RequestCode.NOTIFY_MIN_BROKER_ID_CHANGE,
+            nameserver_pb2.NotifyMinBrokerIdChangeRequest,
+            self.notify_min_id,
+        )
+        add(RequestCode.EXCHANGE_BROKER_HA_INFO, broker_pb2.BrokerHaInfo, self.exchange_ha_info)
+
+    # ---- handlers ---------------------------------------------------------------
+
+    async def notify_min_id(
+        self, ctx: RequestContext, req: nameserver_pb2.NotifyMinBrokerIdChangeRequest
+    ) -> common_pb2.Empty:
+        if not self.core.isolated:
+            await self.apply_min_broker(
+                req.min_broker_id,
+                req.min_broker_addr or None,
+                req.offline_broker_addr or None,
+                req.ha_broker_addr or None,
+            )
+        return common_pb2.Empty()
+
+    async def exchange_ha_info(
+        self, ctx: RequestContext, req: broker_pb2.BrokerHaInfo
+    ) -> broker_pb2.BrokerHaInfo:
+        core = self.core
+        if req.master_ha_addr:
+            # a (returning) master tells this slave where to replicate from
+            if not core.acting.is_master and core.ha_slave is not None:
+                core.acting.master_addr = req.master_addr or core.acting.master_addr
+                core.acting.master_ha_addr = req.master_ha_addr
+                core.ha_slave.set_master(req.master_ha_addr)
+            return broker_pb2.BrokerHaInfo()
+        if not core.acting.is_master:
+            return broker_pb2.BrokerHaInfo()
+        return broker_pb2.BrokerHaInfo(
+            master_ha_addr=core.ha_addr,
+            master_flush_offset=core.store.commitlog_max_offset,
+            master_addr=core.addr,
+        )
+
+    # ---- decisions ---------------------------------------------------------------
+
+    async def apply_min_broker(
+        self, min_id: int, min_addr: str | None, offline: str | None, ha_addr: str | None
+    ) -> Decision:
+        core = self.core
+        decision = core.acting.on_min_broker_change(min_id, min_addr, offline, ha_addr)
+        if not decision.changed:
+            return decision
+        log.info("%s", decision)
+        if decision.master_offline and core.ha_slave is not None:
+            core.ha_slave.set_master(None)
+        if decision.start_special_services:
+            core.offsets.bump_on_next_commit()
+        if decision.start_special_services or decision.stop_special_services:
+            core.set_special_services(decision.start_special_services)
+        if decision.master_online and min_addr is not None and core.ha_slave is not None:
+            if not ha_addr:
+                ha_addr = await self.retrieve_master_ha(min_addr)
+            if ha_addr:
+                core.acting.master_ha_addr = ha_addr
+                core.ha_slave.set_master(ha_addr)
+            core.holds.notify_master_online()
+        core.update_role_metrics()
+        return decision
+
+    async def retrieve_master_ha(self, master_addr: str) -> str | None:
+        try:
+            info = await self.core.pool.call_pb(
+                master_addr,
+                RequestCode.EXCHANGE_BROKER_HA_INFO,
+                broker_pb2.BrokerHaInfo(),
+                broker_pb2.BrokerHaInfo,
+                timeout_ms=3000,
+            )
+        except HaError as exc:
+            log.info("cannot retrieve HA info from master %s: %s", master_addr, exc)
+            return None
+        return info.master_ha_addr or None
+
+    # ---- the member group ------------------------------------------------------------
+
+    async def fetch_member_group(self) -> BrokerMemberGroup | None:
+        core = self.core
+        for ns in core.cfg.namesrv_addrs:
+            try:
+                pb = await core.pool.call_pb(
+                    ns,
+                    RequestCode.GET_BROKER_MEMBER_GROUP,
+                    nameserver_pb2.GetBrokerMemberGroupRequest(
+                        cluster=core.cfg.cluster, broker_name=core.cfg.broker_name
+                    ),
+                    nameserver_pb2.BrokerMemberGroup,
+                    timeout_ms=2000,
+                )
+            except HaError as exc:
+                log.debug("member group from %s failed: %s", ns, exc)
+                continue
+            return member_group_from_pb(pb)
+        return None
+
+    async def loop(self) -> None:
+        """The 1 s backstop for min-id notifications (rip32.md §2.4)."""
+        core = self.core
+        while True:
+            await asyncio.sleep(core.cfg.sync_broker_member_group_period_ms / 1000)
+            if core.isolated:
+                continue
+            group = await self.fetch_member_group()
+            if group is None or not group.broker_addrs:
+                continue
+            core.member_group = group
+            min_id = group.minimum_broker_id()
+            await self.apply_min_broker(min_id, group.broker_addrs.get(min_id), None, None)

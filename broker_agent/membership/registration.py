@@ -1,0 +1,147 @@
+"""Registration with every nameserver, the lightweight heartbeat, and unregistration."""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import logging
+
+from broker_agent.core import BrokerCore
+from ha_controller import auth
+from ha_controller.proto import common_pb2, nameserver_pb2
+from ha_controller.protocol.codes import RequestCode
+from ha_controller.protocol.errors import HaError
+from ha_controller.protocol.properties import now_ms
+from ha_controller.wire import data_version_to_pb, topic_config_to_pb
+
+log = logging.getLogger(__name__)
+
+
+class Registrar:
+    """REGISTER_BROKER / BROKER_HEARTBEAT / UNREGISTER_BROKER with every nameserver."""
+
+    def __init__(self, core: BrokerCore) -> None:
+        self.core = core
+
+    def _register_request(self) -> nameserver_pb2.RegisterBrokerRequest:
+        core = self.core
+        cfg = core.cfg
+        ts = now_ms()
+        req = nameserver_pb2.RegisterBrokerRequest(
+            cluster=cfg.cluster,
+            broker_addr=core.addr,
+            broker_name=cfg.broker_name,
+            broker_id=cfg.broker_id,
+            ha_addr=core.ha_addr,
+            topic_configs=[topic_config_to_pb(t) for t in core.topics.topics.values()],
+            data_version=data_version_to_pb(core.topics.data_version),
+            timestamp_ms=ts,
+            enable_acting_master=cfg.enable_slave_acting_master,
+        )
+        if cfg.enable_slave_acting_master:
+            req.heartbeat_timeout_ms = cfg.broker_not_active_timeout_ms
+        if cfg.cluster_secret:
+            req.signature = auth.sign(
+                cfg.cluster_secret,
+                auth.canonical(
+                    "register", cfg.cluster, core.addr, cfg.broker_name, cfg.broker_id, ts
+                ),
+            )
+        return req
+
+    async def register_all(self) -> None:
+        """Register with every nameserver (in parallel); never while isolated."""
+        core = self.core
+        if core.isolated:
+            return
+        req = self._register_request()
+
+        async def one(ns: str) -> None:
+            try:
+                conn = await core.pool.get(ns)
+                resp = await conn.call_pb(
+                    RequestCode.REGISTER_BROKER,
+                    req,
+                    nameserver_pb2.RegisterBrokerResponse,
+                    timeout_ms=core.cfg.register_broker_timeout_ms,
+                )
+            except HaError as exc:
+                log.warning("registration with %s failed: %s", ns, exc)
+                return
+            conn.attrs["registered"] = True
+            if not core.acting.is_master and resp.master_addr:
+                core.acting.master_addr = resp.master_addr
+                if resp.master_ha_addr and core.ha_slave is not None:
+                    core.acting.master_ha_addr = resp.master_ha_addr
+                    core.ha_slave.set_master(resp.master_ha_addr)
+
+        await asyncio.gather(*(one(ns) for ns in core.cfg.namesrv_addrs))
+
+    def register_soon(self) -> None:
+        """Re-register in the background (a topic was created)."""
+        self.core.spawn(self.register_all(), "register-after-topic")
+
+    async def heartbeat_loop(self) -> None:
+        core = self.core
+        cfg = core.cfg
+        interval = cfg.broker_heartbeat_interval_ms / 1000
+        body = nameserver_pb2.BrokerHeartbeatRequest(
+            cluster=cfg.cluster, broker_addr=core.addr, broker_name=cfg.broker_name
+        ).SerializeToString()
+        while True:
+            await asyncio.sleep(interval)
+            if core.isolated:
+                continue
+            for ns in cfg.namesrv_addrs:
+                try:
+                    conn = await core.pool.get(ns)
+                    if not conn.attrs.get("registered"):
+                        # a new connection: the nameserver expired us with the old one
+                        await self.register_all()
+                        continue
+                    if cfg.compatible_with_old_namesrv:
+                        await conn.call_pb(
+                            RequestCode.QUERY_DATA_VERSION,
+                            nameserver_pb2.QueryDataVersionRequest(
+                                cluster=cfg.cluster,
+                                broker_addr=core.addr,
+                                broker_name=cfg.broker_name,
+                                broker_id=cfg.broker_id,
+                                data_version=data_version_to_pb(core.topics.data_version),
+                            ),
+                            nameserver_pb2.QueryDataVersionResponse,
+                            timeout_ms=cfg.send_heartbeat_timeout_ms,
+                        )
+                    else:
+                        conn.oneway(RequestCode.BROKER_HEARTBEAT, body)
+                except HaError as exc:
+                    log.debug("heartbeat to %s failed: %s", ns, exc)
+
+    async def register_loop(self) -> None:
+        while True:
+            await asyncio.sleep(self.core.cfg.register_name_server_period_ms / 1000)
+            await self.register_all()
+
+    async def unregister_all(self) -> None:
+        core = self.core
+        cfg = core.cfg
+        ts = now_ms()
+        req = nameserver_pb2.UnregisterBrokerRequest(
+            cluster=cfg.cluster,
+            broker_addr=core.addr,
+            broker_name=cfg.broker_name,
+            broker_id=cfg.broker_id,
+            timestamp_ms=ts,
+        )
+        if cfg.cluster_secret:
+            req.signature = auth.sign(
+                cfg.cluster_secret,
+                auth.canonical(
+                    "unregister", cfg.cluster, core.addr, cfg.broker_name, cfg.broker_id, ts
+                ),
+            )
+        for ns in cfg.namesrv_addrs:
+            with contextlib.suppress(HaError):
+                await core.pool.call_pb(
+                    ns, RequestCode.UNREGISTER_BROKER, req, common_pb2.Empty, timeout_ms=1000
+                )

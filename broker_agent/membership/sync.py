@@ -1,0 +1,95 @@
+"""Forward metadata sync on a slave: topics and every versioned table from the master,
+and the offset records that arrive in the replicated commit log."""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+from collections.abc import Awaitable, Callable, Sequence
+
+from broker_agent.core import BrokerCore
+from broker_agent.metadata.offsets import ConsumerOffsetSync
+from broker_agent.metadata.versioned import FETCH_TIMEOUT_MS, VersionedTable, forward_sync
+from broker_agent.special.schedule import DELAY_OFFSET_GROUP, DelayOffsetTable
+from broker_agent.store.message_store import Dispatched
+from ha_controller.proto import broker_pb2, common_pb2
+from ha_controller.protocol.codes import RequestCode
+from ha_controller.protocol.errors import HaError
+from ha_controller.protocol.properties import OFFSET_TOPIC
+from ha_controller.wire import data_version_from_pb, topic_config_from_pb
+
+log = logging.getLogger(__name__)
+
+SLAVE_SYNC_INTERVAL_S = 2.0
+
+
+class MetadataSync:
+    """Keeps a plain slave's metadata in step with its master."""
+
+    def __init__(
+        self,
+        core: BrokerCore,
+        tables: Sequence[VersionedTable],
+        delay_offsets: DelayOffsetTable,
+        register: Callable[[], Awaitable[None]],
+    ) -> None:
+        self.core = core
+        #: consumer offsets first, then the special services' tables
+        self.tables: list[VersionedTable] = [ConsumerOffsetSync(core.offsets), *tables]
+        self._delay_offsets = delay_offsets
+        self._register = register
+
+    async def loop(self) -> None:
+        """Every 2 s while the master is online and this slave does not act."""
+        core = self.core
+        while True:
+            await asyncio.sleep(SLAVE_SYNC_INTERVAL_S)
+            master = core.acting.master_addr
+            if core.acting.acting or not core.acting.master_online or master is None:
+                continue
+            try:
+                topics = await core.pool.call_pb(
+                    master,
+                    RequestCode.GET_ALL_TOPIC_CONFIG,
+                    common_pb2.Empty(),
+                    broker_pb2.TopicConfigTable,
+                    timeout_ms=FETCH_TIMEOUT_MS,
+                )
+            except HaError as exc:
+                log.debug("slave sync from %s failed: %s", master, exc)
+                continue
+            changed = False
+            for pb in topics.topics:
+                changed |= core.topics.upsert(topic_config_from_pb(pb))
+            if changed:
+                core.topics.data_version.assign(data_version_from_pb(topics.data_version))
+                core.topics.persist()
+                await self._register()
+            await forward_sync(self.tables, core.pool, master)
+
+    # ---- offsets carried by the commit log ---------------------------------------------
+
+    def on_dispatched(self, dispatched: list[Dispatched]) -> None:
+        """Replicated records reached the consume queues: wake held pulls, apply offsets."""
+        core = self.core
+        for d in dispatched:
+            if d.topic == OFFSET_TOPIC:
+                self._apply_replicated_offset(d.queue_offset)
+                continue
+            core.holds.notify(d.topic, d.queue_id, d.queue_offset + 1, d.tag_hash)
+
+    def _apply_replicated_offset(self, queue_offset: int) -> None:
+        core = self.core
+        if core.acting.acting:
+            return  # while acting our own table is the newest
+        m = core.store.get_message_at(OFFSET_TOPIC, 0, queue_offset)
+        if m is None:
+            return
+        p = m.properties
+        try:
+            if p["G"] == DELAY_OFFSET_GROUP:
+                self._delay_offsets.apply_replicated(int(p["Q"]), int(p["O"]))
+                return
+            core.offsets.apply_replicated(p["G"], p["T"], int(p["Q"]), int(p["O"]))
+        except (KeyError, ValueError):
+            log.warning("malformed replicated offset record at %d: %s", queue_offset, p)

@@ -1,0 +1,87 @@
+"""Versioned metadata tables and the two ways they travel (reference/rip32.md §5).
+
+Consumer offsets, delay offsets, the timer checkpoint and transaction progress each
+carry a DataVersion.  They move the same two ways:
+
+- forward sync: a plain slave fetches the master's table and assigns it (every 2 s);
+- reverse sync (pre-online): a returning master fetches each slave's table and
+  adopts it when the slave's version is >= its own.
+
+Each table says how it is fetched, assigned and adopted (:class:`VersionedTable`);
+:func:`forward_sync` and :func:`reverse_sync` are the only loops over them.
+"""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import Iterable
+from typing import Any, Protocol
+
+from ha_controller.protocol.errors import HaError, UnknownMethod
+from ha_controller.rpc import ConnectionPool
+
+log = logging.getLogger(__name__)
+
+#: How long one table fetch may take.
+FETCH_TIMEOUT_MS = 3000
+
+
+class VersionedTable(Protocol):
+    """One versioned table as the sync loops see it."""
+
+    #: for logs: "consumer offsets", "delay offsets", ...
+    name: str
+
+    async def fetch(self, pool: ConnectionPool, addr: str) -> Any:
+        """The table of the broker at ``addr`` (raises HaError)."""
+        ...
+
+    def assign(self, snapshot: Any) -> None:
+        """Forward sync: take the master's table as it is."""
+        ...
+
+    def adopt_if_newer(self, snapshot: Any) -> bool:
+        """Reverse sync: take a slave's table when its version is >= ours."""
+        ...
+
+    def describe(self, snapshot: Any) -> str:
+        """A short text of a fetched table, for the pre-online log."""
+        ...
+
+    def busy(self) -> bool:
+        """True while this broker itself moves the table (no forward sync then)."""
+        ...
+
+
+async def forward_sync(tables: Iterable[VersionedTable], pool: ConnectionPool, master: str) -> None:
+    """Assign each table from the master; a table that cannot be fetched waits for
+    the next round."""
+    for table in tables:
+        try:
+            snapshot = await table.fetch(pool, master)
+        except HaError as exc:
+            log.debug("%s sync from %s failed: %s", table.name, master, exc)
+            continue
+        if not table.busy():
+            table.assign(snapshot)
+
+
+async def reverse_sync(
+    tables: Iterable[VersionedTable], pool: ConnectionPool, slave_id: int, slave_addr: str
+) -> None:
+    """Adopt each of the slave's tables that is at least as new as ours; raises
+    HaError when the slave cannot be asked (pre-online retries from it)."""
+    for table in tables:
+        try:
+            snapshot = await table.fetch(pool, slave_addr)
+        except UnknownMethod:
+            log.info("pre-online: slave %d keeps no %s", slave_id, table.name)
+            continue
+        adopted = table.adopt_if_newer(snapshot)
+        log.info(
+            "pre-online: %s of slave %d %s: %s",
+            table.name,
+            slave_id,
+            "adopted" if adopted else "older, kept ours",
+            table.describe(snapshot),
+        )

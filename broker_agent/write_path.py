@@ -1,0 +1,194 @@
+"""The only writer of a broker's commit log.
+
+Every append goes through :class:`WritePath`: client sends, committed transactions,
+op/half records, POP checkpoints and acks, locally escaped special messages and the
+system records that carry consumer and delay offsets to the slaves.  One append is
+always the same three steps: store the record, wake the pulls held on its queue,
+tell the HA side there is more to stream; a write that must be durable then waits
+for the copies the replication mode asks for.
+"""
+
+from __future__ import annotations
+
+import itertools
+import logging
+from collections.abc import Mapping
+from dataclasses import dataclass
+
+from broker_agent.core import BrokerCore
+from broker_agent.store.message_store import PutResult
+from ha_controller.protocol.errors import (
+    BadRequest,
+    InSyncReplicasNotEnough,
+    NotMaster,
+    TopicNotFound,
+)
+from ha_controller.protocol.properties import OFFSET_TOPIC, PROPERTY_TAGS
+from ha_controller.protocol.record import tag_hash
+from ha_controller.routing import Perm, TopicConfig
+
+log = logging.getLogger(__name__)
+
+
+@dataclass(frozen=True, slots=True)
+class Stored:
+    """One appended record and whether its copies were confirmed in time."""
+
+    result: PutResult
+    queue_id: int
+    confirmed: bool
+
+    @property
+    def end(self) -> int:
+        return self.result.physical_offset + self.result.size
+
+
+class WritePath:
+    """Topic for write, queue choice, append, append-and-replicate."""
+
+    def __init__(self, core: BrokerCore) -> None:
+        self.core = core
+        self._queue_rr = itertools.count()
+
+    # ---- where ---------------------------------------------------------------
+
+    def topic_for_write(self, topic: str) -> TopicConfig:
+        """The topic's config, auto-created when allowed; refuses a read-only topic."""
+        core = self.core
+        config = core.topics.get(topic)
+        if config is None:
+            if not core.cfg.auto_create_topic:
+                raise TopicNotFound(f"topic {topic!r} does not exist on {core.cfg.broker_name}")
+            config = core.topics.auto_create(topic)
+            log.info("auto-created topic %s with %d queues", topic, config.write_queue_nums)
+            core.topics_changed()
+        if not Perm.is_writeable(config.perm):
+            raise BadRequest(f"topic {topic!r} is not writeable on {core.cfg.broker_name}")
+        return config
+
+    def pick_queue(self, config: TopicConfig, queue_id: int | None, *, strict: bool) -> int:
+        """``queue_id`` when it exists; else round robin.  ``strict`` refuses a bad id."""
+        if queue_id is not None and queue_id >= 0:
+            if queue_id < config.write_queue_nums:
+                return queue_id
+            if strict:
+                raise BadRequest(f"queue {queue_id} out of range for {config.topic_name}")
+        return next(self._queue_rr) % config.write_queue_nums
+
+    def check_replicas(self) -> int:
+        """The copies a write needs; refuses when fewer replicas are alive."""
+        needed = self.core.copies_needed()
+        ha = self.core.ha_master
+        live = 1 + (ha.slave_count() if ha is not None else 0)
+        if needed > 1 and live < needed:
+            raise InSyncReplicasNotEnough(f"{live} live copies, {needed} required")
+        return needed
+
+    # ---- append ----------------------------------------------------------------
+
+    def append(
+        self,
+        topic: str,
+        queue_id: int,
+        body: bytes,
+        properties: Mapping[str, str],
+        *,
+        flags: int = 0,
+        born_ts_ms: int | None = None,
+        born_host: str | None = None,
+    ) -> PutResult:
+        """Store one record and wake the pulls held on its queue (no replication push:
+        call :meth:`replicate` once after a batch)."""
+        core = self.core
+        props = dict(properties)
+        result = core.store.put(
+            topic,
+            queue_id,
+            body,
+            props,
+            flags=flags,
+            born_ts_ms=born_ts_ms,
+            born_host=born_host or core.addr,
+            store_host=core.addr,
+        )
+        core.holds.notify(
+            topic, queue_id, result.queue_offset + 1, tag_hash(props.get(PROPERTY_TAGS))
+        )
+        return result
+
+    def replicate(self) -> None:
+        """Tell the HA side that the log grew (streams to the slaves)."""
+        if self.core.ha_master is not None:
+            self.core.ha_master.data_appended()
+
+    async def confirm(self, end: int, needed: int | None = None) -> bool:
+        """Wait until ``needed`` copies hold the log up to ``end`` (True at once when
+        one copy is enough); False when the slaves did not confirm in time."""
+        core = self.core
+        if needed is None:
+            needed = core.copies_needed()
+        if needed <= 1 or core.ha_master is None:
+            return True
+        return await core.ha_master.wait_for_copies(
+            end, needed, core.cfg.slave_ack_timeout_ms / 1000
+        )
+
+    def append_local(
+        self,
+        topic: str,
+        queue_id: int,
+        body: bytes,
+        properties: Mapping[str, str],
+        *,
+        flags: int = 0,
+        born_ts_ms: int | None = None,
+    ) -> PutResult:
+        """A master's own record (op, CK/ACK, committed transaction, offset record):
+        append and push to the slaves, no copy wait."""
+        if not self.core.acting.is_master:
+            raise NotMaster(f"{self.core.name} cannot write its own store ({topic})")
+        result = self.append(topic, queue_id, body, properties, flags=flags, born_ts_ms=born_ts_ms)
+        self.replicate()
+        return result
+
+    def commit_offset(self, group: str, topic: str, queue_id: int, offset: int) -> int | None:
+        """Commit a consumer offset and, on the master, replicate it (see below)."""
+        self.core.offsets.commit(group, topic, queue_id, offset)
+        return self.replicate_offset(group, topic, queue_id, offset)
+
+    def replicate_offset(self, group: str, topic: str, queue_id: int, offset: int) -> int | None:
+        """On the master, append an offset record (consumer or delay offset) so that it
+        reaches the slaves with the durability of messages (they apply it as it arrives:
+        an acting slave knows every committed offset, not the last periodic sync).
+        Returns the commit-log end offset of the record, None when not the master."""
+        if not self.core.acting.is_master or self.core.ha_master is None:
+            return None
+        result = self.append_local(
+            OFFSET_TOPIC, 0, b"", {"G": group, "T": topic, "Q": str(queue_id), "O": str(offset)}
+        )
+        return result.physical_offset + result.size
+
+    async def put(
+        self,
+        topic: str,
+        body: bytes,
+        properties: Mapping[str, str],
+        *,
+        queue_id: int | None = None,
+        flags: int = 0,
+        born_ts_ms: int | None = None,
+        born_host: str | None = None,
+    ) -> Stored:
+        """A whole write like a send's: topic for write, queue (``queue_id`` when it
+        exists, else round robin), replica check, append, replicate, wait for copies.
+        ``confirmed`` is False when stored but not confirmed in time (a retry would
+        store it twice; replication catches up)."""
+        config = self.topic_for_write(topic)
+        qid = self.pick_queue(config, queue_id, strict=False)
+        needed = self.check_replicas()
+        result = self.append(
+            topic, qid, body, properties, flags=flags, born_ts_ms=born_ts_ms, born_host=born_host
+        )
+        self.replicate()
+        confirmed = await self.confirm(result.physical_offset + result.size, needed)
+        return Stored(result, qid, confirmed)
