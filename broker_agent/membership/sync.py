@@ -10,12 +10,12 @@ from collections.abc import Awaitable, Callable, Sequence
 from broker_agent.core import BrokerCore
 from broker_agent.metadata.offsets import ConsumerOffsetSync
 from broker_agent.metadata.versioned import FETCH_TIMEOUT_MS, VersionedTable, forward_sync
-from broker_agent.special.schedule import DELAY_OFFSET_GROUP, DelayOffsetTable
+from broker_agent.special.schedule import DelayOffsetTable
 from broker_agent.store.message_store import Dispatched
 from ha_controller.proto import broker_pb2, common_pb2
 from ha_controller.protocol.codes import RequestCode
 from ha_controller.protocol.errors import HaError
-from ha_controller.protocol.properties import OFFSET_TOPIC
+from ha_controller.protocol.properties import DELAY_OFFSET_GROUP, OFFSET_TOPIC
 from ha_controller.wire import data_version_from_pb, topic_config_from_pb
 
 log = logging.getLogger(__name__)

@@ -13,9 +13,9 @@ import os
 from collections.abc import Iterable
 from pathlib import Path
 
-from broker_agent.metadata.versioned import FETCH_TIMEOUT_MS
+from broker_agent.metadata.versioned import fetch_table
 from ha_controller.dataversion import DataVersion, SteppedVersion
-from ha_controller.proto import broker_pb2, common_pb2
+from ha_controller.proto import broker_pb2
 from ha_controller.protocol.codes import RequestCode
 from ha_controller.rpc import ConnectionPool
 from ha_controller.wire import data_version_from_pb
@@ -144,12 +144,8 @@ class ConsumerOffsetSync:
         self.offsets = offsets
 
     async def fetch(self, pool: ConnectionPool, addr: str) -> OffsetSnapshot:
-        pb = await pool.call_pb(
-            addr,
-            RequestCode.GET_ALL_CONSUMER_OFFSET,
-            common_pb2.Empty(),
-            broker_pb2.ConsumerOffsetTable,
-            timeout_ms=FETCH_TIMEOUT_MS,
+        pb = await fetch_table(
+            pool, addr, RequestCode.GET_ALL_CONSUMER_OFFSET, broker_pb2.ConsumerOffsetTable
         )
         entries = [(e.consumer_group, e.topic, e.queue_id, e.offset) for e in pb.entries]
         return entries, data_version_from_pb(pb.data_version)

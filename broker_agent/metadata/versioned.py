@@ -15,8 +15,11 @@ from __future__ import annotations
 
 import logging
 from collections.abc import Iterable
-from typing import Any, Protocol
+from typing import Any, Protocol, TypeVar
 
+from google.protobuf.message import Message
+
+from ha_controller.proto import common_pb2
 from ha_controller.protocol.errors import HaError, UnknownMethod
 from ha_controller.rpc import ConnectionPool
 
@@ -24,6 +27,13 @@ log = logging.getLogger(__name__)
 
 #: How long one table fetch may take.
 FETCH_TIMEOUT_MS = 3000
+
+M = TypeVar("M", bound=Message)
+
+
+async def fetch_table(pool: ConnectionPool, addr: str, code: int, response: type[M]) -> M:
+    """One GET_ALL_* / GET_*_CHECK_POINT request (no arguments) to ``addr``."""
+    return await pool.call_pb(addr, code, common_pb2.Empty(), response, timeout_ms=FETCH_TIMEOUT_MS)
 
 
 class VersionedTable(Protocol):

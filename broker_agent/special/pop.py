@@ -48,6 +48,17 @@ from ha_controller.protocol.errors import (
     HaError,
     TopicNotFound,
 )
+from ha_controller.protocol.properties import (
+    PROPERTY_ORIGIN_MESSAGE_ID,
+    PROPERTY_POP_CK,
+    PROPERTY_RECONSUME_TIME,
+    PROPERTY_RETRY_TOPIC,
+    PROPERTY_TAGS,
+    RETRY_PREFIX,
+    REVIVE_GROUP,
+    now_ms,
+    retry_topic,
+)
 from ha_controller.protocol.record import StoredMessage, make_msg_id, tag_hash
 from ha_controller.routing import Perm, TopicConfig
 from ha_controller.rpc import RequestContext
@@ -64,13 +75,7 @@ __all__ = [
 
 log = logging.getLogger(__name__)
 
-REVIVE_GROUP: Final = "CID_RMQ_SYS_REVIVE_GROUP"
 REVIVE_QUEUE_NUMS: Final = DEFAULT_TOPIC_QUEUE_NUMS
-RETRY_PREFIX: Final = "%RETRY%"
-PROPERTY_POP_CK: Final = "POP_CK"
-PROPERTY_RETRY_TOPIC: Final = "RETRY_TOPIC"
-PROPERTY_RECONSUME_TIME: Final = "RECONSUME_TIME"
-PROPERTY_ORIGIN_MESSAGE_ID: Final = "ORIGIN_MESSAGE_ID"
 TAG_CK: Final = "ck"
 TAG_ACK: Final = "ack"
 MAX_POP_BATCH: Final = 32
@@ -99,16 +104,8 @@ CK_REWRITE_INTERVALS_S: Final = (
 MAX_EARLY_ACK_KEYS: Final = 100_000
 
 
-def retry_topic(group: str) -> str:
-    return f"{RETRY_PREFIX}{group}"
-
-
 def revive_topic(cluster: str) -> str:
     return f"rmq_sys_REVIVE_LOG_{cluster}"
-
-
-def now_ms() -> int:
-    return int(time.time() * 1000)
 
 
 # --- records (plain, no I/O) ------------------------------------------------------
@@ -350,7 +347,7 @@ class PopService:
         """Store a CK/ACK record: our own revive queue on a master, else escaped.
         Returns (revive queue id, stored locally)."""
         core = self.core
-        props = {"TAGS": tag, "POP_KEY": key}
+        props = {PROPERTY_TAGS: tag, "POP_KEY": key}
         if core.acting.is_master:
             self.write_path.append_local(self.revive_topic, 0, body, props)
             return 0, True
@@ -597,7 +594,7 @@ class PopService:
                     continue
                 break
             for rec in got.messages:
-                tag = rec.properties.get("TAGS")
+                tag = rec.properties.get(PROPERTY_TAGS)
                 try:
                     if tag == TAG_CK:
                         state.add_ck(Checkpoint.from_json(rec.body), rq, rec.queue_offset)

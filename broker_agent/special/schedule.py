@@ -33,14 +33,13 @@ import asyncio
 import heapq
 import json
 import logging
-import time
 from collections.abc import Mapping
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Final
 
 from broker_agent.metadata.offsets import write_json_atomic
-from broker_agent.metadata.versioned import FETCH_TIMEOUT_MS, VersionedTable
+from broker_agent.metadata.versioned import VersionedTable, fetch_table
 from broker_agent.special.escape import EscapeBridge
 from broker_agent.special.ports import CorePort, WritePort
 from ha_controller.config import BrokerConfig
@@ -48,23 +47,26 @@ from ha_controller.dataversion import DataVersion, SteppedVersion
 from ha_controller.proto import broker_pb2, common_pb2
 from ha_controller.protocol.codes import RequestCode
 from ha_controller.protocol.errors import BadRequest, EscapeFailed
+from ha_controller.protocol.properties import (
+    DELAY_OFFSET_GROUP,
+    PROPERTY_DELAY,
+    PROPERTY_DUE_MS,
+    PROPERTY_REAL_QID,
+    PROPERTY_REAL_TOPIC,
+    PROPERTY_TIMER_DELIVER_MS,
+    SCHEDULE_TOPIC,
+    TIMER_TOPIC,
+    now_ms,
+)
 from ha_controller.protocol.record import StoredMessage
 from ha_controller.rpc import ConnectionPool, RequestContext
 from ha_controller.wire import data_version_from_pb, data_version_to_pb
 
 log = logging.getLogger(__name__)
 
-SCHEDULE_TOPIC: Final = "SCHEDULE_TOPIC_XXXX"
 # delay offsets replicate through the commit log as offset records of this pseudo
 # group (queue id = delay level), like consumer offsets
-DELAY_OFFSET_GROUP: Final = "%DELAY_OFFSET%"
-TIMER_TOPIC: Final = "rmq_sys_wheel_timer"
 TIMER_QUEUE_ID: Final = 0
-PROPERTY_DELAY: Final = "DELAY"
-PROPERTY_TIMER_DELIVER_MS: Final = "TIMER_DELIVER_MS"
-PROPERTY_REAL_TOPIC: Final = "REAL_TOPIC"
-PROPERTY_REAL_QID: Final = "REAL_QID"
-PROPERTY_DUE_MS: Final = "DUE_MS"
 #: Properties that only mean something while a message waits; dropped on delivery.
 SCHEDULE_PROPERTIES: Final = frozenset(
     {
@@ -78,10 +80,6 @@ SCHEDULE_PROPERTIES: Final = frozenset(
 #: Poll granularity for due items (RocketMQ DELAY_FOR_A_WHILE is 100 ms).
 POLL_S: Final = 0.1
 PERSIST_INTERVAL_S: Final = 1.0
-
-
-def now_ms() -> int:
-    return int(time.time() * 1000)
 
 
 # ---- send side ---------------------------------------------------------------
@@ -601,12 +599,8 @@ class DelayOffsetSync:
         self.service = service
 
     async def fetch(self, pool: ConnectionPool, addr: str) -> broker_pb2.DelayOffsetTable:
-        return await pool.call_pb(
-            addr,
-            RequestCode.GET_ALL_DELAY_OFFSET,
-            common_pb2.Empty(),
-            broker_pb2.DelayOffsetTable,
-            timeout_ms=FETCH_TIMEOUT_MS,
+        return await fetch_table(
+            pool, addr, RequestCode.GET_ALL_DELAY_OFFSET, broker_pb2.DelayOffsetTable
         )
 
     def assign(self, snapshot: broker_pb2.DelayOffsetTable) -> None:
@@ -635,12 +629,8 @@ class TimerCheckpointSync:
         self.service = service
 
     async def fetch(self, pool: ConnectionPool, addr: str) -> TimerCheckpoint:
-        pb = await pool.call_pb(
-            addr,
-            RequestCode.GET_TIMER_CHECK_POINT,
-            common_pb2.Empty(),
-            broker_pb2.TimerCheckpoint,
-            timeout_ms=FETCH_TIMEOUT_MS,
+        pb = await fetch_table(
+            pool, addr, RequestCode.GET_TIMER_CHECK_POINT, broker_pb2.TimerCheckpoint
         )
         return timer_from_pb(pb)
 

@@ -43,7 +43,7 @@ from pathlib import Path
 from typing import Any, Final
 
 from broker_agent.metadata.offsets import write_json_atomic
-from broker_agent.metadata.versioned import FETCH_TIMEOUT_MS, VersionedTable
+from broker_agent.metadata.versioned import VersionedTable, fetch_table
 from broker_agent.special.escape import EscapeBridge
 from broker_agent.special.ports import CorePort, WritePort
 from broker_agent.store.message_store import GetMessageStatus, PutResult
@@ -55,6 +55,18 @@ from ha_controller.protocol.errors import (
     ConnectionClosed,
     HaError,
     NotMaster,
+)
+from ha_controller.protocol.properties import (
+    HALF_TOPIC,
+    OP_TOPIC,
+    PROPERTY_OP_RESULT,
+    PROPERTY_OP_TRANSACTION_ID,
+    PROPERTY_PREPARED_QUEUE_OFFSET,
+    PROPERTY_PRODUCER_GROUP,
+    PROPERTY_REAL_QID,
+    PROPERTY_REAL_TOPIC,
+    PROPERTY_TAGS,
+    PROPERTY_TRAN_MSG,
 )
 from ha_controller.protocol.record import StoredMessage, make_msg_id
 from ha_controller.rpc import ConnectionPool, RequestContext, RpcConnection
@@ -72,19 +84,9 @@ __all__ = [
 
 log = logging.getLogger(__name__)
 
-HALF_TOPIC: Final = "RMQ_SYS_TRANS_HALF_TOPIC"
-OP_TOPIC: Final = "RMQ_SYS_TRANS_OP_HALF_TOPIC"
 HALF_QUEUE: Final = 0
 OP_REMOVE_TAG: Final = "d"
 
-PROPERTY_TRAN_MSG: Final = "TRAN_MSG"
-PROPERTY_REAL_TOPIC: Final = "REAL_TOPIC"
-PROPERTY_REAL_QID: Final = "REAL_QID"
-PROPERTY_PRODUCER_GROUP: Final = "PGROUP"
-PROPERTY_UNIQ_KEY: Final = "UNIQ_KEY"
-PROPERTY_PREPARED_QUEUE_OFFSET: Final = "TRAN_PREPARED_QUEUE_OFFSET"
-PROPERTY_OP_TRANSACTION_ID: Final = "TRAN_ID"
-PROPERTY_OP_RESULT: Final = "TRAN_RESULT"
 
 #: Read statuses after which the scan moves on to ``next_begin_offset``.
 SKIPPABLE: Final = frozenset(
@@ -443,7 +445,7 @@ class TransactionService:
         """Record a resolution: an op message on a master, the progress table always."""
         tid = msg.uniq_key
         if self.core.acting.is_master:
-            props = {"TAGS": OP_REMOVE_TAG, PROPERTY_OP_RESULT: result}
+            props = {PROPERTY_TAGS: OP_REMOVE_TAG, PROPERTY_OP_RESULT: result}
             if tid:
                 props[PROPERTY_OP_TRANSACTION_ID] = tid
             self.write_path.append_local(OP_TOPIC, HALF_QUEUE, str(offset).encode(), props)
@@ -655,12 +657,8 @@ class TransactionProgressSync:
         self.service = service
 
     async def fetch(self, pool: ConnectionPool, addr: str) -> HalfProgress:
-        pb = await pool.call_pb(
-            addr,
-            RequestCode.GET_TRANSACTION_OFFSETS,
-            common_pb2.Empty(),
-            broker_pb2.TransactionOffsets,
-            timeout_ms=FETCH_TIMEOUT_MS,
+        pb = await fetch_table(
+            pool, addr, RequestCode.GET_TRANSACTION_OFFSETS, broker_pb2.TransactionOffsets
         )
         return HalfProgress.from_pb(pb)
 
