@@ -21,6 +21,7 @@ from pathlib import Path
 from typing import Any
 
 from broker_agent.membership.acting import ActingState
+from broker_agent.membership.lease import Lease
 from broker_agent.metadata.offsets import ConsumerOffsetManager
 from broker_agent.metrics import BrokerMetrics
 from broker_agent.pull_hold import PullHoldService
@@ -107,6 +108,9 @@ class BrokerCore:
         self.ha_master: HaMaster | None = HaMaster(self.store) if cfg.is_master else None
         self.ha_slave: HaSlave | None = None
         self.member_group: BrokerMemberGroup | None = None
+        #: a master's lease on id 0 (membership.lease); only kept with acting masters on
+        self.lease = Lease(cfg.broker_not_active_timeout_ms / 1000)
+        self._fence: Callable[[str], None] = lambda why: None
         self._special_hooks: list[Callable[[bool], None]] = []
         self._spawn: Callable[[Coroutine[Any, Any, None], str], None] | None = None
         self._topics_changed: Callable[[], None] = lambda: None
@@ -146,12 +150,33 @@ class BrokerCore:
         for hook in self._special_hooks:
             hook(should_run)
 
+    # ---- fencing -----------------------------------------------------------------
+
+    def on_fence(self, fence: Callable[[str], None]) -> None:
+        """Who fences this broker and starts pre-online again (membership)."""
+        self._fence = fence
+
+    def fence(self, why: str) -> None:
+        """Stop serving at once: this master may have been expired (see Lease)."""
+        self._fence(why)
+
+    def lease_lost(self) -> bool:
+        """A master with acting masters on whose lease on id 0 has run out."""
+        return (
+            self.acting.is_master and self.cfg.enable_slave_acting_master and self.lease.expired()
+        )
+
     # ---- guards ------------------------------------------------------------------
 
     def check_online(self) -> None:
-        """Refuse clients while isolated (pre-online)."""
+        """Refuse clients while isolated (pre-online) or fenced.
+
+        A master checks its lease here too, so that a master resumed after a freeze
+        refuses the requests queued meanwhile before its heartbeat loop even runs."""
+        if not self.isolated and self.lease_lost():
+            self.fence("no heartbeat acknowledged within the not-active timeout")
         if self.isolated:
-            raise BrokerIsolated(f"{self.name} is in pre-online")
+            raise BrokerIsolated(f"{self.name} is not serving: {self.preonline_step}")
 
     def check_master_only(self, what: str) -> None:
         """Online, and the master or the acting slave."""

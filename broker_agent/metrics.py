@@ -50,6 +50,10 @@ class BrokerMetrics:
         self.preonline_syncs = counter(
             "hac_preonline_syncs", "Pre-online metadata syncs from slaves", ("result",)
         )
+        self.fenced = counter(
+            "hac_broker_fenced",
+            "Times this master fenced itself (lease lost or told it was expired)",
+        )
         self.pull_held = gauge("hac_pull_held_requests", "Long-poll pulls currently held")
         self.send_errors = counter("hac_send_errors", "Refused or failed sends", ("reason",))
         self.min_broker_id = gauge("hac_min_broker_id_in_group", "Lowest live id this broker knows")
@@ -59,6 +63,7 @@ class BrokerMetrics:
         # increment hides that first event from rate() and increase().
         for result in ("ok", "failed"):
             self.preonline_syncs.labels(**ident, result=result)
+        self.fenced.labels(**ident)
         for mode in ("local", "strict", "peer"):
             for result in ("granted", "partial", "refused", "no_quorum"):
                 self.lock_requests.labels(**ident, mode=mode, result=result)

@@ -77,6 +77,7 @@ class BrokerService:
             core, special_tables, self.schedule.delay_offsets, self.registrar.register_all
         )
         self.preonline = PreOnline(core, self.group, self.registrar, self.metadata_sync.tables)
+        core.on_fence(self.preonline.fence)
         MessageHandlers(core, self.write_path, store_target).register()
         QueryHandlers(core, self.write_path).register()
         ClientHandlers(

@@ -104,7 +104,7 @@ class NameserverMetrics:
             self.expired.labels(reason)
         for result in ("ok", "failed"):
             self.notifications.labels(result)
-        for result in ("ok", "stale", "unauthorized"):
+        for result in ("ok", "stale", "unauthorized", "needs_pre_online"):
             self.registrations.labels(result)
         self.route_watchers = Gauge(
             "hac_route_watchers", "Route watches currently held", registry=self.registry

@@ -73,6 +73,8 @@ class BrokerRegistration:
     enable_acting_master: bool | None = None
     topic_configs: dict[str, TopicConfig] = field(default_factory=dict)
     data_version: DataVersion = field(default_factory=DataVersion)
+    #: the broker completed pre-online before this registration (see register_broker)
+    pre_online_done: bool = True
 
 
 @dataclass(frozen=True)
@@ -96,6 +98,8 @@ class RegisterOutcome:
     master_ha_addr: str | None = None
     rejected: bool = False
     notifications: list[MinIdChange] = field(default_factory=list)
+    #: rejected because a master must complete pre-online first
+    needs_pre_online: bool = False
 
 
 @dataclass(frozen=True)
@@ -234,6 +238,26 @@ class RouteTable:
             self._bump()
 
         prev_min = group.min_member()
+
+        # A master may not take id 0 back from a slave acting for it unless it went
+        # through pre-online (adopting the acting slave's newer offsets): a master that
+        # was frozen or partitioned past its heartbeat timeout and simply re-registers
+        # would serve (and replicate) the offsets it had before, and everything consumed
+        # meanwhile would be delivered again.
+        if (
+            reg.broker_id == MASTER_ID
+            and not reg.pre_online_done
+            and group.addrs.get(MASTER_ID) != reg.broker_addr
+            and self._may_act(group)
+        ):
+            log.warning(
+                "refuse id 0 of %s to %s: %s acts for it and the master did not say it "
+                "completed pre-online",
+                reg.broker_name,
+                reg.broker_addr,
+                group.min_member(),
+            )
+            return RegisterOutcome(rejected=True, notifications=[], needs_pre_online=True)
 
         # Stale stateVersion: another live address holds this id with a newer state.
         holder = group.addrs.get(reg.broker_id)

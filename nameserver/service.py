@@ -16,7 +16,9 @@ from ha_controller.proto import common_pb2, nameserver_pb2
 from ha_controller.protocol.codes import RequestCode
 from ha_controller.protocol.errors import (
     HaError,
+    NotRegistered,
     Overloaded,
+    PreOnlineRequired,
     StaleRegistration,
     TopicNotFound,
 )
@@ -258,8 +260,15 @@ class NameserverService:
             ),
             topic_configs={tc.topic_name: topic_config_from_pb(tc) for tc in req.topic_configs},
             data_version=data_version_from_pb(req.data_version),
+            pre_online_done=req.pre_online_done,
         )
         outcome = self.table.register_broker(reg, ctx.conn)
+        if outcome.needs_pre_online:
+            self.metrics.registrations.labels("needs_pre_online").inc()
+            raise PreOnlineRequired(
+                f"{req.broker_name} is served by an acting slave: {req.broker_addr} must "
+                "complete pre-online before it takes id 0 back"
+            )
         if outcome.rejected:
             self.metrics.registrations.labels("stale").inc()
             raise StaleRegistration(
@@ -295,7 +304,10 @@ class NameserverService:
     async def _heartbeat(
         self, ctx: RequestContext, req: nameserver_pb2.BrokerHeartbeatRequest
     ) -> common_pb2.Empty:
-        self.table.heartbeat(req.cluster, req.broker_addr)
+        if not self.table.heartbeat(req.cluster, req.broker_addr):
+            # expired (or never registered): the broker must register again, and a
+            # master must first go through pre-online
+            raise NotRegistered(f"{req.broker_addr} is not registered in {req.cluster}")
         return common_pb2.Empty()
 
     async def _query_data_version(

@@ -44,7 +44,12 @@ class MemberGroupSync:
     async def notify_min_id(
         self, ctx: RequestContext, req: nameserver_pb2.NotifyMinBrokerIdChangeRequest
     ) -> common_pb2.Empty:
-        if not self.core.isolated:
+        core = self.core
+        if core.acting.is_master and req.min_broker_id != core.cfg.broker_id:
+            # the nameserver shows another id as the group's lowest: it expired us
+            core.fence(f"min-broker-id notice names id {req.min_broker_id}, not us")
+            return common_pb2.Empty()
+        if not core.isolated:
             await self.apply_min_broker(
                 req.min_broker_id,
                 req.min_broker_addr or None,
@@ -144,5 +149,8 @@ class MemberGroupSync:
             if group is None or not group.broker_addrs:
                 continue
             core.member_group = group
+            if core.acting.is_master and group.broker_addrs.get(0) != core.addr:
+                core.fence(f"the member group lists id 0 as {group.broker_addrs.get(0)}")
+                continue
             min_id = group.minimum_broker_id()
             await self.apply_min_broker(min_id, group.broker_addrs.get(min_id), None, None)

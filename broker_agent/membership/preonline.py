@@ -42,6 +42,23 @@ class PreOnline:
         self.registrar = registrar
         self.tables = tables  # every versioned table, consumer offsets first
 
+    def fence(self, why: str) -> None:
+        """A master that may have been expired stops serving at once (clients get the
+        retriable "not serving" error), stops its special services, and goes back
+        through pre-online (HA link, reverse sync of every versioned table) before it
+        registers again.  Idempotent while fenced."""
+        core = self.core
+        if core.isolated:
+            return
+        log.warning("fenced: %s; refusing clients and going back through pre-online", why)
+        core.isolated = True
+        core.preonline_step = f"fenced: {why}"
+        core.lease.reset()
+        core.metrics.fenced.labels(**core.metrics.ident).inc()
+        core.set_special_services(False)
+        core.update_role_metrics()
+        core.spawn(self.run(), "pre-online")
+
     async def run(self) -> None:
         core = self.core
         cycle = 0

@@ -5,12 +5,13 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import logging
+import time
 
 from broker_agent.core import BrokerCore
 from ha_controller import auth
 from ha_controller.proto import common_pb2, nameserver_pb2
 from ha_controller.protocol.codes import RequestCode
-from ha_controller.protocol.errors import HaError
+from ha_controller.protocol.errors import HaError, NotRegistered, PreOnlineRequired
 from ha_controller.protocol.properties import now_ms
 from ha_controller.wire import data_version_to_pb, topic_config_to_pb
 
@@ -37,6 +38,8 @@ class Registrar:
             data_version=data_version_to_pb(core.topics.data_version),
             timestamp_ms=ts,
             enable_acting_master=cfg.enable_slave_acting_master,
+            # we never register while isolated: pre-online is behind us (or skipped)
+            pre_online_done=True,
         )
         if cfg.enable_slave_acting_master:
             req.heartbeat_timeout_ms = cfg.broker_not_active_timeout_ms
@@ -50,11 +53,16 @@ class Registrar:
         return req
 
     async def register_all(self) -> None:
-        """Register with every nameserver (in parallel); never while isolated."""
+        """Register with every nameserver (in parallel); never while isolated, and a
+        master whose lease ran out fences itself instead (it may have been expired)."""
         core = self.core
         if core.isolated:
             return
+        if core.lease_lost():
+            core.fence("lease on id 0 ran out before re-registering")
+            return
         req = self._register_request()
+        sent_at = time.monotonic()
 
         async def one(ns: str) -> None:
             try:
@@ -65,10 +73,14 @@ class Registrar:
                     nameserver_pb2.RegisterBrokerResponse,
                     timeout_ms=core.cfg.register_broker_timeout_ms,
                 )
+            except PreOnlineRequired as exc:
+                core.fence(f"nameserver {ns}: {exc}")
+                return
             except HaError as exc:
                 log.warning("registration with %s failed: %s", ns, exc)
                 return
             conn.attrs["registered"] = True
+            core.lease.granted(sent_at)
             if not core.acting.is_master and resp.master_addr:
                 core.acting.master_addr = resp.master_addr
                 if resp.master_ha_addr and core.ha_slave is not None:
@@ -82,40 +94,63 @@ class Registrar:
         self.core.spawn(self.register_all(), "register-after-topic")
 
     async def heartbeat_loop(self) -> None:
+        """Every interval, a heartbeat to each nameserver (in parallel); an answered one
+        extends the master's lease, "not registered" makes a slave register again and
+        fences a master (it was expired: pre-online first)."""
         core = self.core
-        cfg = core.cfg
-        interval = cfg.broker_heartbeat_interval_ms / 1000
-        body = nameserver_pb2.BrokerHeartbeatRequest(
-            cluster=cfg.cluster, broker_addr=core.addr, broker_name=cfg.broker_name
-        ).SerializeToString()
+        interval = core.cfg.broker_heartbeat_interval_ms / 1000
         while True:
             await asyncio.sleep(interval)
             if core.isolated:
                 continue
-            for ns in cfg.namesrv_addrs:
-                try:
-                    conn = await core.pool.get(ns)
-                    if not conn.attrs.get("registered"):
-                        # a new connection: the nameserver expired us with the old one
-                        await self.register_all()
-                        continue
-                    if cfg.compatible_with_old_namesrv:
-                        await conn.call_pb(
-                            RequestCode.QUERY_DATA_VERSION,
-                            nameserver_pb2.QueryDataVersionRequest(
-                                cluster=cfg.cluster,
-                                broker_addr=core.addr,
-                                broker_name=cfg.broker_name,
-                                broker_id=cfg.broker_id,
-                                data_version=data_version_to_pb(core.topics.data_version),
-                            ),
-                            nameserver_pb2.QueryDataVersionResponse,
-                            timeout_ms=cfg.send_heartbeat_timeout_ms,
-                        )
-                    else:
-                        conn.oneway(RequestCode.BROKER_HEARTBEAT, body)
-                except HaError as exc:
-                    log.debug("heartbeat to %s failed: %s", ns, exc)
+            if core.lease_lost():
+                core.fence("no heartbeat acknowledged within the not-active timeout")
+                continue
+            await asyncio.gather(*(self._heartbeat(ns) for ns in core.cfg.namesrv_addrs))
+
+    async def _heartbeat(self, ns: str) -> None:
+        core = self.core
+        cfg = core.cfg
+        sent_at = time.monotonic()
+        try:
+            conn = await core.pool.get(ns)
+            if not conn.attrs.get("registered"):
+                # a new connection: the nameserver expired us with the old one
+                await self.register_all()
+                return
+            if cfg.compatible_with_old_namesrv:
+                await conn.call_pb(
+                    RequestCode.QUERY_DATA_VERSION,
+                    nameserver_pb2.QueryDataVersionRequest(
+                        cluster=cfg.cluster,
+                        broker_addr=core.addr,
+                        broker_name=cfg.broker_name,
+                        broker_id=cfg.broker_id,
+                        data_version=data_version_to_pb(core.topics.data_version),
+                    ),
+                    nameserver_pb2.QueryDataVersionResponse,
+                    timeout_ms=cfg.send_heartbeat_timeout_ms,
+                )
+            else:
+                await conn.call_pb(
+                    RequestCode.BROKER_HEARTBEAT,
+                    nameserver_pb2.BrokerHeartbeatRequest(
+                        cluster=cfg.cluster, broker_addr=core.addr, broker_name=cfg.broker_name
+                    ),
+                    common_pb2.Empty,
+                    timeout_ms=cfg.send_heartbeat_timeout_ms,
+                )
+        except NotRegistered as exc:
+            conn.attrs["registered"] = False
+            if core.acting.is_master and cfg.enable_slave_acting_master:
+                core.fence(f"nameserver {ns} expired us: {exc}")
+            else:
+                await self.register_all()
+            return
+        except HaError as exc:
+            log.debug("heartbeat to %s failed: %s", ns, exc)
+            return
+        core.lease.granted(sent_at)
 
     async def register_loop(self) -> None:
         while True:

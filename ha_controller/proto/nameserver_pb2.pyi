@@ -8,7 +8,7 @@ from typing import ClassVar as _ClassVar, Optional as _Optional, Union as _Union
 DESCRIPTOR: _descriptor.FileDescriptor
 
 class RegisterBrokerRequest(_message.Message):
-    __slots__ = ("cluster", "broker_addr", "broker_name", "broker_id", "ha_addr", "heartbeat_timeout_ms", "enable_acting_master", "topic_configs", "data_version", "timestamp_ms", "signature")
+    __slots__ = ("cluster", "broker_addr", "broker_name", "broker_id", "ha_addr", "heartbeat_timeout_ms", "enable_acting_master", "topic_configs", "data_version", "timestamp_ms", "signature", "pre_online_done")
     CLUSTER_FIELD_NUMBER: _ClassVar[int]
     BROKER_ADDR_FIELD_NUMBER: _ClassVar[int]
     BROKER_NAME_FIELD_NUMBER: _ClassVar[int]
@@ -20,6 +20,7 @@ class RegisterBrokerRequest(_message.Message):
     DATA_VERSION_FIELD_NUMBER: _ClassVar[int]
     TIMESTAMP_MS_FIELD_NUMBER: _ClassVar[int]
     SIGNATURE_FIELD_NUMBER: _ClassVar[int]
+    PRE_ONLINE_DONE_FIELD_NUMBER: _ClassVar[int]
     cluster: str
     broker_addr: str
     broker_name: str
@@ -31,7 +32,8 @@ class RegisterBrokerRequest(_message.Message):
     data_version: _common_pb2.DataVersion
     timestamp_ms: int
     signature: bytes
-    def __init__(self, cluster: _Optional[str] = ..., broker_addr: _Optional[str] = ..., broker_name: _Optional[str] = ..., broker_id: _Optional[int] = ..., ha_addr: _Optional[str] = ..., heartbeat_timeout_ms: _Optional[int] = ..., enable_acting_master: _Optional[bool] = ..., topic_configs: _Optional[_Iterable[_Union[_common_pb2.TopicConfig, _Mapping]]] = ..., data_version: _Optional[_Union[_common_pb2.DataVersion, _Mapping]] = ..., timestamp_ms: _Optional[int] = ..., signature: _Optional[bytes] = ...) -> None: ...
+    pre_online_done: bool
+    def __init__(self, cluster: _Optional[str] = ..., broker_addr: _Optional[str] = ..., broker_name: _Optional[str] = ..., broker_id: _Optional[int] = ..., ha_addr: _Optional[str] = ..., heartbeat_timeout_ms: _Optional[int] = ..., enable_acting_master: _Optional[bool] = ..., topic_configs: _Optional[_Iterable[_Union[_common_pb2.TopicConfig, _Mapping]]] = ..., data_version: _Optional[_Union[_common_pb2.DataVersion, _Mapping]] = ..., timestamp_ms: _Optional[int] = ..., signature: _Optional[bytes] = ..., pre_online_done: _Optional[bool] = ...) -> None: ...
 
 class RegisterBrokerResponse(_message.Message):
     __slots__ = ("master_addr", "master_ha_addr")

@@ -137,6 +137,19 @@ class SignatureInvalid(Unauthorized):
     code = 304
 
 
+class NotRegistered(HaError):
+    """A heartbeat from a broker the nameserver does not list (it was expired)."""
+
+    code = 307
+
+
+class PreOnlineRequired(HaError):
+    """A master may not take id 0 back from an acting slave before its pre-online."""
+
+    code = 308
+    retriable = True
+
+
 class StaleRegistration(HaError):
     code = 305
 

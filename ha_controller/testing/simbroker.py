@@ -41,6 +41,7 @@ class SimulatedBroker:
     topics: dict[str, TopicConfig] = field(default_factory=dict)
     secret: str | None = None
     data_version: DataVersion = field(default_factory=DataVersion)
+    pre_online_done: bool = True
     notifications: list[Notification] = field(default_factory=list)
     listen_server: bool = True
     _server: RpcServer | None = None
@@ -105,6 +106,7 @@ class SimulatedBroker:
             topic_configs=[topic_config_to_pb(t) for t in self.topics.values()],
             data_version=data_version_to_pb(self.data_version),
             timestamp_ms=ts,
+            pre_online_done=self.pre_online_done,
         )
         if self.heartbeat_timeout_ms is not None:
             req.heartbeat_timeout_ms = self.heartbeat_timeout_ms
