@@ -74,7 +74,11 @@ class BrokerService:
         self.locks = LockService(self)
         special_tables = [*self.schedule.tables(), self.transactions.table()]
         self.metadata_sync = MetadataSync(
-            core, special_tables, self.schedule.delay_offsets, self.registrar.register_all
+            core,
+            special_tables,
+            self.schedule.delay_offsets,
+            self.schedule.timer,
+            self.registrar.register_all,
         )
         self.preonline = PreOnline(core, self.group, self.registrar, self.metadata_sync.tables)
         core.on_fence(self.preonline.fence)

@@ -161,11 +161,14 @@ class WritePath:
         reaches the slaves with the durability of messages (they apply it as it arrives:
         an acting slave knows every committed offset, not the last periodic sync).
         Returns the commit-log end offset of the record, None when not the master."""
+        return self.replicate_record({"G": group, "T": topic, "Q": str(queue_id), "O": str(offset)})
+
+    def replicate_record(self, properties: Mapping[str, str]) -> int | None:
+        """On the master, append a progress record (``G`` names what it carries) to the
+        system offsets topic; the slaves apply it as it arrives (membership.sync)."""
         if not self.core.acting.is_master or self.core.ha_master is None:
             return None
-        result = self.append_local(
-            OFFSET_TOPIC, 0, b"", {"G": group, "T": topic, "Q": str(queue_id), "O": str(offset)}
-        )
+        result = self.append_local(OFFSET_TOPIC, 0, b"", properties)
         return result.physical_offset + result.size
 
     async def put(
@@ -178,17 +181,27 @@ class WritePath:
         flags: int = 0,
         born_ts_ms: int | None = None,
         born_host: str | None = None,
+        progress: Mapping[str, str] | None = None,
     ) -> Stored:
         """A whole write like a send's: topic for write, queue (``queue_id`` when it
         exists, else round robin), replica check, append, replicate, wait for copies.
         ``confirmed`` is False when stored but not confirmed in time (a retry would
-        store it twice; replication catches up)."""
+        store it twice; replication catches up).
+
+        ``progress`` is a progress record (see :meth:`replicate_record`) appended right
+        behind the message, before either is pushed: a special service's delivery and
+        its progress reach the slaves in the same transfer, so a slave that takes over
+        never holds the delivered message without knowing it was delivered."""
         config = self.topic_for_write(topic)
         qid = self.pick_queue(config, queue_id, strict=False)
         needed = self.check_replicas()
         result = self.append(
             topic, qid, body, properties, flags=flags, born_ts_ms=born_ts_ms, born_host=born_host
         )
+        end = result.physical_offset + result.size
+        if progress is not None:
+            record = self.append(OFFSET_TOPIC, 0, b"", progress)
+            end = record.physical_offset + record.size
         self.replicate()
-        confirmed = await self.confirm(result.physical_offset + result.size, needed)
+        confirmed = await self.confirm(end, needed)
         return Stored(result, qid, confirmed)

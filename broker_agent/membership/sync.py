@@ -10,12 +10,16 @@ from collections.abc import Awaitable, Callable, Sequence
 from broker_agent.core import BrokerCore
 from broker_agent.metadata.offsets import ConsumerOffsetSync
 from broker_agent.metadata.versioned import FETCH_TIMEOUT_MS, VersionedTable, forward_sync
-from broker_agent.special.schedule import DelayOffsetTable
+from broker_agent.special.schedule import DelayOffsetTable, TimerCheckpointFile
 from broker_agent.store.message_store import Dispatched
 from ha_controller.proto import broker_pb2, common_pb2
 from ha_controller.protocol.codes import RequestCode
 from ha_controller.protocol.errors import HaError
-from ha_controller.protocol.properties import DELAY_OFFSET_GROUP, OFFSET_TOPIC
+from ha_controller.protocol.properties import (
+    DELAY_OFFSET_GROUP,
+    OFFSET_TOPIC,
+    TIMER_CHECKPOINT_GROUP,
+)
 from ha_controller.wire import data_version_from_pb, topic_config_from_pb
 
 log = logging.getLogger(__name__)
@@ -31,12 +35,14 @@ class MetadataSync:
         core: BrokerCore,
         tables: Sequence[VersionedTable],
         delay_offsets: DelayOffsetTable,
+        timer: TimerCheckpointFile,
         register: Callable[[], Awaitable[None]],
     ) -> None:
         self.core = core
         #: consumer offsets first, then the special services' tables
         self.tables: list[VersionedTable] = [ConsumerOffsetSync(core.offsets), *tables]
         self._delay_offsets = delay_offsets
+        self._timer = timer
         self._register = register
 
     async def loop(self) -> None:
@@ -89,6 +95,9 @@ class MetadataSync:
         try:
             if p["G"] == DELAY_OFFSET_GROUP:
                 self._delay_offsets.apply_replicated(int(p["Q"]), int(p["O"]))
+                return
+            if p["G"] == TIMER_CHECKPOINT_GROUP:
+                self._timer.apply_replicated(int(p["L"]), int(p["O"]))
                 return
             core.offsets.apply_replicated(p["G"], p["T"], int(p["Q"]), int(p["O"]))
         except (KeyError, ValueError):

@@ -282,13 +282,27 @@ class EscapeBridge:
         queue_id: int | None = None,
         flags: int = 0,
         born_ts_ms: int | None = None,
+        progress: Mapping[str, str] | None = None,
     ) -> EscapeResult:
         """Store a message on a local master (``queue_id`` honoured when it exists
-        there), else on a remote master of another group (round robin)."""
+        there), else on a remote master of another group (round robin).
+
+        ``progress`` (a progress record of this broker's special service) travels with
+        the message when this broker is the master that stores it (WritePath.put);
+        elsewhere it is dropped: an acting slave's progress is its own."""
         master = self.local_master()
         if master is not None:
+            own = master[0] is self.core
             return await self._put_local(
-                master, topic, body, properties, kind, queue_id, flags, born_ts_ms
+                master,
+                topic,
+                body,
+                properties,
+                kind,
+                queue_id,
+                flags,
+                born_ts_ms,
+                progress if own else None,
             )
         self._check_remote_allowed(kind)
 
@@ -330,7 +344,15 @@ class EscapeBridge:
                 self._count(kind, LOCAL, "error")
                 raise EscapeFailed(f"local escape of {topic} refused: {exc}") from exc
             return await self._put_local(
-                master, topic, body, properties, kind, key % config.write_queue_nums, flags, None
+                master,
+                topic,
+                body,
+                properties,
+                kind,
+                key % config.write_queue_nums,
+                flags,
+                None,
+                None,
             )
         self._check_remote_allowed(kind)
 
@@ -349,6 +371,7 @@ class EscapeBridge:
         queue_id: int | None,
         flags: int,
         born_ts_ms: int | None,
+        progress: Mapping[str, str] | None,
     ) -> EscapeResult:
         """A put into ``master``'s store with the checks and replica wait of a send."""
         core, write_path = master
@@ -361,6 +384,7 @@ class EscapeBridge:
                 flags=flags,
                 born_ts_ms=born_ts_ms,
                 born_host=self.core.addr,
+                progress=progress,
             )
         except HaError as exc:
             self._count(kind, LOCAL, "error")

@@ -307,6 +307,7 @@ class PopService:
         self._wake = asyncio.Event()
         self._locks: dict[tuple[str, str, int], asyncio.Lock] = {}
         self._rr = 0
+        self._last_pop_ms = 0
         self.revived = 0
         core.dispatcher.add(RequestCode.POP_MESSAGE, broker_pb2.PopMessageRequest, self._pop)
         core.dispatcher.add(RequestCode.ACK_MESSAGE, broker_pb2.AckMessageRequest, self._ack)
@@ -322,6 +323,14 @@ class PopService:
                     self.revive_topic, REVIVE_QUEUE_NUMS, REVIVE_QUEUE_NUMS, Perm.READ | Perm.WRITE
                 )
             )
+
+    def _pop_time(self) -> int:
+        """The pop time of a new checkpoint: now, but strictly after the last one this
+        broker issued, because it is part of the checkpoint key (two checkpoints of
+        one queue and start offset in the same millisecond would share a key, and an
+        ack of one would mark the other done)."""
+        self._last_pop_ms = max(now_ms(), self._last_pop_ms + 1)
+        return self._last_pop_ms
 
     def set_active(self, active: bool) -> None:
         """Special-service hook: the revive service runs on the master and an acting slave."""
@@ -394,7 +403,7 @@ class PopService:
         resp = broker_pb2.PopMessageResponse(invisible_time_ms=invisible)
         deadline = time.monotonic() + max(0, req.poll_time_ms) / 1000
         while True:
-            pop_ms = now_ms()
+            pop_ms = self._pop_time()
             resp.pop_time_ms = pop_ms
             for qid in qids:
                 if len(resp.messages) >= max_msgs:
@@ -525,7 +534,7 @@ class PopService:
         self.core.check_master_only("CHANGE_MESSAGE_INVISIBLETIME")
         handle = self._handle_of(req)
         invisible = max(MIN_INVISIBLE_MS, req.invisible_time_ms)
-        pop_ms = now_ms()
+        pop_ms = self._pop_time()
         ck = Checkpoint(
             broker_name=handle.broker_name,
             group=req.consumer_group,

@@ -76,6 +76,7 @@ class WritePort(Protocol):
         flags: int = 0,
         born_ts_ms: int | None = None,
         born_host: str | None = None,
+        progress: Mapping[str, str] | None = None,
     ) -> Stored: ...
 
     def commit_offset(self, group: str, topic: str, queue_id: int, offset: int) -> int | None: ...
@@ -83,6 +84,8 @@ class WritePort(Protocol):
     def replicate_offset(
         self, group: str, topic: str, queue_id: int, offset: int
     ) -> int | None: ...
+
+    def replicate_record(self, properties: Mapping[str, str]) -> int | None: ...
 
 
 class LocalBroker(Protocol):

@@ -55,6 +55,7 @@ from ha_controller.protocol.properties import (
     PROPERTY_REAL_TOPIC,
     PROPERTY_TIMER_DELIVER_MS,
     SCHEDULE_TOPIC,
+    TIMER_CHECKPOINT_GROUP,
     TIMER_TOPIC,
     now_ms,
 )
@@ -320,6 +321,18 @@ class TimerCheckpointFile:
         self.cp.version.take_over()
         self._dirty = True
 
+    def apply_replicated(self, last_read_time_ms: int, queue_offset: int) -> None:
+        """A checkpoint the master reached, replicated through the commit log (slave
+        side; records arrive in log order, so the newest wins)."""
+        cp = self.cp
+        if (last_read_time_ms, queue_offset) != (
+            cp.last_read_time_ms,
+            cp.master_timer_queue_offset,
+        ):
+            cp.last_read_time_ms = last_read_time_ms
+            cp.master_timer_queue_offset = queue_offset
+            self._dirty = True
+
     def assign(self, other: TimerCheckpoint) -> bool:
         if other.to_dict() == self.cp.to_dict():
             return False
@@ -358,6 +371,13 @@ class TimerIndex:
     def pop(self) -> None:
         due, _ = heapq.heappop(self._heap)
         self.max_delivered_due = max(self.max_delivered_due, due)
+
+    def checkpoint_after_head(self) -> tuple[int, int]:
+        """:meth:`checkpoint` as it will be once the head entry is popped."""
+        due, _ = self._heap[0]
+        after = [self._heap[i][0] for i in (1, 2) if i < len(self._heap)]
+        last = max(self.max_delivered_due, due) if not after else min(after) - 1
+        return last, self.read_offset
 
     def checkpoint(self) -> tuple[int, int]:
         """(last_read_time_ms, master_timer_queue_offset) that holds now: every
@@ -449,7 +469,7 @@ class ScheduleService:
 
     # ---- delivery -----------------------------------------------------------
 
-    async def _deliver(self, msg: StoredMessage, kind: str) -> bool:
+    async def _deliver(self, msg: StoredMessage, kind: str, progress: dict[str, str]) -> bool:
         """Escape one due message to where it belongs; False to try again later."""
         target = restored(msg)
         if target is None:
@@ -472,6 +492,7 @@ class ScheduleService:
                 queue_id=qid,
                 flags=msg.flags,
                 born_ts_ms=msg.born_ts_ms,
+                progress=progress,
             )
         except EscapeFailed as exc:
             log.warning("delivering a %s message for %s failed, will retry: %s", kind, topic, exc)
@@ -500,12 +521,16 @@ class ScheduleService:
             if wait_ms > 0:
                 await asyncio.sleep(min(wait_ms / 1000, POLL_S))
                 continue
-            if await self._deliver(msg, "delay"):
+            # the slave that may act next learns the new offset in the same transfer
+            # as the delivered message (on a master; an acting slave's is its own)
+            progress = {
+                "G": DELAY_OFFSET_GROUP,
+                "T": SCHEDULE_TOPIC,
+                "Q": str(level),
+                "O": str(offset + 1),
+            }
+            if await self._deliver(msg, "delay", progress):
                 self.delay_offsets.update(level, offset + 1)
-                # the slave that may act next learns it with the same durability
-                self.write_path.replicate_offset(
-                    DELAY_OFFSET_GROUP, SCHEDULE_TOPIC, level, offset + 1
-                )
             else:
                 await asyncio.sleep(POLL_S)
 
@@ -540,15 +565,27 @@ class ScheduleService:
                 continue
             offset = head[1]
             msg = store.get_message_at(TIMER_TOPIC, TIMER_QUEUE_ID, offset)
-            if msg is None or await self._deliver(msg, "timer"):
+            if msg is None:
                 index.pop()
                 self._checkpoint(index)
+                continue
+            # the checkpoint that holds once this head is delivered travels with it
+            last, read_offset = index.checkpoint_after_head()
+            progress = {"G": TIMER_CHECKPOINT_GROUP, "L": str(last), "O": str(read_offset)}
+            if await self._deliver(msg, "timer", progress):
+                index.pop()
+                self.timer.advance(last, read_offset)
             else:
                 await asyncio.sleep(POLL_S)
 
     def _checkpoint(self, index: TimerIndex) -> None:
         last, offset = index.checkpoint()
-        self.timer.advance(last, offset)
+        if self.timer.advance(last, offset):
+            # the slave that may act next learns it with the durability of a message,
+            # not by the 2 s forward sync (a delivery in that window came twice)
+            self.write_path.replicate_record(
+                {"G": TIMER_CHECKPOINT_GROUP, "L": str(last), "O": str(offset)}
+            )
 
     # ---- metadata RPCs and sync ------------------------------------------------
 

@@ -536,8 +536,12 @@ class TransactionService:
                 scanned += 1
                 o = msg.queue_offset
                 offset = o + 1
-                if progress.is_resolved(o, msg.uniq_key) or o in self._inflight:
+                if progress.is_resolved(o, msg.uniq_key):
                     changed |= progress.resolve(o)
+                    continue
+                if o in self._inflight:
+                    # an END_TRANSACTION (or an escape) is resolving it right now; it is
+                    # resolved only once that succeeds, or a failure would lose it
                     continue
                 if acting_slave:
                     if not await self._escape(msg):
@@ -603,7 +607,16 @@ class TransactionService:
         return False
 
     async def _escape(self, msg: StoredMessage) -> bool:
-        """Acting slave: hand an unresolved half message to a live master."""
+        """Acting slave: hand an unresolved half message to a live master.  In flight
+        meanwhile: an END_TRANSACTION for it arriving now must not also commit it."""
+        o = msg.queue_offset
+        self._inflight.add(o)
+        try:
+            return await self._escape_half(msg)
+        finally:
+            self._inflight.discard(o)
+
+    async def _escape_half(self, msg: StoredMessage) -> bool:
         core = self.core
         o = msg.queue_offset
         topic, qid, props = half_to_prepared(msg)

@@ -415,20 +415,6 @@ async def _setup_delayed(d: Drill, stack: contextlib.AsyncExitStack) -> None:
     )
     d.producers.append(delayed)
 
-    async def clear_window() -> None:
-        # Delay offsets and the timer checkpoint reach the slaves by the 2 s forward
-        # sync: a message the master delivered in the last 2 s before a hard kill is
-        # delivered again by the acting slave, and a delivery the master wrote but had
-        # not replicated comes back with it (at-least-once, as in RocketMQ).  The drill
-        # judges the acting slave, not that window: from now on nothing falls due from
-        # 3.5 s before the kill to 0.5 s after it (messages sent now are due after).
-        kill_at = int(time.time() * 1000) + (DELAY_MAX_S * 1000 + 500)
-        delayed.blackout_ms = (kill_at - 3500, kill_at + 500)
-        d.say("delayed producer: nothing falls due around the coming kill")
-        await asyncio.sleep(DELAY_MAX_S + 0.5)
-
-    d.before_fault.append(clear_window)
-
 
 async def _setup_transactions(d: Drill, stack: contextlib.AsyncExitStack) -> None:
     o = d.options

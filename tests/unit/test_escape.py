@@ -1,20 +1,22 @@
 """The escape bridge against fake peers at the socket seam: a fake nameserver
 serving routes and fake masters answering SEND_MESSAGE / PULL_MESSAGE
-(reference/rip32.md §3.1, §6.2 EscapeBridgeTest, issue #7923)."""
+(reference/rip32.md §3.1, §6.2 EscapeBridgeTest, issue #7923).
+
+The bridge's own broker is small fakes of its ports (``special_fakes``: a fake core
+with an in-memory store and a fake write path), never a BrokerService on disk."""
 
 from __future__ import annotations
 
-import contextlib
 import socket
 import zlib
-from collections.abc import AsyncIterator, Callable
+from collections.abc import AsyncIterator
 from dataclasses import dataclass, field
 from pathlib import Path
 
 import pytest
+from special_fakes import FakeBroker, FakeNeighbours
 
-from broker_agent.escape import EscapeBridge, EscapeRoutes, stable_hash
-from broker_agent.service import BrokerService
+from broker_agent.special.escape import EscapeBridge, EscapeRoutes, stable_hash
 from ha_controller.config import BrokerConfig
 from ha_controller.proto import broker_pb2, common_pb2, nameserver_pb2
 from ha_controller.protocol.codes import RequestCode
@@ -145,10 +147,12 @@ class FakeNameserver:
 class Env:
     ns: FakeNameserver
     masters: dict[str, FakeMaster]
-    services: list[BrokerService]
+    brokers: list[FakeBroker]
     tmp: Path
 
-    def service(self, broker_id: int = 1, name: str = OWN, **kw: object) -> BrokerService:
+    def broker(self, broker_id: int = 1, name: str = OWN, **kw: object) -> FakeBroker:
+        """A fake core and write path of broker ``name``/``broker_id`` with a real
+        EscapeBridge over them (no BrokerService, nothing on disk)."""
         args: dict[str, object] = {
             "cluster": "c",
             "broker_name": name,
@@ -163,21 +167,20 @@ class Env:
             "escape_send_timeout_ms": 1000,
         }
         args.update(kw)
-        svc = BrokerService(BrokerConfig(**args))  # type: ignore[arg-type]
-        svc.addr = f"127.0.0.{len(self.services) + 1}:10911"
-        self.services.append(svc)
-        return svc
+        broker = FakeBroker(
+            BrokerConfig(**args),  # type: ignore[arg-type]
+            addr=f"127.0.0.{len(self.brokers) + 1}:10911",
+        )
+        self.brokers.append(broker)
+        return broker
 
-    def escaped(self, svc: BrokerService, target: str, result: str) -> float:
-        m = svc.metrics
+    def escaped(self, broker: FakeBroker, target: str, result: str) -> float:
+        m = broker.core.metrics
         value = m.registry.get_sample_value(
             "hac_escape_messages_total",
             {**m.ident, "kind": "delay", "target": target, "result": result},
         )
         return value or 0.0
-
-
-EnvFactory = Callable[..., Env]
 
 
 @pytest.fixture
@@ -186,10 +189,8 @@ async def env(tmp_path: Path) -> AsyncIterator[Env]:
     masters = {name: await FakeMaster(name).start() for name in ("broker_b", "broker_c")}
     e = Env(ns, masters, [], tmp_path)
     yield e
-    for svc in e.services:
-        await svc.pool.aclose()
-        with contextlib.suppress(Exception):
-            svc.store.close()
+    for broker in e.brokers:
+        await broker.aclose()
     for server in [ns.server, *(m.server for m in masters.values())]:
         assert server is not None
         await server.aclose(grace_s=0.2)
@@ -201,7 +202,7 @@ def three_groups(env: Env, own_addr: str = "127.0.0.1:1", **extra: dict[int, str
 
 
 async def test_remote_escape_round_robins_and_never_targets_its_own_group(env: Env) -> None:
-    slave = env.service()
+    slave = env.broker()
     # even a route that shows our own group writable with an id 0 is skipped
     env.ns.publish({OWN: {0: dead_addr()}, **{n: {0: m.addr} for n, m in env.masters.items()}})
     results = [
@@ -211,12 +212,12 @@ async def test_remote_escape_round_robins_and_never_targets_its_own_group(env: E
     assert len(env.masters["broker_b"].sends) == len(env.masters["broker_c"].sends) == 8
     sent = env.masters["broker_b"].sends[0]
     assert sent.producer_group == f"InnerProducerGroup_{OWN}_1"
-    assert sent.born_host == slave.addr
+    assert sent.born_host == slave.core.addr
     assert env.escaped(slave, "broker_b", "ok") == 8
 
 
 async def test_a_dead_master_in_a_stale_route_costs_one_attempt_not_the_message(env: Env) -> None:
-    slave = env.service()
+    slave = env.broker()
     three_groups(env, broker_dead={0: dead_addr()})
     # 12 queues in round robin: every message passes broker_dead's queues once
     results = [await slave.escape.put_message(TOPIC, b"x", {}, kind="delay") for _ in range(12)]
@@ -226,7 +227,7 @@ async def test_a_dead_master_in_a_stale_route_costs_one_attempt_not_the_message(
 
 
 async def test_a_master_the_nameserver_dropped_is_never_targeted(env: Env) -> None:
-    slave = env.service()
+    slave = env.broker()
     now = [0.0]
     slave.escape.routes = EscapeRoutes(
         slave.escape.routes.nameserver, "c", max_age_s=1.0, clock=lambda: now[0]
@@ -245,7 +246,7 @@ async def test_a_master_the_nameserver_dropped_is_never_targeted(env: Env) -> No
 
 
 async def test_refused_sends_are_retried_with_backoff(env: Env) -> None:
-    slave = env.service()
+    slave = env.broker()
     env.ns.publish(
         {OWN: {0: "127.0.0.1:1"}, "broker_b": {0: env.masters["broker_b"].addr}},
         writable={"broker_b"},
@@ -258,7 +259,7 @@ async def test_refused_sends_are_retried_with_backoff(env: Env) -> None:
 
 
 async def test_attempts_are_bounded_and_a_bad_message_is_not_retried(env: Env) -> None:
-    slave = env.service()
+    slave = env.broker()
     b = env.masters["broker_b"]
     env.ns.publish({OWN: {0: "127.0.0.1:1"}, "broker_b": {0: b.addr}}, writable={"broker_b"})
     b.fail_first = 100
@@ -272,7 +273,7 @@ async def test_attempts_are_bounded_and_a_bad_message_is_not_retried(env: Env) -
 
 
 async def test_no_other_master_means_escape_failed(env: Env) -> None:
-    slave = env.service()
+    slave = env.broker()
     env.ns.publish({OWN: {0: "127.0.0.1:1"}}, writable=set())
     with pytest.raises(EscapeFailed):
         await slave.escape.put_message(TOPIC, b"x", {}, kind="delay")
@@ -280,7 +281,7 @@ async def test_no_other_master_means_escape_failed(env: Env) -> None:
 
 
 async def test_remote_escape_off_fails_at_once(env: Env) -> None:
-    slave = env.service(enable_remote_escape=False)
+    slave = env.broker(enable_remote_escape=False)
     three_groups(env)
     with pytest.raises(EscapeFailed):
         await slave.escape.put_message(TOPIC, b"x", {}, kind="delay")
@@ -288,7 +289,7 @@ async def test_remote_escape_off_fails_at_once(env: Env) -> None:
 
 
 async def test_unknown_topic_falls_back_to_every_online_master(env: Env) -> None:
-    slave = env.service()
+    slave = env.broker()
     three_groups(env)
     result = await slave.escape.put_message("NEW_TOPIC", b"x", {}, kind="delay")
     assert result.target in {"broker_b", "broker_c"}
@@ -296,7 +297,7 @@ async def test_unknown_topic_falls_back_to_every_online_master(env: Env) -> None
 
 
 async def test_specific_queue_is_a_stable_function_of_topic_and_store_host(env: Env) -> None:
-    slave = env.service()
+    slave = env.broker()
     three_groups(env)
     results = {
         (r.target, r.queue_id)
@@ -307,47 +308,45 @@ async def test_specific_queue_is_a_stable_function_of_topic_and_store_host(env: 
     }
     assert len(results) == 1
     queues = sorted((n, q) for n in ("broker_b", "broker_c") for q in range(4))
-    assert results == {queues[zlib.crc32((TOPIC + slave.addr).encode()) % len(queues)]}
+    assert results == {queues[zlib.crc32((TOPIC + slave.core.addr).encode()) % len(queues)]}
     assert stable_hash("abc") == zlib.crc32(b"abc")
 
 
 async def test_a_master_escapes_locally(env: Env) -> None:
-    master = env.service(broker_id=0)
+    master = env.broker(broker_id=0)
     three_groups(env)
     result = await master.escape.put_message(TOPIC, b"x", {"K": "v"}, kind="delay", queue_id=2)
     assert (result.target, result.queue_id, result.queue_offset) == ("local", 2, 0)
-    stored = master.store.get_message_at(TOPIC, 2, 0)
+    stored = master.core.store.get_message_at(TOPIC, 2, 0)
     assert stored is not None and stored.properties == {"K": "v"}
     assert sum(len(m.sends) for m in env.masters.values()) == 0
     assert env.escaped(master, "local", "ok") == 1
 
 
-@dataclass
-class FakeContainer:
-    services: list[BrokerService]
-
-
 async def test_in_a_container_a_slave_escapes_to_the_master_next_to_it(env: Env) -> None:
-    slave = env.service(broker_id=1)
-    other_master = env.service(broker_id=0, name="broker_x")
-    container = FakeContainer([slave, other_master])
-    slave.escape.container = container
+    slave = env.broker(broker_id=1)
+    other_master = env.broker(broker_id=0, name="broker_x")
+    # (type: ignore: a FakeCore is no CorePort to mypy, see special_fakes.FakeBroker)
+    slave.escape.neighbours = FakeNeighbours([slave, other_master])  # type: ignore[assignment]
     three_groups(env)
-    assert slave.escape.local_master() is other_master
+    local = slave.escape.local_master()
+    assert local is not None
+    assert local[0] is other_master.core  # type: ignore[comparison-overlap]
+    assert local[1] is other_master.write_path
     r1 = await slave.escape.put_message(TOPIC, b"x", {}, kind="delay", queue_id=1)
     r2 = await slave.escape.put_message_to_specific_queue(TOPIC, b"ck", {}, kind="delay")
     assert r1.target == r2.target == "local"
-    assert other_master.store.get_message_at(TOPIC, 1, 0) is not None
-    assert slave.store.max_offset(TOPIC, 1) == 0
+    assert other_master.core.store.get_message_at(TOPIC, 1, 0) is not None
+    assert slave.core.store.max_offset(TOPIC, 1) == 0
     assert sum(len(m.sends) for m in env.masters.values()) == 0
     # an isolated (pre-online) master next to it is not used
-    other_master.isolated = True
+    other_master.core.isolated = True
     assert slave.escape.local_master() is None
 
 
 async def test_get_message_reads_own_store_or_pulls_from_the_group(env: Env) -> None:
-    slave = env.service()
-    slave.store.put(TOPIC, 0, b"mine", {}, store_host=slave.addr)
+    slave = env.broker()
+    slave.core.store.put(TOPIC, 0, b"mine", {}, store_host=slave.core.addr)
     own = await slave.escape.get_message(TOPIC, OWN, 0, 0)
     assert own is not None and own.body == b"mine"
     assert await slave.escape.get_message(TOPIC, OWN, 0, 5) is None
@@ -362,7 +361,7 @@ async def test_get_message_reads_own_store_or_pulls_from_the_group(env: Env) -> 
 
 
 async def test_get_message_transport_error_is_a_retriable_escape_failure(env: Env) -> None:
-    slave = env.service()
+    slave = env.broker()
     three_groups(env, broker_dead={0: dead_addr()})
     with pytest.raises(EscapeFailed) as info:
         await slave.escape.get_message(TOPIC, "broker_dead", 0, 0)
@@ -372,7 +371,8 @@ async def test_get_message_transport_error_is_a_retriable_escape_failure(env: En
 
 
 async def test_bridge_constructor_matches_the_published_api(env: Env) -> None:
-    svc = env.service()
-    bridge = EscapeBridge(svc, None)
+    slave = env.broker()
+    bridge = EscapeBridge(slave.core, slave.write_path, None)  # type: ignore[arg-type]
     assert bridge.local_master() is None
-    assert EscapeBridge(env.service(broker_id=0, name="m")).local_master() is not None
+    master = env.broker(broker_id=0, name="m")
+    assert EscapeBridge(master.core, master.write_path).local_master() is not None  # type: ignore[arg-type]

@@ -1,5 +1,7 @@
 """Delayed and timer messages: the send-side rewrite, the versioned progress
-tables, and the schedule service on a real store (reference/rip32.md §3.2, §5)."""
+tables, and the schedule service over small fakes of its ports (``special_fakes``:
+an in-memory store, a fake core and write path, a real escape bridge over them;
+reference/rip32.md §3.2, §5)."""
 
 from __future__ import annotations
 
@@ -7,27 +9,34 @@ import asyncio
 import contextlib
 import time
 from collections.abc import AsyncIterator, Callable
+from dataclasses import dataclass
 from pathlib import Path
 
 import pytest
+from special_fakes import FakeBroker, FakeCore, FakeStore
 
-from broker_agent.schedule import (
-    PROPERTY_DUE_MS,
-    PROPERTY_REAL_QID,
-    PROPERTY_REAL_TOPIC,
-    SCHEDULE_TOPIC,
-    TIMER_TOPIC,
+from broker_agent.metadata.versioned import forward_sync, reverse_sync
+from broker_agent.special.schedule import (
     DelayOffsetTable,
+    ScheduleService,
     TimerCheckpoint,
     TimerCheckpointFile,
     TimerIndex,
     delayed_target,
     restored,
 )
-from broker_agent.service import BrokerService
 from ha_controller.config import BrokerConfig
 from ha_controller.dataversion import DataVersion
 from ha_controller.protocol.errors import BadRequest
+from ha_controller.protocol.properties import (
+    DELAY_OFFSET_GROUP,
+    PROPERTY_DUE_MS,
+    PROPERTY_REAL_QID,
+    PROPERTY_REAL_TOPIC,
+    SCHEDULE_TOPIC,
+    TIMER_CHECKPOINT_GROUP,
+    TIMER_TOPIC,
+)
 from ha_controller.protocol.record import StoredMessage
 from ha_controller.rpc import RpcServer
 from ha_controller.testing import eventually
@@ -174,38 +183,57 @@ def test_timer_index_checkpoint_covers_only_delivered_entries() -> None:
     assert index.checkpoint() == (500, 3)
 
 
-# ---- the service on a real store ---------------------------------------------------------
+# ---- the service over fakes of its ports -----------------------------------------------
 
 
-ServiceFactory = Callable[..., BrokerService]
+@dataclass
+class Node:
+    """One broker as the schedule service sees it: fake core and write path, a real
+    escape bridge over them, and the service under test."""
+
+    broker: FakeBroker
+    schedule: ScheduleService
+
+    @property
+    def core(self) -> FakeCore:
+        return self.broker.core
+
+
+NodeFactory = Callable[..., Node]
 
 
 @pytest.fixture
-async def services(tmp_path: Path) -> AsyncIterator[ServiceFactory]:
-    made: list[BrokerService] = []
+async def nodes(tmp_path: Path) -> AsyncIterator[NodeFactory]:
+    made: list[Node] = []
+    # one in-memory store per store name: a node made again on the same store is a
+    # restart (the messages stay; the progress files under store_dir are reloaded)
+    stores: dict[str, FakeStore] = {}
 
-    def make(broker_id: int = 0, store: str = "a", **kw: object) -> BrokerService:
-        service = BrokerService(config(tmp_path / store, broker_id, **kw))
-        service.addr = f"127.0.0.1:{10911 + len(made)}"
-        made.append(service)
-        return service
+    def make(broker_id: int = 0, store: str = "a", **kw: object) -> Node:
+        broker = FakeBroker(
+            config(tmp_path / store, broker_id, **kw),
+            addr=f"127.0.0.1:{10911 + len(made)}",
+            store=stores.setdefault(store, FakeStore()),
+        )
+        core, write_path, escape = broker.core, broker.write_path, broker.escape
+        node = Node(broker, ScheduleService(core, write_path, escape))  # type: ignore[arg-type]
+        made.append(node)
+        return node
 
     yield make
-    for service in made:
-        await service.pool.aclose()
-        with contextlib.suppress(Exception):
-            service.store.close()
+    for node in made:
+        await node.broker.aclose()
 
 
-def put_delayed(service: BrokerService, props: dict[str, str], queue_id: int = 0) -> None:
-    topic, qid = delayed_target(service.cfg, TOPIC, queue_id, props)
-    service.store.put(topic, qid, b"body", props, store_host=service.addr)
+def put_delayed(node: Node, props: dict[str, str], queue_id: int = 0) -> None:
+    topic, qid = delayed_target(node.core.cfg, TOPIC, queue_id, props)
+    node.core.store.put(topic, qid, b"body", props, store_host=node.core.addr)
 
 
 @contextlib.asynccontextmanager
-async def running(service: BrokerService) -> AsyncIterator[None]:
-    service.schedule.set_running(True)
-    task = asyncio.create_task(service.schedule.run())
+async def running(node: Node) -> AsyncIterator[None]:
+    node.schedule.set_running(True)
+    task = asyncio.create_task(node.schedule.run())
     try:
         yield
     finally:
@@ -214,8 +242,8 @@ async def running(service: BrokerService) -> AsyncIterator[None]:
             await task
 
 
-def delivered(service: BrokerService, queue_id: int = 0) -> list[StoredMessage]:
-    store = service.store
+def delivered(node: Node, queue_id: int = 0) -> list[StoredMessage]:
+    store = node.core.store
     return [
         m
         for o in range(store.max_offset(TOPIC, queue_id))
@@ -223,8 +251,8 @@ def delivered(service: BrokerService, queue_id: int = 0) -> list[StoredMessage]:
     ]
 
 
-async def test_master_delivers_a_level_message_when_due(services: ServiceFactory) -> None:
-    master = services()
+async def test_master_delivers_a_level_message_when_due(nodes: NodeFactory) -> None:
+    master = nodes()
     sent = time.time()
     put_delayed(master, {"DELAY": "3", "UNIQ_KEY": "u1"}, queue_id=1)  # 500 ms
     async with running(master):
@@ -236,8 +264,8 @@ async def test_master_delivers_a_level_message_when_due(services: ServiceFactory
     assert master.schedule.delay_offsets.get(3) == 1
 
 
-async def test_master_delivers_timer_messages_in_due_order(services: ServiceFactory) -> None:
-    master = services()
+async def test_master_delivers_timer_messages_in_due_order(nodes: NodeFactory) -> None:
+    master = nodes()
     now = int(time.time() * 1000)
     for i, after in enumerate([900, 300, 600]):
         put_delayed(master, {"TIMER_DELIVER_MS": str(now + after), "UNIQ_KEY": f"t{i}"})
@@ -249,8 +277,8 @@ async def test_master_delivers_timer_messages_in_due_order(services: ServiceFact
     assert master.schedule.timer.cp.master_timer_queue_offset == 3
 
 
-async def test_nothing_is_delivered_while_stopped(services: ServiceFactory) -> None:
-    slave = services(broker_id=1)
+async def test_nothing_is_delivered_while_stopped(nodes: NodeFactory) -> None:
+    slave = nodes(broker_id=1)
     put_delayed(slave, {"DELAY": "3"})
     task = asyncio.create_task(slave.schedule.run())
     try:
@@ -262,25 +290,23 @@ async def test_nothing_is_delivered_while_stopped(services: ServiceFactory) -> N
             await task
 
 
-async def test_restarted_master_does_not_deliver_again(
-    services: ServiceFactory, tmp_path: Path
-) -> None:
-    master = services()
+async def test_restarted_master_does_not_deliver_again(nodes: NodeFactory, tmp_path: Path) -> None:
+    master = nodes()
     now = int(time.time() * 1000)
     put_delayed(master, {"DELAY": "3"})
     put_delayed(master, {"TIMER_DELIVER_MS": str(now + 200)})
     async with running(master):
         await eventually(lambda: len(delivered(master)) == 2, 5)
-    master.store.close()
-    again = services()
+    await master.broker.aclose()  # the first master is gone; its store stays
+    again = nodes()
     async with running(again):
         await asyncio.sleep(0.7)
     assert len(delivered(again)) == 2
 
 
-async def test_pre_online_adopts_a_newer_slave_table_over_rpc(services: ServiceFactory) -> None:
-    master = services(store="m")
-    slave = services(broker_id=1, store="s")
+async def test_pre_online_adopts_a_newer_slave_table_over_rpc(nodes: NodeFactory) -> None:
+    master = nodes(store="m")
+    slave = nodes(broker_id=1, store="s")
     slave.schedule.delay_offsets.assign({}, master.schedule.delay_offsets.data_version)
     slave.schedule.timer.assign(master.schedule.timer.cp)
     # acting: the slave takes over (version bump) and delivers 32 of level 1
@@ -289,28 +315,54 @@ async def test_pre_online_adopts_a_newer_slave_table_over_rpc(services: ServiceF
     for i in range(1, 33):
         slave.schedule.delay_offsets.update(1, i)
     slave.schedule.timer.advance(12345, 32)
-    server = RpcServer(slave.dispatcher, name="slave")
+    server = RpcServer(slave.core.dispatcher, name="slave")
     host, port = await server.start("127.0.0.1", 0)
     try:
-        await master.schedule.adopt_from_slave(1, f"{host}:{port}")
+        await reverse_sync(master.schedule.tables(), master.core.pool, 1, f"{host}:{port}")
     finally:
         await server.aclose(grace_s=0.5)
     assert master.schedule.delay_offsets.get(1) == 32
     assert master.schedule.timer.cp.master_timer_queue_offset == 32
 
 
-async def test_forward_sync_is_skipped_while_delivering(services: ServiceFactory) -> None:
-    master = services(store="m")
-    slave = services(broker_id=1, store="s")
+async def test_forward_sync_is_skipped_while_delivering(nodes: NodeFactory) -> None:
+    master = nodes(store="m")
+    slave = nodes(broker_id=1, store="s")
     master.schedule.delay_offsets.update(2, 7)
-    server = RpcServer(master.dispatcher, name="master")
+    server = RpcServer(master.core.dispatcher, name="master")
     host, port = await server.start("127.0.0.1", 0)
     try:
         async with running(slave):
             await eventually(lambda: slave.schedule.running, 2)
-            await slave.schedule.sync_from_master(f"{host}:{port}")
+            await forward_sync(slave.schedule.tables(), slave.core.pool, f"{host}:{port}")
             assert slave.schedule.delay_offsets.get(2) == 0
-        await slave.schedule.sync_from_master(f"{host}:{port}")
+        await forward_sync(slave.schedule.tables(), slave.core.pool, f"{host}:{port}")
         assert slave.schedule.delay_offsets.get(2) == 7
     finally:
         await server.aclose(grace_s=0.5)
+
+
+async def test_each_delivery_carries_its_progress_to_the_slaves(nodes: NodeFactory) -> None:
+    """The new delay offset / timer checkpoint is appended right behind the delivered
+    message (same replication transfer), so a slave that takes over never holds a
+    delivered message without knowing it was delivered; and a slave applies it."""
+    master = nodes()
+    now = int(time.time() * 1000)
+    put_delayed(master, {"DELAY": "1"})
+    put_delayed(master, {"TIMER_DELIVER_MS": str(now + 200)})
+    async with running(master):
+        await eventually(lambda: len(delivered(master)) == 2, 5)
+    records = master.broker.write_path.replicated_records
+    delay = [r for r in records if r["G"] == DELAY_OFFSET_GROUP]
+    timer = [r for r in records if r["G"] == TIMER_CHECKPOINT_GROUP]
+    assert delay and delay[-1] == {"G": DELAY_OFFSET_GROUP, "T": SCHEDULE_TOPIC, "Q": "1", "O": "1"}
+    assert timer and int(timer[-1]["O"]) == 1
+    assert int(timer[-1]["L"]) >= now + 200 - 1
+    # a slave applying the replicated timer record knows the master's checkpoint
+    slave = nodes(broker_id=1, store="b")
+    slave.schedule.timer.apply_replicated(int(timer[-1]["L"]), int(timer[-1]["O"]))
+    cp = slave.schedule.timer.cp
+    assert (cp.last_read_time_ms, cp.master_timer_queue_offset) == (
+        master.schedule.timer.cp.last_read_time_ms,
+        master.schedule.timer.cp.master_timer_queue_offset,
+    )

@@ -1,0 +1,595 @@
+"""PopService through its handlers and its revive pass, on small fakes of its ports
+(reference/rip32.md §3.3).
+
+The broker is a ``FakeCore`` and ``FakeWritePath`` (``special_fakes``: an in-memory
+store, the real plain ActingState / TopicConfigManager / ConsumerOffsetManager,
+appends recorded) and a ``FakeEscape`` recording what the service escapes and reads
+back.  Requests go through the handlers the service registered on its dispatcher.
+The service reads the time through its module's ``now_ms`` (it takes no clock), so
+the tests replace that function with a settable clock instead of sleeping out
+invisible times.  No BrokerService, no MessageStore, no sockets.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import json
+import time
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any, TypeVar, cast
+
+import pytest
+from google.protobuf.message import Message
+from special_fakes import Appended, FakeCore, FakeStore, FakeWritePath
+
+from broker_agent.special import pop as pop_module
+from broker_agent.special.escape import EscapeBridge, EscapeResult
+from broker_agent.special.pop import Checkpoint, PopService, ReceiptHandle, revive_topic
+from broker_agent.special.ports import CorePort, WritePort
+from ha_controller.config import BrokerConfig
+from ha_controller.proto import broker_pb2
+from ha_controller.protocol.codes import RequestCode
+from ha_controller.protocol.errors import (
+    BadRequest,
+    BrokerIsolated,
+    EscapeFailed,
+    NotMaster,
+    TopicNotFound,
+)
+from ha_controller.protocol.properties import (
+    PROPERTY_ORIGIN_MESSAGE_ID,
+    PROPERTY_POP_CK,
+    PROPERTY_RECONSUME_TIME,
+    PROPERTY_RETRY_TOPIC,
+    PROPERTY_TAGS,
+    REVIVE_GROUP,
+    retry_topic,
+)
+from ha_controller.protocol.record import StoredMessage, make_msg_id
+from ha_controller.routing import Perm, TopicConfig
+from ha_controller.rpc import Dispatcher, RequestContext, RpcConnection
+from ha_controller.testing import eventually
+
+M = TypeVar("M", bound=Message)
+
+TOPIC = "T"
+GROUP = "CID_pop"
+T0 = 1_700_000_000_000
+REVIVE = revive_topic("DefaultCluster")
+ESCAPED_REVIVE_QID = 5
+
+
+# ---- fakes: clock, escape (core and write path: special_fakes) ---------------------
+
+
+class Clock:
+    """Milliseconds a test sets; stands in for ``broker_agent.special.pop.now_ms``."""
+
+    def __init__(self, now: int = T0) -> None:
+        self.now = now
+
+    def __call__(self) -> int:
+        return self.now
+
+
+@pytest.fixture
+def clock(monkeypatch: pytest.MonkeyPatch) -> Clock:
+    fake = Clock()
+    monkeypatch.setattr(pop_module, "now_ms", fake)
+    return fake
+
+
+@dataclass(frozen=True)
+class EscapePut:
+    kind: str
+    topic: str
+    body: bytes
+    properties: dict[str, str]
+    flags: int
+
+
+class FakeEscape:
+    """The escape bridge as the POP service calls it: records sent to the revive queue
+    of a remote master, retry messages, and original messages read back (from the
+    stores of the groups it knows; ``get_failures_left`` reads fail first)."""
+
+    def __init__(self, core: FakeCore) -> None:
+        self.stores: dict[str, FakeStore] = {core.cfg.broker_name: core.store}
+        self.puts: list[EscapePut] = []
+        self.gets: list[tuple[str, str, int, int]] = []
+        self.get_failures_left = 0
+
+    def local_master(self) -> None:
+        return None
+
+    async def put_message_to_specific_queue(
+        self,
+        topic: str,
+        body: bytes,
+        properties: dict[str, str],
+        *,
+        kind: str,
+        flags: int = 0,
+    ) -> EscapeResult:
+        self.puts.append(EscapePut(kind, topic, body, dict(properties), flags))
+        qid = ESCAPED_REVIVE_QID if topic == REVIVE else 0
+        return EscapeResult("broker-b", f"MSG{len(self.puts)}", qid, len(self.puts) - 1)
+
+    async def get_message(
+        self, topic: str, broker_name: str, queue_id: int, offset: int
+    ) -> StoredMessage | None:
+        self.gets.append((topic, broker_name, queue_id, offset))
+        if self.get_failures_left > 0:
+            self.get_failures_left -= 1
+            raise EscapeFailed(f"cannot read from {broker_name}")
+        store = self.stores.get(broker_name)
+        return None if store is None else store.get_message_at(topic, queue_id, offset)
+
+    def kinds(self) -> list[str]:
+        return [p.kind for p in self.puts]
+
+
+@dataclass
+class Broker:
+    core: FakeCore
+    write_path: FakeWritePath
+    escape: FakeEscape
+    service: PopService
+
+    def records(self, tag: str) -> list[StoredMessage]:
+        """CK or ACK records in this broker's own revive queue 0."""
+        return [
+            m for m in self.core.store.messages(REVIVE, 0) if m.properties[PROPERTY_TAGS] == tag
+        ]
+
+    def checkpoints(self) -> list[Checkpoint]:
+        return [Checkpoint.from_json(m.body) for m in self.records("ck")]
+
+    def revive_appends(self) -> list[Appended]:
+        return [a for a in self.write_path.appends if a.topic == REVIVE]
+
+    def retried(self) -> list[EscapePut]:
+        return [p for p in self.escape.puts if p.kind == "pop_retry"]
+
+
+def config(broker_id: int = 0, **kw: Any) -> BrokerConfig:
+    args: dict[str, Any] = {
+        "broker_name": "broker-a",
+        "broker_id": broker_id,
+        "namesrv_addrs": ("127.0.0.1:9",),
+        "total_replicas": 1,
+        "in_sync_replicas": 1,
+    }
+    args.update(kw)
+    return BrokerConfig(**args)
+
+
+def make_broker(store_dir: Path, cfg: BrokerConfig, *, acting: bool = False) -> Broker:
+    addr = f"10.0.0.{cfg.broker_id + 1}:10911"
+    core = FakeCore(cfg, addr=addr, store_dir=store_dir)
+    core.topics.upsert(TopicConfig(TOPIC, 2, 2, Perm.READ | Perm.WRITE))
+    if acting:
+        core.acting.on_min_broker_change(cfg.broker_id, addr)
+        assert core.acting.acting
+    write_path = FakeWritePath(core)
+    escape = FakeEscape(core)
+    # the fakes are duck-typed: CorePort names the concrete MessageStore, and the
+    # service takes the concrete EscapeBridge (there is no escape port)
+    service = PopService(
+        cast(CorePort, core), cast(WritePort, write_path), cast(EscapeBridge, escape)
+    )
+    return Broker(core, write_path, escape, service)
+
+
+@pytest.fixture
+def master(tmp_path: Path, clock: Clock) -> Broker:
+    return make_broker(tmp_path, config(0))
+
+
+@pytest.fixture
+def slave(tmp_path: Path, clock: Clock) -> Broker:
+    return make_broker(tmp_path, config(1))
+
+
+@pytest.fixture
+def acting(tmp_path: Path, clock: Clock) -> Broker:
+    return make_broker(tmp_path, config(1), acting=True)
+
+
+def produce(broker: Broker, *bodies: bytes, queue_id: int = 0, tags: str = "a") -> None:
+    """Messages as a send (or, on a slave, replication) stored them."""
+    for body in bodies:
+        broker.core.store.put(
+            TOPIC, queue_id, body, {PROPERTY_TAGS: tags}, flags=2, store_host=broker.core.addr
+        )
+
+
+async def call(dispatcher: Dispatcher, method: int, request: Message, response_type: type[M]) -> M:
+    """One request through a dispatcher's registered handler, as the server runs it."""
+    handler = dispatcher.get(method)
+    assert handler is not None, f"no handler for {method}"
+    conn = cast(RpcConnection, object())  # the POP handlers never touch the connection
+    out = await handler(
+        RequestContext(conn, method, time.monotonic(), 3000), request.SerializeToString()
+    )
+    response = response_type()
+    response.ParseFromString(out or b"")
+    return response
+
+
+async def pop(
+    broker: Broker,
+    *,
+    max_msgs: int = 32,
+    invisible_ms: int = 30_000,
+    queue_id: int = 0,
+    tags: tuple[str, ...] = (),
+    topic: str = TOPIC,
+) -> broker_pb2.PopMessageResponse:
+    request = broker_pb2.PopMessageRequest(
+        consumer_group=GROUP,
+        topic=topic,
+        queue_id=queue_id,
+        max_msg_nums=max_msgs,
+        invisible_time_ms=invisible_ms,
+        tags=list(tags),
+    )
+    return await call(
+        broker.core.dispatcher, RequestCode.POP_MESSAGE, request, broker_pb2.PopMessageResponse
+    )
+
+
+async def ack(broker: Broker, handle: str) -> None:
+    request = broker_pb2.AckMessageRequest(consumer_group=GROUP, topic=TOPIC, receipt_handle=handle)
+    await call(
+        broker.core.dispatcher, RequestCode.ACK_MESSAGE, request, broker_pb2.AckMessageResponse
+    )
+
+
+async def change_invisible(broker: Broker, handle: str, invisible_ms: int) -> str:
+    request = broker_pb2.AckMessageRequest(
+        consumer_group=GROUP, topic=TOPIC, receipt_handle=handle, invisible_time_ms=invisible_ms
+    )
+    response = await call(
+        broker.core.dispatcher,
+        RequestCode.CHANGE_MESSAGE_INVISIBLETIME,
+        request,
+        broker_pb2.AckMessageResponse,
+    )
+    return response.receipt_handle
+
+
+def handle_of(message: broker_pb2.Message) -> ReceiptHandle:
+    return ReceiptHandle.decode(message.properties[PROPERTY_POP_CK])
+
+
+def messages_out(broker: Broker) -> float:
+    m = broker.core.metrics
+    value = m.registry.get_sample_value(
+        "hac_messages_out_total", {**m.ident, "topic": TOPIC, "group": GROUP}
+    )
+    return value or 0.0
+
+
+# ---- POP_MESSAGE ---------------------------------------------------------------------
+
+
+def test_master_creates_the_revive_topic_and_registers_handlers(master: Broker) -> None:
+    config_ = master.core.topics.get(REVIVE)
+    assert config_ is not None and config_.write_queue_nums >= 1
+    for code in (
+        RequestCode.POP_MESSAGE,
+        RequestCode.ACK_MESSAGE,
+        RequestCode.CHANGE_MESSAGE_INVISIBLETIME,
+    ):
+        assert master.core.dispatcher.get(code) is not None
+    assert master.core.special_hooks == [master.service.set_active]
+
+
+async def test_pop_returns_messages_with_receipt_handles_and_commits_the_offset(
+    master: Broker, clock: Clock
+) -> None:
+    produce(master, b"m0", b"m1", b"m2")
+
+    resp = await pop(master, max_msgs=2)
+
+    assert [m.body for m in resp.messages] == [b"m0", b"m1"]
+    assert (resp.pop_time_ms, resp.invisible_time_ms) == (T0, 30_000)
+    handles = [handle_of(m) for m in resp.messages]
+    assert handles == [
+        ReceiptHandle(0, T0, 30_000, 0, True, "broker-a", 0, offset) for offset in (0, 1)
+    ]
+    [ck] = master.checkpoints()
+    assert (ck.broker_name, ck.group, ck.topic, ck.queue_id) == ("broker-a", GROUP, TOPIC, 0)
+    assert (ck.start_offset, ck.offsets) == (0, (0, 1))
+    assert (ck.pop_time_ms, ck.due_ms) == (T0, T0 + 30_000)
+    [ck_record] = master.records("ck")
+    assert ck_record.properties["POP_KEY"] == ck.key == handles[0].ck_key(GROUP, TOPIC)
+    [ck_append] = master.revive_appends()
+    assert ck_append.how == "append_local"
+    # the pop offset is the group's consumer offset, committed through the write path
+    assert master.core.offsets.query(GROUP, TOPIC, 0) == 2
+    assert (GROUP, TOPIC, 0, 2) in master.write_path.replicated_offsets
+    assert master.core.topics.get(retry_topic(GROUP)) is not None
+    assert master.core.topics_changed_calls == 1
+    assert messages_out(master) == 2
+
+    again = await pop(master, max_msgs=2)
+    assert [m.body for m in again.messages] == [b"m2"]
+    assert handle_of(again.messages[0]).ck_offset == 2
+    assert (await pop(master)).messages == []
+    assert master.core.offsets.query(GROUP, TOPIC, 0) == 3
+
+
+async def test_pop_any_queue_takes_from_every_queue(master: Broker) -> None:
+    produce(master, b"q0", queue_id=0)
+    produce(master, b"q1", queue_id=1)
+
+    resp = await pop(master, queue_id=-1)
+
+    assert sorted(m.body for m in resp.messages) == [b"q0", b"q1"]
+    assert sorted(ck.queue_id for ck in master.checkpoints()) == [0, 1]
+
+
+async def test_pop_filters_tags_and_clamps_the_invisible_time(master: Broker) -> None:
+    produce(master, b"a0", tags="a")
+    produce(master, b"b1", tags="b")
+    produce(master, b"a2", tags="a")
+
+    resp = await pop(master, tags=("a",), invisible_ms=10)
+
+    assert [m.body for m in resp.messages] == [b"a0", b"a2"]
+    assert resp.invisible_time_ms == pop_module.MIN_INVISIBLE_MS
+    [ck] = master.checkpoints()
+    assert ck.offsets == (0, 2)
+    assert master.core.offsets.query(GROUP, TOPIC, 0) == 3
+
+
+async def test_pop_on_a_plain_slave_or_isolated_broker_is_refused(
+    master: Broker, slave: Broker
+) -> None:
+    for broker in (master, slave):
+        produce(broker, b"m0")
+    master.core.isolated = True
+
+    with pytest.raises(NotMaster):
+        await pop(slave)
+    with pytest.raises(BrokerIsolated):
+        await pop(master)
+
+    for broker in (master, slave):
+        assert broker.write_path.appends == []
+        assert broker.escape.puts == []
+        assert broker.core.offsets.query(GROUP, TOPIC, 0) == -1
+
+
+async def test_pop_of_an_unknown_topic_is_refused(master: Broker) -> None:
+    with pytest.raises(TopicNotFound):
+        await pop(master, topic="NoSuchTopic")
+
+
+# ---- ACK_MESSAGE ---------------------------------------------------------------------
+
+
+async def test_ack_on_master_writes_an_ack_record_to_the_revive_queue(master: Broker) -> None:
+    produce(master, b"m0", b"m1")
+    resp = await pop(master)
+    handle = resp.messages[1].properties[PROPERTY_POP_CK]
+
+    await ack(master, handle)
+
+    [ack_record] = master.records("ack")
+    [ck] = master.checkpoints()
+    assert ack_record.properties["POP_KEY"] == ck.key
+    assert json.loads(ack_record.body) == {"k": ck.key, "o": 1}
+    assert [a.how for a in master.revive_appends()] == ["append_local", "append_local"]
+    assert master.escape.puts == []
+
+
+async def test_ack_with_a_bad_or_foreign_handle_is_refused(master: Broker) -> None:
+    produce(master, b"m0")
+    handle = handle_of((await pop(master)).messages[0])
+    foreign = ReceiptHandle(
+        handle.ck_offset, handle.pop_time_ms, handle.invisible_ms, 0, True, "broker-x", 0, 0
+    )
+
+    with pytest.raises(BadRequest, match="broker-x"):
+        await ack(master, foreign.encode())
+    with pytest.raises(BadRequest, match="invalid receipt handle"):
+        await ack(master, "not a handle")
+    assert master.records("ack") == []
+
+
+async def test_ack_on_a_plain_slave_is_refused(slave: Broker) -> None:
+    handle = ReceiptHandle(0, T0, 30_000, 0, True, "broker-a", 0, 0)
+
+    with pytest.raises(NotMaster):
+        await ack(slave, handle.encode())
+    assert slave.escape.puts == []
+
+
+async def test_pop_and_ack_on_acting_slave_escape_their_records(acting: Broker) -> None:
+    produce(acting, b"m0", b"m1")
+
+    resp = await pop(acting)
+
+    assert acting.write_path.appends == []  # a slave never appends to its own store
+    [ck_put] = acting.escape.puts
+    assert (ck_put.kind, ck_put.topic, ck_put.properties[PROPERTY_TAGS]) == ("pop_ck", REVIVE, "ck")
+    ck = Checkpoint.from_json(ck_put.body)
+    assert ck.offsets == (0, 1)
+    handles = [handle_of(m) for m in resp.messages]
+    assert all(h.revive_qid == ESCAPED_REVIVE_QID and not h.ck_local for h in handles)
+    assert acting.core.offsets.query(GROUP, TOPIC, 0) == 2
+    assert acting.core.topics.get(retry_topic(GROUP)) is None  # only a master creates it
+
+    await ack(acting, resp.messages[0].properties[PROPERTY_POP_CK])
+
+    ck_put, ack_put = acting.escape.puts
+    assert (ack_put.kind, ack_put.topic) == ("pop_ack", REVIVE)
+    assert ack_put.properties == {PROPERTY_TAGS: "ack", "POP_KEY": ck.key}
+    assert json.loads(ack_put.body) == {"k": ck.key, "o": 0}
+    assert acting.write_path.appends == []
+
+
+# ---- CHANGE_MESSAGE_INVISIBLETIME ------------------------------------------------------
+
+
+async def test_change_invisible_time_writes_a_new_ck_and_acks_the_old_one(
+    master: Broker, clock: Clock
+) -> None:
+    produce(master, b"m0")
+    old = (await pop(master)).messages[0].properties[PROPERTY_POP_CK]
+    clock.now = T0 + 5
+
+    new = ReceiptHandle.decode(await change_invisible(master, old, 60_000))
+
+    assert new == ReceiptHandle(0, T0 + 5, 60_000, 0, True, "broker-a", 0, 0)
+    first, second = master.checkpoints()
+    assert (second.offsets, second.pop_time_ms, second.due_ms) == ((0,), T0 + 5, T0 + 60_005)
+    assert second.key == new.ck_key(GROUP, TOPIC) != first.key
+    [ack_record] = master.records("ack")
+    assert json.loads(ack_record.body) == {"k": first.key, "o": 0}
+
+    clock.now = T0 + 30_000  # the first CK is due, but acked
+    await master.service.revive_once()
+    assert master.retried() == []
+    clock.now = T0 + 60_005  # the new CK is due
+    await master.service.revive_once()
+    assert [p.body for p in master.retried()] == [b"m0"]
+
+
+# ---- revive ----------------------------------------------------------------------------
+
+
+async def test_revive_redelivers_an_unacked_message_once_it_is_due(
+    master: Broker, clock: Clock
+) -> None:
+    produce(master, b"m0", b"m1")
+    resp = await pop(master, invisible_ms=10_000)
+    await ack(master, resp.messages[0].properties[PROPERTY_POP_CK])
+
+    clock.now = T0 + 9_999
+    await master.service.revive_once()
+    assert master.escape.puts == []
+
+    clock.now = T0 + 10_000
+    await master.service.revive_once()
+
+    [retry] = master.escape.puts
+    assert (retry.kind, retry.topic, retry.body, retry.flags) == (
+        "pop_retry",
+        retry_topic(GROUP),
+        b"m1",
+        2,
+    )
+    original = master.core.store.messages(TOPIC, 0)[1]
+    assert retry.properties[PROPERTY_RETRY_TOPIC] == TOPIC
+    assert retry.properties[PROPERTY_RECONSUME_TIME] == "1"
+    assert retry.properties[PROPERTY_ORIGIN_MESSAGE_ID] == make_msg_id(
+        original.store_host, original.physical_offset
+    )
+    assert PROPERTY_POP_CK not in retry.properties
+    assert master.escape.gets == [(TOPIC, "broker-a", 0, 1)]
+    assert master.service.revived == 1
+    # CK and ACK consumed: the revive group's offset is past both
+    assert master.core.offsets.query(REVIVE_GROUP, REVIVE, 0) == 2
+
+    clock.now = T0 + 100_000
+    await master.service.revive_once()
+    assert len(master.escape.puts) == 1
+
+
+async def test_revive_leaves_a_fully_acked_ck_alone(master: Broker, clock: Clock) -> None:
+    produce(master, b"m0")
+    resp = await pop(master, invisible_ms=10_000)
+    await ack(master, resp.messages[0].properties[PROPERTY_POP_CK])
+
+    clock.now = T0 + 60_000
+    await master.service.revive_once()
+
+    assert master.escape.puts == []
+    assert master.escape.gets == []
+    assert master.core.offsets.query(REVIVE_GROUP, REVIVE, 0) == 2
+
+
+async def test_failed_revive_re_puts_the_ck_with_back_off(master: Broker, clock: Clock) -> None:
+    produce(master, b"m0", b"m1")
+    await pop(master, invisible_ms=10_000)
+    master.escape.get_failures_left = 1  # reading m0 back fails once
+
+    clock.now = T0 + 10_000
+    await master.service.revive_once()
+
+    assert [p.body for p in master.retried()] == [b"m1"]
+    first, again = master.checkpoints()
+    assert again.key == first.key
+    assert (again.offsets, again.reput_times) == ((0,), 1)
+    back_off_ms = pop_module.CK_REWRITE_INTERVALS_S[0] * 1000
+    assert again.due_ms == T0 + 10_000 + back_off_ms
+
+    clock.now = T0 + 10_000 + back_off_ms - 1
+    await master.service.revive_once()
+    assert len(master.retried()) == 1
+    clock.now = T0 + 10_000 + back_off_ms
+    await master.service.revive_once()
+    assert [p.body for p in master.retried()] == [b"m1", b"m0"]
+    assert master.retried()[1].properties[PROPERTY_RECONSUME_TIME] == "1"
+
+
+async def test_acting_slave_revives_the_lost_masters_ck_minus_local_acks(
+    acting: Broker, clock: Clock
+) -> None:
+    """A CK the master wrote before it died sits in the slave's replicated revive
+    queue; an ack of such a message (``ck_local``) is applied in memory."""
+    produce(acting, b"m0", b"m1")
+    ck = Checkpoint("broker-a", GROUP, TOPIC, 0, 0, (0, 1), T0, 10_000, T0 + 10_000)
+    acting.core.store.put(REVIVE, 0, ck.to_json(), {PROPERTY_TAGS: "ck", "POP_KEY": ck.key})
+    handle = ReceiptHandle(0, T0, 10_000, 0, True, "broker-a", 0, 0)
+
+    await ack(acting, handle.encode())
+    assert acting.escape.puts == []  # nothing escaped for this ack
+    assert acting.write_path.appends == []
+
+    clock.now = T0 + 10_000
+    await acting.service.revive_once()
+
+    [retry] = acting.escape.puts
+    assert (retry.kind, retry.topic, retry.body) == ("pop_retry", retry_topic(GROUP), b"m1")
+    assert acting.core.offsets.query(REVIVE_GROUP, REVIVE, 0) == 1
+
+
+async def test_run_revives_while_active(tmp_path: Path, clock: Clock) -> None:
+    broker = make_broker(tmp_path, config(0, pop_revive_interval_ms=20))
+    produce(broker, b"m0")
+    await pop(broker, invisible_ms=10_000)
+    clock.now = T0 + 10_000
+    broker.service.set_active(True)
+
+    task = asyncio.create_task(broker.service.run())
+    try:
+        await eventually(lambda: [p.body for p in broker.retried()] == [b"m0"], timeout=5)
+    finally:
+        task.cancel()
+        with contextlib.suppress(asyncio.CancelledError):
+            await task
+    assert broker.service.revived == 1
+
+
+async def test_run_does_not_revive_while_inactive(tmp_path: Path, clock: Clock) -> None:
+    broker = make_broker(tmp_path, config(0, pop_revive_interval_ms=20))
+    produce(broker, b"m0")
+    await pop(broker, invisible_ms=10_000)
+    clock.now = T0 + 10_000
+    broker.service.set_active(False)
+
+    task = asyncio.create_task(broker.service.run())
+    try:
+        await asyncio.sleep(0.2)  # several passes of the loop: none may revive
+    finally:
+        task.cancel()
+        with contextlib.suppress(asyncio.CancelledError):
+            await task
+    assert broker.escape.puts == []
