@@ -38,7 +38,7 @@ from tenacity import (
 )
 
 from broker_agent.convert import message_from_pb
-from broker_agent.special.ports import CorePort, LocalBroker, Neighbours, WritePort
+from broker_agent.special.ports import CorePort, EscapeResult, LocalBroker, Neighbours, WritePort
 from ha_controller.client.admin import NameserverClient
 from ha_controller.client.routes import DEFAULT_TOPIC_QUEUE_NUMS, publish_queues_of
 from ha_controller.proto import broker_pb2
@@ -66,16 +66,6 @@ LOCAL: Final = "local"
 #: After a failed send, round-robin escapes avoid that master this long
 #: (while another one is available), like a producer's endpoint isolation.
 FAILED_MASTER_AVOID_S: Final = 5.0
-
-
-@dataclass(frozen=True)
-class EscapeResult:
-    """Where an escaped message was stored."""
-
-    target: str  # the group name it went to, or "local"
-    msg_id: str
-    queue_id: int
-    queue_offset: int
 
 
 @dataclass(frozen=True, order=True)

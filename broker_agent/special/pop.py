@@ -37,8 +37,7 @@ from dataclasses import dataclass, field
 from typing import Final
 
 from broker_agent.convert import message_to_pb
-from broker_agent.special.escape import EscapeBridge
-from broker_agent.special.ports import CorePort, WritePort
+from broker_agent.special.ports import CorePort, EscapePort, WritePort
 from broker_agent.store.message_store import GetMessageStatus
 from ha_controller.client.routes import DEFAULT_TOPIC_QUEUE_NUMS
 from ha_controller.proto import broker_pb2
@@ -296,7 +295,7 @@ class ReviveState:
 class PopService:
     """POP_MESSAGE / ACK_MESSAGE / CHANGE_MESSAGE_INVISIBLETIME and the revive loop."""
 
-    def __init__(self, core: CorePort, write_path: WritePort, escape: EscapeBridge) -> None:
+    def __init__(self, core: CorePort, write_path: WritePort, escape: EscapePort) -> None:
         self.core = core
         self.write_path = write_path
         self.escape = escape

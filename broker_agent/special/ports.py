@@ -9,6 +9,7 @@ never the broker service: the real ones are :class:`broker_agent.core.BrokerCore
 from __future__ import annotations
 
 from collections.abc import Callable, Coroutine, Mapping, Sequence
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Protocol
 
@@ -16,12 +17,35 @@ from broker_agent.membership.acting import ActingState
 from broker_agent.metadata.offsets import ConsumerOffsetManager
 from broker_agent.metrics import BrokerMetrics
 from broker_agent.pull_hold import PullHoldService
-from broker_agent.store.message_store import MessageStore, PutResult
+from broker_agent.store.message_store import GetResult, PutResult
 from broker_agent.topics import TopicConfigManager
 from broker_agent.write_path import Stored
 from ha_controller.config import BrokerConfig
+from ha_controller.protocol.record import StoredMessage
 from ha_controller.routing import TopicConfig
 from ha_controller.rpc import ConnectionPool, Dispatcher
+
+
+class StorePort(Protocol):
+    """The reads a special service makes of its broker's store (MessageStore)."""
+
+    def get_messages(
+        self,
+        topic: str,
+        queue_id: int,
+        offset: int,
+        max_count: int = ...,
+        max_bytes: int = ...,
+        tag_filter: set[int] | None = ...,
+    ) -> GetResult: ...
+
+    def get_message_at(self, topic: str, queue_id: int, offset: int) -> StoredMessage | None: ...
+
+    def min_offset(self, topic: str, queue_id: int) -> int: ...
+
+    def max_offset(self, topic: str, queue_id: int) -> int: ...
+
+    def topics_and_queues(self) -> dict[str, list[int]]: ...
 
 
 class CorePort(Protocol):
@@ -31,7 +55,10 @@ class CorePort(Protocol):
     name: str
     addr: str
     store_dir: Path
-    store: MessageStore
+
+    @property
+    def store(self) -> StorePort: ...
+
     topics: TopicConfigManager
     offsets: ConsumerOffsetManager
     acting: ActingState
@@ -86,6 +113,52 @@ class WritePort(Protocol):
     ) -> int | None: ...
 
     def replicate_record(self, properties: Mapping[str, str]) -> int | None: ...
+
+
+class RoutesPort(Protocol):
+    """Route look-ups of the escape bridge (EscapeRoutes)."""
+
+    async def group_addrs(self, topic: str, group: str) -> dict[int, str]: ...
+
+
+class EscapePort(Protocol):
+    """How special messages leave a broker (EscapeBridge)."""
+
+    @property
+    def routes(self) -> RoutesPort: ...
+
+    def local_master(self) -> tuple[CorePort, WritePort] | None: ...
+
+    async def put_message(
+        self,
+        topic: str,
+        body: bytes,
+        properties: dict[str, str],
+        *,
+        kind: str,
+        queue_id: int | None = None,
+        flags: int = 0,
+        born_ts_ms: int | None = None,
+        progress: Mapping[str, str] | None = None,
+    ) -> EscapeResult: ...
+
+    async def put_message_to_specific_queue(
+        self, topic: str, body: bytes, properties: dict[str, str], *, kind: str, flags: int = 0
+    ) -> EscapeResult: ...
+
+    async def get_message(
+        self, topic: str, broker_name: str, queue_id: int, offset: int
+    ) -> StoredMessage | None: ...
+
+
+@dataclass(frozen=True)
+class EscapeResult:
+    """Where an escaped message was stored."""
+
+    target: str  # the group name it went to, or "local"
+    msg_id: str
+    queue_id: int
+    queue_offset: int
 
 
 class LocalBroker(Protocol):

@@ -40,8 +40,7 @@ from typing import Final
 
 from broker_agent.metadata.offsets import write_json_atomic
 from broker_agent.metadata.versioned import VersionedTable, fetch_table
-from broker_agent.special.escape import EscapeBridge
-from broker_agent.special.ports import CorePort, WritePort
+from broker_agent.special.ports import CorePort, EscapePort, WritePort
 from ha_controller.config import BrokerConfig
 from ha_controller.dataversion import DataVersion, SteppedVersion
 from ha_controller.proto import broker_pb2, common_pb2
@@ -394,7 +393,7 @@ class TimerIndex:
 class ScheduleService:
     """Delivers due delayed and timer messages while this broker is master or acting."""
 
-    def __init__(self, core: CorePort, write_path: WritePort, escape: EscapeBridge) -> None:
+    def __init__(self, core: CorePort, write_path: WritePort, escape: EscapePort) -> None:
         self.core = core
         self.cfg = core.cfg
         self.write_path = write_path

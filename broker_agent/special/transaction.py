@@ -44,8 +44,7 @@ from typing import Any, Final
 
 from broker_agent.metadata.offsets import write_json_atomic
 from broker_agent.metadata.versioned import VersionedTable, fetch_table
-from broker_agent.special.escape import EscapeBridge
-from broker_agent.special.ports import CorePort, WritePort
+from broker_agent.special.ports import CorePort, EscapePort, WritePort
 from broker_agent.store.message_store import GetMessageStatus, PutResult
 from ha_controller.dataversion import DataVersion
 from ha_controller.proto import broker_pb2, common_pb2
@@ -279,7 +278,7 @@ class HalfProgress:
 class TransactionService:
     """Half/op messages, END_TRANSACTION, GET_TRANSACTION_OFFSETS and the check loop."""
 
-    def __init__(self, core: CorePort, write_path: WritePort, escape: EscapeBridge) -> None:
+    def __init__(self, core: CorePort, write_path: WritePort, escape: EscapePort) -> None:
         self.core = core
         self.write_path = write_path
         self.escape = escape
