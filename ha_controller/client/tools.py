@@ -1,23 +1,35 @@
-"""The workloads behind ``hactl produce`` and ``hactl consume``: every message
-gets a unique key and a body derived from it, and ``--json`` prints one object
-per message so that any script can audit a run (DESIGN.md §8)."""
+"""The workloads behind ``hactl produce`` and ``hactl consume``: every message gets a
+unique key and a body derived from it, so that any script can audit a run
+(DESIGN.md §8).
+
+Nothing here prints: each outcome goes to the caller's callback (``on_sent``,
+``on_message``, ``progress``); ``hactl --json`` turns them into one JSON object per
+message (:mod:`ha_controller.cli.tools`).
+"""
 
 from __future__ import annotations
 
 import asyncio
 import hashlib
-import json
-import sys
 import time
 import uuid
 from collections.abc import Callable
 from dataclasses import dataclass, field
-from typing import Any, TextIO
 
-from ha_controller.client.message import Message, ReceivedMessage
+from ha_controller.client.message import Message, ReceivedMessage, SendReceipt
 from ha_controller.client.producer import Producer
 from ha_controller.client.push_consumer import PushConsumer
 from ha_controller.protocol.errors import HaError
+
+__all__ = [
+    "ConsumeStats",
+    "ProduceStats",
+    "Sent",
+    "body_for",
+    "consume",
+    "now_ms",
+    "produce",
+]
 
 
 def body_for(key: str, size: int) -> bytes:
@@ -39,6 +51,18 @@ class ProduceStats:
     errors: dict[str, int] = field(default_factory=dict)
 
 
+@dataclass(frozen=True, slots=True)
+class Sent:
+    """The outcome of one send: a receipt when acknowledged, else the error."""
+
+    key: str
+    topic: str
+    #: wall-clock ms just before the send (a delayed message is due after it)
+    sent_at_ms: int
+    receipt: SendReceipt | None = None
+    error: HaError | None = None
+
+
 async def produce(
     namesrv: list[str],
     topic: str,
@@ -48,11 +72,12 @@ async def produce(
     size: int = 128,
     delay_level: int = 0,
     message_group: str | None = None,
-    json_out: bool = False,
-    out: TextIO = sys.stdout,
+    on_sent: Callable[[Sent], None] | None = None,
     progress: Callable[[ProduceStats], None] | None = None,
     run_id: str | None = None,
 ) -> ProduceStats:
+    """Send ``count`` messages keyed ``<run_id>-<n>``; ``on_sent`` gets every outcome,
+    ``progress`` the stats after every 100th acknowledged send."""
     run_id = run_id or uuid.uuid4().hex[:8]
     stats = ProduceStats()
     interval = 1.0 / rate if rate else 0.0
@@ -79,22 +104,12 @@ async def produce(
                 stats.failed += 1
                 name = type(exc).__name__
                 stats.errors[name] = stats.errors.get(name, 0) + 1
-                if json_out:
-                    print(json.dumps({"key": key, "error": name, "detail": str(exc)}), file=out)
+                if on_sent is not None:
+                    on_sent(Sent(key, topic, sent_at, error=exc))
                 continue
             stats.acknowledged += 1
-            if json_out:
-                line: dict[str, Any] = {
-                    "msg_id": receipt.uniq_key,
-                    "key": key,
-                    "topic": topic,
-                    "broker": receipt.broker_name,
-                    "queue_id": receipt.queue_id,
-                    "queue_offset": receipt.queue_offset,
-                }
-                if delay_level:
-                    line["due_ts_ms"] = sent_at  # refined by the caller's delay table
-                print(json.dumps(line), file=out, flush=True)
+            if on_sent is not None:
+                on_sent(Sent(key, topic, sent_at, receipt=receipt))
             if progress is not None and stats.sent % 100 == 0:
                 progress(stats)
     return stats
@@ -114,9 +129,10 @@ async def consume(
     *,
     count: int | None,
     timeout_s: float,
-    json_out: bool = False,
-    out: TextIO = sys.stdout,
+    on_message: Callable[[ReceivedMessage], None] | None = None,
 ) -> ConsumeStats:
+    """Consume as a push consumer until ``count`` distinct keys arrived or ``timeout_s``
+    passed; ``on_message`` sees every delivery."""
     stats = ConsumeStats()
     done = asyncio.Event()
 
@@ -125,24 +141,8 @@ async def consume(
         if m.key in stats.keys:
             stats.duplicates += 1
         stats.keys.add(m.key)
-        if json_out:
-            print(
-                json.dumps(
-                    {
-                        "msg_id": m.uniq_key,
-                        "key": m.key,
-                        "topic": m.topic,
-                        "broker": m.broker_name,
-                        "queue_id": m.queue_id,
-                        "queue_offset": m.queue_offset,
-                        "body_len": len(m.body),
-                        "born_ts_ms": m.born_ts_ms,
-                        "received_ts_ms": now_ms(),
-                    }
-                ),
-                file=out,
-                flush=True,
-            )
+        if on_message is not None:
+            on_message(m)
         if count is not None and len(stats.keys) >= count:
             done.set()
         return True

@@ -38,7 +38,7 @@ from ha_controller.drills.history import DELAY_LEVELS_MS
 __all__ = [
     "EVENT_SCHEMA",
     "VALUE_SCHEMA",
-    "analyze_dir",
+    "compute_dir_verdict",
     "compute_verdict",
     "compute_verdicts",
     "main",
@@ -491,17 +491,18 @@ def _faults(ev: DataFrame) -> dict[str, tuple[FaultWindow, ...]]:
     return {hid: tuple(ws) for hid, ws in out.items()}
 
 
-def analyze_dir(
+def compute_dir_verdict(
     spark: SparkSession,
     drill_dir: str | os.PathLike[str],
     *,
     scenario: str | None = None,
     options: CheckOptions | None = None,
 ) -> Verdict:
-    """``hactl analyze DIR``: judge ``DIR/history*.jsonl``, write ``DIR/verdict.spark.json``.
+    """Judge ``DIR/history*.jsonl`` with ``spark``; write ``DIR/verdict.spark.json``.
 
     The scenario name comes from ``DIR/verdict.json`` when the drill wrote one, else from
-    the directory name.
+    the directory name.  :func:`ha_controller.pipeline.analyze_dir` (``hactl analyze``)
+    is this with its own session.
     """
     root = Path(drill_dir)
     files = sorted(root.glob("history*.jsonl"))
@@ -525,14 +526,14 @@ def main(argv: Sequence[str] | None = None) -> int:
 
     from ha_controller.pipeline.session import build_session
 
-    parser = argparse.ArgumentParser(prog="hactl analyze", description=analyze_dir.__doc__)
+    parser = argparse.ArgumentParser(prog="hactl analyze", description=compute_dir_verdict.__doc__)
     parser.add_argument("dir", type=Path)
     parser.add_argument("--master", default=None, help="local[*] (default), spark://, sc://")
     parser.add_argument("--scenario", default=None)
     args = parser.parse_args(argv)
     spark = build_session(args.master)
     try:
-        verdict = analyze_dir(spark, args.dir, scenario=args.scenario)
+        verdict = compute_dir_verdict(spark, args.dir, scenario=args.scenario)
     finally:
         spark.stop()
     print(verdict.to_json())

@@ -15,7 +15,7 @@ from collections.abc import Sequence
 import pytest
 from test_drills import assert_safe
 
-from ha_controller.drills.commands import SCENARIO_NAMES, add_subcommands
+from ha_controller.cli.drill import SCENARIO_NAMES, add_commands
 from ha_controller.drills.history import Event, read_history
 from ha_controller.drills.runner import SCENARIOS, DrillResult
 from ha_controller.drills.workloads import available_workloads
@@ -40,7 +40,7 @@ def test_scenarios_are_wired() -> None:
     assert set(SCENARIO_NAMES) == set(SCENARIOS)
     assert available_workloads() == dict.fromkeys(available_workloads(), True)
     parser = argparse.ArgumentParser()
-    add_subcommands(parser.add_subparsers())
+    add_commands(parser.add_subparsers())
     args = parser.parse_args(["drill", "strict-lock", "--no-strict"])
     assert args.no_strict is True
     assert parser.parse_args(["drill", "strict-lock"]).no_strict is False

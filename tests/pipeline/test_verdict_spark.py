@@ -16,7 +16,7 @@ import pytest
 
 from ha_controller.drills.checker import CheckOptions, Verdict, check
 from ha_controller.drills.history import HistoryWriter
-from ha_controller.pipeline.verdict import analyze_dir, compute_verdict, compute_verdicts
+from ha_controller.pipeline.verdict import compute_dir_verdict, compute_verdict, compute_verdicts
 
 if TYPE_CHECKING:
     from pyspark.sql import SparkSession
@@ -101,14 +101,16 @@ def test_generated_spark_equals_in_process(spark: SparkSession, tmp_path: Path) 
     assert not got["all-anomalies"].ok
 
 
-def test_analyze_dir_reads_many_files_as_one_history(spark: SparkSession, tmp_path: Path) -> None:
+def test_compute_dir_verdict_reads_many_files_as_one_history(
+    spark: SparkSession, tmp_path: Path
+) -> None:
     events = handmade.case_transactions().events + handmade.case_fault_recovery().events
     for i, part in enumerate(("a", "b")):
         with HistoryWriter(tmp_path / f"history-{part}.jsonl") as writer:
             writer.write_all(events[i::2])
     expected = check(events, scenario="transactions-acting")
     (tmp_path / "verdict.json").write_text(expected.to_json())
-    got = analyze_dir(spark, tmp_path)
+    got = compute_dir_verdict(spark, tmp_path)
     assert got.to_json() == expected.to_json()
     assert (tmp_path / "verdict.spark.json").read_text() == expected.to_json() + "\n"
 

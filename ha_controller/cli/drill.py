@@ -1,8 +1,10 @@
-"""``hactl drill`` and ``hactl analyze``: argument parsing and the two command handlers.
+"""``hactl drill`` and ``hactl analyze``: run a failover drill, judge a drill's history
+with PySpark.
 
-Kept apart from :mod:`ha_controller.cli` (which only calls :func:`add_subcommands`) and
-light to import: the drill runner and the Spark pipeline are imported when a command
-runs.
+Dependencies point one way: this module imports :mod:`ha_controller.drills` (the runner,
+its scenarios and their checker options) and :mod:`ha_controller.pipeline`; neither
+imports the CLI, and the drills never import the pipeline.  Both are imported when a
+command runs, so ``hactl --help`` loads neither the runner nor pyspark.
 """
 
 from __future__ import annotations
@@ -12,9 +14,12 @@ import json
 import logging
 import sys
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
-__all__ = ["add_subcommands", "cmd_analyze", "cmd_drill"]
+if TYPE_CHECKING:
+    from ha_controller.drills.checker import CheckOptions
+
+__all__ = ["SCENARIO_NAMES", "add_commands", "cmd_analyze", "cmd_drill", "scenario_options"]
 
 #: Scenario names for ``--help`` (the runner's SCENARIOS is the source of truth).
 SCENARIO_NAMES = (
@@ -33,7 +38,7 @@ SCENARIO_NAMES = (
 )
 
 
-def add_subcommands(sub: Any) -> None:
+def add_commands(sub: Any) -> None:
     """Add ``drill`` and ``analyze`` to the ``hactl`` sub-parsers."""
     dr = sub.add_parser(
         "drill",
@@ -129,6 +134,8 @@ def cmd_drill(args: argparse.Namespace) -> int:
 
 
 def cmd_analyze(args: argparse.Namespace) -> int:
+    """Judge ``DIR`` on Spark (``DIR/verdict.spark.json``) as the drill judged it: with the
+    scenario's checker options (e.g. ``pop-acting``'s ``redelivery="after_ack"``)."""
     directory: Path = args.dir
     history = directory / "history.jsonl"
     if not history.is_file():
@@ -138,8 +145,13 @@ def cmd_analyze(args: argparse.Namespace) -> int:
     local = directory / "verdict.json"
     if scenario is None and local.is_file():
         scenario = json.loads(local.read_text(encoding="utf-8")).get("scenario")
+    scenario = scenario or directory.name
+    from ha_controller.pipeline import analyze_dir
+
     try:
-        verdict = analyze_dir(directory, master=args.master, scenario=scenario or directory.name)
+        verdict = analyze_dir(
+            directory, master=args.master, scenario=scenario, options=scenario_options(scenario)
+        )
     except ImportError as exc:
         print(f"hactl analyze: the pipeline needs pyspark ({exc})", file=sys.stderr)
         return 2
@@ -156,33 +168,10 @@ def cmd_analyze(args: argparse.Namespace) -> int:
     return 0 if verdict.ok else 1
 
 
-def analyze_dir(directory: Path, *, master: str | None, scenario: str) -> Any:
-    """Write ``DIR/verdict.spark.json`` through the pipeline and return the verdict.
-
-    Uses the pipeline's own directory entry point when it has one
-    (``ha_controller.pipeline.analyze_dir``), else builds a session and calls
-    ``compute_verdict``.  A known scenario is judged with its checker options (e.g.
-    ``pop-acting``'s ``redelivery="after_ack"``), as the drill judged it.
-    """
-    import importlib
-
+def scenario_options(scenario: str) -> CheckOptions | None:
+    """The checker options the drill runner judges ``scenario`` with (None: unknown
+    scenario, the defaults)."""
     from ha_controller.drills.runner import SCENARIOS
 
     known = SCENARIOS.get(scenario)
-    options = known.check if known is not None else None
-    pipeline = importlib.import_module("ha_controller.pipeline")
-    entry = getattr(pipeline, "analyze_dir", None)
-    if entry is not None:
-        return entry(directory, master=master, scenario=scenario, options=options)
-    from ha_controller.pipeline.session import build_session
-    from ha_controller.pipeline.verdict import compute_verdict
-
-    spark = build_session(master)
-    try:
-        verdict = compute_verdict(
-            spark, directory / "history.jsonl", scenario=scenario, options=options
-        )
-    finally:
-        spark.stop()
-    (directory / "verdict.spark.json").write_text(verdict.to_json() + "\n", encoding="utf-8")
-    return verdict
+    return known.check if known is not None else None
