@@ -1,12 +1,13 @@
 """Typed, validated configuration (DESIGN.md section 9, STYLE.md item 9).
 
-One frozen dataclass per component.  Values come, lowest precedence first, from
-the field defaults, a TOML file, ``HAC_<KEY>`` environment variables and
-command-line flags.  Nothing here is written per key: the loaders walk the
-dataclass fields, their types (``bool``, ``int``, ``str``, ``str | None``,
-``tuple[str, ...]``, ``Literal[...]``, nested config classes) and their
-metadata (``ge``/``le`` bounds, a ``check`` function, a flag alias, whether a
-key identifies one broker of a container, whether it is a secret).
+One frozen dataclass per component (nameserver, broker, gRPC gateway).  Values
+come, lowest precedence first, from the field defaults, a TOML file,
+``HAC_<KEY>`` environment variables and command-line flags.  Nothing here is
+written per key: the loaders walk the dataclass fields, their types (``bool``,
+``int``, ``str``, ``str | None``, ``tuple[str, ...]``, ``Literal[...]``, nested
+config classes) and their metadata (``ge``/``le`` bounds, a ``check`` function,
+a flag alias, whether a key identifies one broker of a container, whether it is
+a secret).
 
 Naming rules:
 
@@ -20,6 +21,10 @@ Naming rules:
 
 Every bad value is one :class:`ConfigError` whose single-line message names
 the key, where the value came from and what was expected.
+
+:class:`~ha_controller.rpc.limits.RpcLimits` (the ``[limits]`` table) lives in
+the RPC layer, which must not import this module; it is loaded and checked here
+like the other tables and re-exported.
 """
 
 from __future__ import annotations
@@ -40,6 +45,8 @@ from pathlib import Path
 from typing import Any, Literal, TypeVar
 
 from ha_controller.protocol.errors import ConfigError
+from ha_controller.protocol.properties import DEFAULT_DELAY_LEVELS, parse_delay_levels
+from ha_controller.rpc.limits import RpcLimits
 
 __all__ = [
     "ENV_PREFIX",
@@ -51,6 +58,7 @@ __all__ = [
     "FlushMode",
     "LogLevel",
     "NameserverConfig",
+    "ProxyConfig",
     "ReplicationMode",
     "RpcLimits",
     "TlsConfig",
@@ -60,6 +68,7 @@ __all__ = [
     "load_broker_config",
     "load_broker_configs",
     "load_nameserver_config",
+    "load_proxy_config",
     "parse_host_port",
     "render_toml",
     "to_toml_dict",
@@ -77,7 +86,7 @@ FlushMode = Literal["async", "sync"]
 LogLevel = Literal["DEBUG", "INFO", "WARNING", "ERROR", "CRITICAL"]
 
 _T = TypeVar("_T")
-_C = TypeVar("_C", bound="_Validated")
+_C = TypeVar("_C")
 _Check = Callable[[Any], "str | None"]
 # key -> (value, source); a layer is one of: file, env, flags.
 _Layer = dict[str, tuple[object, str]]
@@ -209,31 +218,11 @@ def _not_empty(value: str) -> str | None:
     return "must not be empty; leave it unset instead" if value == "" else None
 
 
-_DELAY_UNITS_MS = {"ms": 1, "s": 1000, "m": 60_000, "h": 3_600_000, "d": 86_400_000}
-_DELAY_RE = re.compile(r"([0-9]{1,9})(ms|s|m|h|d)", re.ASCII)
-
-
-def _parse_delay_levels(text: str) -> tuple[int, ...]:
-    """RocketMQ ``messageDelayLevel``: ``"1s 5s 10s 30s 1m ... 2h"`` -> ms per level."""
-    out: list[int] = []
-    for token in text.split():
-        m = _DELAY_RE.fullmatch(token)
-        if m is None or int(m.group(1)) == 0:
-            raise _Bad(
-                f"space-separated positive durations such as '1s 5s 1m 2h' "
-                f"(units ms, s, m, h, d); {token!r} is not one"
-            )
-        out.append(int(m.group(1)) * _DELAY_UNITS_MS[m.group(2)])
-    if not out:
-        raise _Bad("at least one delay level such as '1s 5s 1m 2h'")
-    return tuple(out)
-
-
 def _delay_levels_check(value: str) -> str | None:
     try:
-        _parse_delay_levels(value)
-    except _Bad as bad:
-        return f"expected {bad}"
+        parse_delay_levels(value)
+    except ValueError as exc:
+        return str(exc)
     return None
 
 
@@ -289,7 +278,7 @@ def _optional_inner(tp: Any) -> Any | None:
 
 
 def _is_config_class(tp: Any) -> bool:
-    return isinstance(tp, type) and issubclass(tp, _Validated)
+    return isinstance(tp, type) and (issubclass(tp, _Validated) or tp in _FOREIGN_TABLES)
 
 
 def _expected(tp: Any, name: str) -> str:
@@ -475,22 +464,20 @@ class TlsConfig(_Validated):
 
 
 @dataclass(frozen=True, kw_only=True)
-class RpcLimits(_Validated):
-    """Framing and RPC bounds (DESIGN section 3; TubeMQ's listSize/block limits)."""
+class _RpcLimitsTable(_Validated, RpcLimits):
+    """:class:`RpcLimits` as the loaders check it: every problem names its key's source.
 
-    max_frame_bytes: int = _opt(32 * MIB, ge=1 * KIB, le=1 * GIB)
-    max_list_size: int = _opt(3584, ge=1)
-    max_block_bytes: int = _opt(8192, ge=16)
-    max_inflight_requests: int = _opt(1024, ge=1)
-    default_timeout_ms: int = 3000
+    Built only inside :func:`_build`, which returns a plain ``RpcLimits`` (equal to one
+    made directly).  ``_Validated`` comes first so that its ``__post_init__`` reports;
+    the cross-field rules are RpcLimits' own.
+    """
 
-    def _rules(self) -> Iterator[tuple[tuple[str, ...], str]]:
-        if self.max_block_bytes > self.max_frame_bytes:
-            yield (
-                ("max_block_bytes", "max_frame_bytes"),
-                f"a block ({self.max_block_bytes}) cannot exceed the frame limit "
-                f"({self.max_frame_bytes})",
-            )
+    _rules = RpcLimits._rules
+
+
+#: Config tables defined outside this module (so that their users need not import
+#: it) -> the ``_Validated`` twin that loads them.
+_FOREIGN_TABLES: dict[type, type[_Validated]] = {RpcLimits: _RpcLimitsTable}
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -599,9 +586,7 @@ class BrokerConfig(_Validated):
 
     # --- special services, escape bridge, locks ---
     # RocketMQ messageDelayLevel; parsed into delay_levels_ms.
-    delay_levels: str = _opt(
-        "1s 5s 10s 30s 1m 2m 3m 4m 5m 6m 7m 8m 9m 10m 20m 30m 1h 2h", check=_delay_levels_check
-    )
+    delay_levels: str = _opt(DEFAULT_DELAY_LEVELS, check=_delay_levels_check)
     # RocketMQ MAX_RETRY_TIMES_FOR_ESCAPE = 10; backoff doubles from initial to max.
     escape_max_attempts: int = _opt(10, ge=1, le=1000)
     escape_backoff_initial_ms: int = 100
@@ -630,7 +615,7 @@ class BrokerConfig(_Validated):
 
     def __post_init__(self) -> None:
         super().__post_init__()
-        object.__setattr__(self, "delay_levels_ms", _parse_delay_levels(self.delay_levels))
+        object.__setattr__(self, "delay_levels_ms", parse_delay_levels(self.delay_levels))
 
     def _rules(self) -> Iterator[tuple[tuple[str, ...], str]]:
         if self.broker_heartbeat_interval_ms >= self.broker_not_active_timeout_ms:
@@ -705,6 +690,39 @@ class BrokerConfig(_Validated):
         return self.delay_levels_ms[min(level, len(self.delay_levels_ms)) - 1]
 
 
+@dataclass(frozen=True, kw_only=True)
+class ProxyConfig(_Validated):
+    """``hactl proxy``: the RocketMQ 5 gRPC gateway (docs/grpc.md)."""
+
+    # hactl's nameserver default (a broker has none: it must be told).
+    namesrv_addrs: tuple[str, ...] = _opt(("127.0.0.1:9876",), check=_targets_check, flag="namesrv")
+    # gRPC listener (port 0 = any).
+    listen: str = _opt("0.0.0.0:8081", check=_listen_check)
+    # Admin HTTP (healthz, readyz, metrics); unset = none.
+    http_listen: str | None = _opt(None, check=_listen_check, flag="http")
+    # Consumer groups the gateway serves in order (one receive per queue at a time).
+    fifo_groups: tuple[str, ...] = ()
+    # Push consumers' long polling, sent to them in the settings.
+    long_polling_timeout_ms: int = _opt(20_000, ge=1000)
+    # Invisible time of a receive that names none.
+    default_invisible_ms: int = 30_000
+    # Tries of one send (a retriable failure moves it to another group).
+    send_attempts: int = _opt(3, ge=1)
+    # How long a route from the nameserver is reused; 0 = ask every time.
+    route_ttl_ms: int = _opt(1000, ge=0)
+    # Heartbeats from the gateway to the brokers (RocketMQ heartbeatBrokerInterval).
+    heartbeat_broker_interval_ms: int = 5000
+    # Timeout of one request to a broker.
+    broker_timeout_ms: int = 3000
+    log_level: LogLevel = "INFO"
+
+    def _rules(self) -> Iterator[tuple[tuple[str, ...], str]]:
+        if self.http_listen is not None:
+            clash = _listener_clash({"listen": self.listen, "http_listen": self.http_listen})
+            if clash is not None:
+                yield clash
+
+
 # --- schema ------------------------------------------------------------------------------
 
 
@@ -736,16 +754,16 @@ def _hints(cls: type) -> dict[str, Any]:
     return hints
 
 
-def _schema(cls: type[_Validated]) -> _Schema:
+def _schema(cls: type) -> _Schema:
     cached = _SCHEMA_CACHE.get(cls)
     if cached is not None:
         return cached
     keys: dict[str, _Key] = {}
     tables: set[str] = set()
 
-    def walk(c: type[_Validated], prefix: str) -> None:
+    def walk(c: type, prefix: str) -> None:
         hints = _hints(c)
-        for f in dataclasses.fields(c):  # type: ignore[arg-type]
+        for f in dataclasses.fields(c):
             if not f.init:
                 continue
             name = prefix + f.name
@@ -776,7 +794,9 @@ def env_var_name(key: str) -> str:
     return ENV_PREFIX + key.replace(".", "_").upper()
 
 
-def config_keys(cls: type[NameserverConfig] | type[BrokerConfig]) -> tuple[str, ...]:
+def config_keys(
+    cls: type[NameserverConfig] | type[BrokerConfig] | type[ProxyConfig],
+) -> tuple[str, ...]:
     """Every settable key of a component, nested ones dotted (``tls.cert_file``)."""
     return tuple(_schema(cls).keys)
 
@@ -802,9 +822,7 @@ def _unknown_key(key: str, where: str, candidates: Sequence[str]) -> ConfigError
     return ConfigError(f"unknown key {key!r} in {where}{hint}")
 
 
-def _file_layer(
-    table: Mapping[str, object], cls: type[_Validated], where: str, prefix: str = ""
-) -> _Layer:
+def _file_layer(table: Mapping[str, object], cls: type, where: str, prefix: str = "") -> _Layer:
     schema = _schema(cls)
     out: _Layer = {}
     for name, value in table.items():
@@ -822,7 +840,7 @@ def _file_layer(
     return out
 
 
-def _env_layer(cls: type[_Validated], env: Mapping[str, str]) -> _Layer:
+def _env_layer(cls: type, env: Mapping[str, str]) -> _Layer:
     out: _Layer = {}
     for key in _schema(cls).keys.values():
         text = env.get(key.env)
@@ -836,7 +854,7 @@ def _env_layer(cls: type[_Validated], env: Mapping[str, str]) -> _Layer:
     return out
 
 
-def _flag_layer(cls: type[_Validated], flags: Mapping[str, object]) -> _Layer:
+def _flag_layer(cls: type, flags: Mapping[str, object]) -> _Layer:
     """Flags arrive parsed by argparse; ``None`` means "not given".
 
     Keys are config keys (nested ones with ``_``: ``tls_cert_file``) or a
@@ -865,7 +883,9 @@ def _flag_layer(cls: type[_Validated], flags: Mapping[str, object]) -> _Layer:
 
 def _known_env_names() -> frozenset[str]:
     return frozenset(
-        k.env for c in (NameserverConfig, BrokerConfig) for k in _schema(c).keys.values()
+        k.env
+        for c in (NameserverConfig, BrokerConfig, ProxyConfig)
+        for k in _schema(c).keys.values()
     )
 
 
@@ -903,12 +923,30 @@ def _build(cls: type[_C], layer: _Layer, prefix: str = "") -> _C:
     sources = {key: source for key, (_, source) in layer.items()}
     token = _BUILD_CONTEXT.set((sources, prefix))
     try:
-        return typing.cast("Callable[..., _C]", cls)(**kwargs)
+        twin = _FOREIGN_TABLES.get(cls)
+        if twin is None:
+            return typing.cast("Callable[..., _C]", cls)(**kwargs)
+        checked = twin(**kwargs)
     finally:
         _BUILD_CONTEXT.reset(token)
+    # The twin has checked and normalised every value; hand them to the real class.
+    values = {name: getattr(checked, name) for name in kwargs}
+    return typing.cast("Callable[..., _C]", cls)(**values)
 
 
 # --- loaders -----------------------------------------------------------------------------
+
+
+def _load_one(
+    cls: type[_C],
+    path: str | Path | None,
+    flags: Mapping[str, object],
+    env: Mapping[str, str],
+) -> _C:
+    _warn_unknown_env(env)
+    file_layer = {} if path is None else _file_layer(_read_toml(path), cls, f"file {path}")
+    layer = {**file_layer, **_env_layer(cls, env), **_flag_layer(cls, flags)}
+    return _build(cls, layer)
 
 
 def load_nameserver_config(
@@ -917,16 +955,21 @@ def load_nameserver_config(
     env: Mapping[str, str] = os.environ,
 ) -> NameserverConfig:
     """Defaults < TOML file ``path`` < ``HAC_*`` env < flags (``None`` = not given)."""
-    _warn_unknown_env(env)
-    file_layer = (
-        {} if path is None else _file_layer(_read_toml(path), NameserverConfig, f"file {path}")
-    )
-    layer = {
-        **file_layer,
-        **_env_layer(NameserverConfig, env),
-        **_flag_layer(NameserverConfig, flags),
-    }
-    return _build(NameserverConfig, layer)
+    return _load_one(NameserverConfig, path, flags, env)
+
+
+def load_proxy_config(
+    path: str | Path | None,
+    flags: Mapping[str, object],
+    env: Mapping[str, str] = os.environ,
+) -> ProxyConfig:
+    """The gRPC gateway's settings: defaults < TOML file ``path`` < ``HAC_*`` env < flags.
+
+    As for the other loaders, a flag whose value is ``None`` is "not given", flag keys
+    are config keys or their aliases (``namesrv``, ``http``), and string values are
+    parsed like environment values (``fifo_groups="g1,g2"``).
+    """
+    return _load_one(ProxyConfig, path, flags, env)
 
 
 def load_broker_configs(
@@ -1018,7 +1061,7 @@ def _check_container(configs: Sequence[BrokerConfig], where: str) -> None:
 # --- rendering ---------------------------------------------------------------------------
 
 
-def _as_table(cfg: _Validated) -> dict[str, Any]:
+def _as_table(cfg: object) -> dict[str, Any]:
     out: dict[str, Any] = {}
     for f in dataclasses.fields(cfg):  # type: ignore[arg-type]
         if not f.init:
@@ -1026,7 +1069,7 @@ def _as_table(cfg: _Validated) -> dict[str, Any]:
         value = getattr(cfg, f.name)
         if value is None:  # TOML has no null: unset = absent
             continue
-        if isinstance(value, _Validated):
+        if _is_config_class(type(value)):
             out[f.name] = _as_table(value)
         elif isinstance(value, tuple):
             out[f.name] = list(value)
@@ -1035,7 +1078,9 @@ def _as_table(cfg: _Validated) -> dict[str, Any]:
     return out
 
 
-def to_toml_dict(cfg: NameserverConfig | BrokerConfig | Sequence[BrokerConfig]) -> dict[str, Any]:
+def to_toml_dict(
+    cfg: NameserverConfig | BrokerConfig | ProxyConfig | Sequence[BrokerConfig],
+) -> dict[str, Any]:
     """The TOML document (as ``tomllib`` would load it) that reproduces ``cfg``.
 
     A sequence of brokers becomes a container document: settings equal in all
@@ -1050,7 +1095,9 @@ def to_toml_dict(cfg: NameserverConfig | BrokerConfig | Sequence[BrokerConfig]) 
     return {**shared, "brokers": [{k: v for k, v in t.items() if k not in shared} for t in tables]}
 
 
-def render_toml(cfg: NameserverConfig | BrokerConfig | Sequence[BrokerConfig]) -> str:
+def render_toml(
+    cfg: NameserverConfig | BrokerConfig | ProxyConfig | Sequence[BrokerConfig],
+) -> str:
     """A TOML file that the matching loader turns back into ``cfg``."""
     lines = ["# ha-controller configuration (see DESIGN.md section 9)"]
     lines += _toml_table(to_toml_dict(cfg), "")

@@ -13,6 +13,7 @@ from dataclasses import dataclass, field
 from typing import Any, Final
 
 from ha_controller.dataversion import DataVersion
+from ha_controller.protocol.properties import SYNC_BROKER_MEMBER_GROUP_PREFIX
 
 __all__ = [
     "SYNC_BROKER_MEMBER_GROUP_PREFIX",
@@ -25,9 +26,6 @@ __all__ = [
     "TopicRouteData",
     "sync_member_group_topic",
 ]
-
-#: Compatibility system topic whose route carries a group's raw member ids.
-SYNC_BROKER_MEMBER_GROUP_PREFIX: Final = "rmq_sys_SYNC_BROKER_MEMBER_"
 
 MASTER_ID: Final = 0
 

@@ -17,6 +17,18 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Final
 
+# Re-exported: the property names (and MAX_DELAY_LEVEL) are part of the SDK's API.
+from ha_controller.protocol.properties import (
+    MAX_DELAY_LEVEL,
+    PROPERTY_DELAY,
+    PROPERTY_KEYS,
+    PROPERTY_MESSAGE_GROUP,
+    PROPERTY_PRODUCER_GROUP,
+    PROPERTY_TAGS,
+    PROPERTY_TIMER_DELIVER_MS,
+    PROPERTY_UNIQ_KEY,
+)
+
 __all__ = [
     "PROPERTY_DELAY",
     "PROPERTY_KEYS",
@@ -26,6 +38,7 @@ __all__ = [
     "PROPERTY_TIMER_DELIVER_MS",
     "PROPERTY_UNIQ_KEY",
     "MAX_DELAY_LEVEL",
+    "RESERVED_PROPERTIES",
     "Message",
     "MessageIdGenerator",
     "MessageQueue",
@@ -35,18 +48,8 @@ __all__ = [
     "new_message_id",
 ]
 
-PROPERTY_TAGS: Final = "TAGS"
-PROPERTY_KEYS: Final = "KEYS"
-PROPERTY_UNIQ_KEY: Final = "UNIQ_KEY"
-PROPERTY_DELAY: Final = "DELAY"
-PROPERTY_TIMER_DELIVER_MS: Final = "TIMER_DELIVER_MS"
-PROPERTY_MESSAGE_GROUP: Final = "__SHARDINGKEY"
-PROPERTY_PRODUCER_GROUP: Final = "PGROUP"
-
-#: RocketMQ's default delay levels: 1s 5s 10s 30s 1m 2m ... 1h 2h.
-MAX_DELAY_LEVEL: Final = 18
-
-_RESERVED = frozenset(
+#: Properties the SDK sets from a message's fields; not allowed as user properties.
+RESERVED_PROPERTIES: Final = frozenset(
     {
         PROPERTY_TAGS,
         PROPERTY_KEYS,
@@ -120,7 +123,7 @@ class Message:
                 raise ValueError("message_group must not be empty")
             if self.is_delayed:
                 raise ValueError("a FIFO message (message_group) cannot also be delayed")
-        reserved = _RESERVED.intersection(self.properties)
+        reserved = RESERVED_PROPERTIES.intersection(self.properties)
         if reserved:
             raise ValueError(f"reserved property names in properties: {sorted(reserved)}")
 

@@ -40,13 +40,7 @@ from collections.abc import Iterable, Sequence
 from typing import Any
 
 from ha_controller.client.message import (
-    PROPERTY_DELAY,
-    PROPERTY_KEYS,
-    PROPERTY_MESSAGE_GROUP,
-    PROPERTY_PRODUCER_GROUP,
-    PROPERTY_TAGS,
-    PROPERTY_TIMER_DELIVER_MS,
-    PROPERTY_UNIQ_KEY,
+    RESERVED_PROPERTIES,
     Message,
     MessageQueue,
     ReceivedMessage,
@@ -57,6 +51,16 @@ from ha_controller.client.routes import RouteCache
 from ha_controller.proto import broker_pb2, common_pb2
 from ha_controller.protocol.codes import RequestCode
 from ha_controller.protocol.errors import BrokerUnavailable, HaError, QuorumNotReached
+from ha_controller.protocol.properties import (
+    PROPERTY_ORIGIN_MESSAGE_GROUP,
+    PROPERTY_ORIGIN_MESSAGE_ID,
+    PROPERTY_ORIGIN_QUEUE,
+    PROPERTY_ORIGIN_QUEUE_OFFSET,
+    PROPERTY_ORIGIN_UNIQ_KEY,
+    PROPERTY_RECONSUME_TIMES,
+    PROPERTY_RETRY_TOPIC,
+    dlq_topic,
+)
 from ha_controller.rpc import ConnectionPool
 
 __all__ = [
@@ -74,24 +78,6 @@ DEFAULT_LOCK_RENEW_INTERVAL_S = 20.0
 """RocketMQ ``rocketmq.client.rebalance.lockInterval``."""
 DEFAULT_LOCK_MAX_LIVE_S = 30.0
 """RocketMQ ``rocketmq.client.rebalance.lockMaxLiveTime``."""
-DLQ_PREFIX = "%DLQ%"
-
-_WIRE_PROPERTIES = frozenset(
-    {
-        PROPERTY_TAGS,
-        PROPERTY_KEYS,
-        PROPERTY_UNIQ_KEY,
-        PROPERTY_DELAY,
-        PROPERTY_TIMER_DELIVER_MS,
-        PROPERTY_MESSAGE_GROUP,
-        PROPERTY_PRODUCER_GROUP,
-    }
-)
-
-
-def dlq_topic(group: str) -> str:
-    """The dead-letter topic of a consumer group (RocketMQ ``%DLQ%<group>``)."""
-    return DLQ_PREFIX + group
 
 
 def _mq_to_pb(mq: MessageQueue) -> broker_pb2.MessageQueue:
@@ -472,19 +458,20 @@ class OrderlyPushConsumer(PushConsumer):
         return False
 
     def _dead_letter_message(self, message: ReceivedMessage, attempts: int) -> Message:
-        properties = {k: v for k, v in message.properties.items() if k not in _WIRE_PROPERTIES}
+        # the reserved ones are set again from the message's fields when it is sent
+        properties = {k: v for k, v in message.properties.items() if k not in RESERVED_PROPERTIES}
         properties.update(
             {
-                "ORIGIN_MESSAGE_ID": message.msg_id,
-                "ORIGIN_UNIQ_KEY": message.uniq_key,
-                "RETRY_TOPIC": message.topic,
-                "ORIGIN_QUEUE": str(message.queue),
-                "ORIGIN_QUEUE_OFFSET": str(message.queue_offset),
-                "RECONSUME_TIMES": str(message.reconsume_times + attempts),
+                PROPERTY_ORIGIN_MESSAGE_ID: message.msg_id,
+                PROPERTY_ORIGIN_UNIQ_KEY: message.uniq_key,
+                PROPERTY_RETRY_TOPIC: message.topic,
+                PROPERTY_ORIGIN_QUEUE: str(message.queue),
+                PROPERTY_ORIGIN_QUEUE_OFFSET: str(message.queue_offset),
+                PROPERTY_RECONSUME_TIMES: str(message.reconsume_times + attempts),
             }
         )
         if message.message_group is not None:
-            properties["ORIGIN_MESSAGE_GROUP"] = message.message_group
+            properties[PROPERTY_ORIGIN_MESSAGE_GROUP] = message.message_group
         return Message(
             topic=dlq_topic(self.group),
             body=message.body,

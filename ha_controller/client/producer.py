@@ -50,6 +50,7 @@ from ha_controller.protocol.errors import (
     RemoteError,
     TopicNotFound,
 )
+from ha_controller.protocol.properties import PROPERTY_TRAN_MSG, PROPERTY_UNIQ_KEY, now_ms
 from ha_controller.rpc import ConnectionPool, Dispatcher, RequestContext
 
 __all__ = [
@@ -64,7 +65,6 @@ __all__ = [
 
 log = logging.getLogger(__name__)
 
-PROPERTY_TRAN_MSG: Final = "TRAN_MSG"
 #: END_TRANSACTION attempts (route refreshed between them).
 END_TRANSACTION_ATTEMPTS: Final = 3
 
@@ -368,8 +368,8 @@ class Producer:
             raise RuntimeError("producer is not running (use start() or async with)")
         topic = messages[0].topic
         message_group = messages[0].message_group
-        uniq_keys = [m.properties.get("UNIQ_KEY") or new_message_id() for m in messages]
-        now_ms = int(time.time() * 1000)
+        uniq_keys = [m.properties.get(PROPERTY_UNIQ_KEY) or new_message_id() for m in messages]
+        born_ms = now_ms()
         extra = {PROPERTY_TRAN_MSG: "true"} if transactional else {}
         request = broker_pb2.SendMessageRequest(
             producer_group=self.group,
@@ -378,7 +378,7 @@ class Producer:
                 broker_pb2.SendEntry(
                     body=m.body,
                     properties={**m.wire_properties(uk, self.group), **extra},
-                    born_ts_ms=now_ms,
+                    born_ts_ms=born_ms,
                 )
                 for m, uk in zip(messages, uniq_keys, strict=True)
             ],

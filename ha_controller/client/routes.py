@@ -22,7 +22,8 @@ from typing import Any, Final
 from ha_controller.client.admin import NameserverClient
 from ha_controller.client.message import MessageQueue
 from ha_controller.protocol.errors import HaError, TopicNotFound, UnknownMethod
-from ha_controller.routing import BrokerData, Perm, QueueData, TopicRouteData
+from ha_controller.protocol.properties import AUTO_CREATE_TOPIC
+from ha_controller.routing import MASTER_ID, BrokerData, Perm, QueueData, TopicRouteData
 
 __all__ = [
     "AUTO_CREATE_TOPIC",
@@ -37,9 +38,6 @@ __all__ = [
 
 log = logging.getLogger(__name__)
 
-MASTER_ID: Final = 0
-#: RocketMQ's ``TopicValidator.AUTO_CREATE_TOPIC_KEY_TOPIC``.
-AUTO_CREATE_TOPIC: Final = "TBW102"
 #: Queues a producer assumes for a topic the brokers will auto-create.
 DEFAULT_TOPIC_QUEUE_NUMS: Final = 4
 

@@ -24,19 +24,19 @@ from ha_controller.client.routes import RouteCache, parse_namesrv_addrs
 from ha_controller.proto import broker_pb2
 from ha_controller.protocol.codes import RequestCode
 from ha_controller.protocol.errors import BrokerUnavailable, HaError, TopicNotFound
+from ha_controller.protocol.properties import PROPERTY_POP_CK, retry_topic
 from ha_controller.rpc import ConnectionPool
 
 __all__ = ["PROPERTY_POP_CK", "SimpleConsumer", "retry_topic_of"]
 
 log = logging.getLogger(__name__)
 
-PROPERTY_POP_CK: Final = "POP_CK"
 #: A long poll asks the broker to hold at most this long per round.
 MAX_POLL_ROUND_MS: Final = 1000
 
 
-def retry_topic_of(group: str) -> str:
-    return f"%RETRY%{group}"
+#: The retry topic of a consumer group (``%RETRY%{group}``); the SDK's name for it.
+retry_topic_of = retry_topic
 
 
 class SimpleConsumer:

@@ -75,7 +75,6 @@ import dataclasses
 import json
 import os
 import threading
-import time
 from collections.abc import Callable, Iterable, Iterator, Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -83,6 +82,7 @@ from types import TracebackType
 from typing import IO, Any, ClassVar, Final, Literal, Self, TypeAlias, cast
 
 from ha_controller.protocol.errors import HaError
+from ha_controller.protocol.properties import DELAY_LEVELS_MS, now_ms
 
 __all__ = [
     "DELAY_LEVELS_MS",
@@ -111,11 +111,8 @@ __all__ = [
 EventType: TypeAlias = Literal["invoke", "ok", "fail", "info"]
 EVENT_TYPES: Final[frozenset[str]] = frozenset({"invoke", "ok", "fail", "info"})
 
-#: RocketMQ's default ``messageDelayLevel``: level n (1-based) delays by entry n-1.
-DELAY_LEVELS_MS: Final[tuple[int, ...]] = tuple(
-    s * 1000
-    for s in (1, 5, 10, 30, 60, 120, 180, 240, 300, 360, 420, 480, 540, 600, 1200, 1800, 3600, 7200)
-)
+# DELAY_LEVELS_MS (re-exported): RocketMQ's default ``messageDelayLevel`` in ms; level n
+# (1-based) delays by entry n-1.
 
 
 class HistoryError(HaError, ValueError):
@@ -363,7 +360,7 @@ class HistoryWriter:
         self._fh: IO[str] | None = self._path.open("a", encoding="utf-8")
         self._lock = threading.Lock()
         self._fsync = fsync
-        self._clock_ms: Callable[[], int] = clock_ms if clock_ms is not None else _wall_ms
+        self._clock_ms: Callable[[], int] = clock_ms if clock_ms is not None else now_ms
         self.count = 0
 
     @property
@@ -414,7 +411,3 @@ class HistoryWriter:
         tb: TracebackType | None,
     ) -> None:
         self.close()
-
-
-def _wall_ms() -> int:
-    return time.time_ns() // 1_000_000

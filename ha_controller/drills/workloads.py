@@ -46,7 +46,6 @@ import contextlib
 import importlib
 import logging
 import random
-import time
 from collections.abc import AsyncIterator, Callable, Iterable, Iterator, Sequence
 from dataclasses import dataclass, field
 from typing import Any, Final, Literal, Protocol, Self
@@ -84,6 +83,7 @@ from ha_controller.protocol.errors import (
     NotMaster,
     TopicNotFound,
 )
+from ha_controller.protocol.properties import PROPERTY_TIMER_DELIVER_MS, now_ms
 
 __all__ = [
     "PENDING",
@@ -256,7 +256,7 @@ class ProducerWorkload:
         self._seq += 1
         deliver_ts: int | None = None
         if self.delay_ms:
-            deliver_ts = int(time.time() * 1000) + self.delay_ms
+            deliver_ts = now_ms() + self.delay_ms
         msg = Message(
             self.topic,
             body_for(key, self.size),
@@ -397,7 +397,7 @@ def record_receive(
     delivered: Delivered,
     t_ms: int | None = None,
 ) -> None:
-    due = m.properties.get("TIMER_DELIVER_MS")
+    due = m.properties.get(PROPERTY_TIMER_DELIVER_MS)
     ev = history.record(
         process,
         "ok",
@@ -542,7 +542,7 @@ class PullWorkload(_ConsumerLoop):
                     log.debug("pull of %s failed: %s", mq, exc)
                     result = None
                 if result is not None:
-                    now = int(time.time() * 1000)
+                    now = now_ms()
                     for m in result.messages:
                         record_receive(
                             self.history, self.process, self.consumer_group, m, self.delivered, now
@@ -576,7 +576,7 @@ async def offset_probe(
     history: HistoryWriter,
     *,
     process: str = "prober",
-    clock_ms: Callable[[], int] = lambda: int(time.time() * 1000),
+    clock_ms: Callable[[], int] = now_ms,
 ) -> dict[str, int]:
     """Read the committed offset of every queue of ``topic`` from its group's id 0."""
     out: dict[str, int] = {}
@@ -654,7 +654,7 @@ class DelayedProducerWorkload(ProducerWorkload):
         timer = self._seq % 2 == 1
         self._seq += 1
         body = body_for(key, self.size)
-        now = int(time.time() * 1000)
+        now = now_ms()
         if timer:
             low, high = self.timer_ms
             due = now + self._choose(now, range(low, high + 1, 50))
@@ -824,7 +824,7 @@ class PopWorkload(_ConsumerLoop):
             log.debug("receive from %s failed: %s", self.topic, exc)
             await asyncio.sleep(0.3)
             return
-        now = int(time.time() * 1000)
+        now = now_ms()
         for m in messages:
             record_receive(self.history, self.process, self.consumer_group, m, self.delivered, now)
         for m in messages:
@@ -838,7 +838,7 @@ class PopWorkload(_ConsumerLoop):
             self.skipped.add(key)
             self.history.write(
                 Event(
-                    int(time.time() * 1000),
+                    now_ms(),
                     self.process,
                     "info",
                     "nack",

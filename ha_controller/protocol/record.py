@@ -50,6 +50,7 @@ from dataclasses import dataclass, field
 from typing import Final, NamedTuple, TypeAlias
 
 from ha_controller.protocol.errors import CorruptRecord
+from ha_controller.protocol.properties import PROPERTY_KEYS, PROPERTY_TAGS, PROPERTY_UNIQ_KEY
 
 __all__ = [
     "BLANK",
@@ -92,10 +93,6 @@ MAX_RECORD_SIZE: Final = 0xFFFFFFFF
 
 NAME_VALUE_SEPARATOR: Final = "\x01"
 PROPERTY_SEPARATOR: Final = "\x02"
-
-PROPERTY_TAGS: Final = "TAGS"
-PROPERTY_KEYS: Final = "KEYS"
-PROPERTY_UNIQ_KEY: Final = "UNIQ_KEY"
 
 BufferLike: TypeAlias = bytes | bytearray | memoryview | mmap.mmap
 

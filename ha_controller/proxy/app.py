@@ -1,21 +1,27 @@
 """The gateway process: gRPC listener, optional admin HTTP, broker heartbeats;
-phased shutdown (stop accepting, let calls finish for a grace period, close)."""
+phased shutdown (stop accepting, let calls finish for a grace period, close).
+
+Settings: :class:`ha_controller.config.ProxyConfig`, from
+:func:`ha_controller.config.load_proxy_config` (TOML file, ``HAC_*`` env, flags).
+"""
 
 from __future__ import annotations
 
 import asyncio
 import logging
+from collections.abc import Iterable
 from pathlib import Path
 
 import grpc
 
+from ha_controller import config
 from ha_controller.admin_http import build_admin_app, start_http
-from ha_controller.config import parse_host_port
+from ha_controller.config import load_proxy_config, parse_host_port
 from ha_controller.proto.rocketmq.v2 import service_pb2_grpc
-from ha_controller.proxy.service import Gateway, ProxyConfig
+from ha_controller.proxy.service import Gateway
 from ha_controller.readyfile import format_addr, write_ready_file
 
-__all__ = ["ProxyConfig", "serve"]
+__all__ = ["ProxyConfig", "load_proxy_config", "serve"]
 
 log = logging.getLogger(__name__)
 
@@ -29,7 +35,33 @@ GRPC_OPTIONS = [
 ]
 
 
-async def serve(cfg: ProxyConfig, stop: asyncio.Event, ready_file: str | Path | None) -> None:
+def ProxyConfig(  # a function, so that hactl's ``proxy.ProxyConfig(...)`` keeps working
+    *,
+    namesrv: Iterable[str],
+    listen: str = "0.0.0.0:8081",
+    http: str | None = None,
+    fifo_groups: Iterable[str] = (),
+    long_polling_timeout_s: int = 20,
+) -> config.ProxyConfig:
+    """Transitional: a :class:`ha_controller.config.ProxyConfig` from the keywords that
+    ``hactl proxy`` passed before settings had a loader.
+
+    Use :func:`load_proxy_config` (re-exported here) instead; remove this once
+    ``hactl proxy`` does.  The class itself is ``ha_controller.config.ProxyConfig``
+    (also ``ha_controller.proxy.ProxyConfig``).
+    """
+    return config.ProxyConfig(
+        namesrv_addrs=tuple(namesrv),
+        listen=listen,
+        http_listen=http,
+        fifo_groups=tuple(sorted(fifo_groups)),
+        long_polling_timeout_ms=long_polling_timeout_s * 1000,
+    )
+
+
+async def serve(
+    cfg: config.ProxyConfig, stop: asyncio.Event, ready_file: str | Path | None
+) -> None:
     gateway = Gateway(cfg)
     server = grpc.aio.server(options=GRPC_OPTIONS)
     service_pb2_grpc.add_MessagingServiceServicer_to_server(gateway, server)  # type: ignore[no-untyped-call]
@@ -42,8 +74,8 @@ async def serve(cfg: ProxyConfig, stop: asyncio.Event, ready_file: str | Path | 
     addresses = {"rpc": gateway.advertised}
     try:
         await server.start()
-        if cfg.http:
-            h_host, h_port = parse_host_port(cfg.http)
+        if cfg.http_listen:
+            h_host, h_port = parse_host_port(cfg.http_listen)
             app = build_admin_app(gateway.metrics.registry, ready=lambda: (True, "serving"))
             runner, (b_host, b_port) = await start_http(app, h_host, h_port)
             addresses["http"] = format_addr(b_host, b_port)

@@ -32,6 +32,28 @@ from ha_controller.protocol.errors import (
     ServiceStopping,
     TopicNotFound,
 )
+from ha_controller.protocol.properties import (
+    PROPERTY_DELAY,
+    PROPERTY_DUE_MS,
+    PROPERTY_KEYS,
+    PROPERTY_MAX_OFFSET,
+    PROPERTY_MESSAGE_GROUP,
+    PROPERTY_MIN_OFFSET,
+    PROPERTY_OP_RESULT,
+    PROPERTY_OP_TRANSACTION_ID,
+    PROPERTY_ORIGIN_MESSAGE_ID,
+    PROPERTY_POP_CK,
+    PROPERTY_PREPARED_QUEUE_OFFSET,
+    PROPERTY_PRODUCER_GROUP,
+    PROPERTY_REAL_QID,
+    PROPERTY_REAL_TOPIC,
+    PROPERTY_RECONSUME_TIME,
+    PROPERTY_RETRY_TOPIC,
+    PROPERTY_TAGS,
+    PROPERTY_TIMER_DELIVER_MS,
+    PROPERTY_TRAN_MSG,
+    PROPERTY_UNIQ_KEY,
+)
 from ha_controller.proxy.handles import InvalidHandle
 from ha_controller.routing import Perm, TopicRouteData
 
@@ -54,18 +76,6 @@ __all__ = [
     "writable_queues",
 ]
 
-PROPERTY_TAGS: Final = "TAGS"
-PROPERTY_KEYS: Final = "KEYS"
-PROPERTY_UNIQ_KEY: Final = "UNIQ_KEY"
-PROPERTY_MESSAGE_GROUP: Final = "__SHARDINGKEY"
-PROPERTY_TIMER_DELIVER_MS: Final = "TIMER_DELIVER_MS"
-PROPERTY_DELAY: Final = "DELAY"
-PROPERTY_TRAN_MSG: Final = "TRAN_MSG"
-PROPERTY_PRODUCER_GROUP: Final = "PGROUP"
-PROPERTY_RECONSUME_TIME: Final = "RECONSUME_TIME"
-PROPERTY_RETRY_TOPIC: Final = "RETRY_TOPIC"
-PROPERTY_PREPARED_QUEUE_OFFSET: Final = "TRAN_PREPARED_QUEUE_OFFSET"
-
 #: Properties our brokers set or read; never shown as user properties, and a
 #: v2 client may not set them as user properties (ILLEGAL_MESSAGE_PROPERTY_KEY).
 SYSTEM_PROPERTIES: Final = frozenset(
@@ -81,15 +91,15 @@ SYSTEM_PROPERTIES: Final = frozenset(
         PROPERTY_RECONSUME_TIME,
         PROPERTY_RETRY_TOPIC,
         PROPERTY_PREPARED_QUEUE_OFFSET,
-        "REAL_TOPIC",
-        "REAL_QID",
-        "DUE_MS",
-        "POP_CK",
-        "ORIGIN_MESSAGE_ID",
-        "TRAN_ID",
-        "TRAN_RESULT",
-        "MIN_OFFSET",
-        "MAX_OFFSET",
+        PROPERTY_REAL_TOPIC,
+        PROPERTY_REAL_QID,
+        PROPERTY_DUE_MS,
+        PROPERTY_POP_CK,
+        PROPERTY_ORIGIN_MESSAGE_ID,
+        PROPERTY_OP_TRANSACTION_ID,
+        PROPERTY_OP_RESULT,
+        PROPERTY_MIN_OFFSET,
+        PROPERTY_MAX_OFFSET,
     }
 )
 

@@ -12,12 +12,12 @@ from __future__ import annotations
 import base64
 import binascii
 import json
-import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Final
 
 from ha_controller.protocol.errors import BadRequest
+from ha_controller.protocol.properties import now_ms
 
 __all__ = [
     "FifoLocks",
@@ -144,7 +144,7 @@ class FifoLocks:
     """
 
     def __init__(self, clock_ms: Callable[[], int] | None = None) -> None:
-        self._clock = clock_ms or (lambda: int(time.time() * 1000))
+        self._clock = clock_ms or now_ms
         self._locks: dict[tuple[str, str, str, int], _Lock] = {}
 
     def locked(self, group: str, broker: str, topic: str, queue_id: int) -> bool:

@@ -27,7 +27,6 @@ import socket
 import time
 import uuid
 from collections.abc import AsyncIterator, Awaitable, Callable
-from dataclasses import dataclass
 from typing import Any, Final, TypeVar
 
 import grpc
@@ -35,6 +34,7 @@ from google.protobuf.message import DecodeError
 from google.protobuf.message import Message as PbMessage
 
 from ha_controller.client.admin import NameserverClient
+from ha_controller.config import ProxyConfig
 from ha_controller.proto import broker_pb2, common_pb2
 from ha_controller.proto.rocketmq.v2 import definition_pb2 as v2
 from ha_controller.proto.rocketmq.v2 import service_pb2 as v2s
@@ -42,10 +42,18 @@ from ha_controller.proto.rocketmq.v2 import service_pb2_grpc
 from ha_controller.protocol.codes import RequestCode
 from ha_controller.protocol.errors import (
     BadRequest,
-    ConfigError,
     HaError,
     NotMaster,
     TopicNotFound,
+)
+from ha_controller.protocol.properties import (
+    DELAY_LEVELS_MS,
+    PROPERTY_POP_CK,
+    PROPERTY_RETRY_TOPIC,
+    PROPERTY_UNIQ_KEY,
+    dlq_topic,
+    now_ms,
+    retry_topic,
 )
 from ha_controller.proxy import convert
 from ha_controller.proxy.handles import FifoLocks, GatewayHandle, InvalidHandle, TransactionId
@@ -58,8 +66,6 @@ log = logging.getLogger(__name__)
 
 R = TypeVar("R", bound=PbMessage)
 
-RETRY_PREFIX: Final = "%RETRY%"
-DLQ_PREFIX: Final = "%DLQ%"
 #: POP waits at most this long per call, so retry-topic messages and route
 #: changes are seen at least this often during a long poll.
 POLL_SLICE_MS: Final = 5000
@@ -70,30 +76,6 @@ ISOLATION_S: Final = 5.0
 MAX_BATCH: Final = 32
 MIN_INVISIBLE_MS: Final = 1000
 CLIENT_ID_HEADER: Final = "x-mq-client-id"
-
-
-@dataclass(frozen=True)
-class ProxyConfig:
-    """Settings of one gateway (flags of ``hactl proxy``)."""
-
-    namesrv: tuple[str, ...]
-    listen: str = "0.0.0.0:8081"
-    http: str | None = None
-    fifo_groups: frozenset[str] = frozenset()
-    long_polling_timeout_s: int = 20
-    default_invisible_ms: int = 30_000
-    send_attempts: int = 3
-    route_ttl_ms: int = 1000
-    broker_heartbeat_interval_s: float = 5.0
-    broker_timeout_ms: int = 3000
-
-    def __post_init__(self) -> None:
-        if not self.namesrv:
-            raise ConfigError("namesrv: at least one nameserver address is needed")
-        if self.long_polling_timeout_s < 1:
-            raise ConfigError("long_polling_timeout_s: must be >= 1")
-        if self.send_attempts < 1:
-            raise ConfigError("send_attempts: must be >= 1")
 
 
 def _client_id(context: grpc.aio.ServicerContext[Any, Any]) -> str:
@@ -119,7 +101,7 @@ class Gateway(service_pb2_grpc.MessagingServiceServicer):
         dispatcher = Dispatcher()
         dispatcher.add_raw(RequestCode.CHECK_TRANSACTION_STATE, self._on_check)
         self.pool = ConnectionPool(dispatcher=dispatcher, connect_timeout_ms=2000)
-        self.ns = NameserverClient(list(cfg.namesrv), ConnectionPool(connect_timeout_ms=2000))
+        self.ns = NameserverClient(list(cfg.namesrv_addrs), ConnectionPool(connect_timeout_ms=2000))
         self.sessions: Sessions[v2s.TelemetryCommand] = Sessions()
         self.fifo = FifoLocks()
         self.advertised = ""  # host:port clients use; set once bound
@@ -150,7 +132,7 @@ class Gateway(service_pb2_grpc.MessagingServiceServicer):
             try:
                 await asyncio.wait(
                     waits,
-                    timeout=self.cfg.broker_heartbeat_interval_s,
+                    timeout=self.cfg.heartbeat_broker_interval_ms / 1000,
                     return_when=asyncio.FIRST_COMPLETED,
                 )
             finally:
@@ -389,9 +371,7 @@ class Gateway(service_pb2_grpc.MessagingServiceServicer):
         self.metrics.requests.labels(method="ReceiveMessage", code=v2.Code.Name(code)).inc()
         yield v2s.ReceiveMessageResponse(status=convert.status(code, text))
         if messages:  # the SDKs measure delivery latency from it (Python's push consumer needs it)
-            yield v2s.ReceiveMessageResponse(
-                delivery_timestamp=convert.timestamp_of_ms(int(time.time() * 1000))
-            )
+            yield v2s.ReceiveMessageResponse(delivery_timestamp=convert.timestamp_of_ms(now_ms()))
         for m in messages:
             yield v2s.ReceiveMessageResponse(message=m)
 
@@ -414,7 +394,7 @@ class Gateway(service_pb2_grpc.MessagingServiceServicer):
         poll_ms = (
             convert.ms_of_duration(request.long_polling_timeout)
             if request.HasField("long_polling_timeout")
-            else self.cfg.long_polling_timeout_s * 1000
+            else self.cfg.long_polling_timeout_ms
         )
         remaining = context.time_remaining()
         if remaining is not None:  # answer before the client's deadline
@@ -465,7 +445,7 @@ class Gateway(service_pb2_grpc.MessagingServiceServicer):
         """Messages the revive service re-delivered (``%RETRY%group``), no wait."""
         try:
             return await self._pop(
-                addr, group, RETRY_PREFIX + group, topic, broker, -1, batch, invisible_ms, 0, tags
+                addr, group, retry_topic(group), topic, broker, -1, batch, invisible_ms, 0, tags
             )
         except TopicNotFound:
             return []
@@ -498,7 +478,7 @@ class Gateway(service_pb2_grpc.MessagingServiceServicer):
                     addr, group, topic, topic, broker, qid, batch - len(out), invisible_ms, 0, tags
                 )
                 if got:
-                    until = int(time.time() * 1000) + invisible_ms
+                    until = now_ms() + invisible_ms
                     offsets = [m.system_properties.queue_offset for m in got]
                     self.fifo.lock(group, broker, topic, qid, offsets, until)
                     out.extend(got)
@@ -535,7 +515,7 @@ class Gateway(service_pb2_grpc.MessagingServiceServicer):
             poll_ms + self.cfg.broker_timeout_ms,
         )
         invisible = resp.invisible_time_ms or invisible_ms
-        until = (resp.pop_time_ms or int(time.time() * 1000)) + invisible
+        until = (resp.pop_time_ms or now_ms()) + invisible
         out = []
         for m in resp.messages:
             handle = GatewayHandle(
@@ -543,7 +523,7 @@ class Gateway(service_pb2_grpc.MessagingServiceServicer):
                 pop_topic=pop_topic,
                 queue_id=m.queue_id,
                 queue_offset=m.queue_offset,
-                broker_handle=m.properties.get("POP_CK", ""),
+                broker_handle=m.properties.get(PROPERTY_POP_CK, ""),
                 invisible_until_ms=until,
             )
             out.append(
@@ -619,7 +599,7 @@ class Gateway(service_pb2_grpc.MessagingServiceServicer):
                 broker_pb2.AckMessageResponse,
                 self.cfg.broker_timeout_ms,
             )
-            until = int(time.time() * 1000) + invisible_ms
+            until = now_ms() + invisible_ms
             self.fifo.extend(group, h.broker_name, h.pop_topic, h.queue_id, h.queue_offset, until)
             new = GatewayHandle(
                 h.broker_name,
@@ -678,8 +658,8 @@ class Gateway(service_pb2_grpc.MessagingServiceServicer):
         )
 
     async def _send_dlq(self, group: str, topic: str, m: broker_pb2.Message) -> None:
-        props = {k: v for k, v in m.properties.items() if k != "POP_CK"}
-        props.setdefault("RETRY_TOPIC", topic)
+        props = {k: v for k, v in m.properties.items() if k != PROPERTY_POP_CK}
+        props.setdefault(PROPERTY_RETRY_TOPIC, topic)
         queues = convert.writable_queues(await self.route(topic, fresh=True))
         last: BaseException | None = None
         for addr in dict.fromkeys(q.addr for q in queues):
@@ -689,7 +669,7 @@ class Gateway(service_pb2_grpc.MessagingServiceServicer):
                     RequestCode.SEND_MESSAGE,
                     broker_pb2.SendMessageRequest(
                         producer_group=group,
-                        topic=DLQ_PREFIX + group,
+                        topic=dlq_topic(group),
                         queue_id=0,
                         entries=[
                             broker_pb2.SendEntry(
@@ -706,7 +686,7 @@ class Gateway(service_pb2_grpc.MessagingServiceServicer):
                 if not _retriable(exc):
                     raise
                 last = exc
-        raise last or NotMaster(f"no writable group for {DLQ_PREFIX}{group}")
+        raise last or NotMaster(f"no writable group for {dlq_topic(group)}")
 
     # ---- transactions -----------------------------------------------------------
 
@@ -754,7 +734,7 @@ class Gateway(service_pb2_grpc.MessagingServiceServicer):
         except DecodeError as exc:
             raise BadRequest("undecodable CheckTransactionStateRequest") from exc
         topic = req.message.topic
-        uniq = req.transaction_id or req.message.properties.get("UNIQ_KEY", "")
+        uniq = req.transaction_id or req.message.properties.get(PROPERTY_UNIQ_KEY, "")
         tx = TransactionId(
             req.broker_name or req.message.broker_name,
             req.message.queue_offset,
@@ -887,7 +867,7 @@ class Gateway(service_pb2_grpc.MessagingServiceServicer):
             sub.fifo = s.group in self.cfg.fifo_groups
             sub.receive_batch_size = MAX_BATCH
             sub.long_polling_timeout.CopyFrom(
-                convert.duration_of_ms(self.cfg.long_polling_timeout_s * 1000)
+                convert.duration_of_ms(self.cfg.long_polling_timeout_ms)
             )
             out.backoff_policy.CopyFrom(
                 v2.RetryPolicy(
@@ -945,25 +925,9 @@ class Gateway(service_pb2_grpc.MessagingServiceServicer):
         return v2s.SyncLiteSubscriptionResponse(status=_not_offered("SyncLiteSubscription"))
 
 
-#: Push-consumer redelivery back-off sent in settings (RocketMQ's 1s 5s 10s 30s 1m ... 2h).
-CONSUMER_BACKOFF_S: Final = (
-    1,
-    5,
-    10,
-    30,
-    60,
-    120,
-    180,
-    240,
-    300,
-    360,
-    420,
-    480,
-    540,
-    600,
-    1200,
-    1800,
-)
+#: Push-consumer redelivery back-off sent in settings: RocketMQ's first 16 delay levels
+#: (1s 5s 10s 30s 1m ... 20m 30m).
+CONSUMER_BACKOFF_S: Final = tuple(ms // 1000 for ms in DELAY_LEVELS_MS[:16])
 
 
 def _not_offered(method: str) -> v2.Status:

@@ -1,12 +1,12 @@
 """asyncio RPC over TubeMQ framing: connections, server, client pool."""
 
-from ha_controller.config import RpcLimits
 from ha_controller.rpc.connection import (
     Dispatcher,
     RequestContext,
     RpcConnection,
     connect,
 )
+from ha_controller.rpc.limits import RpcLimits
 from ha_controller.rpc.pool import ConnectionPool
 from ha_controller.rpc.server import RpcServer
 

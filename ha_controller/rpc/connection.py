@@ -21,7 +21,6 @@ from typing import Any, TypeVar
 
 from google.protobuf.message import DecodeError, Message
 
-from ha_controller.config import RpcLimits
 from ha_controller.protocol import envelope
 from ha_controller.protocol.codes import method_name
 from ha_controller.protocol.errors import (
@@ -37,6 +36,7 @@ from ha_controller.protocol.errors import (
     UnknownMethod,
 )
 from ha_controller.protocol.framing import FrameDecoder
+from ha_controller.rpc.limits import RpcLimits
 
 log = logging.getLogger(__name__)
 

@@ -9,9 +9,9 @@ import time
 
 from google.protobuf.message import Message
 
-from ha_controller.config import RpcLimits
 from ha_controller.protocol.errors import ConnectionClosed, ServiceStopping
 from ha_controller.rpc.connection import Dispatcher, M, RpcConnection, connect
+from ha_controller.rpc.limits import RpcLimits
 
 
 class ConnectionPool:

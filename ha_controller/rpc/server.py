@@ -7,8 +7,8 @@ import logging
 import ssl
 from collections.abc import Callable
 
-from ha_controller.config import RpcLimits
 from ha_controller.rpc.connection import Dispatcher, RpcConnection
+from ha_controller.rpc.limits import RpcLimits
 
 log = logging.getLogger(__name__)
 
@@ -75,13 +75,17 @@ class RpcServer:
             except Exception:
                 log.exception("connection-closed listener failed for %s", conn.peer)
 
-    async def aclose(self, grace_s: float = 5.0) -> None:
-        """Stop accepting, drain in-flight requests, close connections; idempotent."""
+    def stop_accepting(self) -> None:
+        """Phase 1 of a shutdown: no new connections, no new requests (idempotent)."""
         if self._server is not None:
             self._server.close()
-        conns = list(self.connections)
-        for conn in conns:
+        for conn in list(self.connections):
             conn.stop_accepting()
+
+    async def aclose(self, grace_s: float = 5.0) -> None:
+        """Stop accepting, drain in-flight requests, close connections; idempotent."""
+        self.stop_accepting()
+        conns = list(self.connections)
         if conns:
             await asyncio.gather(*(c.wait_handlers(grace_s) for c in conns))
             await asyncio.gather(*(c.drain() for c in conns))

@@ -17,6 +17,7 @@ from ha_controller.config import (
     MIB,
     BrokerConfig,
     NameserverConfig,
+    ProxyConfig,
     RpcLimits,
     TlsConfig,
     config_keys,
@@ -25,11 +26,13 @@ from ha_controller.config import (
     load_broker_config,
     load_broker_configs,
     load_nameserver_config,
+    load_proxy_config,
     parse_host_port,
     render_toml,
     to_toml_dict,
 )
 from ha_controller.protocol.errors import ConfigError, HaError, error_table
+from ha_controller.protocol.properties import DEFAULT_DELAY_LEVELS, DELAY_LEVELS_MS
 
 BROKER_FLAGS: dict[str, object] = {
     "broker_name": "broker-a",
@@ -763,3 +766,198 @@ def test_single_broker_loader_refuses_a_container(tmp_path: Path) -> None:
 def test_plain_broker_file_is_a_container_of_one(tmp_path: Path) -> None:
     (only,) = load_broker_configs(write(tmp_path, BROKER_HEAD), {"broker_id": 4}, {})
     assert (only.broker_name, only.broker_id) == ("b", 4)
+
+
+# --- RpcLimits lives in ha_controller.rpc.limits --------------------------------------------
+
+
+def test_rpc_limits_is_the_rpc_layers_class() -> None:
+    from ha_controller.rpc import RpcLimits as FromRpc
+    from ha_controller.rpc.limits import RpcLimits as FromLimits
+
+    assert RpcLimits is FromRpc is FromLimits
+    loaded = load_nameserver_config(None, {}, {"HAC_LIMITS_MAX_LIST_SIZE": "20"})
+    assert type(loaded.limits) is RpcLimits  # not the loader's checking twin
+    assert loaded.limits == RpcLimits(max_list_size=20)
+
+
+@pytest.mark.parametrize(
+    ("kwargs", "needles"),
+    [
+        ({"max_frame_bytes": 5}, ["max_frame_bytes: must be >= 1024 bytes, got 5 bytes"]),
+        ({"default_timeout_ms": 0}, ["default_timeout_ms: must be >= 1 ms"]),
+        ({"max_list_size": "7"}, ["max_list_size", "integer", "'7'"]),
+        ({"max_block_bytes": 64 * MIB}, ["max_block_bytes, max_frame_bytes", "cannot exceed"]),
+    ],
+)
+def test_rpc_limits_direct_construction_is_validated(
+    kwargs: dict[str, Any], needles: list[str]
+) -> None:
+    with pytest.raises(ConfigError) as info:
+        RpcLimits(**kwargs)
+    assert_one_clear_error(info.value, *needles)
+
+
+def test_default_delay_levels_are_the_shared_table() -> None:
+    assert broker().delay_levels == DEFAULT_DELAY_LEVELS
+    assert broker().delay_levels_ms == DELAY_LEVELS_MS
+    assert len(DELAY_LEVELS_MS) == 18
+    assert DELAY_LEVELS_MS[0] == 1000
+    assert DELAY_LEVELS_MS[-1] == 7_200_000
+
+
+# --- the gRPC gateway (hactl proxy) ---------------------------------------------------------
+
+PROXY_FLAGS: dict[str, object] = {"namesrv": "127.0.0.1:9876"}
+
+
+def test_proxy_defaults_are_the_gateways() -> None:
+    cfg = load_proxy_config(None, PROXY_FLAGS, {})
+    assert cfg == ProxyConfig(
+        namesrv_addrs=("127.0.0.1:9876",),
+        listen="0.0.0.0:8081",
+        http_listen=None,
+        fifo_groups=(),
+        long_polling_timeout_ms=20_000,
+        default_invisible_ms=30_000,
+        send_attempts=3,
+        route_ttl_ms=1000,
+        heartbeat_broker_interval_ms=5000,
+        broker_timeout_ms=3000,
+        log_level="INFO",
+    )
+    with pytest.raises(dataclasses.FrozenInstanceError):
+        cfg.send_attempts = 1  # type: ignore[misc]
+
+
+def test_proxy_durations_carry_units_and_are_whole_numbers() -> None:
+    timeish = re.compile(r"(interval|timeout|ttl|invisible|time)")
+    hints = {f.name: f.type for f in dataclasses.fields(ProxyConfig)}
+    for key in config_keys(ProxyConfig):
+        if timeish.search(key):
+            assert key.endswith("_ms"), key
+            assert hints[key] == "int", key
+
+
+def test_proxy_file_then_env_then_flags(tmp_path: Path) -> None:
+    path = write(
+        tmp_path,
+        'namesrv_addrs = ["10.0.0.1:9876"]\n'
+        'http_listen = "127.0.0.1:8082"\n'
+        'fifo_groups = ["g1", "g2"]\n'
+        "send_attempts = 5\n"
+        "route_ttl_ms = 0\n"
+        "long_polling_timeout_ms = 10000\n",
+    )
+    env = {"HAC_SEND_ATTEMPTS": "4", "HAC_HEARTBEAT_BROKER_INTERVAL_MS": "2500"}
+    flags = {
+        "namesrv": "a:1,b:2",  # the alias of namesrv_addrs, comma separated
+        "listen": "127.0.0.1:0",
+        "http": None,  # not given: the file's value stays
+        "long_polling_timeout_ms": 5000,
+        "ready_file": "ignored",  # not a setting
+    }
+    cfg = load_proxy_config(path, flags, env)
+    assert cfg.namesrv_addrs == ("a:1", "b:2")
+    assert cfg.listen == "127.0.0.1:0"
+    assert cfg.http_listen == "127.0.0.1:8082"
+    assert cfg.fifo_groups == ("g1", "g2")
+    assert cfg.send_attempts == 4
+    assert cfg.route_ttl_ms == 0  # 0 = ask the nameserver for every route
+    assert cfg.heartbeat_broker_interval_ms == 2500
+    assert cfg.long_polling_timeout_ms == 5000
+    assert load_proxy_config(None, {**PROXY_FLAGS, "fifo_groups": "x, y,"}, {}).fifo_groups == (
+        "x",
+        "y",
+    )
+
+
+def test_proxy_round_trip(tmp_path: Path) -> None:
+    cfg = ProxyConfig(
+        namesrv_addrs=("10.0.0.1:9876", "[::1]:9876"),
+        listen="127.0.0.1:0",
+        http_listen="127.0.0.1:0",
+        fifo_groups=("orders",),
+        long_polling_timeout_ms=7000,
+        log_level="DEBUG",
+    )
+    text = render_toml(cfg)
+    assert tomllib.loads(text) == to_toml_dict(cfg)
+    assert load_proxy_config(write(tmp_path, text), {}, {}) == cfg
+
+
+def test_every_proxy_key_is_settable_from_env() -> None:
+    base = load_proxy_config(None, PROXY_FLAGS, {})
+    env = {
+        env_var_name(key): _env_text(tuple(v) if isinstance(v, list) else v)
+        for key, v in to_toml_dict(base).items()
+    }
+    assert set(config_keys(ProxyConfig)) - set(to_toml_dict(base)) == {"http_listen"}
+    env["HAC_NAMESRV_ADDRS"] = "10.0.0.9:9876"
+    base = dataclasses.replace(base, namesrv_addrs=("10.0.0.9:9876",))
+    env["HAC_HTTP_LISTEN"] = ""
+    assert load_proxy_config(None, {}, env) == base
+
+
+@pytest.mark.parametrize(
+    ("source", "value", "needles"),
+    [
+        ("file", "long_polling_timeout_ms = 500", ["long_polling_timeout_ms", ">= 1000 ms"]),
+        ("file", "long_polling_timeout_s = 20", ["unknown key", "long_polling_timeout_ms"]),
+        ("file", "send_attempts = 0", ["send_attempts", ">= 1"]),
+        ("file", "broker_timeout_ms = 1.5", ["broker_timeout_ms", "milliseconds", "1.5"]),
+        ("file", "route_ttl_ms = -1", ["route_ttl_ms", ">= 0 ms"]),
+        ("file", "namesrv_addrs = []", ["namesrv_addrs", "at least one"]),
+        ("file", "fifo_groups = 3", ["fifo_groups", "list of strings"]),
+        ("file", "http_listen = '0.0.0.0:8081'", ["listen", "http_listen", "port 8081"]),
+        ("env", "HAC_DEFAULT_INVISIBLE_MS=30s", ["default_invisible_ms", "env HAC_DEFAULT_"]),
+        ("env", "HAC_LISTEN=nohost", ["listen (env HAC_LISTEN)", "host:port"]),
+        ("env", "HAC_LOG_LEVEL=loud", ["log_level", "'INFO'"]),
+        ("flag", "send_attempts=0", ["send_attempts (flag --send-attempts)", ">= 1"]),
+        ("flag", "http=localhost", ["http_listen (flag --http)", "host:port"]),
+    ],
+)
+def test_proxy_errors_name_key_and_source(
+    tmp_path: Path, source: str, value: str, needles: list[str]
+) -> None:
+    path = None
+    env: dict[str, str] = {}
+    flags: dict[str, object] = dict(PROXY_FLAGS)
+    if source == "file":
+        head = 'namesrv_addrs = ["h:9876"]\n' if "namesrv_addrs" not in value else ""
+        path = write(tmp_path, head + value + "\n")
+        flags = {}
+        needles = [*needles, f"file {path}"]
+    elif source == "env":
+        name, _, text = value.partition("=")
+        env[name] = text
+    else:
+        name, _, text = value.partition("=")
+        flags[name] = text
+    with pytest.raises(ConfigError) as info:
+        load_proxy_config(path, flags, env)
+    assert_one_clear_error(info.value, *needles)
+
+
+def test_proxy_nameserver_defaults_to_hactls_and_cannot_be_empty() -> None:
+    assert load_proxy_config(None, {}, {}).namesrv_addrs == ("127.0.0.1:9876",)
+    with pytest.raises(ConfigError) as info:
+        load_proxy_config(None, {}, {"HAC_NAMESRV_ADDRS": " , "})
+    assert_one_clear_error(info.value, "namesrv_addrs (env HAC_NAMESRV_ADDRS)", "at least one")
+
+
+def test_proxy_keeps_hactls_old_constructor() -> None:
+    pytest.importorskip("grpc")
+    from ha_controller.proxy import app
+
+    cfg = app.ProxyConfig(
+        namesrv=("127.0.0.1:9876",),
+        listen="127.0.0.1:0",
+        http=None,
+        fifo_groups=frozenset({"b", "a"}),
+        long_polling_timeout_s=5,
+    )
+    assert isinstance(cfg, ProxyConfig)
+    assert (cfg.fifo_groups, cfg.long_polling_timeout_ms) == (("a", "b"), 5000)
+    flags = {"namesrv": "127.0.0.1:9876", "listen": "127.0.0.1:0", "fifo_groups": "a,b"}
+    assert load_proxy_config(None, {**flags, "long_polling_timeout_ms": 5000}, {}) == cfg

@@ -16,9 +16,9 @@ from dataclasses import dataclass, field
 
 import pytest
 
-from broker_agent.membership.acting import ActingState
-from broker_agent.locks.service import LockService, mq_from_pb, mq_to_pb
 from broker_agent.locks.manager import MessageQueueKey
+from broker_agent.locks.service import LockService, mq_from_pb, mq_to_pb
+from broker_agent.membership.acting import ActingState
 from broker_agent.metrics import BrokerMetrics
 from ha_controller.config import BrokerConfig
 from ha_controller.proto import broker_pb2, common_pb2

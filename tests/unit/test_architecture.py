@@ -1,0 +1,334 @@
+"""The import architecture of ``ha_controller``, ``nameserver`` and ``broker_agent``.
+
+Every module is parsed with :mod:`ast` (nothing is imported) and every static import
+counts: module level, inside functions, under ``if TYPE_CHECKING:``.  Generated
+``*_pb2*.py`` modules are left out.  An import of ``a.b.c`` is an edge to ``a.b.c``
+and to the packages ``a`` and ``a.b`` whose ``__init__`` it runs, except the
+importer's own enclosing packages (they are already being imported when it runs).
+``from a.b import c`` is an edge to the module ``a.b.c`` when there is one, else to
+``a.b`` (a name defined in its ``__init__``).
+
+The layer rules are checked along import chains, so that a rule also catches what a
+module pulls in through others (the client SDK must not load the config loader,
+not even through ``ha_controller.rpc``); a failure names the whole chain.
+"""
+
+from __future__ import annotations
+
+import ast
+import functools
+import re
+from collections import deque
+from collections.abc import Iterator
+from dataclasses import dataclass
+from pathlib import Path
+
+import pytest
+
+ROOT = Path(__file__).resolve().parents[2]
+PACKAGES = ("ha_controller", "nameserver", "broker_agent")
+GENERATED = re.compile(r"_pb2(_grpc)?\.pyi?$")
+
+
+@dataclass(frozen=True)
+class Edge:
+    source: str
+    target: str
+    line: int
+
+    def __str__(self) -> str:
+        return f"{self.source} -> {self.target} (line {self.line})"
+
+
+@dataclass(frozen=True)
+class Graph:
+    #: our modules (generated ones left out) -> their file
+    files: dict[str, Path]
+    #: every import of a module, by importer; targets may be outside our packages
+    imports: dict[str, tuple[Edge, ...]]
+
+    def edges(self, source: str) -> Iterator[Edge]:
+        """Imports of ``source`` that are modules of ours (the graph's edges)."""
+        return (e for e in self.imports[source] if e.target in self.files)
+
+
+def _module_name(path: Path) -> str:
+    parts = list(path.relative_to(ROOT).with_suffix("").parts)
+    if parts[-1] == "__init__":
+        parts.pop()
+    return ".".join(parts)
+
+
+def _is_package(path: Path) -> bool:
+    return path.name == "__init__.py"
+
+
+def _ancestors(module: str) -> list[str]:
+    """``a.b.c`` -> ``["a", "a.b"]``."""
+    parts = module.split(".")
+    return [".".join(parts[:i]) for i in range(1, len(parts))]
+
+
+def _absolute(module: str, is_package: bool, node: ast.ImportFrom) -> str:
+    if node.level == 0:
+        return node.module or ""
+    package = module if is_package else module.rpartition(".")[0]
+    for _ in range(node.level - 1):
+        package = package.rpartition(".")[0]
+    return f"{package}.{node.module}" if node.module else package
+
+
+def _targets(module: str, path: Path, all_modules: frozenset[str]) -> Iterator[tuple[str, int]]:
+    """(imported module, line) for every import statement anywhere in the file."""
+    tree = ast.parse(path.read_text(encoding="utf-8"), filename=str(path))
+    for node in ast.walk(tree):
+        if isinstance(node, ast.Import):
+            for alias in node.names:
+                yield alias.name, node.lineno
+        elif isinstance(node, ast.ImportFrom):
+            base = _absolute(module, _is_package(path), node)
+            for alias in node.names:
+                sub = f"{base}.{alias.name}"
+                yield (sub if sub in all_modules else base), node.lineno
+
+
+def _edges_of(module: str, path: Path, all_modules: frozenset[str]) -> tuple[Edge, ...]:
+    own_packages = set(_ancestors(module))
+    out: dict[str, Edge] = {}
+    for target, line in _targets(module, path, all_modules):
+        for name in [*_ancestors(target), target]:
+            if name != module and name not in own_packages and name not in out:
+                out[name] = Edge(module, name, line)
+    return tuple(out.values())
+
+
+@functools.cache
+def import_graph() -> Graph:
+    every: dict[str, Path] = {}
+    for package in PACKAGES:
+        for path in sorted((ROOT / package).rglob("*.py")):
+            if "__pycache__" not in path.parts:
+                every[_module_name(path)] = path
+    all_modules = frozenset(every)  # generated ones too: "from x.proto import y_pb2"
+    files = {m: p for m, p in every.items() if not GENERATED.search(p.name)}
+    imports = {m: _edges_of(m, p, all_modules) for m, p in files.items()}
+    return Graph(files, imports)
+
+
+def _in(module: str, prefix: str) -> bool:
+    return module == prefix or module.startswith(prefix + ".")
+
+
+def find_cycles(graph: Graph) -> list[list[Edge]]:
+    """One cycle (as a closed chain of edges) per strongly connected component."""
+    index: dict[str, int] = {}
+    low: dict[str, int] = {}
+    stack: list[str] = []
+    on_stack: set[str] = set()
+    components: list[set[str]] = []
+
+    def connect(start: str) -> None:
+        # Tarjan's algorithm, iterative (the graph is deep enough for the recursion limit
+        # to matter some day).
+        work: list[tuple[str, Iterator[Edge]]] = [(start, graph.edges(start))]
+        index[start] = low[start] = len(index)
+        stack.append(start)
+        on_stack.add(start)
+        while work:
+            node, edges = work[-1]
+            edge = next(edges, None)
+            if edge is not None:
+                nxt = edge.target
+                if nxt not in index:
+                    index[nxt] = low[nxt] = len(index)
+                    stack.append(nxt)
+                    on_stack.add(nxt)
+                    work.append((nxt, graph.edges(nxt)))
+                elif nxt in on_stack:
+                    low[node] = min(low[node], index[nxt])
+                continue
+            work.pop()
+            if work:
+                parent = work[-1][0]
+                low[parent] = min(low[parent], low[node])
+            if low[node] == index[node]:
+                component = set()
+                while True:
+                    member = stack.pop()
+                    on_stack.discard(member)
+                    component.add(member)
+                    if member == node:
+                        break
+                if len(component) > 1:
+                    components.append(component)
+
+    for module in sorted(graph.files):
+        if module not in index:
+            connect(module)
+    return [_cycle_in(graph, component) for component in components]
+
+
+def _cycle_in(graph: Graph, component: set[str]) -> list[Edge]:
+    """A shortest closed chain through the smallest module of ``component``."""
+    start = min(component)
+    came: dict[str, Edge] = {}
+    queue = deque([start])
+    while queue:
+        node = queue.popleft()
+        for edge in graph.edges(node):
+            if edge.target not in component:
+                continue
+            if edge.target == start:
+                chain = [edge]
+                while chain[0].source != start:
+                    chain.insert(0, came[chain[0].source])
+                return chain
+            if edge.target not in came:
+                came[edge.target] = edge
+                queue.append(edge.target)
+    raise AssertionError(f"no cycle through {start} in {sorted(component)}")
+
+
+def chain_to(graph: Graph, source: str, forbidden: tuple[str, ...]) -> list[Edge] | None:
+    """A shortest import chain from ``source`` to a module under ``forbidden``, or None.
+
+    The chain may end outside our modules (``asyncio``); it passes only through ours.
+    """
+    came: dict[str, Edge] = {}
+    queue = deque([source])
+    seen = {source}
+    while queue:
+        node = queue.popleft()
+        for edge in graph.imports[node]:
+            if any(_in(edge.target, f) for f in forbidden):
+                chain = [edge]
+                while chain[0].source != source:
+                    chain.insert(0, came[chain[0].source])
+                return chain
+            if edge.target in graph.files and edge.target not in seen:
+                seen.add(edge.target)
+                came[edge.target] = edge
+                queue.append(edge.target)
+    return None
+
+
+def _show(chain: list[Edge]) -> str:
+    return " -> ".join([chain[0].source, *(f"{e.target} (line {e.line})" for e in chain)])
+
+
+def assert_never_imports(sources: tuple[str, ...], forbidden: tuple[str, ...]) -> None:
+    graph = import_graph()
+    modules = [m for m in sorted(graph.files) if any(_in(m, s) for s in sources)]
+    assert modules, f"no modules under {sources}"
+    bad = []
+    for module in modules:
+        chain = chain_to(graph, module, forbidden)
+        if chain is not None:
+            bad.append(_show(chain))
+    assert not bad, (
+        f"{', '.join(sources)} must not import {', '.join(forbidden)}, "
+        f"but {len(bad)} module(s) do:\n  " + "\n  ".join(bad)
+    )
+
+
+# --- the graph itself ----------------------------------------------------------------------
+
+
+def test_graph_sees_every_kind_of_import() -> None:
+    graph = import_graph()
+    assert {"ha_controller.config", "nameserver.service", "broker_agent.service"} <= set(
+        graph.files
+    )
+    assert not [m for m in graph.files if "_pb2" in m]
+    # a relative import inside a package, and its __init__ is not an edge of its own members
+    store = {e.target for e in graph.edges("broker_agent.store.message_store")}
+    assert "broker_agent.store.commitlog" in store
+    assert "broker_agent.store" not in store
+    # "from package import name" of a name defined in the package's __init__
+    orderly = {e.target for e in graph.edges("ha_controller.client.orderly")}
+    assert "ha_controller.rpc" in orderly
+    # importing a submodule from outside runs the package's __init__ too
+    assert "ha_controller.protocol" in orderly
+
+
+def test_cycle_finder_reports_the_chain() -> None:
+    path = ROOT / "x.py"
+    edges = {
+        "p": (Edge("p", "p.a", 1),),
+        "p.a": (Edge("p.a", "p.b", 2),),
+        "p.b": (Edge("p.b", "p.a", 3), Edge("p.b", "asyncio", 4)),
+        "q": (Edge("q", "p", 5),),
+    }
+    graph = Graph(dict.fromkeys(edges, path), edges)
+    [cycle] = find_cycles(graph)
+    assert [str(e) for e in cycle] == ["p.a -> p.b (line 2)", "p.b -> p.a (line 3)"]
+    chain = chain_to(graph, "q", ("asyncio",))
+    assert chain is not None
+    assert _show(chain) == "q -> p (line 5) -> p.a (line 1) -> p.b (line 2) -> asyncio (line 4)"
+
+
+# --- the rules -------------------------------------------------------------------------------
+
+
+def test_no_import_cycles() -> None:
+    cycles = find_cycles(import_graph())
+    assert not cycles, f"{len(cycles)} import cycle(s):\n  " + "\n  ".join(map(_show, cycles))
+
+
+@pytest.mark.parametrize(
+    ("sources", "forbidden"),
+    [
+        (("ha_controller",), ("nameserver", "broker_agent")),
+        (("nameserver",), ("broker_agent",)),
+        (("broker_agent",), ("nameserver",)),
+    ],
+    ids=["ha_controller", "nameserver", "broker_agent"],
+)
+def test_packages_stay_apart(sources: tuple[str, ...], forbidden: tuple[str, ...]) -> None:
+    assert_never_imports(sources, forbidden)
+
+
+@pytest.mark.parametrize(
+    ("sources", "forbidden"),
+    [
+        (
+            ("ha_controller.client",),
+            (
+                "ha_controller.proxy",
+                "ha_controller.drills",
+                "ha_controller.pipeline",
+                "ha_controller.cli",
+                "ha_controller.config",
+                "nameserver",
+                "broker_agent",
+            ),
+        ),
+        (("ha_controller.protocol",), ("asyncio", "ha_controller.rpc")),
+        (("ha_controller.rpc",), ("ha_controller.config",)),
+    ],
+    ids=["client", "protocol", "rpc"],
+)
+def test_layers(sources: tuple[str, ...], forbidden: tuple[str, ...]) -> None:
+    assert_never_imports(sources, forbidden)
+
+
+def test_special_services_do_not_import_the_broker_service() -> None:
+    assert_never_imports(("broker_agent.special",), ("broker_agent.service",))
+
+
+def test_only_the_write_path_puts_into_the_store() -> None:
+    store_put = re.compile(r"\bstore\.put\(")
+    hits = [
+        f"{path.relative_to(ROOT)}:{n}: {line.strip()}"
+        for path in sorted((ROOT / "broker_agent").rglob("*.py"))
+        for n, line in enumerate(path.read_text(encoding="utf-8").splitlines(), 1)
+        if store_put.search(line)
+    ]
+    elsewhere = [h for h in hits if not h.startswith("broker_agent/write_path.py:")]
+    assert not elsewhere, "only broker_agent/write_path.py may call store.put(...):\n  " + (
+        "\n  ".join(elsewhere)
+    )
+    assert len(hits) == 1, (
+        "expected exactly one store.put(...), in broker_agent/write_path.py:\n  "
+        + ("\n  ".join(hits) or "(none)")
+    )
