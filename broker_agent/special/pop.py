@@ -50,6 +50,7 @@ from ha_controller.protocol.errors import (
 from ha_controller.protocol.properties import (
     PROPERTY_ORIGIN_MESSAGE_ID,
     PROPERTY_POP_CK,
+    PROPERTY_POP_KEY,
     PROPERTY_RECONSUME_TIME,
     PROPERTY_RETRY_TOPIC,
     PROPERTY_TAGS,
@@ -57,6 +58,7 @@ from ha_controller.protocol.properties import (
     REVIVE_GROUP,
     now_ms,
     retry_topic,
+    revive_log_topic,
 )
 from ha_controller.protocol.record import StoredMessage, make_msg_id, tag_hash
 from ha_controller.routing import Perm, TopicConfig
@@ -104,7 +106,7 @@ MAX_EARLY_ACK_KEYS: Final = 100_000
 
 
 def revive_topic(cluster: str) -> str:
-    return f"rmq_sys_REVIVE_LOG_{cluster}"
+    return revive_log_topic(cluster)
 
 
 # --- records (plain, no I/O) ------------------------------------------------------
@@ -355,7 +357,7 @@ class PopService:
         """Store a CK/ACK record: our own revive queue on a master, else escaped.
         Returns (revive queue id, stored locally)."""
         core = self.core
-        props = {PROPERTY_TAGS: tag, "POP_KEY": key}
+        props = {PROPERTY_TAGS: tag, PROPERTY_POP_KEY: key}
         if core.acting.is_master:
             self.write_path.append_local(self.revive_topic, 0, body, props)
             return 0, True
