@@ -14,7 +14,6 @@ from ha_controller.admin_http import build_admin_app, start_http
 from ha_controller.config import BrokerConfig, parse_host_port
 from ha_controller.readyfile import format_addr, write_ready_file
 from ha_controller.rpc import RpcServer
-from ha_controller.rpc.tls import server_context
 
 log = logging.getLogger(__name__)
 
@@ -49,12 +48,7 @@ async def open_listeners(service: BrokerService) -> Listeners:
     """Bind RPC, HA and admin HTTP for ``service`` and record the bound addresses on it."""
     cfg = service.cfg
     core = service.core
-    tls = None
-    if cfg.tls.enabled:
-        assert cfg.tls.cert_file and cfg.tls.key_file
-        tls = server_context(
-            cfg.tls.cert_file, cfg.tls.key_file, cfg.tls.ca_file, cfg.tls.require_client_cert
-        )
+    tls = cfg.tls.server_context()
     server = RpcServer(core.dispatcher, limits=cfg.limits, ssl_context=tls, name="broker")
     server.on_connection_closed(service.on_connection_closed)
     service.attach_listener(server)

@@ -35,6 +35,7 @@ import ipaddress
 import logging
 import os
 import re
+import ssl
 import tomllib
 import types
 import typing
@@ -47,6 +48,7 @@ from typing import Any, Literal, TypeVar
 from ha_controller.protocol.errors import ConfigError
 from ha_controller.protocol.properties import DEFAULT_DELAY_LEVELS, parse_delay_levels
 from ha_controller.rpc.limits import RpcLimits
+from ha_controller.rpc.tls import server_context
 
 __all__ = [
     "ENV_PREFIX",
@@ -461,6 +463,13 @@ class TlsConfig(_Validated):
                 path = getattr(self, key)
                 if path is not None and not Path(path).is_file():
                     yield (key,), f"no such file: {path!r}"
+
+    def server_context(self) -> ssl.SSLContext | None:
+        """The context every listener of a service uses; None when TLS is off."""
+        if not self.enabled:
+            return None
+        assert self.cert_file and self.key_file  # checked by _rules
+        return server_context(self.cert_file, self.key_file, self.ca_file, self.require_client_cert)
 
 
 @dataclass(frozen=True, kw_only=True)

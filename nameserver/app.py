@@ -13,7 +13,6 @@ from ha_controller.config import NameserverConfig, parse_host_port
 from ha_controller.protocol.errors import TopicNotFound
 from ha_controller.readyfile import format_addr, write_ready_file
 from ha_controller.rpc import RpcServer
-from ha_controller.rpc.tls import server_context
 from nameserver.service import NameserverService
 
 log = logging.getLogger(__name__)
@@ -43,12 +42,7 @@ def http_routes(service: NameserverService) -> list[web.RouteDef]:
 
 async def serve(cfg: NameserverConfig, stop: asyncio.Event, ready_file: str | Path | None) -> None:
     service = NameserverService(cfg)
-    tls = None
-    if cfg.tls.enabled:
-        assert cfg.tls.cert_file and cfg.tls.key_file
-        tls = server_context(
-            cfg.tls.cert_file, cfg.tls.key_file, cfg.tls.ca_file, cfg.tls.require_client_cert
-        )
+    tls = cfg.tls.server_context()
     server = RpcServer(service.dispatcher, limits=cfg.limits, ssl_context=tls, name="nameserver")
     server.on_connection_closed(service.on_connection_closed)
     host, port = parse_host_port(cfg.listen)

@@ -43,14 +43,19 @@ class Registrar:
         )
         if cfg.enable_slave_acting_master:
             req.heartbeat_timeout_ms = cfg.broker_not_active_timeout_ms
-        if cfg.cluster_secret:
-            req.signature = auth.sign(
-                cfg.cluster_secret,
-                auth.canonical(
-                    "register", cfg.cluster, core.addr, cfg.broker_name, cfg.broker_id, ts
-                ),
-            )
+        req.signature = self._signature("register", ts)
         return req
+
+    def _signature(self, action: str, ts: int) -> bytes:
+        """The HMAC of a (un)registration with the cluster secret; empty without one."""
+        core = self.core
+        cfg = core.cfg
+        if not cfg.cluster_secret:
+            return b""
+        return auth.sign(
+            cfg.cluster_secret,
+            auth.canonical(action, cfg.cluster, core.addr, cfg.broker_name, cfg.broker_id, ts),
+        )
 
     async def register_all(self) -> None:
         """Register with every nameserver (in parallel); never while isolated, and a
@@ -167,14 +172,8 @@ class Registrar:
             broker_name=cfg.broker_name,
             broker_id=cfg.broker_id,
             timestamp_ms=ts,
+            signature=self._signature("unregister", ts),
         )
-        if cfg.cluster_secret:
-            req.signature = auth.sign(
-                cfg.cluster_secret,
-                auth.canonical(
-                    "unregister", cfg.cluster, core.addr, cfg.broker_name, cfg.broker_id, ts
-                ),
-            )
         for ns in cfg.namesrv_addrs:
             with contextlib.suppress(HaError):
                 await core.pool.call_pb(
