@@ -10,6 +10,7 @@ that did not say it completed pre-online while a slave acts for it.
 
 from __future__ import annotations
 
+import asyncio
 import signal
 from pathlib import Path
 
@@ -19,6 +20,8 @@ from ha_controller.client.admin import NameserverClient
 from ha_controller.client.message import Message, MessageQueue
 from ha_controller.client.producer import Producer
 from ha_controller.client.pull_consumer import PullConsumer, PullStatus
+from ha_controller.drills.cluster import ClusterSpec, DrillCluster
+from ha_controller.drills.netns import netns_available
 from ha_controller.proto import nameserver_pb2
 from ha_controller.protocol.codes import RequestCode
 from ha_controller.protocol.errors import PreOnlineRequired
@@ -156,3 +159,36 @@ async def test_nameserver_refuses_id0_back_without_pre_online(cluster: Cluster) 
                 assert await _master_is(ns, master.rpc)
     finally:
         cluster.stop()
+
+
+async def test_partitioned_master_healed_after_expiry_delivers_nothing_again() -> None:
+    """The same return through a healed network partition (network namespaces): the
+    master is cut off from the nameserver and the clients, a consumer group commits
+    through the acting slave, the link comes back."""
+    reason = netns_available()
+    if reason is not None:
+        pytest.skip(f"network namespaces: {reason}")
+    spec = ClusterSpec(groups=("g1",), replicas=3, netns=True)
+    cluster = await asyncio.to_thread(DrillCluster(spec).start)
+    master = "g1/0"
+    try:
+        master_addr = cluster.handle(master).rpc
+        async with NameserverClient([cluster.namesrv]) as ns:
+            await eventually(lambda: _master_is(ns, master_addr), timeout=30)
+            await ns.create_topic(TOPIC, queues=QUEUES)
+            async with Producer(cluster.namesrv, group="part-p") as p:
+                for i in range(SENT):
+                    await p.send(Message(TOPIC, f"m{i}".encode(), keys=(f"k{i}",)))
+            await asyncio.to_thread(cluster.partition, master)
+            await eventually(lambda: _master_is(ns, None), timeout=15)
+            await eventually(lambda: _route_id0_is(ns, cluster.handle("g1/1").rpc), timeout=10)
+            ends = await consume_and_commit(cluster)  # type: ignore[arg-type]
+            assert sum(ends.values()) == SENT
+            await asyncio.to_thread(cluster.heal_partition, master)
+            await eventually(lambda: _master_is(ns, master_addr), timeout=30)
+        log = cluster.handle(master).log_path.read_text()
+        assert "fenced:" in log
+        again = await delivered_again(cluster)  # type: ignore[arg-type]
+        assert again == 0, f"{again} of {SENT} consumed messages were delivered again"
+    finally:
+        await asyncio.to_thread(cluster.close)
