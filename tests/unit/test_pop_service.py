@@ -461,6 +461,35 @@ async def test_change_invisible_time_writes_a_new_ck_and_acks_the_old_one(
     assert [p.body for p in master.retried()] == [b"m0"]
 
 
+async def test_change_invisible_time_in_the_pop_millisecond_gets_a_new_ck_key(
+    master: Broker, clock: Clock
+) -> None:
+    """Regression: a new CK for one message of a batch, written in the millisecond of
+    the pop, has the batch CK's queue and start offset.  Its pop time must still
+    differ, or both CKs share a key, and the ack of the old CK (written by the
+    change) would also mark the message done in the new one, which never revives."""
+    produce(master, b"m0", b"m1")
+    resp = await pop(master, invisible_ms=10_000)
+    old = handle_of(resp.messages[0])
+
+    new = ReceiptHandle.decode(
+        await change_invisible(master, resp.messages[0].properties[PROPERTY_POP_CK], 20_000)
+    )  # the clock has not moved
+
+    first, second = master.checkpoints()
+    assert (first.start_offset, second.start_offset) == (0, 0)
+    assert second.pop_time_ms > first.pop_time_ms == old.pop_time_ms == T0
+    assert second.key == new.ck_key(GROUP, TOPIC) != first.key == old.ck_key(GROUP, TOPIC)
+    [ack_record] = master.records("ack")
+    assert json.loads(ack_record.body) == {"k": first.key, "o": 0}
+
+    clock.now = T0 + 60_000  # both CKs are due; neither message was acked
+    await master.service.revive_once()
+
+    assert sorted(p.body for p in master.retried()) == [b"m0", b"m1"]
+    assert master.service.revived == 2
+
+
 # ---- revive ----------------------------------------------------------------------------
 
 

@@ -174,6 +174,48 @@ class FakeEscape:
         return EscapeResult(self.target, f"MSG{len(self.puts)}", 1, next(self._offsets))
 
 
+class GatedEscape(FakeEscape):
+    """A ``FakeEscape`` whose puts of one ``kind`` wait at a gate: ``entered`` is set
+    once such a put is pending, ``release()`` lets it go on (or fail with EscapeFailed,
+    with ``fail``).  Puts of other kinds, and those after ``gate_kind = None``, pass."""
+
+    def __init__(self, gate_kind: str, *, fail: bool = False) -> None:
+        super().__init__()
+        self.gate_kind: str | None = gate_kind
+        self.fail = fail
+        self.entered = asyncio.Event()
+        self._gate = asyncio.Event()
+
+    def release(self) -> None:
+        self._gate.set()
+
+    async def put_message(
+        self,
+        topic: str,
+        body: bytes,
+        properties: dict[str, str],
+        *,
+        kind: str,
+        queue_id: int | None = None,
+        flags: int = 0,
+        born_ts_ms: int | None = None,
+    ) -> EscapeResult:
+        if kind == self.gate_kind:
+            self.entered.set()
+            await self._gate.wait()
+            if self.fail:
+                raise EscapeFailed("the master went away")
+        return await super().put_message(
+            topic,
+            body,
+            properties,
+            kind=kind,
+            queue_id=queue_id,
+            flags=flags,
+            born_ts_ms=born_ts_ms,
+        )
+
+
 @dataclass
 class Broker:
     core: FakeCore
@@ -213,7 +255,13 @@ def config(broker_id: int = 0, broker_name: str = "broker-a", **kw: Any) -> Brok
     return BrokerConfig(**args)
 
 
-def make_broker(store_dir: Path, cfg: BrokerConfig, *, acting: bool = False) -> Broker:
+def make_broker(
+    store_dir: Path,
+    cfg: BrokerConfig,
+    *,
+    acting: bool = False,
+    escape: FakeEscape | None = None,
+) -> Broker:
     addr = f"10.0.0.{cfg.broker_id + 1}:10911"
     core = FakeCore(cfg, addr=addr, store_dir=store_dir)
     core.topics.upsert(TopicConfig(TOPIC, 4, 4, Perm.READ | Perm.WRITE))
@@ -223,7 +271,7 @@ def make_broker(store_dir: Path, cfg: BrokerConfig, *, acting: bool = False) -> 
     pool = FakePool()
     core.pool = cast(ConnectionPool, pool)
     write_path = FakeWritePath(core)
-    escape = FakeEscape()
+    escape = FakeEscape() if escape is None else escape
     # the fakes are duck-typed: CorePort names the concrete MessageStore, and the
     # service takes the concrete EscapeBridge (there is no escape port)
     service = TransactionService(
@@ -485,6 +533,72 @@ async def test_failed_escape_is_retried_then_skipped(tmp_path: Path) -> None:
     assert acting.service.progress.is_resolved(skipped)
 
 
+async def test_commit_while_the_half_is_being_escaped_is_not_also_committed(
+    tmp_path: Path,
+) -> None:
+    """Regression: the check pass of an acting slave is handing a half to another
+    master when the producer's commit of it arrives.  The commit must not escape the
+    real message too: the master that receives the half would check the producer
+    and commit it a second time."""
+    escape = GatedEscape("transaction_half")
+    acting = make_broker(tmp_path, config(1), acting=True, escape=escape)
+    half = send_half(acting)
+    check = asyncio.create_task(acting.service.check_once())
+    try:
+        await asyncio.wait_for(escape.entered.wait(), 5)  # the half's escape is pending
+
+        await end(acting, half, commit=True)
+    finally:
+        escape.release()
+        await check
+
+    assert [p.kind for p in escape.puts] == ["transaction_half"]
+    assert acting.write_path.appends == []
+    assert acting.service.progress.is_resolved(half)
+    assert acting.service.escaped == 1
+
+
+@pytest.mark.parametrize("retry", ["end_transaction", "check"])
+async def test_failed_commit_escape_leaves_the_half_unresolved_for_a_retry(
+    tmp_path: Path, retry: str
+) -> None:
+    """Regression: an acting slave's check pass runs while a commit's escape is in
+    flight, and that escape then fails.  The half must stay unresolved, so the
+    producer's retried END_TRANSACTION, or the next check pass, still resolves it
+    (the pass must neither escape it meanwhile nor count it resolved)."""
+    escape = GatedEscape("transaction", fail=True)
+    acting = make_broker(tmp_path, config(1), acting=True, escape=escape)
+    half = send_half(acting)
+    commit = asyncio.create_task(end(acting, half, commit=True))
+    try:
+        await asyncio.wait_for(escape.entered.wait(), 5)  # the commit's escape is pending
+
+        await acting.service.check_once()
+
+        assert escape.puts == []  # not handed on while the commit is in flight
+    finally:
+        escape.release()
+    with pytest.raises(EscapeFailed):
+        await commit  # the producer sees its END_TRANSACTION fail
+
+    assert escape.puts == []
+    assert not acting.service.progress.is_resolved(half)
+    assert acting.service.progress.half_offset == half
+
+    escape.gate_kind = None  # the masters are reachable again
+    if retry == "end_transaction":
+        await end(acting, half, commit=True)
+        expected = "transaction"
+    else:
+        await acting.service.check_once()
+        expected = "transaction_half"
+
+    [put] = escape.puts
+    assert (put.kind, put.body, put.properties[PROPERTY_UNIQ_KEY]) == (expected, b"order-1", TID)
+    assert acting.service.progress.is_resolved(half)
+    assert acting.service.progress.half_offset == half + 1
+
+
 async def test_escape_to_local_master_then_end_transaction_is_forwarded(tmp_path: Path) -> None:
     """A half escaped to a master of this process; the producer's decision, sent to
     the acting slave that escaped it, is forwarded where the half lives now."""
@@ -609,7 +723,7 @@ async def test_run_escapes_while_acting_and_persists_the_progress(tmp_path: Path
     try:
         await eventually(lambda: len(acting.escape.puts) == 1, timeout=5)
         path = tmp_path / "transaction_offsets.json"
-        await eventually(lambda: json.loads(path.read_text())["halfOffset"] == 1, timeout=5)
+        await eventually(lambda: path.exists() and json.loads(path.read_text())["halfOffset"] == 1, timeout=5)
     finally:
         task.cancel()
         with contextlib.suppress(asyncio.CancelledError):
