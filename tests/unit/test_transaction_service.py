@@ -723,7 +723,9 @@ async def test_run_escapes_while_acting_and_persists_the_progress(tmp_path: Path
     try:
         await eventually(lambda: len(acting.escape.puts) == 1, timeout=5)
         path = tmp_path / "transaction_offsets.json"
-        await eventually(lambda: path.exists() and json.loads(path.read_text())["halfOffset"] == 1, timeout=5)
+        await eventually(
+            lambda: path.exists() and json.loads(path.read_text())["halfOffset"] == 1, timeout=5
+        )
     finally:
         task.cancel()
         with contextlib.suppress(asyncio.CancelledError):
