@@ -15,7 +15,7 @@ import time
 import uuid
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
-from typing import Final
+from typing import TYPE_CHECKING, Final
 
 # Re-exported: the property names (and MAX_DELAY_LEVEL) are part of the SDK's API.
 from ha_controller.protocol.properties import (
@@ -28,6 +28,9 @@ from ha_controller.protocol.properties import (
     PROPERTY_TIMER_DELIVER_MS,
     PROPERTY_UNIQ_KEY,
 )
+
+if TYPE_CHECKING:
+    from ha_controller.proto import broker_pb2
 
 __all__ = [
     "PROPERTY_DELAY",
@@ -237,6 +240,25 @@ class ReceivedMessage:
             keys=tuple(props.get(PROPERTY_KEYS, "").split()),
             born_ts_ms=born_ts_ms,
             store_ts_ms=store_ts_ms,
+            reconsume_times=reconsume_times,
+        )
+
+    @classmethod
+    def from_pb(
+        cls, pb: broker_pb2.Message, *, topic: str, broker_name: str, reconsume_times: int = 0
+    ) -> ReceivedMessage:
+        """A broker's message; ``topic``, ``broker_name`` and ``reconsume_times`` are the
+        caller's (each knows which of the wire fields, or its own, to trust)."""
+        return cls.from_properties(
+            msg_id=pb.msg_id,
+            topic=topic,
+            broker_name=broker_name,
+            queue_id=pb.queue_id,
+            queue_offset=pb.queue_offset,
+            body=pb.body,
+            properties=pb.properties,
+            born_ts_ms=pb.born_ts_ms,
+            store_ts_ms=pb.store_ts_ms,
             reconsume_times=reconsume_times,
         )
 

@@ -297,10 +297,6 @@ class OrderlyPushConsumer(PushConsumer):
             tg.create_task(self._lock_loop(), name=f"orderly-lock-{self.group}")
             await super()._run()
 
-    async def __aenter__(self) -> OrderlyPushConsumer:
-        await self.start()
-        return self
-
     async def aclose(self) -> None:
         try:
             await super().aclose()
@@ -397,37 +393,20 @@ class OrderlyPushConsumer(PushConsumer):
         while True:
             if not self._holds(state.mq, epoch):
                 return False
-            current = (
-                message
-                if attempt == 0
-                else dataclasses.replace(message, reconsume_times=message.reconsume_times + attempt)
-            )
             async with self._consume_slots:
-                try:
-                    ok = await self._listener(current)
-                except Exception:
-                    log.exception("listener failed on %s offset %d", state.mq, message.queue_offset)
-                    ok = False
+                ok = await self._call_listener(state, message, attempt)
             if ok:
-                self.consumed += 1
                 return True
             attempt += 1
             if attempt >= self.max_consume_attempts:
                 return await self._give_up(state, epoch, message, attempt)
-            await asyncio.sleep(min(self.consume_retry_backoff_s * 2 ** (attempt - 1), 10.0))
+            await asyncio.sleep(self._retry_delay_s(attempt - 1))
 
     async def _give_up(
         self, state: _QueueState, epoch: int, message: ReceivedMessage, attempts: int
     ) -> bool:
         if not self.dead_letter:
-            self.given_up += 1
-            log.error(
-                "giving up on message %s (%s offset %d) after %d attempts",
-                message.uniq_key,
-                state.mq,
-                message.queue_offset,
-                attempts,
-            )
+            self._count_given_up(state, message, attempts)
             return True
         dead = self._dead_letter_message(message, attempts)
         while self._holds(state.mq, epoch):

@@ -31,6 +31,7 @@ from collections.abc import Awaitable, Callable, Collection, Coroutine, Sequence
 from typing import Any, Final
 
 from ha_controller.client.admin import NameserverClient
+from ha_controller.client.lifecycle import AsyncLifecycle
 from ha_controller.client.message import (
     Message,
     MessageQueue,
@@ -231,7 +232,7 @@ class QueueSelector:
         return queues[queue_for_message_group(message_group, len(queues))]
 
 
-class Producer:
+class Producer(AsyncLifecycle):
     """Sends messages to a topic's writable queues.
 
     ``async with Producer("127.0.0.1:9876") as producer: await producer.send(msg)``
@@ -305,13 +306,6 @@ class Producer:
             await asyncio.wait(tasks, timeout=5.0)
         await self.routes.aclose()
         await self._pool.aclose()
-
-    async def __aenter__(self) -> Producer:
-        await self.start()
-        return self
-
-    async def __aexit__(self, *exc: object) -> None:
-        await self.aclose()
 
     def _spawn(self, coro: Coroutine[Any, Any, None], name: str) -> None:
         task = asyncio.get_running_loop().create_task(coro, name=name)
@@ -558,17 +552,7 @@ class Producer:
         if self.checker is None or self._closed:
             return
         pb = req.message
-        message = ReceivedMessage.from_properties(
-            msg_id=pb.msg_id,
-            topic=pb.topic,
-            broker_name=req.broker_name,
-            queue_id=pb.queue_id,
-            queue_offset=pb.queue_offset,
-            body=pb.body,
-            properties=pb.properties,
-            born_ts_ms=pb.born_ts_ms,
-            store_ts_ms=pb.store_ts_ms,
-        )
+        message = ReceivedMessage.from_pb(pb, topic=pb.topic, broker_name=req.broker_name)
         try:
             resolution = await self.checker(message)
         except Exception:

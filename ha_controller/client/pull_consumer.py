@@ -21,6 +21,7 @@ from typing import Final
 from google.protobuf.message import Message as PbMessage
 
 from ha_controller.client.admin import NameserverClient
+from ha_controller.client.lifecycle import AsyncLifecycle
 from ha_controller.client.message import MessageQueue, ReceivedMessage
 from ha_controller.client.routes import RouteCache, parse_namesrv_addrs
 from ha_controller.proto import broker_pb2
@@ -77,16 +78,10 @@ class PullResult:
 
 
 def _received(pb: broker_pb2.Message, mq: MessageQueue) -> ReceivedMessage:
-    return ReceivedMessage.from_properties(
-        msg_id=pb.msg_id,
+    return ReceivedMessage.from_pb(
+        pb,
         topic=pb.topic or mq.topic,
         broker_name=pb.broker_name or mq.broker_name,
-        queue_id=pb.queue_id,
-        queue_offset=pb.queue_offset,
-        body=pb.body,
-        properties=pb.properties,
-        born_ts_ms=pb.born_ts_ms,
-        store_ts_ms=pb.store_ts_ms,
         reconsume_times=pb.reconsume_times,
     )
 
@@ -98,7 +93,7 @@ def _retry_elsewhere(exc: BaseException) -> bool:
     return isinstance(exc, OSError)
 
 
-class PullConsumer:
+class PullConsumer(AsyncLifecycle):
     """Pulls the queues you choose and keeps the group's offsets on the brokers.
 
     ``routes`` and ``pool`` may be shared with another client (the push
@@ -149,13 +144,6 @@ class PullConsumer:
             await self.routes.aclose()
         if self._own_pool:
             await self._pool.aclose()
-
-    async def __aenter__(self) -> PullConsumer:
-        await self.start()
-        return self
-
-    async def __aexit__(self, *exc: object) -> None:
-        await self.aclose()
 
     # ---- API ------------------------------------------------------------------------
 

@@ -30,6 +30,7 @@ from collections.abc import Awaitable, Callable, Iterable, Sequence
 from typing import TypeVar
 
 from ha_controller.client.admin import NameserverClient
+from ha_controller.client.lifecycle import AsyncLifecycle
 from ha_controller.client.message import MessageQueue, ReceivedMessage, new_client_id
 from ha_controller.client.pull_consumer import DEFAULT_SUSPEND_TIMEOUT_MS, PullConsumer, PullStatus
 from ha_controller.client.routes import RouteCache, addr_for_subscribe, parse_namesrv_addrs
@@ -119,7 +120,7 @@ class _QueueState:
     task: asyncio.Task[None] | None = None
 
 
-class PushConsumer:
+class PushConsumer(AsyncLifecycle):
     """Consumes one topic for a consumer group and calls ``listener`` per message.
 
     ``async with PushConsumer(ns, "G", "T", listener) as consumer: ...``
@@ -246,13 +247,6 @@ class PushConsumer:
             await self._pool.aclose()
         finally:
             self._closed.set()
-
-    async def __aenter__(self) -> PushConsumer:
-        await self.start()
-        return self
-
-    async def __aexit__(self, *exc: object) -> None:
-        await self.aclose()
 
     def assigned_queues(self) -> list[MessageQueue]:
         """The queues this client consumes now."""
@@ -485,31 +479,45 @@ class PushConsumer:
     async def _consume(self, state: _QueueState, message: ReceivedMessage) -> None:
         async with self._consume_slots:
             for attempt in range(self.max_consume_attempts):
-                current = (
-                    message
-                    if attempt == 0
-                    else dataclasses.replace(
-                        message, reconsume_times=message.reconsume_times + attempt
-                    )
-                )
-                try:
-                    ok = await self._listener(current)
-                except Exception:
-                    log.exception("listener failed on %s offset %d", state.mq, message.queue_offset)
-                    ok = False
-                if ok:
-                    self.consumed += 1
+                if await self._call_listener(state, message, attempt):
                     break
                 if attempt + 1 < self.max_consume_attempts:
-                    delay = min(self.consume_retry_backoff_s * 2**attempt, 10.0)
-                    await asyncio.sleep(delay)
+                    await asyncio.sleep(self._retry_delay_s(attempt))
             else:
-                self.given_up += 1
-                log.error(
-                    "giving up on message %s (%s offset %d) after %d attempts",
-                    message.uniq_key,
-                    state.mq,
-                    message.queue_offset,
-                    self.max_consume_attempts,
-                )
+                self._count_given_up(state, message, self.max_consume_attempts)
         state.tracker.done(message.queue_offset)
+
+    async def _call_listener(
+        self, state: _QueueState, message: ReceivedMessage, attempt: int
+    ) -> bool:
+        """Hand ``message`` to the listener (attempt 0, or a redelivery counted in its
+        ``reconsume_times``); True when it was consumed (counted), False when the
+        listener declined or raised (logged)."""
+        current = (
+            message
+            if attempt == 0
+            else dataclasses.replace(message, reconsume_times=message.reconsume_times + attempt)
+        )
+        try:
+            ok = await self._listener(current)
+        except Exception:
+            log.exception("listener failed on %s offset %d", state.mq, message.queue_offset)
+            ok = False
+        if ok:
+            self.consumed += 1
+        return ok
+
+    def _retry_delay_s(self, failed_attempt: int) -> float:
+        """The backoff before the attempt after ``failed_attempt`` (0-based): doubling,
+        at most 10 s."""
+        return min(self.consume_retry_backoff_s * 2.0**failed_attempt, 10.0)
+
+    def _count_given_up(self, state: _QueueState, message: ReceivedMessage, attempts: int) -> None:
+        self.given_up += 1
+        log.error(
+            "giving up on message %s (%s offset %d) after %d attempts",
+            message.uniq_key,
+            state.mq,
+            message.queue_offset,
+            attempts,
+        )

@@ -20,6 +20,7 @@ from collections.abc import Callable, Coroutine, Sequence
 from typing import Any, Final
 
 from ha_controller.client.admin import NameserverClient
+from ha_controller.client.lifecycle import AsyncLifecycle
 from ha_controller.client.message import MessageQueue
 from ha_controller.protocol.errors import HaError, TopicNotFound, UnknownMethod
 from ha_controller.protocol.properties import AUTO_CREATE_TOPIC
@@ -113,7 +114,7 @@ def _default_route(topic: str, template: TopicRouteData) -> TopicRouteData:
 # --- the cache ---------------------------------------------------------------
 
 
-class RouteCache:
+class RouteCache(AsyncLifecycle):
     """Topic routes fetched on first use, refreshed every ``refresh_interval_s``
     and watched (long poll) so that changes arrive at once.
 
@@ -383,9 +384,3 @@ class RouteCache:
             task.cancel()
         if tasks:
             await asyncio.wait(tasks, timeout=5.0)
-
-    async def __aenter__(self) -> RouteCache:
-        return self
-
-    async def __aexit__(self, *exc: object) -> None:
-        await self.aclose()

@@ -19,6 +19,7 @@ from collections.abc import Sequence
 from typing import Final
 
 from ha_controller.client.admin import NameserverClient
+from ha_controller.client.lifecycle import AsyncLifecycle
 from ha_controller.client.message import ReceivedMessage
 from ha_controller.client.routes import RouteCache, parse_namesrv_addrs
 from ha_controller.proto import broker_pb2
@@ -39,7 +40,7 @@ MAX_POLL_ROUND_MS: Final = 1000
 retry_topic_of = retry_topic
 
 
-class SimpleConsumer:
+class SimpleConsumer(AsyncLifecycle):
     """``async with SimpleConsumer(ns, "group", ["topic"], invisible_duration_s=30) as c``."""
 
     def __init__(
@@ -80,13 +81,6 @@ class SimpleConsumer:
         self._closed = True
         await self.routes.aclose()
         await self._pool.aclose()
-
-    async def __aenter__(self) -> SimpleConsumer:
-        await self.start()
-        return self
-
-    async def __aexit__(self, *exc: object) -> None:
-        await self.aclose()
 
     # ---- API -------------------------------------------------------------------
 
@@ -188,16 +182,10 @@ class SimpleConsumer:
                 await self.routes.refresh_quietly(topic)
             return []
         return [
-            ReceivedMessage.from_properties(
-                msg_id=m.msg_id,
+            ReceivedMessage.from_pb(
+                m,
                 topic=m.topic or topic,
                 broker_name=m.broker_name or broker_name,
-                queue_id=m.queue_id,
-                queue_offset=m.queue_offset,
-                body=m.body,
-                properties=m.properties,
-                born_ts_ms=m.born_ts_ms,
-                store_ts_ms=m.store_ts_ms,
                 reconsume_times=m.reconsume_times,
             )
             for m in resp.messages

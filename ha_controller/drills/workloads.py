@@ -48,8 +48,9 @@ import logging
 import random
 from collections.abc import AsyncIterator, Callable, Iterable, Iterator, Sequence
 from dataclasses import dataclass, field
-from typing import Any, Final, Literal, Protocol, Self
+from typing import Any, Final, Literal, Self
 
+from ha_controller.client.lifecycle import AsyncLifecycle
 from ha_controller.client.message import Message, MessageQueue, ReceivedMessage, SendReceipt
 from ha_controller.client.orderly import LockOutcome, OrderlyPushConsumer, QueueLocker
 from ha_controller.client.producer import (
@@ -131,6 +132,35 @@ def _definitely_not_stored(exc: BaseException) -> bool:
     return isinstance(exc, BrokerUnavailable | NotMaster | TopicNotFound)
 
 
+async def _cancel(task: asyncio.Task[None] | None) -> None:
+    """Cancel ``task`` (when there is one) and wait until it has ended."""
+    if task is not None:
+        task.cancel()
+        with contextlib.suppress(asyncio.CancelledError):
+            await task
+
+
+class _InFlight:
+    """Counts the operations in progress; :attr:`idle` is set while there is none."""
+
+    def __init__(self) -> None:
+        self.count = 0
+        self.idle = asyncio.Event()
+        self.idle.set()
+
+    @contextlib.contextmanager
+    def track(self) -> Iterator[None]:
+        """One operation in progress for the duration of the ``with`` block."""
+        self.count += 1
+        self.idle.clear()
+        try:
+            yield
+        finally:
+            self.count -= 1
+            if self.count == 0:
+                self.idle.set()
+
+
 @dataclass
 class Delivered:
     """Keys seen by one consumer group (for the drain)."""
@@ -186,9 +216,7 @@ class ProducerWorkload:
         self.failed = 0
         self.unknown = 0
         self._seq = 0
-        self._inflight = 0
-        self._drained = asyncio.Event()
-        self._drained.set()
+        self._inflight = _InFlight()
         self._running = asyncio.Event()
         self._running.set()
         self._next_slot = 0.0
@@ -222,12 +250,9 @@ class ProducerWorkload:
             async with asyncio.timeout(
                 self.producer.send_timeout_ms * self.producer.max_attempts / 1000 + 1
             ):
-                await self._drained.wait()
-        if self._task is not None:
-            self._task.cancel()
-            with contextlib.suppress(asyncio.CancelledError):
-                await self._task
-            self._task = None
+                await self._inflight.idle.wait()
+        await _cancel(self._task)
+        self._task = None
 
     async def _run(self) -> None:
         async with asyncio.TaskGroup() as tg:
@@ -283,17 +308,6 @@ class ProducerWorkload:
         self.acked.add(invoke.key)
         return True
 
-    @contextlib.contextmanager
-    def _in_flight(self) -> Iterator[None]:
-        self._inflight += 1
-        self._drained.clear()
-        try:
-            yield
-        finally:
-            self._inflight -= 1
-            if self._inflight == 0:
-                self._drained.set()
-
     async def _send_recorded(
         self, msg: Message, invoke: SendInvoke, transaction: Transaction | None = None
     ) -> SendReceipt | None:
@@ -301,7 +315,7 @@ class ProducerWorkload:
         key = invoke.key
         self.history.record(self.process, "invoke", invoke)
         self.sent += 1
-        with self._in_flight():
+        with self._inflight.track():
             try:
                 receipt = await self.producer.send(msg, transaction=transaction)
             except asyncio.CancelledError:
@@ -338,57 +352,6 @@ class ProducerWorkload:
         return acked
 
 
-class PushWorkload:
-    """A push consumer that records each delivery (``receive``) and its ``ack``."""
-
-    def __init__(
-        self,
-        namesrv: str,
-        topic: str,
-        consumer_group: str,
-        history: HistoryWriter,
-        *,
-        process: str = "consumer-0",
-    ) -> None:
-        self.history = history
-        self.process = process
-        self.topic = topic
-        self.consumer_group = consumer_group
-        self.delivered = Delivered()
-        self.consumer = PushConsumer(
-            namesrv,
-            consumer_group,
-            topic,
-            self._listener,
-            commit_interval_s=1.0,
-            rebalance_interval_s=2.0,
-            heartbeat_interval_s=3.0,
-            pull_error_backoff_s=0.3,
-            suspend_timeout_ms=5000,
-        )
-
-    async def _listener(self, m: ReceivedMessage) -> bool:
-        record_receive(self.history, self.process, self.consumer_group, m, self.delivered)
-        self.history.record(
-            self.process,
-            "ok",
-            Ack(key=m.key, consumer=self.process, consumer_group=self.consumer_group),
-        )
-        return True
-
-    async def __aenter__(self) -> PushWorkload:
-        self.history.record(
-            self.process,
-            "info",
-            Subscribe(consumer=self.process, consumer_group=self.consumer_group, topic=self.topic),
-        )
-        await self.consumer.start()
-        return self
-
-    async def __aexit__(self, *exc: object) -> None:
-        await self.consumer.aclose()
-
-
 def record_receive(
     history: HistoryWriter,
     process: str,
@@ -420,60 +383,119 @@ def record_receive(
     delivered.last_ms = ev.t_ms
 
 
-class _Consumer(Protocol):
-    async def start(self) -> None: ...
+class _RecordingConsumer:
+    """What every consumer workload records: its subscription (``subscribe`` info when
+    it starts) and each delivery (``receive`` ok, counted in :attr:`delivered`)."""
 
-    async def aclose(self) -> None: ...
+    consumer: AsyncLifecycle
 
-
-class _ConsumerLoop:
-    """A consumer workload: records its subscription, runs :meth:`_run` as one task
-    between ``async with`` enter and exit, and can be paused (a fault hook waits for
-    it to be idle)."""
-
-    consumer: _Consumer
-
-    def _init_loop(
+    def _init_recording(
         self, history: HistoryWriter, process: str, topic: str, consumer_group: str
     ) -> None:
         self.history = history
         self.process = process
         self.topic = topic
         self.consumer_group = consumer_group
-        self._task: asyncio.Task[None] | None = None
-        self._running = asyncio.Event()
-        self._running.set()
-        self._idle = asyncio.Event()
-        self._idle.set()
+        self.delivered = Delivered()
 
-    async def pause(self) -> None:
-        """Stop the loop; returns once no operation of it is in progress."""
-        self._running.clear()
-        await self._idle.wait()
+    def _ack_value(self, key: str) -> Ack:
+        return Ack(key=key, consumer=self.process, consumer_group=self.consumer_group)
 
-    def resume(self) -> None:
-        self._running.set()
+    def _record_receive(self, m: ReceivedMessage, t_ms: int | None = None) -> None:
+        record_receive(self.history, self.process, self.consumer_group, m, self.delivered, t_ms)
 
-    async def __aenter__(self) -> Self:
+    async def _subscribe_and_start(self) -> None:
         self.history.record(
             self.process,
             "info",
             Subscribe(consumer=self.process, consumer_group=self.consumer_group, topic=self.topic),
         )
         await self.consumer.start()
+
+
+class _ListenerWorkload(_RecordingConsumer, AsyncLifecycle):
+    """A push-style workload: the client calls :meth:`_listener`, which records the
+    delivery and its ``ack`` (the listener always succeeds)."""
+
+    async def _listener(self, m: ReceivedMessage) -> bool:
+        self._record_receive(m)
+        self.history.record(self.process, "ok", self._ack_value(m.key))
+        return True
+
+    async def start(self) -> None:
+        await self._subscribe_and_start()
+
+    async def aclose(self) -> None:
+        await self.consumer.aclose()
+
+
+class _ConsumerLoop(_RecordingConsumer):
+    """A consumer workload: records its subscription, runs :meth:`_run` as one task
+    between ``async with`` enter and exit, and can be paused (a fault hook waits for
+    it to be idle)."""
+
+    def _init_loop(
+        self, history: HistoryWriter, process: str, topic: str, consumer_group: str
+    ) -> None:
+        self._init_recording(history, process, topic, consumer_group)
+        self._task: asyncio.Task[None] | None = None
+        self._running = asyncio.Event()
+        self._running.set()
+        self._busy = _InFlight()
+
+    async def pause(self) -> None:
+        """Stop the loop; returns once no operation of it is in progress."""
+        self._running.clear()
+        await self._busy.idle.wait()
+
+    def resume(self) -> None:
+        self._running.set()
+
+    async def __aenter__(self) -> Self:
+        await self._subscribe_and_start()
         self._task = asyncio.get_running_loop().create_task(self._run(), name=self.process)
         return self
 
     async def __aexit__(self, *exc: object) -> None:
-        if self._task is not None:
-            self._task.cancel()
-            with contextlib.suppress(asyncio.CancelledError):
-                await self._task
-            self._task = None
+        await _cancel(self._task)
+        self._task = None
         await self.consumer.aclose()
 
     async def _run(self) -> None:
         raise NotImplementedError
+
+    @contextlib.asynccontextmanager
+    async def _working(self) -> AsyncIterator[None]:
+        """One operation of the loop: waits while paused, then counts as in progress."""
+        await self._running.wait()
+        with self._busy.track():
+            yield
+
+
+class PushWorkload(_ListenerWorkload):
+    """A push consumer that records each delivery (``receive``) and its ``ack``."""
+
+    def __init__(
+        self,
+        namesrv: str,
+        topic: str,
+        consumer_group: str,
+        history: HistoryWriter,
+        *,
+        process: str = "consumer-0",
+    ) -> None:
+        self._init_recording(history, process, topic, consumer_group)
+        self.consumer: PushConsumer = PushConsumer(
+            namesrv,
+            consumer_group,
+            topic,
+            self._listener,
+            commit_interval_s=1.0,
+            rebalance_interval_s=2.0,
+            heartbeat_interval_s=3.0,
+            pull_error_backoff_s=0.3,
+            suspend_timeout_ms=5000,
+        )
 
 
 class PullWorkload(_ConsumerLoop):
@@ -495,9 +517,7 @@ class PullWorkload(_ConsumerLoop):
         self.suspend_timeout_ms = suspend_timeout_ms
         self.batch = batch
         self.requeue_interval_s = requeue_interval_s
-        self.delivered = Delivered()
         self.consumer: PullConsumer = PullConsumer(namesrv, consumer_group, request_timeout_ms=3000)
-        self._busy = 0
         self._queues: dict[MessageQueue, asyncio.Task[None]] = {}
 
     async def _run(self) -> None:
@@ -512,18 +532,6 @@ class PullWorkload(_ConsumerLoop):
                     if mq not in self._queues:
                         self._queues[mq] = tg.create_task(self._queue_loop(mq), name=f"pull-{mq}")
                 await asyncio.sleep(self.requeue_interval_s)
-
-    @contextlib.asynccontextmanager
-    async def _working(self) -> AsyncIterator[None]:
-        await self._running.wait()
-        self._busy += 1
-        self._idle.clear()
-        try:
-            yield
-        finally:
-            self._busy -= 1
-            if self._busy == 0:
-                self._idle.set()
 
     async def _queue_loop(self, mq: MessageQueue) -> None:
         offset: int | None = None
@@ -544,9 +552,7 @@ class PullWorkload(_ConsumerLoop):
                 if result is not None:
                     now = now_ms()
                     for m in result.messages:
-                        record_receive(
-                            self.history, self.process, self.consumer_group, m, self.delivered, now
-                        )
+                        self._record_receive(m, now)
                     if result.status is PullStatus.OFFSET_ILLEGAL or result.messages:
                         offset = result.next_begin_offset
                     if offset is not None and offset != committed:
@@ -736,7 +742,7 @@ class TransactionWorkload(ProducerWorkload):
     async def _end(self, tx: Transaction, key: str, *, commit: bool) -> None:
         value = EndTx(key=key, commit=commit)
         self.history.record(self.process, "invoke", value)
-        with self._in_flight():
+        with self._inflight.track():
             try:
                 await (tx.commit() if commit else tx.rollback())
             except asyncio.CancelledError:
@@ -794,7 +800,6 @@ class PopWorkload(_ConsumerLoop):
         self._init_loop(history, process, topic, consumer_group)
         self.skip_ratio = skip_ratio
         self.batch = batch
-        self.delivered = Delivered()
         self.acked: set[str] = set()
         self.skipped: set[str] = set()
         self.retried: set[str] = set()  # keys delivered from the retry topic
@@ -810,12 +815,8 @@ class PopWorkload(_ConsumerLoop):
 
     async def _run(self) -> None:
         while True:
-            await self._running.wait()
-            self._idle.clear()
-            try:
+            async with self._working():
                 await self._receive_once()
-            finally:
-                self._idle.set()
 
     async def _receive_once(self) -> None:
         try:
@@ -826,7 +827,7 @@ class PopWorkload(_ConsumerLoop):
             return
         now = now_ms()
         for m in messages:
-            record_receive(self.history, self.process, self.consumer_group, m, self.delivered, now)
+            self._record_receive(m, now)
         for m in messages:
             await self._settle(m)
 
@@ -846,7 +847,7 @@ class PopWorkload(_ConsumerLoop):
                 )
             )
             return
-        value = Ack(key=key, consumer=self.process, consumer_group=self.consumer_group)
+        value = self._ack_value(key)
         try:
             await self.consumer.ack(m)
         except (HaError, OSError, ValueError) as exc:
@@ -926,11 +927,13 @@ class _RecordingOrderlyConsumer(OrderlyPushConsumer):
         )
 
 
-class OrderlyWorkload:
+class OrderlyWorkload(_ListenerWorkload):
     """An orderly push consumer whose deliveries, acks, locks and unlocks are recorded.
 
     Options are those of :class:`~ha_controller.client.orderly.OrderlyPushConsumer`
     (drill defaults: rebalance every 2 s, heartbeats every 1 s, no dead-letter topic).
+    :meth:`start` is idempotent; :meth:`aclose` stops consuming: commit, unlock
+    (recorded), close; idempotent.
     """
 
     def __init__(
@@ -943,11 +946,7 @@ class OrderlyWorkload:
         process: str = "orderly-0",
         **options: Any,
     ) -> None:
-        self.history = history
-        self.process = process
-        self.topic = topic
-        self.consumer_group = consumer_group
-        self.delivered = Delivered()
+        self._init_recording(history, process, topic, consumer_group)
         defaults: dict[str, Any] = {
             "rebalance_interval_s": 2.0,
             "heartbeat_interval_s": 1.0,
@@ -956,7 +955,7 @@ class OrderlyWorkload:
             "pull_error_backoff_s": 0.3,
             "dead_letter": False,
         }
-        self.consumer = _RecordingOrderlyConsumer(
+        self.consumer: _RecordingOrderlyConsumer = _RecordingOrderlyConsumer(
             history,
             process,
             namesrv,
@@ -973,33 +972,8 @@ class OrderlyWorkload:
         assert isinstance(locker, RecordingQueueLocker)
         return locker
 
-    async def _listener(self, m: ReceivedMessage) -> bool:
-        record_receive(self.history, self.process, self.consumer_group, m, self.delivered)
-        self.history.record(
-            self.process,
-            "ok",
-            Ack(key=m.key, consumer=self.process, consumer_group=self.consumer_group),
-        )
-        return True
-
     async def start(self) -> None:
         if self._started:
             return
         self._started = True
-        self.history.record(
-            self.process,
-            "info",
-            Subscribe(consumer=self.process, consumer_group=self.consumer_group, topic=self.topic),
-        )
-        await self.consumer.start()
-
-    async def aclose(self) -> None:
-        """Stop consuming: commit, unlock (recorded), close; idempotent."""
-        await self.consumer.aclose()
-
-    async def __aenter__(self) -> OrderlyWorkload:
-        await self.start()
-        return self
-
-    async def __aexit__(self, *exc: object) -> None:
-        await self.aclose()
+        await super().start()

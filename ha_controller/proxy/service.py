@@ -34,6 +34,7 @@ from google.protobuf.message import DecodeError
 from google.protobuf.message import Message as PbMessage
 
 from ha_controller.client.admin import NameserverClient
+from ha_controller.client.producer import EndpointIsolation
 from ha_controller.config import ProxyConfig
 from ha_controller.proto import broker_pb2, common_pb2
 from ha_controller.proto.rocketmq.v2 import definition_pb2 as v2
@@ -91,6 +92,26 @@ def _retriable(exc: BaseException) -> bool:
     return isinstance(exc, OSError | TimeoutError)
 
 
+def _not_offered(method: str) -> v2.Status:
+    return convert.status(
+        v2.NOT_IMPLEMENTED, f"{method} is not offered by the ha-controller gateway"
+    )
+
+
+def _not_offered_unary(
+    method: str, response: Callable[..., R]
+) -> Callable[[Any, Any, grpc.aio.ServicerContext[Any, Any]], Awaitable[R]]:
+    """The servicer method ``method`` that the gateway does not offer: it answers a
+    ``response`` with status NOT_IMPLEMENTED."""
+
+    async def handler(self: Any, request: Any, context: grpc.aio.ServicerContext[Any, Any]) -> R:
+        return response(status=_not_offered(method))
+
+    handler.__name__ = method
+    handler.__qualname__ = f"Gateway.{method}"
+    return handler
+
+
 class Gateway(service_pb2_grpc.MessagingServiceServicer):
     """The servicer; owns the broker connection pool and the client sessions."""
 
@@ -107,7 +128,7 @@ class Gateway(service_pb2_grpc.MessagingServiceServicer):
         self.advertised = ""  # host:port clients use; set once bound
         self._routes: dict[str, tuple[float, TopicRouteData]] = {}
         self._group_addr: dict[str, str] = {}  # broker name -> id-0 address, from any route
-        self._isolated: dict[str, float] = {}
+        self._isolation = EndpointIsolation(ISOLATION_S)
         self._rr = itertools.count()
         self._tx_owner = BoundedMap(100_000)
         self._heartbeat_seen: dict[str, tuple[int, frozenset[str]]] = {}
@@ -177,6 +198,13 @@ class Gateway(service_pb2_grpc.MessagingServiceServicer):
         if addr is None:
             raise NotMaster(f"group {broker_name} has no master and nobody acting for it")
         return addr
+
+    async def _call_group(
+        self, topic: str, broker_name: str, method: int, request: PbMessage, resp_type: type[R]
+    ) -> R:
+        """One call to the id-0 address of group ``broker_name`` (see :meth:`group_addr`)."""
+        addr = await self.group_addr(topic, broker_name)
+        return await self.pool.call_pb(addr, method, request, resp_type, self.cfg.broker_timeout_ms)
 
     def _gateway_endpoints(self, given: v2.Endpoints | None = None) -> v2.Endpoints:
         if given is not None and given.addresses:
@@ -270,15 +298,6 @@ class Gateway(service_pb2_grpc.MessagingServiceServicer):
 
         return await self._answer("SendMessage", v2s.SendMessageResponse, work)
 
-    def _is_isolated(self, addr: str) -> bool:
-        until = self._isolated.get(addr)
-        if until is None:
-            return False
-        if time.monotonic() >= until:
-            del self._isolated[addr]
-            return False
-        return True
-
     async def _send_one(
         self, topic: str, plan: convert.SendPlan, cid: str, deadline: float
     ) -> v2s.SendResultEntry:
@@ -294,7 +313,7 @@ class Gateway(service_pb2_grpc.MessagingServiceServicer):
                 fresh = [
                     q
                     for q in queues
-                    if q.broker_name not in tried and not self._is_isolated(q.addr)
+                    if q.broker_name not in tried and not self._isolation.is_isolated(q.addr)
                 ]
                 pick = fresh or [q for q in queues if q.broker_name not in tried] or queues
                 q = pick[next(self._rr) % len(pick)]
@@ -322,13 +341,13 @@ class Gateway(service_pb2_grpc.MessagingServiceServicer):
                     raise
                 last = exc
                 tried.add(q.broker_name)
-                self._isolated[q.addr] = time.monotonic() + ISOLATION_S
+                self._isolation.isolate(q.addr)
                 self.metrics.send_retries.inc()
                 log.info(
                     "send to %s (%s) failed, trying another group: %s", q.broker_name, q.addr, exc
                 )
                 continue
-            self._isolated.pop(q.addr, None)
+            self._isolation.release(q.addr)
             result = resp.results[0]
             entry = v2s.SendResultEntry(
                 status=convert.status(),
@@ -562,15 +581,14 @@ class Gateway(service_pb2_grpc.MessagingServiceServicer):
         return await self._answer("AckMessage", v2s.AckMessageResponse, work)
 
     async def _ack(self, group: str, topic: str, h: GatewayHandle) -> None:
-        addr = await self.group_addr(topic, h.broker_name)
-        await self.pool.call_pb(
-            addr,
+        await self._call_group(
+            topic,
+            h.broker_name,
             RequestCode.ACK_MESSAGE,
             broker_pb2.AckMessageRequest(
                 consumer_group=group, topic=h.pop_topic, receipt_handle=h.broker_handle
             ),
             broker_pb2.AckMessageResponse,
-            self.cfg.broker_timeout_ms,
         )
         if self.fifo.release(group, h.broker_name, h.pop_topic, h.queue_id, h.queue_offset):
             self._fifo_changed.set()
@@ -586,9 +604,9 @@ class Gateway(service_pb2_grpc.MessagingServiceServicer):
             invisible_ms = convert.ms_of_duration(request.invisible_duration)
             if invisible_ms < MIN_INVISIBLE_MS:
                 raise BadRequest(f"invisible duration must be >= {MIN_INVISIBLE_MS} ms")
-            addr = await self.group_addr(topic, h.broker_name)
-            resp = await self.pool.call_pb(
-                addr,
+            resp = await self._call_group(
+                topic,
+                h.broker_name,
                 RequestCode.CHANGE_MESSAGE_INVISIBLETIME,
                 broker_pb2.AckMessageRequest(
                     consumer_group=group,
@@ -597,7 +615,6 @@ class Gateway(service_pb2_grpc.MessagingServiceServicer):
                     invisible_time_ms=invisible_ms,
                 ),
                 broker_pb2.AckMessageResponse,
-                self.cfg.broker_timeout_ms,
             )
             until = now_ms() + invisible_ms
             self.fifo.extend(group, h.broker_name, h.pop_topic, h.queue_id, h.queue_offset, until)
@@ -625,9 +642,9 @@ class Gateway(service_pb2_grpc.MessagingServiceServicer):
         async def work() -> v2s.ForwardMessageToDeadLetterQueueResponse:
             group, topic = request.group.name, request.topic.name
             h = GatewayHandle.decode(request.receipt_handle)
-            addr = await self.group_addr(topic, h.broker_name)
-            pulled = await self.pool.call_pb(
-                addr,
+            pulled = await self._call_group(
+                topic,
+                h.broker_name,
                 RequestCode.PULL_MESSAGE,
                 broker_pb2.PullMessageRequest(
                     topic=h.pop_topic,
@@ -637,7 +654,6 @@ class Gateway(service_pb2_grpc.MessagingServiceServicer):
                     commit_offset=-1,
                 ),
                 broker_pb2.PullMessageResponse,
-                self.cfg.broker_timeout_ms,
             )
             original = next((m for m in pulled.messages if m.queue_offset == h.queue_offset), None)
             if original is not None:
@@ -703,9 +719,9 @@ class Gateway(service_pb2_grpc.MessagingServiceServicer):
                 )
             if request.resolution not in (v2.COMMIT, v2.ROLLBACK):
                 return v2s.EndTransactionResponse(status=convert.status())  # unknown: check later
-            addr = await self.group_addr(topic, tx.broker_name)
-            await self.pool.call_pb(
-                addr,
+            await self._call_group(
+                topic,
+                tx.broker_name,
                 RequestCode.END_TRANSACTION,
                 broker_pb2.EndTransactionRequest(
                     producer_group=topic,
@@ -719,7 +735,6 @@ class Gateway(service_pb2_grpc.MessagingServiceServicer):
                     half_queue_offset=tx.half_offset,
                 ),
                 common_pb2.Empty,
-                self.cfg.broker_timeout_ms,
             )
             self._tx_owner.pop(tx.uniq_key, None)
             return v2s.EndTransactionResponse(status=convert.status())
@@ -897,40 +912,15 @@ class Gateway(service_pb2_grpc.MessagingServiceServicer):
     ) -> AsyncIterator[v2s.PullMessageResponse]:
         yield v2s.PullMessageResponse(status=_not_offered("PullMessage"))
 
-    async def UpdateOffset(
-        self, request: v2s.UpdateOffsetRequest, context: grpc.aio.ServicerContext[Any, Any]
-    ) -> v2s.UpdateOffsetResponse:
-        return v2s.UpdateOffsetResponse(status=_not_offered("UpdateOffset"))
-
-    async def GetOffset(
-        self, request: v2s.GetOffsetRequest, context: grpc.aio.ServicerContext[Any, Any]
-    ) -> v2s.GetOffsetResponse:
-        return v2s.GetOffsetResponse(status=_not_offered("GetOffset"))
-
-    async def QueryOffset(
-        self, request: v2s.QueryOffsetRequest, context: grpc.aio.ServicerContext[Any, Any]
-    ) -> v2s.QueryOffsetResponse:
-        return v2s.QueryOffsetResponse(status=_not_offered("QueryOffset"))
-
-    async def RecallMessage(
-        self, request: v2s.RecallMessageRequest, context: grpc.aio.ServicerContext[Any, Any]
-    ) -> v2s.RecallMessageResponse:
-        return v2s.RecallMessageResponse(status=_not_offered("RecallMessage"))
-
-    async def SyncLiteSubscription(
-        self,
-        request: v2s.SyncLiteSubscriptionRequest,
-        context: grpc.aio.ServicerContext[Any, Any],
-    ) -> v2s.SyncLiteSubscriptionResponse:
-        return v2s.SyncLiteSubscriptionResponse(status=_not_offered("SyncLiteSubscription"))
+    UpdateOffset = _not_offered_unary("UpdateOffset", v2s.UpdateOffsetResponse)
+    GetOffset = _not_offered_unary("GetOffset", v2s.GetOffsetResponse)
+    QueryOffset = _not_offered_unary("QueryOffset", v2s.QueryOffsetResponse)
+    RecallMessage = _not_offered_unary("RecallMessage", v2s.RecallMessageResponse)
+    SyncLiteSubscription = _not_offered_unary(
+        "SyncLiteSubscription", v2s.SyncLiteSubscriptionResponse
+    )
 
 
 #: Push-consumer redelivery back-off sent in settings: RocketMQ's first 16 delay levels
 #: (1s 5s 10s 30s 1m ... 20m 30m).
 CONSUMER_BACKOFF_S: Final = tuple(ms // 1000 for ms in DELAY_LEVELS_MS[:16])
-
-
-def _not_offered(method: str) -> v2.Status:
-    return convert.status(
-        v2.NOT_IMPLEMENTED, f"{method} is not offered by the ha-controller gateway"
-    )

@@ -11,17 +11,33 @@ import asyncio
 import contextlib
 import json
 import os
+import shutil
 import signal
 import subprocess
 import sys
 import tempfile
 import time
-from collections.abc import Awaitable, Callable, Mapping, Sequence
+from collections.abc import (
+    AsyncIterator,
+    Awaitable,
+    Callable,
+    Iterable,
+    Iterator,
+    Mapping,
+    Sequence,
+)
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, TypeVar
+from typing import TYPE_CHECKING, Any, TypeVar
+
+if TYPE_CHECKING:
+    from pyspark.sql import SparkSession
+
+    from ha_controller.client.message import MessageQueue, ReceivedMessage
+    from ha_controller.client.pull_consumer import PullConsumer
 
 T = TypeVar("T")
+H = TypeVar("H", bound="ProcessHandle")
 
 
 class EventuallyTimeout(AssertionError):
@@ -177,6 +193,27 @@ def make_workdir(prefix: str = "hac-") -> Path:
     return Path(tempfile.mkdtemp(prefix=prefix))
 
 
+def _hactl_handle(
+    handle_type: type[H],
+    name: str,
+    workdir: Path,
+    env: Mapping[str, str] | None,
+    args: Sequence[str],
+    extra_args: Sequence[str] = (),
+) -> H:
+    """A (not yet started) handle of ``hactl <args> --ready-file <name>.ready.json
+    <extra_args>`` that runs in ``workdir`` and logs to ``<name>.log`` there."""
+    ready = workdir / f"{name}.ready.json"
+    return handle_type(
+        name=name,
+        argv=hactl_argv(*args, "--ready-file", str(ready), *extra_args),
+        env=_base_env(env),
+        workdir=workdir,
+        ready_file=ready,
+        log_path=workdir / f"{name}.log",
+    )
+
+
 def run_nameserver(
     workdir: Path | None = None,
     *,
@@ -189,25 +226,8 @@ def run_nameserver(
     """Start ``hactl nameserver`` on port 0 and wait for its ready file."""
     workdir = workdir or make_workdir()
     workdir.mkdir(parents=True, exist_ok=True)
-    ready = workdir / f"{name}.ready.json"
-    handle = ProcessHandle(
-        name=name,
-        argv=hactl_argv(
-            "nameserver",
-            "--listen",
-            listen,
-            "--http",
-            http,
-            "--ready-file",
-            str(ready),
-            *extra_args,
-        ),
-        env=_base_env(env),
-        workdir=workdir,
-        ready_file=ready,
-        log_path=workdir / f"{name}.log",
-    )
-    return handle.start()
+    args = ("nameserver", "--listen", listen, "--http", http)
+    return _hactl_handle(ProcessHandle, name, workdir, env, args, extra_args).start()
 
 
 @contextlib.contextmanager
@@ -233,36 +253,26 @@ def run_broker(
     """Start ``hactl broker`` on port 0 (RPC, HA, HTTP); its store lives in ``workdir``."""
     name = f"{broker_name}-{broker_id}"
     workdir.mkdir(parents=True, exist_ok=True)
-    ready = workdir / f"{name}.ready.json"
-    handle = ProcessHandle(
-        name=name,
-        argv=hactl_argv(
-            "broker",
-            "--cluster",
-            cluster,
-            "--broker-name",
-            broker_name,
-            "--broker-id",
-            str(broker_id),
-            "--namesrv",
-            namesrv,
-            "--listen",
-            "127.0.0.1:0",
-            "--ha-listen",
-            "127.0.0.1:0",
-            "--http",
-            "127.0.0.1:0",
-            "--store-dir",
-            str(workdir / "store" / name),
-            "--ready-file",
-            str(ready),
-            *extra_args,
-        ),
-        env=_base_env(env),
-        workdir=workdir,
-        ready_file=ready,
-        log_path=workdir / f"{name}.log",
+    args = (
+        "broker",
+        "--cluster",
+        cluster,
+        "--broker-name",
+        broker_name,
+        "--broker-id",
+        str(broker_id),
+        "--namesrv",
+        namesrv,
+        "--listen",
+        "127.0.0.1:0",
+        "--ha-listen",
+        "127.0.0.1:0",
+        "--http",
+        "127.0.0.1:0",
+        "--store-dir",
+        str(workdir / "store" / name),
     )
+    handle = _hactl_handle(ProcessHandle, name, workdir, env, args, extra_args)
     return handle.start() if start else handle
 
 
@@ -326,17 +336,8 @@ def run_container(
         lines += ["", "[[brokers]]", *(f"{k} = {_toml_value(v)}" for k, v in table.items())]
     config = workdir / f"{name}.toml"
     config.write_text("\n".join(lines) + "\n")
-    ready = workdir / f"{name}.ready.json"
-    handle = ContainerHandle(
-        name=name,
-        argv=hactl_argv(
-            "broker", "--config", str(config), "--namesrv", namesrv, "--ready-file", str(ready)
-        ),
-        env=_base_env(env),
-        workdir=workdir,
-        ready_file=ready,
-        log_path=workdir / f"{name}.log",
-    )
+    args = ("broker", "--config", str(config), "--namesrv", namesrv)
+    handle = _hactl_handle(ContainerHandle, name, workdir, env, args)
     if start:
         handle.start()
     return handle
@@ -416,3 +417,56 @@ def run_cluster(
         cluster.stop()
         raise
     return cluster
+
+
+async def stored_messages(
+    pull: PullConsumer, queues: Iterable[MessageQueue], *, max_msgs: int = 64
+) -> AsyncIterator[ReceivedMessage]:
+    """Every message stored in ``queues``, queue by queue from offset 0, read with pulls
+    (of up to ``max_msgs``) the broker does not hold: a queue ends at the first pull that
+    finds nothing."""
+    from ha_controller.client.pull_consumer import PullStatus
+
+    for mq in queues:
+        offset = 0
+        while True:
+            res = await pull.pull(mq, offset, max_msgs=max_msgs, suspend_timeout_ms=0)
+            if res.status is not PullStatus.FOUND:
+                break
+            for m in res.messages:
+                yield m
+            offset = res.next_begin_offset
+
+
+def spark_missing() -> str | None:
+    """Why no local Spark session can run here (no pyspark, no JDK), or None."""
+    try:
+        import pyspark  # noqa: F401
+    except ImportError:
+        return "pyspark is not installed (pip install -e '.[spark]')"
+    if not (os.environ.get("JAVA_HOME") or shutil.which("java")):
+        return "pyspark needs a JDK 17/21 (java on PATH or JAVA_HOME)"
+    return None
+
+
+@contextlib.contextmanager
+def local_spark(workdir: Path, app_name: str) -> Iterator[SparkSession]:
+    """A ``local[2]`` session sized for test histories (2 partitions, serial GC, quick
+    JIT, ERROR logs), its scratch space under ``workdir``; stopped on exit."""
+    from ha_controller.pipeline.session import build_session
+
+    session = build_session(
+        "local[2]",
+        app_name=app_name,
+        local_dir=workdir / "local",
+        config={
+            "spark.sql.shuffle.partitions": "2",
+            "spark.default.parallelism": "2",
+            "spark.driver.extraJavaOptions": "-XX:+UseSerialGC -XX:TieredStopAtLevel=1",
+        },
+    )
+    session.sparkContext.setLogLevel("ERROR")
+    try:
+        yield session
+    finally:
+        session.stop()

@@ -8,8 +8,6 @@ is not permitted here.
 
 from __future__ import annotations
 
-import os
-import shutil
 from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any
@@ -18,6 +16,7 @@ import pytest
 
 from ha_controller.drills.netns import netns_available
 from ha_controller.drills.runner import SCENARIOS, DrillOptions, DrillResult, run_drill
+from ha_controller.testing import local_spark, spark_missing
 
 #: Short drills: enough traffic and one or two faults each.
 SHORT: dict[str, Any] = {
@@ -27,16 +26,6 @@ SHORT: dict[str, Any] = {
     "drain_timeout_s": 20.0,
     "quiet": True,
 }
-
-
-def _spark_missing() -> str | None:
-    try:
-        import pyspark  # noqa: F401
-    except ImportError:
-        return "pyspark is not installed"
-    if not (os.environ.get("JAVA_HOME") or shutil.which("java")):
-        return "no JDK for pyspark"
-    return None
 
 
 def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
@@ -53,25 +42,13 @@ def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item
 @pytest.fixture(scope="session")
 def spark(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Any]:
     """One local[2] session for the drill histories, or None without pyspark/Java."""
-    if _spark_missing() is not None:
+    if spark_missing() is not None:
         yield None
         return
-    from ha_controller.pipeline.session import build_session
-
-    tmp = tmp_path_factory.mktemp("spark-drills")
-    session = build_session(
-        "local[2]",
-        app_name="ha-controller-drill-tests",
-        local_dir=tmp / "local",
-        config={
-            "spark.sql.shuffle.partitions": "2",
-            "spark.default.parallelism": "2",
-            "spark.driver.extraJavaOptions": "-XX:+UseSerialGC -XX:TieredStopAtLevel=1",
-        },
-    )
-    session.sparkContext.setLogLevel("ERROR")
-    yield session
-    session.stop()
+    with local_spark(
+        tmp_path_factory.mktemp("spark-drills"), "ha-controller-drill-tests"
+    ) as session:
+        yield session
 
 
 @pytest.fixture

@@ -18,7 +18,7 @@ from ha_controller.client.push_consumer import PushConsumer
 from ha_controller.client.tools import body_for
 from ha_controller.protocol.errors import HaError
 from ha_controller.routing import Perm
-from ha_controller.testing import Cluster, eventually, run_cluster
+from ha_controller.testing import Cluster, eventually, run_cluster, stored_messages
 
 TOPIC = "T"
 
@@ -34,16 +34,9 @@ async def wait_masters(ns: NameserverClient, n: int) -> None:
 async def read_all(pull: PullConsumer, queues: list[MessageQueue]) -> dict[str, bytes]:
     """Every message of the given queues, by key (asserting none twice)."""
     out: dict[str, bytes] = {}
-    for mq in queues:
-        offset = 0
-        while True:
-            res = await pull.pull(mq, offset, max_msgs=64, suspend_timeout_ms=0)
-            if res.status is not PullStatus.FOUND:
-                break
-            for m in res.messages:
-                assert m.key not in out, f"{m.key} stored twice"
-                out[m.key] = m.body
-            offset = res.next_begin_offset
+    async for m in stored_messages(pull, queues):
+        assert m.key not in out, f"{m.key} stored twice"
+        out[m.key] = m.body
     return out
 
 

@@ -10,12 +10,12 @@ import signal
 from pathlib import Path
 
 from ha_controller.client.admin import NameserverClient
-from ha_controller.client.message import Message, MessageQueue
+from ha_controller.client.message import Message
 from ha_controller.client.producer import Producer
-from ha_controller.client.pull_consumer import PullConsumer, PullStatus
+from ha_controller.client.pull_consumer import PullConsumer
 from ha_controller.client.tools import body_for
 from ha_controller.protocol.errors import HaError
-from ha_controller.testing import eventually, run_cluster
+from ha_controller.testing import eventually, run_cluster, stored_messages
 
 TOPIC = "T"
 PHASES = [
@@ -25,20 +25,6 @@ PHASES = [
     "shutdown phase 4: cancelling",
     "shutdown phase 5: closing",
 ]
-
-
-async def read_keys(pull: PullConsumer, queues: list[MessageQueue]) -> dict[str, bytes]:
-    out: dict[str, bytes] = {}
-    for mq in queues:
-        offset = 0
-        while True:
-            res = await pull.pull(mq, offset, max_msgs=64, suspend_timeout_ms=0)
-            if res.status is not PullStatus.FOUND:
-                break
-            for m in res.messages:
-                out[m.key] = m.body
-            offset = res.next_begin_offset
-    return out
 
 
 async def online(ns: NameserverClient) -> bool:
@@ -90,7 +76,7 @@ async def test_sigterm_during_produce_stops_in_phases_and_loses_nothing(tmp_path
         async with NameserverClient([cluster.namesrv]) as ns:
             await eventually(lambda: online(ns), timeout=30)
         async with PullConsumer(cluster.namesrv, "stop-check") as pull:
-            stored = await read_keys(pull, await pull.queues(TOPIC))
+            stored = {m.key: m.body async for m in stored_messages(pull, await pull.queues(TOPIC))}
         missing = [k for k in acked if k not in stored]
         assert not missing, f"{len(missing)} acknowledged messages lost, e.g. {missing[:3]}"
         assert all(stored[k] == body for k, body in acked.items())

@@ -242,14 +242,22 @@ async def brokers() -> AsyncIterator[tuple[FakeBroker, FakeBroker]]:
     await b.aclose()
 
 
+@pytest.fixture
+async def two_groups(
+    ns: FakeNameserver, brokers: tuple[FakeBroker, FakeBroker]
+) -> tuple[FakeBroker, FakeBroker]:
+    """``brokers`` published as topic T's two groups (:func:`two_group_route`)."""
+    await ns.set_route(two_group_route(*brokers))
+    return brokers
+
+
 # --- producer -------------------------------------------------------------------------
 
 
 async def test_not_master_moves_the_send_to_another_group_and_isolates(
-    ns: FakeNameserver, brokers: tuple[FakeBroker, FakeBroker]
+    ns: FakeNameserver, two_groups: tuple[FakeBroker, FakeBroker]
 ) -> None:
-    a, b = brokers
-    await ns.set_route(two_group_route(a, b))
+    a, _ = two_groups
     a.send_error = NotMaster("broker-a is a slave now")
     async with Producer(ns.addr, "PG") as producer:
         receipts = []
@@ -273,10 +281,9 @@ async def test_not_master_moves_the_send_to_another_group_and_isolates(
 
 
 async def test_three_attempts_alternate_groups_then_raise(
-    ns: FakeNameserver, brokers: tuple[FakeBroker, FakeBroker]
+    ns: FakeNameserver, two_groups: tuple[FakeBroker, FakeBroker]
 ) -> None:
-    a, b = brokers
-    await ns.set_route(two_group_route(a, b))
+    a, b = two_groups
     a.send_error = NotMaster("a")
     b.send_error = NotMaster("b")
     async with Producer(ns.addr, "PG") as producer:
@@ -289,10 +296,9 @@ async def test_three_attempts_alternate_groups_then_raise(
 
 
 async def test_non_retriable_error_raises_at_once(
-    ns: FakeNameserver, brokers: tuple[FakeBroker, FakeBroker]
+    ns: FakeNameserver, two_groups: tuple[FakeBroker, FakeBroker]
 ) -> None:
-    a, b = brokers
-    await ns.set_route(two_group_route(a, b))
+    a, b = two_groups
     a.send_error = BadRequest("bad")
     b.send_error = BadRequest("bad")
     async with Producer(ns.addr, "PG") as producer:
@@ -302,10 +308,9 @@ async def test_non_retriable_error_raises_at_once(
 
 
 async def test_fifo_message_group_keeps_its_queue_even_on_retry(
-    ns: FakeNameserver, brokers: tuple[FakeBroker, FakeBroker]
+    ns: FakeNameserver, two_groups: tuple[FakeBroker, FakeBroker]
 ) -> None:
-    a, b = brokers
-    await ns.set_route(two_group_route(a, b))
+    a, b = two_groups
     queues = [MessageQueue("T", n, i) for n in ("broker-a", "broker-b") for i in range(4)]
     async with Producer(ns.addr, "PG") as producer:
         for group in ("order-1", "order-2", "order-3"):
@@ -343,10 +348,9 @@ async def test_acting_group_gets_no_sends(
 
 
 async def test_batch_goes_to_one_queue_with_receipts(
-    ns: FakeNameserver, brokers: tuple[FakeBroker, FakeBroker]
+    ns: FakeNameserver, two_groups: tuple[FakeBroker, FakeBroker]
 ) -> None:
-    a, b = brokers
-    await ns.set_route(two_group_route(a, b))
+    a, b = two_groups
     async with Producer(ns.addr, "PG") as producer:
         msgs = [Message("T", f"m{i}".encode(), keys=[f"key-{i}"], tags="t") for i in range(5)]
         receipts = await producer.send_batch(msgs)
@@ -379,10 +383,9 @@ async def test_producer_unknown_topic_and_close(ns: FakeNameserver) -> None:
 
 
 async def test_route_watch_delivers_a_failover_in_milliseconds(
-    ns: FakeNameserver, brokers: tuple[FakeBroker, FakeBroker]
+    ns: FakeNameserver, two_groups: tuple[FakeBroker, FakeBroker]
 ) -> None:
-    a, b = brokers
-    await ns.set_route(two_group_route(a, b))
+    a, b = two_groups
     client = NameserverClient([ns.addr])
     cache = RouteCache(client, refresh_interval_s=3600)
     changes: list[TopicRouteData] = []
@@ -432,10 +435,9 @@ async def test_route_watch_reports_a_topic_that_appears_later(ns: FakeNameserver
 
 
 async def test_long_poll_rpc_timeout_exceeds_suspend_and_wakes_on_arrival(
-    ns: FakeNameserver, brokers: tuple[FakeBroker, FakeBroker]
+    ns: FakeNameserver, two_groups: tuple[FakeBroker, FakeBroker]
 ) -> None:
-    a, b = brokers
-    await ns.set_route(two_group_route(a, b))
+    a, _ = two_groups
     async with PullConsumer(ns.addr, "CG") as consumer:
         mq = MessageQueue("T", "broker-a", 1)
         assert mq in await consumer.queues("T")
