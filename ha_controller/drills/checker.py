@@ -60,10 +60,56 @@ Counts (Jepsen's queue categories plus the RIP-32 checks):
     same (consumer group, mq) recorded strictly earlier.
 
 Faults: each ``fault`` info is one fault, ended by the first ``fault`` ok of the same
-kind and target at or after it (``end_ms`` null when never healed).  ``recovery_ms`` is
-``max(first send ok, first delivery) - start_ms`` over events at or after the start
-(null while either never happens): the time until the cluster, as the clients see it,
-takes writes and serves reads again.  Faults are listed by (start, kind, target).
+kind and target at or after it (``end_ms`` null when never healed).  Faults are listed by
+(start, kind, target).
+
+Availability.  Every fault gets unavailability windows measured from the operations the
+clients recorded, per broker group and for the whole cluster, for writes and for reads:
+
+*Write operations* are sends.  A *failure* is a ``send`` fail or info event, or a key
+with a send invoke and no ok/fail/info at all (unanswered); a *success* is a ``send`` ok.
+An operation's time ``t`` is its outcome's ``t_ms`` (the invoke's for an unanswered
+send); it was *issued* at the key's earliest invoke ``t_ms`` (``t`` without an invoke).
+Its *group* is the ``broker`` of the outcome event; for a failure without one, the
+``broker`` of the key's send invokes (the earliest invoke naming one, ties by name);
+otherwise none.  *Read operations* are ``receive`` events: ok is a success (a delivery,
+or a ``receive`` ok without ``key``: an empty poll), fail/info a failed poll; both are
+issued at their own ``t_ms`` and belong to their ``broker``.  The groups of a kind are
+every group one of its operations names.
+
+A fault's *epoch* runs from its start to the next later fault start (the end of the
+history for the last).  For one scope (a group's operations, or all of them for the
+cluster) the window *opens* at ``min(max(issued, start))`` over the scope's failures
+with ``start <= t < epoch end``; a group's *write* window also opens at ``start`` when a
+fault starting then targets one of its brokers (``target`` ``"<group>/<id>"``): clients
+route away from a group that lost its master, so the group takes no writes without any
+send failing, and it must show a success to count as available.  (Reads do not get this:
+a consumer that receives nothing from a group may have nothing to read.)  The window
+*closes* at the earliest ``t`` of a success of the scope issued at or after the opening
+(and recorded at or after it): a reply to a request made before the trouble proves
+nothing.  Timing a failure by its issue, not its outcome,
+keeps a send that hung for its whole timeout (a paused broker) from shortening the
+window by that timeout.  The window is ``close - open`` in ms, ``0`` when no failure fell
+in the epoch, ``null`` when it never closed.  Per fault:
+
+``write_unavailable_ms`` / ``read_unavailable_ms``
+    ``{group: window}`` for every group of that kind; a targeted group's write window is
+    at least the time to its next acknowledged send.
+``cluster_write_unavailable_ms`` / ``cluster_read_unavailable_ms``
+    the window over every operation of that kind, whatever its group (a failure on one
+    group is closed by a success on any): how long until *some* client got through
+    again.  ~0 while another group keeps taking the traffic.
+``recovery_ms``
+    the cluster-wide write window (the old name, kept for compatibility).
+``unattributed_write_failures`` / ``unattributed_read_failures``
+    failures in the epoch that name no group: the cluster windows include them, the
+    group windows cannot.
+
+``availability`` (top level) summarises, for writes and reads, each fault's *worst*
+window (the largest of its group windows and its cluster window; ``null`` when one of
+them never closed): ``p50``/``p99`` (nearest rank) and ``max`` over the faults whose
+worst window closed, ``faults`` (how many faults) and ``unrecovered`` (how many never
+closed).
 
 ``ok`` is true only when lost, duplicated, unexpected, order_violations, late_delayed,
 unresolved_transactions, double_lock_grants and offset_rollbacks are all zero.
@@ -73,22 +119,27 @@ from __future__ import annotations
 
 import bisect
 import json
+import math
 import os
+import re
 from collections import defaultdict
 from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, field
-from typing import Any, Final, Literal
+from typing import Any, Final, Literal, cast
 
 from ha_controller.drills.history import DELAY_LEVELS_MS, Event, iter_history
 
 __all__ = [
+    "AVAILABILITY_KINDS",
     "COUNT_NAMES",
     "FAILING_COUNTS",
     "CheckOptions",
     "FaultWindow",
     "UnavailabilityWindow",
     "Verdict",
+    "availability_summary",
     "check",
+    "target_group",
     "unavailability_windows",
 ]
 
@@ -118,6 +169,9 @@ FAILING_COUNTS: Final[tuple[str, ...]] = (
 
 Redelivery = Literal["strict", "after_ack"]
 
+#: operation kinds of the availability windows, as named in verdict.json
+AVAILABILITY_KINDS: Final[tuple[str, ...]] = ("write", "read")
+
 
 @dataclass(frozen=True, slots=True)
 class CheckOptions:
@@ -139,13 +193,41 @@ class CheckOptions:
             raise ValueError(f"redelivery must be 'strict' or 'after_ack', got {self.redelivery!r}")
 
 
+WindowMs = int | None  # an unavailability window in ms; None: it never closed
+
+
 @dataclass(frozen=True, slots=True)
 class FaultWindow:
+    """One fault and its unavailability windows (module docstring, "Availability")."""
+
     kind: str
     target: str
     start_ms: int
     end_ms: int | None
-    recovery_ms: int | None
+    #: the cluster-wide write window (``cluster_write_unavailable_ms``; the old name)
+    recovery_ms: WindowMs
+    cluster_read_unavailable_ms: WindowMs = 0
+    #: group -> write window, sorted by group
+    write_unavailable_ms: Mapping[str, WindowMs] = field(default_factory=dict)
+    #: group -> read window, sorted by group
+    read_unavailable_ms: Mapping[str, WindowMs] = field(default_factory=dict)
+    unattributed_write_failures: int = 0
+    unattributed_read_failures: int = 0
+
+    @property
+    def cluster_write_unavailable_ms(self) -> WindowMs:
+        return self.recovery_ms
+
+    def worst_ms(self, kind: str) -> WindowMs:
+        """The largest ``kind`` window (groups and cluster); None when one never closed."""
+        if kind == "write":
+            windows = [self.recovery_ms, *self.write_unavailable_ms.values()]
+        elif kind == "read":
+            windows = [self.cluster_read_unavailable_ms, *self.read_unavailable_ms.values()]
+        else:
+            raise ValueError(f"kind must be one of {AVAILABILITY_KINDS}, got {kind!r}")
+        closed = [w for w in windows if w is not None]
+        return max(closed) if len(closed) == len(windows) else None
 
     def to_dict(self) -> dict[str, Any]:
         return {
@@ -154,7 +236,61 @@ class FaultWindow:
             "start_ms": self.start_ms,
             "end_ms": self.end_ms,
             "recovery_ms": self.recovery_ms,
+            "cluster_write_unavailable_ms": self.recovery_ms,
+            "cluster_read_unavailable_ms": self.cluster_read_unavailable_ms,
+            "write_unavailable_ms": dict(sorted(self.write_unavailable_ms.items())),
+            "read_unavailable_ms": dict(sorted(self.read_unavailable_ms.items())),
+            "unattributed_write_failures": self.unattributed_write_failures,
+            "unattributed_read_failures": self.unattributed_read_failures,
         }
+
+    @classmethod
+    def from_dict(cls, obj: Mapping[str, Any]) -> FaultWindow:
+        """Parse :meth:`to_dict`'s output; a verdict.json from before the availability
+        fields reads as windows of 0 with no groups."""
+
+        def window(value: object) -> WindowMs:
+            return None if value is None else int(cast(int, value))
+
+        def groups(name: str) -> dict[str, WindowMs]:
+            return {str(g): window(w) for g, w in (obj.get(name) or {}).items()}
+
+        return cls(
+            str(obj["kind"]),
+            str(obj["target"]),
+            int(obj["start_ms"]),
+            window(obj["end_ms"]),
+            window(obj.get("cluster_write_unavailable_ms", obj["recovery_ms"])),
+            window(obj.get("cluster_read_unavailable_ms", 0)),
+            groups("write_unavailable_ms"),
+            groups("read_unavailable_ms"),
+            int(obj.get("unattributed_write_failures", 0)),
+            int(obj.get("unattributed_read_failures", 0)),
+        )
+
+
+def _nearest_rank(ordered: list[int], pct: int) -> int | None:
+    if not ordered:
+        return None
+    return ordered[max(math.ceil(pct * len(ordered) / 100), 1) - 1]
+
+
+def availability_summary(faults: Iterable[FaultWindow]) -> dict[str, dict[str, int | None]]:
+    """verdict.json's ``availability``: per kind, p50/p99/max of the faults' worst windows
+    (those that closed), how many faults, how many never closed."""
+    faults = list(faults)
+    out: dict[str, dict[str, int | None]] = {}
+    for kind in AVAILABILITY_KINDS:
+        worst = [f.worst_ms(kind) for f in faults]
+        closed = sorted(w for w in worst if w is not None)
+        out[f"{kind}_unavailable_ms"] = {
+            "p50": _nearest_rank(closed, 50),
+            "p99": _nearest_rank(closed, 99),
+            "max": closed[-1] if closed else None,
+            "faults": len(worst),
+            "unrecovered": len(worst) - len(closed),
+        }
+    return out
 
 
 @dataclass(frozen=True, slots=True)
@@ -167,13 +303,19 @@ class Verdict:
     def ok(self) -> bool:
         return all(self.counts.get(name, 0) == 0 for name in FAILING_COUNTS)
 
+    @property
+    def availability(self) -> dict[str, dict[str, int | None]]:
+        return availability_summary(self.faults)
+
     def to_dict(self) -> dict[str, Any]:
-        """``{"scenario", "ok", "counts": {...}, "faults": [...]}`` (DESIGN.md §10)."""
+        """``{"scenario", "ok", "counts": {...}, "faults": [...], "availability": {...}}``
+        (DESIGN.md §10; the module docstring defines every field)."""
         return {
             "scenario": self.scenario,
             "ok": self.ok,
             "counts": {name: int(self.counts.get(name, 0)) for name in COUNT_NAMES},
             "faults": [fw.to_dict() for fw in self.faults],
+            "availability": self.availability,
         }
 
     def to_json(self, *, indent: int | None = 2) -> str:
@@ -182,17 +324,28 @@ class Verdict:
     @classmethod
     def from_dict(cls, obj: Mapping[str, Any]) -> Verdict:
         counts = {name: int(obj["counts"][name]) for name in COUNT_NAMES}
-        faults = tuple(
-            FaultWindow(
-                str(f["kind"]),
-                str(f["target"]),
-                int(f["start_ms"]),
-                None if f["end_ms"] is None else int(f["end_ms"]),
-                None if f["recovery_ms"] is None else int(f["recovery_ms"]),
-            )
-            for f in obj["faults"]
-        )
+        faults = tuple(FaultWindow.from_dict(f) for f in obj["faults"])
         return cls(str(obj["scenario"]), counts, faults)
+
+    def mismatches(self, other: Verdict) -> list[str]:
+        """What differs from ``other`` (counts, faults and their windows, availability),
+        one line each; empty when both judge the history alike (``hactl analyze``)."""
+        mine, theirs = self.to_dict(), other.to_dict()
+        out = [
+            f"{key}: {mine[key]!r} != {theirs[key]!r}"
+            for key in ("scenario", "ok", "availability")
+            if mine[key] != theirs[key]
+        ]
+        out.extend(
+            f"counts.{name}: {mine['counts'][name]} != {theirs['counts'][name]}"
+            for name in COUNT_NAMES
+            if mine["counts"][name] != theirs["counts"][name]
+        )
+        if len(mine["faults"]) != len(theirs["faults"]):
+            out.append(f"faults: {len(mine['faults'])} != {len(theirs['faults'])}")
+        for i, (a, b) in enumerate(zip(mine["faults"], theirs["faults"], strict=False)):
+            out.extend(f"faults[{i}].{k}: {a[k]!r} != {b.get(k)!r}" for k in a if a[k] != b.get(k))
+        return out
 
 
 # --- value accessors (wrongly typed values read as missing, like Spark's parser) ------
@@ -266,7 +419,11 @@ def check(
     probes: list[tuple[int, str, str, int]] = []
     fault_starts: list[tuple[int, str, str]] = []
     heals: dict[tuple[str, str], list[int]] = defaultdict(list)
-    send_ok_times: list[int] = []
+    # availability: send outcomes (t_ms, ok, key, broker), the first invoke naming a
+    # broker per key (t_ms, broker), and read operations
+    send_outcomes: list[tuple[int, bool, str, str | None]] = []
+    invoke_broker: dict[str, tuple[int, str]] = {}
+    reads = _Ops()
 
     for ev in events:
         v = ev.value
@@ -277,6 +434,11 @@ def check(
                 continue
             sent.add(key)
             if ev.type == "invoke":
+                broker = _s(v, "broker")
+                if broker is not None and (ev.t_ms, broker) < invoke_broker.get(
+                    key, (ev.t_ms + 1, "")
+                ):
+                    invoke_broker[key] = (ev.t_ms, broker)
                 earliest = invokes.get(key)
                 if earliest is None or ev.t_ms < earliest.t_ms:
                     invokes[key] = _Invoke(
@@ -286,12 +448,15 @@ def check(
                         _b(v, "tx") is True,
                         delay_due(ev.t_ms, v, opts),
                     )
-            elif ev.type == "ok":
-                send_ok_times.append(ev.t_ms)
-                prev = send_ok_t.get(key)
-                if prev is None or ev.t_ms < prev:
-                    send_ok_t[key] = ev.t_ms
+            else:
+                send_outcomes.append((ev.t_ms, ev.type == "ok", key, _s(v, "broker")))
+                if ev.type == "ok":
+                    prev = send_ok_t.get(key)
+                    if prev is None or ev.t_ms < prev:
+                        send_ok_t[key] = ev.t_ms
         elif f == "receive":
+            if ev.type != "invoke":
+                reads.add(ev.type == "ok", ev.t_ms, ev.t_ms, _s(v, "broker"))
             if ev.type != "ok":
                 continue
             key = _s(v, "key")
@@ -452,7 +617,12 @@ def check(
             "double_lock_grants": _double_grants(grants, unlocks, opts.lock_lease_ms),
             "offset_rollbacks": _offset_rollbacks(commits, probes),
         },
-        faults=_faults(fault_starts, heals, send_ok_times, [r[0] for r in receives]),
+        faults=_faults(
+            fault_starts,
+            heals,
+            _writes(send_outcomes, invokes, invoke_broker),
+            reads,
+        ),
     )
 
 
@@ -515,26 +685,150 @@ def _offset_rollbacks(
     return count
 
 
-def _first_at_or_after(sorted_times: list[int], t: int) -> int | None:
-    i = bisect.bisect_left(sorted_times, t)
-    return sorted_times[i] if i < len(sorted_times) else None
+@dataclass(frozen=True, slots=True)
+class _Op:
+    t_ms: int  # outcome recorded (the invoke, for an unanswered send)
+    issued_ms: int
+    group: str | None
+
+
+_CLUSTER: Final = object()  # the scope of every operation, whatever its group
+_NO_GROUP: Final = object()  # the scope of the operations that name no group
+
+
+class _Ops:
+    """The failures and successes of one kind (writes or reads); windows per scope."""
+
+    def __init__(self) -> None:
+        self.failures: list[_Op] = []
+        self.successes: list[_Op] = []
+        self._index: dict[object, tuple[list[_Op], list[int], list[_Op], list[int]]] = {}
+
+    def add(self, ok: bool, t_ms: int, issued_ms: int, group: str | None) -> None:
+        (self.successes if ok else self.failures).append(_Op(t_ms, issued_ms, group))
+
+    @property
+    def groups(self) -> list[str]:
+        named = {op.group for op in (*self.failures, *self.successes)}
+        return sorted(g for g in named if g is not None)
+
+    def _scope(self, scope: object) -> tuple[list[_Op], list[int], list[_Op], list[int]]:
+        """Failures and successes of ``scope`` (a group, or a marker), sorted by time."""
+        found = self._index.get(scope)
+        if found is None:
+            want = None if scope is _NO_GROUP else scope
+
+            def sort(ops: list[_Op]) -> list[_Op]:
+                return sorted(
+                    (op for op in ops if scope is _CLUSTER or op.group == want),
+                    key=lambda op: op.t_ms,
+                )
+
+            fails, oks = sort(self.failures), sort(self.successes)
+            found = (fails, [op.t_ms for op in fails], oks, [op.t_ms for op in oks])
+            self._index[scope] = found
+        return found
+
+    def window(
+        self, group: str | None, start: int, until: int | None, *, targeted: bool = False
+    ) -> int | None:
+        """The unavailability window of ``group`` (None: the cluster) for a fault that
+        started at ``start`` and whose epoch ends at ``until``; ``targeted``: the window
+        opens at ``start`` whether or not an operation failed (module docstring)."""
+        fails, fail_t, oks, ok_t = self._scope(_CLUSTER if group is None else group)
+        lo, hi = _span(fail_t, start, until)
+        if targeted:
+            opened = start  # every failure in the epoch is at or after it
+        elif lo < hi:
+            opened = min(max(op.issued_ms, start) for op in fails[lo:hi])
+        else:
+            return 0
+        for op in oks[bisect.bisect_left(ok_t, opened) :]:
+            if op.issued_ms >= opened:
+                return op.t_ms - opened
+        return None
+
+    def unattributed(self, start: int, until: int | None) -> int:
+        """Failures that name no group recorded in ``[start, until)``."""
+        lo, hi = _span(self._scope(_NO_GROUP)[1], start, until)
+        return max(hi - lo, 0)
+
+
+def _span(sorted_times: list[int], start: int, until: int | None) -> tuple[int, int]:
+    """Index range of the times in ``[start, until)`` (``until`` None: no end)."""
+    hi = len(sorted_times) if until is None else bisect.bisect_left(sorted_times, until)
+    return bisect.bisect_left(sorted_times, start), hi
+
+
+#: a fault target naming a broker: ``"<group>/<broker id>"`` (Spark uses the same regex)
+TARGET_BROKER_RE: Final = r"^(.+)/[0-9]+$"
+
+
+def target_group(target: str) -> str | None:
+    """The broker group a fault ``target`` names (``"broker-a/0"`` -> ``"broker-a"``);
+    None for a nameserver, a link or anything else."""
+    m = re.fullmatch(TARGET_BROKER_RE[1:-1], target)
+    return m.group(1) if m else None
+
+
+def _writes(
+    outcomes: list[tuple[int, bool, str, str | None]],
+    invokes: Mapping[str, _Invoke],
+    invoke_broker: Mapping[str, tuple[int, str]],
+) -> _Ops:
+    ops = _Ops()
+    answered: set[str] = set()
+    for t, ok, key, broker in outcomes:
+        answered.add(key)
+        inv = invokes.get(key)
+        group = broker
+        if group is None and not ok and key in invoke_broker:
+            group = invoke_broker[key][1]
+        ops.add(ok, t, t if inv is None else inv.t_ms, group)
+    for key, inv in invokes.items():
+        if key not in answered:  # unanswered: a failure at its invoke
+            named = invoke_broker.get(key)
+            ops.add(False, inv.t_ms, inv.t_ms, None if named is None else named[1])
+    return ops
 
 
 def _faults(
     starts: list[tuple[int, str, str]],
     heals: Mapping[tuple[str, str], list[int]],
-    send_ok_times: list[int],
-    receive_times: list[int],
+    writes: _Ops,
+    reads: _Ops,
 ) -> tuple[FaultWindow, ...]:
-    sends = sorted(send_ok_times)
-    recvs = sorted(receive_times)
+    epochs = sorted({start for start, _kind, _target in starts})
+    targeted: dict[int, set[str]] = defaultdict(set)  # start -> groups faults there target
+    for start, _kind, target in starts:
+        group = target_group(target)
+        if group is not None:
+            targeted[start].add(group)
+    write_groups, read_groups = writes.groups, reads.groups
     out: list[FaultWindow] = []
     for start, kind, target in sorted(starts):
-        end = _first_at_or_after(sorted(heals.get((kind, target), [])), start)
-        s = _first_at_or_after(sends, start)
-        r = _first_at_or_after(recvs, start)
-        recovery = None if s is None or r is None else max(s, r) - start
-        out.append(FaultWindow(kind, target, start, end, recovery))
+        healed = sorted(heals.get((kind, target), []))
+        i = bisect.bisect_left(healed, start)
+        end = healed[i] if i < len(healed) else None
+        j = bisect.bisect_right(epochs, start)
+        until = epochs[j] if j < len(epochs) else None
+        out.append(
+            FaultWindow(
+                kind,
+                target,
+                start,
+                end,
+                writes.window(None, start, until),
+                reads.window(None, start, until),
+                {
+                    g: writes.window(g, start, until, targeted=g in targeted[start])
+                    for g in write_groups
+                },
+                {g: reads.window(g, start, until) for g in read_groups},
+                writes.unattributed(start, until),
+                reads.unattributed(start, until),
+            )
+        )
     return tuple(out)
 
 

@@ -13,6 +13,10 @@ partition  host's link down (netns)        link up
 netem      tc netem delay/loss (netns)     qdisc removed
 ========== =============================== ===================================
 
+:data:`HEAL_ACTIONS` names each heal by what it does (``restart``, ``resume``, ``heal
+partition``, ``clear loss``; ``free disk`` for a disk-full fault); the terminal and the
+report label heals with it.
+
 Each fault is recorded in the history as ``fault`` info when it takes effect and
 ``fault`` ok when it is healed (history module schema).  :class:`RoleObserver` polls the
 nameserver's ``/api/v1/groups`` and every broker's ``/api/v1/status`` and records a
@@ -24,9 +28,9 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import logging
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass
-from typing import Any, Literal
+from typing import Any, Final, Literal
 
 import aiohttp
 
@@ -34,11 +38,13 @@ from ha_controller.drills.cluster import NAMESERVER, DrillCluster, broker_target
 from ha_controller.drills.history import Fault, HistoryWriter, Role
 
 __all__ = [
+    "HEAL_ACTIONS",
     "ActiveFault",
     "FaultKind",
     "Nemesis",
     "RoleObserver",
     "TargetRole",
+    "heal_action",
 ]
 
 log = logging.getLogger(__name__)
@@ -47,6 +53,20 @@ FaultKind = Literal["kill", "pause", "partition", "netem"]
 TargetRole = Literal["master", "slave", "nameserver"]
 
 PROCESS = "nemesis"
+
+#: fault kind -> what healing it does, as the terminal and the report label it
+HEAL_ACTIONS: Final[Mapping[str, str]] = {
+    "kill": "restart",
+    "pause": "resume",
+    "partition": "heal partition",
+    "netem": "clear loss",
+    "disk": "free disk",
+}
+
+
+def heal_action(kind: str) -> str:
+    """The label of healing a ``kind`` fault (``"heal <kind>"`` for a kind not listed)."""
+    return HEAL_ACTIONS.get(kind, f"heal {kind}")
 
 
 @dataclass(slots=True)
@@ -250,7 +270,7 @@ class Nemesis:
         with contextlib.suppress(ValueError):
             self.active.remove(fault)
         self.done.append(fault)
-        self.say(f"heal: {fault.kind} {fault.target}")
+        self.say(f"healed: {heal_action(fault.kind)} {fault.target}")
 
     async def heal_all(self) -> None:
         for fault in list(reversed(self.active)):

@@ -1,12 +1,18 @@
 """``report.html``: a self-contained page with the drill's timeline as inline SVG.
 
-Three stacked panels share the time axis (seconds since the first event):
-throughput (acknowledged sends and deliveries per second), send latency (each
-completed send as a dot, log scale; failed/unknown sends in red at the top) and
-broker roles (one lane per broker, coloured by the role the drill observed).
-Fault windows are shaded across all panels and labelled; role changes are ticks in
-the role lanes.  Below the picture: the verdict counts, the faults with their recovery
-times and the unavailability windows.  No scripts, no external resources.
+One clock: every time on the page (axis, fault table, windows, tooltips) is in seconds
+since the drill start, the wall-clock ms the runner passes as ``start_ms`` (the terminal
+prints the same seconds); without it, since the first event of the history.
+
+Three stacked panels share the time axis: throughput (acknowledged sends and deliveries
+per second), send latency (each completed send as a dot, log scale; failed/unknown sends
+in red at the top) and broker roles (one lane per broker, coloured by the role the drill
+observed; ``down`` while the broker is killed or paused, ``partitioned`` while cut off,
+``unknown`` from a restart until its role is observed).  Fault windows are shaded
+across all panels and labelled with the fault at the start and the heal action at the
+end; role changes are ticks in the role lanes.  Below the picture: a legend, the
+verdict counts with their definitions, the faults with their unavailability windows,
+the availability summary and the send failure spans.  No scripts, no external resources.
 """
 
 from __future__ import annotations
@@ -14,20 +20,31 @@ from __future__ import annotations
 import html
 import math
 from collections import defaultdict
-from collections.abc import Iterable, Sequence
-from dataclasses import dataclass
+from collections.abc import Callable, Iterable, Mapping, Sequence
+from dataclasses import dataclass, field
+from datetime import UTC, datetime
 from pathlib import Path
 from typing import Final
 
 from ha_controller.drills.checker import (
+    AVAILABILITY_KINDS,
     COUNT_NAMES,
     FAILING_COUNTS,
+    FaultWindow,
     Verdict,
     unavailability_windows,
 )
 from ha_controller.drills.history import Event
+from ha_controller.drills.nemesis import heal_action
 
-__all__ = ["render_report", "timeline_svg", "write_report"]
+__all__ = [
+    "COUNT_DEFINITIONS",
+    "LANE_COLOURS",
+    "ROLE_COLOURS",
+    "render_report",
+    "timeline_svg",
+    "write_report",
+]
 
 ROLE_COLOURS: Final = {
     "master": "#2f7d32",
@@ -35,10 +52,85 @@ ROLE_COLOURS: Final = {
     "slave": "#7aa7d6",
     "isolated": "#9c6ade",
 }
+#: role-lane states that are not observed roles, derived from the fault events
+STATE_COLOURS: Final = {
+    "down": "#424242",
+    "partitioned": "#8e2420",
+    "unknown": "#d6d6d6",
+}
+LANE_COLOURS: Final = {**ROLE_COLOURS, **STATE_COLOURS}
+#: what a fault of each kind makes of its target broker's lane until it is healed
+FAULT_STATES: Final = {"kill": "down", "pause": "down", "partition": "partitioned"}
+LANE_MEANING: Final = {
+    "master": "observed master (takes writes)",
+    "acting": "slave observed acting as master (RIP-32: serves reads, no writes)",
+    "slave": "observed slave",
+    "isolated": "observed isolated (pre-online, or cut off from the controller)",
+    "down": "killed or paused by the drill (kill -9 / SIGSTOP), until the heal",
+    "partitioned": "cut off the network by the drill, until the heal",
+    "unknown": "restarted; no role observed yet",
+}
 FAULT_COLOUR: Final = "#e53935"
 W: Final = 1000
 LEFT: Final = 70
 RIGHT: Final = 20
+
+#: one line per count of the verdict (the checker's module docstring is the reference)
+COUNT_DEFINITIONS: Final = {
+    "acknowledged": "keys whose send was acknowledged (and, for transactions, committed)",
+    "delivered": "deliveries (receive ok events), duplicates included",
+    "lost": "(acknowledged key, subscribing consumer group) pairs never delivered",
+    "duplicated": "deliveries of a key to a consumer group beyond the first "
+    "(with redelivery=after_ack: only those after the group's first ack)",
+    "unexpected": "deliveries of keys never sent, or rolled back",
+    "recovered": "keys whose send failed or had an unknown outcome but that were "
+    "delivered (not an error)",
+    "order_violations": "FIFO: first deliveries of a message group's keys, per consumer, "
+    "that arrived after a key acknowledged later",
+    "late_delayed": "delayed messages first delivered outside their due window "
+    "(early ones included)",
+    "unresolved_transactions": "transactional keys stored but never committed, rolled "
+    "back or delivered",
+    "double_lock_grants": "queue locks granted while another consumer of the group "
+    "still held the queue",
+    "offset_rollbacks": "offset probes that read an offset lower than one committed before",
+}
+
+WINDOW_DEFINITIONS: Final = (
+    (
+        "write unavailable (group)",
+        "from the first send to the group that failed, timed out or went unanswered "
+        "after the fault started (timed from when that send was issued) — or from the "
+        "fault's start when the fault hit one of the group's brokers — to the first "
+        "send to the group issued after that which was acknowledged; 0: nothing failed; "
+        "never: the group never took a write again",
+    ),
+    (
+        "read unavailable (group)",
+        "the same for reads: from the first failed poll (receive fail/info) of the group "
+        "to the first delivery (or answered poll) from it after that",
+    ),
+    (
+        "cluster",
+        "the same over every group at once: a failure anywhere closed by a success "
+        "anywhere; ~0 while another group keeps taking writes (this is recovery_ms)",
+    ),
+    (
+        "epoch",
+        "a failure counts for the latest fault started at or before it; windows may "
+        "end after the next fault starts",
+    ),
+    (
+        "unattributed",
+        "failures that name no group (the history did not record the target broker): "
+        "the cluster windows see them, the group windows cannot",
+    ),
+    (
+        "availability p50/p99/max",
+        "over the faults, each fault's worst window (its largest group or cluster "
+        "window), nearest rank; unrecovered: faults with a window that never closed",
+    ),
+)
 
 
 @dataclass(frozen=True, slots=True)
@@ -49,24 +141,48 @@ class _Fault:
     end: float | None
 
 
+@dataclass(slots=True)
+class _Timeline:
+    """The history reduced to what the picture draws; times in s since the drill start."""
+
+    lo: float
+    hi: float
+    acks: list[float] = field(default_factory=list)
+    recvs: list[float] = field(default_factory=list)
+    lat_ok: list[tuple[float, float]] = field(default_factory=list)
+    lat_bad: list[float] = field(default_factory=list)
+    faults: list[_Fault] = field(default_factory=list)
+    #: lane -> observed (time, role)
+    roles: dict[str, list[tuple[float, str]]] = field(default_factory=dict)
+
+    @property
+    def span(self) -> float:
+        return max(self.hi - self.lo, 1.0)
+
+
 def _esc(text: object) -> str:
     return html.escape(str(text), quote=True)
 
 
-def _collect(events: Sequence[Event]) -> dict[str, object]:
-    t0 = min(e.t_ms for e in events)
-    t1 = max(e.t_ms for e in events)
+def _secs(t_ms: int | None, start_ms: int) -> str:
+    return "-" if t_ms is None else f"{(t_ms - start_ms) / 1000:.1f}"
+
+
+def _ms(window: int | None) -> str:
+    return "never" if window is None else str(window)
+
+
+def _collect(events: Sequence[Event], start_ms: int) -> _Timeline:
+    def rel(t_ms: int) -> float:
+        return (t_ms - start_ms) / 1000
+
+    d = _Timeline(rel(min(e.t_ms for e in events)), rel(max(e.t_ms for e in events)))
     invokes: dict[str, int] = {}
-    acks: list[float] = []
-    recvs: list[float] = []
-    lat_ok: list[tuple[float, float]] = []
-    lat_bad: list[float] = []
-    faults: list[_Fault] = []
     open_faults: dict[tuple[str, str], list[int]] = defaultdict(list)
     roles: dict[str, list[tuple[float, str]]] = defaultdict(list)
     for e in events:
         v = e.value
-        t = (e.t_ms - t0) / 1000
+        t = rel(e.t_ms)
         if e.f == "send":
             key = v.get("key")
             if not isinstance(key, str):
@@ -74,90 +190,148 @@ def _collect(events: Sequence[Event]) -> dict[str, object]:
             if e.type == "invoke":
                 invokes[key] = e.t_ms
             elif e.type == "ok":
-                acks.append(t)
+                d.acks.append(t)
                 if key in invokes:
-                    lat_ok.append((t, max(e.t_ms - invokes[key], 0.5)))
+                    d.lat_ok.append((t, max(e.t_ms - invokes[key], 0.5)))
             else:
-                lat_bad.append(t)
+                d.lat_bad.append(t)
         elif e.f == "receive" and e.type == "ok":
-            recvs.append(t)
+            d.recvs.append(t)
         elif e.f == "fault":
             k = (str(v.get("kind")), str(v.get("target")))
             if e.type == "info":
-                open_faults[k].append(len(faults))
-                faults.append(_Fault(k[0], k[1], t, None))
+                open_faults[k].append(len(d.faults))
+                d.faults.append(_Fault(k[0], k[1], t, None))
             elif e.type == "ok" and open_faults[k]:
                 i = open_faults[k].pop(0)
-                f = faults[i]
-                faults[i] = _Fault(f.kind, f.target, f.start, t)
+                f = d.faults[i]
+                d.faults[i] = _Fault(f.kind, f.target, f.start, t)
         elif e.f == "role" and e.type == "info":
             lane = f"{v.get('group')}/{v.get('broker_id')}"
             roles[lane].append((t, str(v.get("role"))))
-    return {
-        "span": max((t1 - t0) / 1000, 1.0),
-        "acks": acks,
-        "recvs": recvs,
-        "lat_ok": lat_ok,
-        "lat_bad": lat_bad,
-        "faults": faults,
-        "roles": dict(sorted(roles.items())),
-    }
+    for f in d.faults:  # a faulted broker gets a lane even if no role was observed
+        if f.kind in FAULT_STATES and _is_broker(f.target):
+            roles.setdefault(f.target, [])
+    d.roles = dict(sorted(roles.items()))
+    return d
 
 
-def _per_second(times: Iterable[float], span: float) -> list[int]:
-    buckets = [0] * (int(span) + 1)
+def _is_broker(target: str) -> bool:
+    group, _, bid = target.rpartition("/")
+    return bool(group) and bid.isdigit()
+
+
+def _lane_states(
+    observed: Sequence[tuple[float, str]], faults: Iterable[_Fault], lane: str, hi: float
+) -> list[tuple[float, float, str]]:
+    """``(from, to, state)`` segments of one role lane: the observed role, overridden by
+    ``down``/``partitioned`` while a fault holds the broker, ``unknown`` after a restart
+    until a role is observed."""
+    # (time, order, action, arg): heals before starts before observations at one instant
+    changes: list[tuple[float, int, str, str]] = [(t, 2, "role", r) for t, r in observed]
+    for f in faults:
+        state = FAULT_STATES.get(f.kind)
+        if f.target != lane or state is None:
+            continue
+        changes.append((f.start, 1, "start", f.kind))
+        if f.end is not None:
+            changes.append((f.end, 0, "heal", f.kind))
+    changes.sort()
+    role: str | None = None
+    held: list[str] = []  # kinds of the faults holding the broker now
+    out: list[tuple[float, float, str]] = []
+
+    def shown() -> str | None:
+        states = {FAULT_STATES[k] for k in held}
+        if states:
+            return "down" if "down" in states else "partitioned"
+        return role
+
+    for t, _order, action, arg in changes:
+        if action == "role":
+            role = arg
+        elif action == "start":
+            held.append(arg)
+            if arg == "kill":
+                role = "unknown"  # the restarted process has no role until observed
+        else:
+            held.remove(arg)
+        state = shown()
+        if out and out[-1][1] == math.inf:
+            t0, _, s0 = out[-1]
+            if s0 == state:
+                continue
+            out[-1] = (t0, t, s0)
+        if state is not None:
+            out.append((t, math.inf, state))
+    return [(a, min(b, hi), s) for a, b, s in out if min(b, hi) > a or b == math.inf]
+
+
+def _per_second(times: Iterable[float], lo: float, n: int) -> list[int]:
+    buckets = [0] * n
     for t in times:
-        buckets[min(int(t), len(buckets) - 1)] += 1
+        buckets[max(0, min(int(t - lo), n - 1))] += 1
     return buckets
 
 
-def timeline_svg(events: Sequence[Event]) -> str:
-    """The timeline picture as an ``<svg>`` element (empty history: a note)."""
+def timeline_svg(events: Sequence[Event], *, start_ms: int | None = None) -> str:
+    """The timeline picture as an ``<svg>`` element (empty history: a note); times in s
+    since ``start_ms`` (default: the first event)."""
     if not events:
         return (
             '<svg xmlns="http://www.w3.org/2000/svg" width="400" height="40">'
             '<text x="10" y="25">empty history</text></svg>'
         )
-    d = _collect(events)
-    span = float(d["span"])  # type: ignore[arg-type]
-    roles: dict[str, list[tuple[float, str]]] = d["roles"]  # type: ignore[assignment]
-    faults: list[_Fault] = d["faults"]  # type: ignore[assignment]
+    d = _collect(events, min(e.t_ms for e in events) if start_ms is None else start_ms)
+    span = d.span
     plot_w = W - LEFT - RIGHT
 
     def x(t: float) -> float:
-        return LEFT + plot_w * max(0.0, min(t, span)) / span
+        return LEFT + plot_w * max(0.0, min(t - d.lo, span)) / span
 
-    tp_top, tp_h = 30, 160
+    fault_y, heal_y = 14, 28
+    tp_top, tp_h = 60, 160
     lat_top, lat_h = tp_top + tp_h + 52, 160
     role_top = lat_top + lat_h + 52
     lane_h = 16
-    height = role_top + max(len(roles), 1) * (lane_h + 4) + 40
+    height = role_top + max(len(d.roles), 1) * (lane_h + 4) + 40
     out: list[str] = [
         f'<svg xmlns="http://www.w3.org/2000/svg" width="{W}" height="{height}" '
         f'viewBox="0 0 {W} {height}" font-family="sans-serif" font-size="11">',
         f'<rect x="0" y="0" width="{W}" height="{height}" fill="white"/>',
     ]
-    # fault shading across every panel
-    for f in faults:
+    # fault shading across every panel: the fault at its start, the heal action at its end
+    for f in d.faults:
         x0 = x(f.start)
-        x1 = x(f.end if f.end is not None else span)
+        x1 = x(f.end if f.end is not None else d.hi)
         out.append(
             f'<rect x="{x0:.1f}" y="{tp_top}" width="{max(x1 - x0, 1.5):.1f}" '
-            f'height="{height - tp_top - 30}" fill="{FAULT_COLOUR}" fill-opacity="0.12"/>'
+            f'height="{height - tp_top - 30}" fill="{FAULT_COLOUR}" fill-opacity="0.12">'
+            f"<title>{_esc(f.kind)} {_esc(f.target)} from {f.start:.1f} s"
+            f"{'' if f.end is None else f' to {f.end:.1f} s'}</title></rect>"
         )
         out.append(
-            f'<text x="{x0 + 2:.1f}" y="{tp_top - 4}" fill="{FAULT_COLOUR}">'
+            f'<text x="{x0 + 2:.1f}" y="{fault_y}" fill="{FAULT_COLOUR}">'
             f"{_esc(f.kind)} {_esc(f.target)}{'' if f.end is not None else ' (not healed)'}</text>"
         )
+        if f.end is not None:
+            out.append(
+                f'<line x1="{x1:.1f}" x2="{x1:.1f}" y1="{heal_y + 3}" y2="{height - 30}" '
+                f'stroke="{FAULT_COLOUR}" stroke-dasharray="3,3" stroke-width="0.8"/>'
+                f'<text x="{x1 + 2:.1f}" y="{heal_y}" fill="#555">'
+                f"{_esc(heal_action(f.kind))} {_esc(f.target)}</text>"
+            )
     # throughput
-    acks = _per_second(d["acks"], span)  # type: ignore[arg-type]
-    recvs = _per_second(d["recvs"], span)  # type: ignore[arg-type]
+    n_buckets = int(span) + 1
+    acks = _per_second(d.acks, d.lo, n_buckets)
+    recvs = _per_second(d.recvs, d.lo, n_buckets)
     peak = max([*acks, *recvs, 1])
-    out.append(_axes(tp_top, tp_h, f"msgs/s (max {peak})", span, x))
+    out.append(_axes(tp_top, tp_h, f"msgs/s (max {peak})", d.lo, d.hi, x))
 
     def series(values: list[int], colour: str) -> str:
         pts = " ".join(
-            f"{x(i + 0.5):.1f},{tp_top + tp_h - tp_h * v / peak:.1f}" for i, v in enumerate(values)
+            f"{x(d.lo + i + 0.5):.1f},{tp_top + tp_h - tp_h * v / peak:.1f}"
+            for i, v in enumerate(values)
         )
         return f'<polyline points="{pts}" fill="none" stroke="{colour}" stroke-width="1.6"/>'
 
@@ -168,56 +342,53 @@ def timeline_svg(events: Sequence[Event]) -> str:
         f'<text x="{LEFT + 150}" y="{tp_top + 12}" fill="#2e7d32">deliveries/s</text>'
     )
     # latency (log scale 1 ms .. 10 s)
-    lat_ok: list[tuple[float, float]] = d["lat_ok"]  # type: ignore[assignment]
-    lo, hi = 0.0, 4.0
+    lo_log, hi_log = 0.0, 4.0
 
     def y_lat(ms: float) -> float:
-        v = (math.log10(max(ms, 1.0)) - lo) / (hi - lo)
+        v = (math.log10(max(ms, 1.0)) - lo_log) / (hi_log - lo_log)
         return lat_top + lat_h - lat_h * max(0.0, min(v, 1.0))
 
-    out.append(_axes(lat_top, lat_h, "send latency (ms, log)", span, x))
+    out.append(_axes(lat_top, lat_h, "send latency (ms, log)", d.lo, d.hi, x))
     for grid_ms in (1, 10, 100, 1000, 10000):
         yy = y_lat(grid_ms)
         out.append(
             f'<line x1="{LEFT}" x2="{W - RIGHT}" y1="{yy:.1f}" y2="{yy:.1f}" stroke="#eee"/>'
             f'<text x="{LEFT - 4}" y="{yy + 3:.1f}" text-anchor="end">{grid_ms}</text>'
         )
-    step = max(1, len(lat_ok) // 4000)  # keep the page small
+    step = max(1, len(d.lat_ok) // 4000)  # keep the page small
     out.extend(
         f'<circle cx="{x(t):.1f}" cy="{y_lat(ms):.1f}" r="1.3" fill="#1565c0"/>'
-        for t, ms in lat_ok[::step]
+        for t, ms in d.lat_ok[::step]
     )
-    bad: list[float] = d["lat_bad"]  # type: ignore[assignment]
     out.extend(
         f'<rect x="{x(t) - 1:.1f}" y="{lat_top + 1}" width="2" height="6" fill="{FAULT_COLOUR}"/>'
-        for t in bad
+        for t in d.lat_bad
     )
     # roles
     out.append(f'<text x="{LEFT}" y="{role_top - 8}" font-weight="bold">roles</text>')
-    for i, (lane, changes) in enumerate(roles.items()):
+    for i, (lane, observed) in enumerate(d.roles.items()):
         y0 = role_top + i * (lane_h + 4)
         out.append(f'<text x="{LEFT - 4}" y="{y0 + 12}" text-anchor="end">{_esc(lane)}</text>')
-        for j, (t, role) in enumerate(changes):
-            t_end = changes[j + 1][0] if j + 1 < len(changes) else span
-            colour = ROLE_COLOURS.get(role, "#999")
+        for t0, t1, state in _lane_states(observed, d.faults, lane, d.hi):
+            colour = LANE_COLOURS.get(state, "#999")
             out.append(
-                f'<rect x="{x(t):.1f}" y="{y0}" width="{max(x(t_end) - x(t), 1):.1f}" '
-                f'height="{lane_h}" fill="{colour}"><title>{_esc(lane)} {_esc(role)} '
-                f"from {t:.1f}s</title></rect>"
+                f'<rect x="{x(t0):.1f}" y="{y0}" width="{max(x(t1) - x(t0), 1):.1f}" '
+                f'height="{lane_h}" fill="{colour}"><title>{_esc(lane)} {_esc(state)} '
+                f"from {t0:.1f} s to {t1:.1f} s</title></rect>"
             )
-            if j:
-                out.append(
-                    f'<line x1="{x(t):.1f}" x2="{x(t):.1f}" y1="{y0 - 2}" y2="{y0 + lane_h + 2}" '
-                    'stroke="black" stroke-width="1.2"/>'
-                )
+        for t, _role in observed[1:]:  # observed role changes
+            out.append(
+                f'<line x1="{x(t):.1f}" x2="{x(t):.1f}" y1="{y0 - 2}" y2="{y0 + lane_h + 2}" '
+                'stroke="black" stroke-width="1.2"/>'
+            )
     legend_y = height - 14
     lx = LEFT
-    for role, colour in ROLE_COLOURS.items():
+    for state, colour in LANE_COLOURS.items():
         out.append(
             f'<rect x="{lx}" y="{legend_y - 9}" width="10" height="10" fill="{colour}"/>'
-            f'<text x="{lx + 14}" y="{legend_y}">{role}</text>'
+            f'<text x="{lx + 14}" y="{legend_y}">{state}</text>'
         )
-        lx += 80
+        lx += 92
     out.append(
         f'<rect x="{lx}" y="{legend_y - 9}" width="10" height="10" fill="{FAULT_COLOUR}" '
         f'fill-opacity="0.3"/><text x="{lx + 14}" y="{legend_y}">fault</text>'
@@ -226,15 +397,14 @@ def timeline_svg(events: Sequence[Event]) -> str:
     return "\n".join(out)
 
 
-def _axes(top: int, h: int, label: str, span: float, x: object) -> str:
-    assert callable(x)
+def _axes(top: int, h: int, label: str, lo: float, hi: float, x: Callable[[float], float]) -> str:
     parts = [
         f'<rect x="{LEFT}" y="{top}" width="{W - LEFT - RIGHT}" height="{h}" '
         'fill="none" stroke="#888"/>',
         f'<text x="{LEFT}" y="{top - 18}" font-weight="bold">{_esc(label)}</text>',
     ]
-    tick = max(1, int(span / 10) or 1)
-    for s in range(0, int(span) + 1, tick):
+    tick = max(1, int((hi - lo) / 10) or 1)
+    for s in range(math.ceil(lo / tick) * tick, int(hi) + 1, tick):
         xx = x(float(s))
         parts.append(
             f'<line x1="{xx:.1f}" x2="{xx:.1f}" y1="{top + h}" y2="{top + h + 4}" stroke="#888"/>'
@@ -243,32 +413,79 @@ def _axes(top: int, h: int, label: str, span: float, x: object) -> str:
     return "\n".join(parts)
 
 
-def render_report(events: Sequence[Event], verdict: Verdict, *, title: str = "") -> str:
-    """The whole HTML page."""
+def _groups(windows: Mapping[str, int | None]) -> str:
+    return "<br>".join(f"{_esc(g)}: {_ms(w)}" for g, w in sorted(windows.items())) or "-"
+
+
+def _fault_row(f: FaultWindow, start_ms: int) -> str:
+    healed = "not healed" if f.end_ms is None else heal_action(f.kind)
+    return (
+        f"<tr><td>{_esc(f.kind)}</td><td>{_esc(f.target)}</td>"
+        f"<td class='n'>{_secs(f.start_ms, start_ms)}</td>"
+        f"<td>{_esc(healed)}</td><td class='n'>{_secs(f.end_ms, start_ms)}</td>"
+        f"<td class='n'>{_groups(f.write_unavailable_ms)}</td>"
+        f"<td class='n'>{_ms(f.cluster_write_unavailable_ms)}</td>"
+        f"<td class='n'>{_groups(f.read_unavailable_ms)}</td>"
+        f"<td class='n'>{_ms(f.cluster_read_unavailable_ms)}</td>"
+        f"<td class='n'>{f.unattributed_write_failures} / {f.unattributed_read_failures}</td>"
+        "</tr>"
+    )
+
+
+def _legend() -> str:
+    lanes = "".join(
+        f"<tr><td><span class='sw' style='background:{colour}'></span>{state}</td>"
+        f"<td>{_esc(LANE_MEANING[state])}</td></tr>"
+        for state, colour in LANE_COLOURS.items()
+    )
+    marks = (
+        f"<tr><td><span class='sw' style='background:{FAULT_COLOUR};opacity:.3'></span>fault"
+        "</td><td>from the fault taking effect to its heal (label: fault, then the heal "
+        "action: restart, resume, heal partition, clear loss, free disk)</td></tr>"
+        "<tr><td>red ticks</td><td>sends that failed or had an unknown outcome "
+        "(latency panel, top)</td></tr>"
+        "<tr><td>black ticks</td><td>a role change observed in a lane</td></tr>"
+    )
+    return f"<table><tr><th>mark</th><th>meaning</th></tr>{lanes}{marks}</table>"
+
+
+def render_report(
+    events: Sequence[Event], verdict: Verdict, *, title: str = "", start_ms: int | None = None
+) -> str:
+    """The whole HTML page; times in s since ``start_ms`` (the drill start the terminal
+    counts from; default: the first event)."""
     status = "OK" if verdict.ok else "FAILED"
     colour = "#2e7d32" if verdict.ok else "#c62828"
-    t0 = min((e.t_ms for e in events), default=0)
+    first = min((e.t_ms for e in events), default=0)
+    last = max((e.t_ms for e in events), default=0)
+    t0 = first if start_ms is None else start_ms
+    wall = datetime.fromtimestamp(t0 / 1000, tz=UTC).strftime("%Y-%m-%d %H:%M:%S.%f")[:-3]
+    origin = "the drill start" if start_ms is not None else "the first event"
 
     def cls(name: str) -> str:
         return "n bad" if name in FAILING_COUNTS and verdict.counts.get(name, 0) else "n"
 
     rows = "".join(
-        f"<tr><td>{name}</td><td class='{cls(name)}'>{verdict.counts.get(name, 0)}</td></tr>"
+        f"<tr><td>{name}</td><td class='{cls(name)}'>{verdict.counts.get(name, 0)}</td>"
+        f"<td>{_esc(COUNT_DEFINITIONS.get(name, ''))}"
+        f"{'' if name in FAILING_COUNTS else ' <i>(does not fail the drill)</i>'}</td></tr>"
         for name in COUNT_NAMES
     )
-    fault_rows = "".join(
-        f"<tr><td>{_esc(f.kind)}</td><td>{_esc(f.target)}</td>"
-        f"<td class='n'>{(f.start_ms - t0) / 1000:.1f}</td>"
-        f"<td class='n'>{'-' if f.end_ms is None else f'{(f.end_ms - t0) / 1000:.1f}'}</td>"
-        f"<td class='n'>{'-' if f.recovery_ms is None else f.recovery_ms}</td></tr>"
-        for f in verdict.faults
-    )
-    windows = unavailability_windows(events)
-    window_rows = "".join(
-        f"<tr><td class='n'>{(w.start_ms - t0) / 1000:.1f}</td>"
-        f"<td class='n'>{'-' if w.end_ms is None else f'{(w.end_ms - t0) / 1000:.1f}'}</td>"
+    fault_rows = "".join(_fault_row(f, t0) for f in verdict.faults)
+    avail_rows = ""
+    for kind in AVAILABILITY_KINDS:
+        summary = verdict.availability[f"{kind}_unavailable_ms"]
+        cells = "".join(
+            f"<td class='n'>{'-' if summary[k] is None else summary[k]}</td>"
+            for k in ("p50", "p99", "max", "faults", "unrecovered")
+        )
+        avail_rows += f"<tr><td>{kind}</td>{cells}</tr>"
+    window_defs = "".join(f"<dt>{_esc(k)}</dt><dd>{_esc(v)}</dd>" for k, v in WINDOW_DEFINITIONS)
+    spans = unavailability_windows(events)
+    span_rows = "".join(
+        f"<tr><td class='n'>{_secs(w.start_ms, t0)}</td><td class='n'>{_secs(w.end_ms, t0)}</td>"
         f"<td class='n'>{'-' if w.duration_ms is None else w.duration_ms}</td></tr>"
-        for w in windows
+        for w in spans
     )
     name = title or verdict.scenario
     return f"""<!DOCTYPE html>
@@ -282,20 +499,43 @@ table {{ border-collapse: collapse; margin: 8px 24px 16px 0; display: inline-tab
 td, th {{ border: 1px solid #ccc; padding: 3px 8px; }}
 td.n {{ text-align: right; font-variant-numeric: tabular-nums; }}
 td.bad {{ color: #c62828; font-weight: bold; }}
+span.sw {{ display: inline-block; width: 10px; height: 10px; margin-right: 6px; }}
+dt {{ font-weight: bold; margin-top: 6px; }}
 </style></head><body>
 <h1>drill {_esc(name)}: <span>{status}</span></h1>
-<p>{len(events)} events over {(max((e.t_ms for e in events), default=0) - t0) / 1000:.1f} s.
-Times are seconds since the first event.</p>
-{timeline_svg(events)}
+<p>{len(events)} events from {_secs(first, t0)} s to {_secs(last, t0)} s.
+All times on this page are seconds since {origin} ({wall} UTC, wall clock);
+the terminal counts from the same instant.</p>
+{timeline_svg(events, start_ms=t0)}
+<h2>Legend</h2>
+{_legend()}
 <h2>Verdict</h2>
-<table><tr><th>count</th><th>value</th></tr>{rows}</table>
-<table><tr><th>fault</th><th>target</th><th>start s</th><th>healed s</th>
-<th>recovery ms</th></tr>{fault_rows}</table>
-<table><tr><th>unavailable from s</th><th>to s</th><th>ms</th></tr>{window_rows}</table>
+<table><tr><th>count</th><th>value</th><th>definition</th></tr>{rows}</table>
+<h2>Faults and unavailability (ms)</h2>
+<table><tr><th>fault</th><th>target</th><th>start s</th><th>heal</th><th>healed s</th>
+<th>write unavailable<br>per group</th><th>write unavailable<br>cluster</th>
+<th>read unavailable<br>per group</th><th>read unavailable<br>cluster</th>
+<th>unattributed failures<br>write / read</th></tr>{fault_rows}</table>
+<table><tr><th>availability</th><th>p50 ms</th><th>p99 ms</th><th>max ms</th>
+<th>faults</th><th>unrecovered</th></tr>{avail_rows}</table>
+<dl>{window_defs}</dl>
+<h2>Send failure spans (all groups)</h2>
+<p>From a failed or unknown send to the next acknowledged send to any group (spans less
+than 2 s apart merged): when sends failed at all, not how long a group was down.</p>
+<table><tr><th>from s</th><th>to s</th><th>ms</th></tr>{span_rows}</table>
 </body></html>
 """
 
 
-def write_report(path: Path, events: Sequence[Event], verdict: Verdict, *, title: str = "") -> Path:
-    path.write_text(render_report(events, verdict, title=title), encoding="utf-8")
+def write_report(
+    path: Path,
+    events: Sequence[Event],
+    verdict: Verdict,
+    *,
+    title: str = "",
+    start_ms: int | None = None,
+) -> Path:
+    path.write_text(
+        render_report(events, verdict, title=title, start_ms=start_ms), encoding="utf-8"
+    )
     return path

@@ -78,7 +78,13 @@ from ha_controller.client.admin import NameserverClient
 from ha_controller.drills.checker import CheckOptions, FaultWindow, Verdict, check
 from ha_controller.drills.cluster import ClusterSpec, DrillCluster, FaultUnsupported, Replication
 from ha_controller.drills.history import Event, HistoryWriter, read_history
-from ha_controller.drills.nemesis import ActiveFault, FaultKind, Nemesis, RoleObserver
+from ha_controller.drills.nemesis import (
+    ActiveFault,
+    FaultKind,
+    Nemesis,
+    RoleObserver,
+    heal_action,
+)
 from ha_controller.drills.report import write_report
 from ha_controller.drills.workloads import (
     DelayedProducerWorkload,
@@ -92,6 +98,7 @@ from ha_controller.drills.workloads import (
     offset_probe,
 )
 from ha_controller.protocol.errors import HaError
+from ha_controller.protocol.properties import now_ms
 from ha_controller.testing import EventuallyTimeout, eventually
 
 __all__ = [
@@ -645,10 +652,13 @@ SCENARIOS: Final[dict[str, Scenario]] = {
 # ---- the runner ------------------------------------------------------------------------
 
 
-def _say_factory(quiet: bool, t0: float) -> Callable[[str], None]:
+def _say_factory(quiet: bool, start_ms: int) -> Callable[[str], None]:
+    """Print with the drill's one clock: seconds since ``start_ms`` (wall clock, like the
+    history's ``t_ms``); the summary and report.html count from the same instant."""
+
     def say(text: str) -> None:
         if not quiet:
-            print(f"[{time.monotonic() - t0:6.1f}s] {text}", flush=True)
+            print(f"[{(now_ms() - start_ms) / 1000:6.1f}s] {text}", flush=True)
 
     return say
 
@@ -668,7 +678,8 @@ async def run_drill(options: DrillOptions) -> DrillResult:
     for name in ("history.jsonl", "verdict.json", "report.html"):
         (out / name).unlink(missing_ok=True)
     t0 = time.monotonic()
-    say = _say_factory(options.quiet, t0)
+    start_ms = now_ms()  # the drill start: every printed time counts from here
+    say = _say_factory(options.quiet, start_ms)
     spec = ClusterSpec(
         groups=options.groups,
         replicas=options.replicas,
@@ -698,9 +709,9 @@ async def run_drill(options: DrillOptions) -> DrillResult:
     verdict = check(out / "history.jsonl", scenario=scenario.name, options=scenario.check)
     (out / "verdict.json").write_text(verdict.to_json() + "\n", encoding="utf-8")
     events = read_history(out / "history.jsonl")
-    write_report(out / "report.html", events, verdict)
+    write_report(out / "report.html", events, verdict, start_ms=start_ms)
     elapsed = time.monotonic() - t0
-    _print_verdict(verdict, events, drained, out, elapsed, say)
+    _print_verdict(verdict, events, drained, out, elapsed, start_ms, say)
     return DrillResult(options, out, verdict, drained, elapsed)
 
 
@@ -907,12 +918,20 @@ def role_timings(events: Sequence[Event], fault: FaultWindow) -> tuple[int | Non
     return acting, back
 
 
+def _windows(per_group: Mapping[str, int | None], cluster: int | None) -> str:
+    def ms(w: int | None) -> str:
+        return "never" if w is None else f"{w} ms"
+
+    return ", ".join([*(f"{g} {ms(w)}" for g, w in per_group.items()), f"cluster {ms(cluster)}"])
+
+
 def _print_verdict(
     verdict: Verdict,
     events: Sequence[Event],
     drained: bool,
     out: Path,
     elapsed: float,
+    start_ms: int,
     say: Callable[[str], None],
 ) -> None:
     c = verdict.counts
@@ -921,22 +940,39 @@ def _print_verdict(
         f"{'' if drained else ' (drain timed out)'} in {elapsed:.0f} s"
     )
     say("  " + "  ".join(f"{k}={v}" for k, v in c.items()))
+    for f in verdict.faults:
+        action = heal_action(f.kind)
+        healed = (
+            "never healed"
+            if f.end_ms is None
+            else f"{action} at {(f.end_ms - start_ms) / 1000:.1f} s "
+            f"(after {(f.end_ms - f.start_ms) / 1000:.1f} s)"
+        )
+        acting, back = role_timings(events, f)
+        roles = ""
+        if acting is not None:
+            roles += f"; acting slave after {acting} ms"
+        if back is not None:
+            roles += f"; master back {back} ms after the {action}"
+        say(
+            f"  fault {f.kind} {f.target} at {(f.start_ms - start_ms) / 1000:.1f} s, "
+            f"{healed}{roles}"
+        )
+        unattributed = f.unattributed_write_failures + f.unattributed_read_failures
+        say(
+            f"    write unavailable: {_windows(f.write_unavailable_ms, f.recovery_ms)} | "
+            f"read: {_windows(f.read_unavailable_ms, f.cluster_read_unavailable_ms)}"
+            + (f" | {unattributed} failures name no group" if unattributed else "")
+        )
     if verdict.faults:
-        t0 = min(f.start_ms for f in verdict.faults)
-        for f in verdict.faults:
-            healed = "never" if f.end_ms is None else f"{(f.end_ms - f.start_ms) / 1000:.1f} s"
-            rec = "-" if f.recovery_ms is None else f"{f.recovery_ms} ms"
-            acting, back = role_timings(events, f)
-            roles = ""
-            if acting is not None:
-                roles += f"  acting slave after {acting} ms"
-            if back is not None:
-                roles += f"  master back {back} ms after the heal"
-            say(
-                f"  fault {f.kind:<9} {f.target:<11} at +{(f.start_ms - t0) / 1000:5.1f} s  "
-                f"healed after {healed:<7}  recovery {rec}{roles}"
-            )
-    say(f"  {out / 'verdict.json'}  {out / 'report.html'}")
+        parts = []
+        for kind, summary in verdict.availability.items():
+            p50, p99, worst = (summary[k] for k in ("p50", "p99", "max"))
+            never = f", {summary['unrecovered']} never recovered" if summary["unrecovered"] else ""
+            label = kind.removesuffix("_unavailable_ms")
+            parts.append(f"{label} p50 {p50} / p99 {p99} / max {worst} ms{never}")
+        say("  availability (worst group per fault): " + "; ".join(parts))
+    say(f"  {out / 'verdict.json'}  {out / 'report.html'}  (times: s since the drill start)")
 
 
 def run_drill_sync(options: DrillOptions) -> DrillResult:

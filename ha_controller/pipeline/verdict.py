@@ -6,8 +6,13 @@ assert.  Several history files are read as one history.
 
 Only DataFrame APIs are used (no RDDs, no ``sparkContext``), so the job runs in local
 mode, under ``spark-submit`` and over Spark Connect.  Nothing proportional to the history
-reaches the driver: the counts come back as one row per history, and the fault list
-(small) is collected once to build one aggregation pass for the recovery times.
+reaches the driver: the counts come back as one row per history, the fault list (small)
+is collected, and the unavailability windows come back as one row per (fault start,
+write/read, group) plus the cluster: failures are joined with the broadcast fault epochs
+to open the windows, successes with the broadcast openings to close them.  The
+``availability`` summary is derived from the fault list by :class:`Verdict` itself, as in
+the checker.
+
 :func:`compute_verdicts` judges many histories in the same jobs (a ``hid`` column keys
 every grouping and join), which keeps a campaign of small drills, or the tests, cheap.
 """
@@ -22,7 +27,7 @@ from pathlib import Path
 from typing import Any
 
 from pyspark import StorageLevel
-from pyspark.sql import Column, DataFrame, SparkSession, Window
+from pyspark.sql import Column, DataFrame, Row, SparkSession, Window
 from pyspark.sql import functions as F
 from pyspark.sql.types import (
     BooleanType,
@@ -32,7 +37,7 @@ from pyspark.sql.types import (
     StructType,
 )
 
-from ha_controller.drills.checker import CheckOptions, FaultWindow, Verdict
+from ha_controller.drills.checker import TARGET_BROKER_RE, CheckOptions, FaultWindow, Verdict
 from ha_controller.drills.history import DELAY_LEVELS_MS
 
 __all__ = [
@@ -467,28 +472,210 @@ def _faults(ev: DataFrame) -> dict[str, tuple[FaultWindow, ...]]:
     rows = ended.orderBy("hid", "start", "kind", "target").collect()  # one row per fault
     if not rows:
         return {}
-    activity = ev.where(
-        (col("type") == "ok")
-        & col("key").isNotNull()
-        & ((col("f") == "send") | ((col("f") == "receive") & col("consumer_group").isNotNull()))
-    )
-    # One pass over the activity: for every fault, the first send ok and first delivery
-    # at or after its start.
-    firsts: list[Column] = []
-    for i, r in enumerate(rows):
-        after = (col("hid") == F.lit(r["hid"])) & (col("t_ms") >= F.lit(int(r["start"])))
-        firsts.append(F.min(F.when((col("f") == "send") & after, col("t_ms"))).alias(f"s{i}"))
-        firsts.append(F.min(F.when((col("f") == "receive") & after, col("t_ms"))).alias(f"r{i}"))
-    first_row = activity.agg(*firsts).collect()[0]
+    avail = _Availability(_availability(ev, starts))
     out: dict[str, list[FaultWindow]] = {}
-    for i, r in enumerate(rows):
-        s, rv = first_row[f"s{i}"], first_row[f"r{i}"]
-        start = int(r["start"])
-        recovery = None if s is None or rv is None else max(int(s), int(rv)) - start
-        end = None if r["end"] is None else int(r["end"])
-        window = FaultWindow(str(r["kind"]), str(r["target"]), start, end, recovery)
-        out.setdefault(str(r["hid"]), []).extend([window] * int(r["n"]))
+    for r in rows:
+        hid, start = str(r["hid"]), int(r["start"])
+        window = FaultWindow(
+            str(r["kind"]),
+            str(r["target"]),
+            start,
+            None if r["end"] is None else int(r["end"]),
+            avail.window(hid, start, "write", None),
+            avail.window(hid, start, "read", None),
+            {g: avail.window(hid, start, "write", g) for g in avail.groups(hid, "write")},
+            {g: avail.window(hid, start, "read", g) for g in avail.groups(hid, "read")},
+            avail.unattributed(hid, start, "write"),
+            avail.unattributed(hid, start, "read"),
+        )
+        out.setdefault(hid, []).extend([window] * int(r["n"]))
     return {hid: tuple(ws) for hid, ws in out.items()}
+
+
+def _operations(ev: DataFrame) -> DataFrame:
+    """Writes and reads as the availability windows see them (checker docstring):
+    ``hid, op ("write"|"read"), ok, t, issued, grp`` (``grp`` null: no group named)."""
+    col = F.col
+    send = (col("f") == "send") & col("key").isNotNull()
+    outcome = col("type").isin("ok", "fail", "info")
+    invokes = (
+        ev.where(send & (col("type") == "invoke"))
+        .groupBy("hid", "key")
+        .agg(
+            F.min("t_ms").alias("t_inv"),
+            # the earliest invoke naming a broker, ties by name
+            F.min(F.when(col("broker").isNotNull(), F.struct("t_ms", "broker"))).alias("named"),
+        )
+        .select("hid", "key", "t_inv", col("named.broker").alias("inv_broker"))
+    )
+    outcomes = ev.where(send & outcome).select("hid", "key", "t_ms", "type", "broker")
+    answered = outcomes.join(invokes, ["hid", "key"], "left").select(
+        "hid",
+        F.lit("write").alias("op"),
+        (col("type") == "ok").alias("ok"),
+        col("t_ms").alias("t"),
+        F.coalesce(col("t_inv"), col("t_ms")).alias("issued"),
+        F.when(col("type") == "ok", col("broker"))
+        .otherwise(F.coalesce(col("broker"), col("inv_broker")))
+        .alias("grp"),
+    )
+    unanswered = invokes.join(outcomes.select("hid", "key"), ["hid", "key"], "left_anti").select(
+        "hid",
+        F.lit("write").alias("op"),
+        F.lit(False).alias("ok"),
+        col("t_inv").alias("t"),
+        col("t_inv").alias("issued"),
+        col("inv_broker").alias("grp"),
+    )
+    reads = ev.where((col("f") == "receive") & outcome).select(
+        "hid",
+        F.lit("read").alias("op"),
+        (col("type") == "ok").alias("ok"),
+        col("t_ms").alias("t"),
+        col("t_ms").alias("issued"),
+        col("broker").alias("grp"),
+    )
+    return answered.unionByName(unanswered).unionByName(reads)
+
+
+def _availability(ev: DataFrame, starts: DataFrame) -> list[Row]:
+    """The unavailability windows of every fault start (``starts``: ``hid, start,
+    target``), one row per (start, op, scope) that opened a window, plus one row per
+    group seen."""
+    col = F.col
+    ops = _operations(ev).persist(StorageLevel.MEMORY_AND_DISK)
+    try:
+        # a fault's epoch ends at the next later fault start of its history
+        later = (
+            Window.partitionBy("hid").orderBy("start").rangeBetween(1, Window.unboundedFollowing)
+        )
+        epochs = (
+            starts.select("hid", "start")
+            .distinct()
+            .select(col("hid").alias("e_hid"), "start", F.min("start").over(later).alias("until"))
+        )
+        # a fault on a broker opens its group's write window at the fault's start
+        targeted = (
+            starts.select(
+                "hid",
+                "start",
+                F.lit("write").alias("op"),
+                F.regexp_extract(col("target"), TARGET_BROKER_RE, 1).alias("grp"),
+                col("start").alias("from"),
+            )
+            .where(col("grp") != "")
+            .distinct()
+        )
+        opened = (
+            ops.where(~col("ok"))
+            .join(
+                F.broadcast(epochs),
+                (col("hid") == col("e_hid"))
+                & (col("t") >= col("start"))
+                & (col("until").isNull() | (col("t") < col("until"))),
+            )
+            .withColumn("from", F.greatest(col("issued"), col("start")))
+        )
+        keys = ["hid", "start", "op"]
+        windows = (
+            opened.where(col("grp").isNotNull())
+            .select(*keys, "grp", "from")
+            .unionByName(targeted)
+            .groupBy(*keys, "grp")
+            .agg(F.min("from").alias("ws"), F.lit(0).cast("long").alias("unattributed"))
+            .withColumn("cluster", F.lit(False))
+            .unionByName(
+                opened.groupBy(*keys)
+                .agg(
+                    F.min("from").alias("ws"),
+                    F.count(F.when(col("grp").isNull(), 1)).alias("unattributed"),
+                )
+                .withColumn("grp", F.lit(None).cast("string"))
+                .withColumn("cluster", F.lit(True))
+            )
+        )
+        w = windows.select(
+            col("hid").alias("w_hid"),
+            col("start").alias("w_start"),
+            col("op").alias("w_op"),
+            col("grp").alias("w_grp"),
+            col("cluster").alias("w_cluster"),
+            col("ws").alias("w_ws"),
+        )
+        # the first success of the scope issued (and recorded) at or after the opening
+        closes = (
+            ops.where(col("ok"))
+            .join(
+                F.broadcast(w),
+                (col("hid") == col("w_hid"))
+                & (col("op") == col("w_op"))
+                & (col("w_cluster") | (col("grp") == col("w_grp")))
+                & (col("issued") >= col("w_ws"))
+                & (col("t") >= col("w_ws")),
+            )
+            .groupBy("w_hid", "w_start", "w_op", "w_grp")
+            .agg(F.min("t").alias("we"))
+        )
+        measured = windows.join(
+            closes,
+            (col("hid") == col("w_hid"))
+            & (col("start") == col("w_start"))
+            & (col("op") == col("w_op"))
+            & col("grp").eqNullSafe(col("w_grp")),
+            "left",
+        ).select(*keys, "grp", "cluster", "ws", "we", "unattributed")
+        seen = (
+            ops.where(col("grp").isNotNull())
+            .select("hid", "op", "grp")
+            .distinct()
+            .select(
+                "hid",
+                F.lit(None).cast("long").alias("start"),
+                "op",
+                "grp",
+                F.lit(None).cast("boolean").alias("cluster"),
+                F.lit(None).cast("long").alias("ws"),
+                F.lit(None).cast("long").alias("we"),
+                F.lit(None).cast("long").alias("unattributed"),
+            )
+        )
+        return measured.unionByName(seen).collect()  # faults x groups rows
+    finally:
+        ops.unpersist()
+
+
+class _Availability:
+    """The collected rows of :func:`_availability`, read as the checker reports them."""
+
+    def __init__(self, rows: list[Row]) -> None:
+        self._groups: dict[tuple[str, str], list[str]] = {}
+        self._windows: dict[tuple[str, int, str, str | None], tuple[int, int | None, int]] = {}
+        for r in rows:
+            hid, op = str(r["hid"]), str(r["op"])
+            if r["start"] is None:
+                self._groups.setdefault((hid, op), []).append(str(r["grp"]))
+                continue
+            grp = None if r["cluster"] else str(r["grp"])
+            we = None if r["we"] is None else int(r["we"])
+            self._windows[(hid, int(r["start"]), op, grp)] = (
+                int(r["ws"]),
+                we,
+                int(r["unattributed"]),
+            )
+
+    def groups(self, hid: str, op: str) -> list[str]:
+        return sorted(self._groups.get((hid, op), []))
+
+    def window(self, hid: str, start: int, op: str, grp: str | None) -> int | None:
+        found = self._windows.get((hid, start, op, grp))
+        if found is None:
+            return 0  # no failure in the epoch
+        ws, we, _ = found
+        return None if we is None else we - ws
+
+    def unattributed(self, hid: str, start: int, op: str) -> int:
+        found = self._windows.get((hid, start, op, None))
+        return 0 if found is None else found[2]
 
 
 def compute_dir_verdict(

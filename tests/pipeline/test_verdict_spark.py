@@ -120,3 +120,23 @@ def test_malformed_line_fails(spark: SparkSession, tmp_path: Path) -> None:
     path.write_text('{"t_ms": 1, "process": "p", "type": "ok", "f": "send"}\n{oops\n')
     with pytest.raises(Exception, match=r"(?i)malformed"):
         compute_verdict(spark, path, scenario="bad")
+
+
+def test_gap_on_one_group_spark_windows(
+    handmade_verdicts: dict[str, tuple[Verdict, Verdict]],
+) -> None:
+    """Acceptance (issue item 3) on Spark: the hand-written 3 s gap on broker-a, while
+    broker-b keeps acknowledging, gives the checker's numbers."""
+    expected, got = handmade_verdicts["group_gap"]
+    fault = got.faults[0]
+    gap = handmade.GAP_END - handmade.GAP_START
+    assert fault.write_unavailable_ms["broker-a"] == pytest.approx(gap, abs=50)
+    assert fault.write_unavailable_ms["broker-b"] == 0
+    assert fault.read_unavailable_ms["broker-a"] == pytest.approx(gap, abs=50)
+    assert fault.read_unavailable_ms["broker-b"] == 0
+    assert fault.cluster_write_unavailable_ms is not None
+    assert fault.cluster_write_unavailable_ms <= 2 * handmade.SEND_EVERY
+    assert fault.unattributed_write_failures == 1
+    assert got.faults == expected.faults == handmade.GAP_FAULTS
+    assert got.availability == expected.availability
+    assert got.mismatches(expected) == []

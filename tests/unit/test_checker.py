@@ -20,6 +20,7 @@ from ha_controller.drills.checker import (
     CheckOptions,
     FaultWindow,
     Verdict,
+    availability_summary,
     check,
     unavailability_windows,
 )
@@ -235,6 +236,124 @@ def case_fault_recovery() -> H:
     return h
 
 
+# --- availability: a 3 s write and read gap on one group while the other keeps going ------
+
+GAP_START = 2_000  # broker-a is partitioned from here ...
+GAP_END = 5_000  # ... to here; broker-b acknowledges throughout
+SEND_EVERY = 50  # sends alternate broker-a (even slots) and broker-b (odd slots)
+RECV_LAG = 30
+
+
+def send_event(t: int, type_: EventType, key: str, **value: Any) -> Event:
+    """A ``send`` event with keys beyond the history dataclasses: the target ``broker`` on
+    an invoke or a failure (the schema addition the availability windows need)."""
+    return Event(t, "producer", type_, "send", {"key": key, **value})
+
+
+def case_group_gap() -> H:
+    """Sends to broker-a fail, time out or go unanswered for 3 s (each attributed by a
+    different path) and pulls from it fail; broker-b acknowledges and delivers meanwhile.
+    A second fault later sees no trouble: its epoch does not inherit the first one's."""
+    h = H()
+    h.add(0, "c1", "info", Subscribe("c1", "G", "T"))
+    h.add(GAP_START, "nemesis", "info", Fault("partition", "broker-a/0", "link down"))
+    h.add(GAP_END, "nemesis", "ok", Fault("partition", "broker-a/0"))
+    h.add(7_000, "nemesis", "info", Fault("kill", "broker-b/1", "kill -9"))
+    h.add(7_500, "nemesis", "ok", Fault("kill", "broker-b/1"))
+    offsets = {"broker-a": 0, "broker-b": 0}
+    for i in range(8_000 // SEND_EVERY):
+        t = i * SEND_EVERY
+        broker = "broker-a" if i % 2 == 0 else "broker-b"
+        key = f"k{i}"
+        h.events.append(send_event(t, "invoke", key, topic="T", broker=broker))
+        if broker == "broker-a" and GAP_START <= t < GAP_END:
+            if i % 3 == 0:  # refused: the failure names its broker
+                h.events.append(send_event(t + 1, "fail", key, error="refused", broker=broker))
+            elif i % 3 == 1:  # timed out: attributed through the invoke's broker
+                h.events.append(send_event(t + 400, "info", key, error="timeout"))
+            # i % 3 == 2: never answered (a failure at its invoke)
+            continue
+        h.add(t + 5, "producer", "ok", SendOk(key, f"ID-{key}", broker, 0, offsets[broker]))
+        h.recv(t + 5 + RECV_LAG, key, qo=offsets[broker], broker=broker)
+        offsets[broker] += 1
+    # a send to broker-a in flight at the partition, timed out after it: clamped to the start
+    h.events.append(send_event(GAP_START - 10, "invoke", "hung", topic="T", broker="broker-a"))
+    h.events.append(send_event(GAP_START + 2_990, "info", "hung", error="timeout"))
+    # a failure that names no broker at all: the cluster sees it, no group can
+    h.events.append(send_event(3_000, "invoke", "anon", topic="T"))
+    h.events.append(send_event(3_100, "info", "anon", error="timeout"))
+    # pulls from broker-a fail from the partition on (polls: no key)
+    for t in range(GAP_START, GAP_END, 200):
+        h.events.append(
+            Event(
+                t,
+                "c1",
+                "fail",
+                "receive",
+                {"consumer": "c1", "consumer_group": "G", "broker": "broker-a", "error": "timeout"},
+            )
+        )
+    return h
+
+
+def _gap_acked() -> int:
+    slots = range(8_000 // SEND_EVERY)
+    return sum(1 for i in slots if i % 2 or not GAP_START <= i * SEND_EVERY < GAP_END)
+
+
+# first broker-a send issued at or after the partition: slot 40 (t=2000) fails; the first
+# one issued after it that succeeds is slot 100 (t=5000, ok at 5005, delivered at 5035)
+GAP_FAULTS = (
+    FaultWindow(
+        "partition",
+        "broker-a/0",
+        GAP_START,
+        GAP_END,
+        # cluster write: broker-b's send issued at 2050 is acknowledged at 2055
+        55,
+        # cluster read: broker-b's delivery at 2085 (sent 2050)
+        85,
+        {"broker-a": 3_005, "broker-b": 0},
+        {"broker-a": 3_035, "broker-b": 0},
+        unattributed_write_failures=1,
+    ),
+    # a slave of broker-b killed: broker-b must show an ok issued after 7000 (7050 -> 7055)
+    FaultWindow(
+        "kill",
+        "broker-b/1",
+        7_000,
+        7_500,
+        0,
+        0,
+        {"broker-a": 0, "broker-b": 55},
+        {"broker-a": 0, "broker-b": 0},
+    ),
+)
+
+
+def _attributed_send(h: H, t: int, key: str, outcome: EventType, done_t: int, broker: str) -> None:
+    h.events.append(send_event(t, "invoke", key, topic="T", broker=broker))
+    if outcome == "ok":
+        h.add(done_t, "producer", "ok", SendOk(key, f"ID-{key}", broker, 0, t))
+    else:
+        h.events.append(send_event(done_t, outcome, key, broker=broker))
+
+
+def case_targeted_no_failures() -> H:
+    """broker-a's master is killed and no send fails: the producer just stops sending
+    to broker-a until the master is back (what a loopback kill drill records)."""
+    h = H()
+    for i in range(0, 10_000, 100):
+        _attributed_send(h, i, f"b{i}", "ok", i + 3, "broker-b")
+    _attributed_send(h, 900, "a-before", "ok", 903, "broker-a")
+    h.add(1_000, "nemesis", "info", Fault("kill", "broker-a/0"))
+    h.add(6_000, "nemesis", "ok", Fault("kill", "broker-a/0"))
+    h.add(7_000, "nemesis", "info", Fault("pause", "nameserver"))
+    _attributed_send(h, 6_500, "a-back", "ok", 6_504, "broker-a")
+    _attributed_send(h, 7_500, "a-later", "ok", 7_501, "broker-a")
+    return h
+
+
 @dataclass(frozen=True)
 class Case:
     build: Callable[[], H]
@@ -247,7 +366,8 @@ CASES: dict[str, Case] = {
     "clean": Case(
         case_clean,
         counts(acknowledged=4, delivered=4),
-        (FaultWindow("kill", "broker-a/0", 200, 400, 50),),
+        # broker-a was targeted: its write window runs to k3's ok (issued 210, ok 215)
+        (FaultWindow("kill", "broker-a/0", 200, 400, 0, 0, {"broker-a": 15}, {"broker-a": 0}),),
     ),
     "lost": Case(case_lost, counts(acknowledged=3, delivered=2, lost=4)),
     "duplicated": Case(case_duplicated, counts(acknowledged=2, delivered=6, duplicated=2)),
@@ -282,9 +402,36 @@ CASES: dict[str, Case] = {
         case_fault_recovery,
         counts(acknowledged=2, delivered=2, recovered=0),
         (
-            FaultWindow("kill", "broker-a/0", 1_000, 5_000, 3_000),
-            FaultWindow("pause", "broker-b/1", 5_100, None, None),
+            # k1 (issued 1005, no broker) failed; k2 (issued 1600) is the next ok, at 3000;
+            # broker-a was targeted, so its window runs from the fault start
+            FaultWindow(
+                "kill",
+                "broker-a/0",
+                1_000,
+                5_000,
+                1_995,
+                0,
+                {"broker-a": 2_000},
+                {"broker-a": 0},
+                unattributed_write_failures=1,
+            ),
+            FaultWindow("pause", "broker-b/1", 5_100, None, 0, 0, {"broker-a": 0}, {"broker-a": 0}),
         ),
+    ),
+    "targeted_no_failures": Case(
+        case_targeted_no_failures,
+        counts(acknowledged=103, lost=103),
+        (
+            FaultWindow(
+                "kill", "broker-a/0", 1_000, 6_000, 0, 0, {"broker-a": 5_504, "broker-b": 0}
+            ),
+            FaultWindow("pause", "nameserver", 7_000, None, 0, 0, {"broker-a": 0, "broker-b": 0}),
+        ),
+    ),
+    "group_gap": Case(
+        case_group_gap,
+        counts(acknowledged=_gap_acked(), delivered=_gap_acked()),
+        GAP_FAULTS,
     ),
 }
 
@@ -305,11 +452,27 @@ def test_clean_is_ok_and_json_shape() -> None:
     verdict = check(case_clean().events, scenario="kill-master")
     assert verdict.ok
     doc = json.loads(verdict.to_json())
-    assert list(doc) == ["scenario", "ok", "counts", "faults"]
+    assert list(doc) == ["scenario", "ok", "counts", "faults", "availability"]
     assert list(doc["counts"]) == list(COUNT_NAMES)
     assert doc["faults"] == [
-        {"kind": "kill", "target": "broker-a/0", "start_ms": 200, "end_ms": 400, "recovery_ms": 50}
+        {
+            "kind": "kill",
+            "target": "broker-a/0",
+            "start_ms": 200,
+            "end_ms": 400,
+            "recovery_ms": 0,
+            "cluster_write_unavailable_ms": 0,
+            "cluster_read_unavailable_ms": 0,
+            "write_unavailable_ms": {"broker-a": 15},
+            "read_unavailable_ms": {"broker-a": 0},
+            "unattributed_write_failures": 0,
+            "unattributed_read_failures": 0,
+        }
     ]
+    assert doc["availability"] == {
+        "write_unavailable_ms": {"p50": 15, "p99": 15, "max": 15, "faults": 1, "unrecovered": 0},
+        "read_unavailable_ms": {"p50": 0, "p99": 0, "max": 0, "faults": 1, "unrecovered": 0},
+    }
     assert Verdict.from_dict(doc) == verdict
 
 
@@ -336,6 +499,130 @@ def test_unavailability_windows() -> None:
     windows = unavailability_windows(h.events)
     assert [(w.start_ms, w.end_ms) for w in windows] == [(100, 1_500), (5_000, None)]
     assert windows[0].duration_ms == 1_400
+
+
+# --- availability windows --------------------------------------------------------------
+
+
+def test_gap_on_one_group_is_its_window_not_the_clusters(tmp_path: Path) -> None:
+    """Acceptance (issue item 3): sends to broker-a fail or go unanswered for 3 s while
+    broker-b keeps acknowledging: broker-a's window is 3 s, broker-b's and the cluster's
+    about 0 (the old ``recovery_ms`` said "recovered in 2 ms" for both)."""
+    path = tmp_path / "history.jsonl"
+    with HistoryWriter(path) as writer:
+        writer.write_all(case_group_gap().events)
+    verdict = check(path, scenario="partition-master")
+    fault = verdict.faults[0]
+    gap = GAP_END - GAP_START
+    assert fault.write_unavailable_ms["broker-a"] == pytest.approx(gap, abs=50)
+    assert fault.write_unavailable_ms["broker-b"] == 0
+    assert fault.read_unavailable_ms["broker-a"] == pytest.approx(gap, abs=50)
+    assert fault.read_unavailable_ms["broker-b"] == 0
+    assert fault.cluster_write_unavailable_ms is not None
+    assert fault.cluster_write_unavailable_ms <= 2 * SEND_EVERY  # broker-b kept acknowledging
+    assert fault.recovery_ms == fault.cluster_write_unavailable_ms
+    assert fault.cluster_read_unavailable_ms is not None
+    assert fault.cluster_read_unavailable_ms <= 2 * SEND_EVERY
+    assert fault.unattributed_write_failures == 1
+    doc = json.loads(verdict.to_json())
+    assert doc["faults"][0]["write_unavailable_ms"] == {"broker-a": 3_005, "broker-b": 0}
+    assert doc["faults"][0]["cluster_write_unavailable_ms"] == doc["faults"][0]["recovery_ms"]
+    # the second fault's epoch starts clean; the summary is over each fault's worst window
+    assert verdict.faults[1].worst_ms("write") == 55
+    assert doc["availability"]["write_unavailable_ms"] == {
+        "p50": 55,
+        "p99": 3_005,
+        "max": 3_005,
+        "faults": 2,
+        "unrecovered": 0,
+    }
+    assert Verdict.from_dict(doc) == verdict
+
+
+def test_reply_to_a_request_issued_before_the_failure_does_not_close_it() -> None:
+    h = H()
+    h.add(100, "nemesis", "info", Fault("pause", "nameserver"))  # no group targeted
+    _attributed_send(h, 90, "before", "ok", 150, "broker-a")  # issued before the trouble
+    _attributed_send(h, 110, "hangs", "info", 3_110, "broker-a")  # issued at 110, times out
+    _attributed_send(h, 3_200, "after", "ok", 3_210, "broker-a")
+    (fault,) = check(h.events, scenario="x").faults
+    # the window opens when the failed send was issued (110), not when it timed out
+    assert fault.write_unavailable_ms == {"broker-a": 3_100}
+    assert fault.recovery_ms == 3_100
+
+
+def test_targeted_group_must_show_a_write_even_when_nothing_failed() -> None:
+    """A real kill drill: the producer routes away from the killed master's group at
+    once, so no send fails; the group still took no write until its master returned."""
+    kill, pause = check(case_targeted_no_failures().events, scenario="x").faults
+    assert kill.write_unavailable_ms == {"broker-a": 5_504, "broker-b": 0}
+    assert kill.recovery_ms == 0  # no client saw a failure
+    assert kill.read_unavailable_ms == {}  # reads are not presumed down
+    assert pause.write_unavailable_ms == {"broker-a": 0, "broker-b": 0}  # not a group
+    assert (kill, pause) == CASES["targeted_no_failures"].faults
+
+
+def test_window_that_never_closes_is_null_and_unrecovered() -> None:
+    h = H()
+    _attributed_send(h, 0, "k0", "ok", 5, "broker-a")
+    h.add(100, "nemesis", "info", Fault("kill", "broker-a/0"))
+    _attributed_send(h, 120, "k1", "fail", 121, "broker-a")
+    _attributed_send(h, 130, "k2", "ok", 135, "broker-b")
+    verdict = check(h.events, scenario="x")
+    (fault,) = verdict.faults
+    assert fault.write_unavailable_ms == {"broker-a": None, "broker-b": 0}
+    assert fault.recovery_ms == 15  # from 120 to broker-b's ok at 135
+    assert fault.worst_ms("write") is None
+    assert verdict.availability["write_unavailable_ms"] == {
+        "p50": None,
+        "p99": None,
+        "max": None,
+        "faults": 1,
+        "unrecovered": 1,
+    }
+    assert json.loads(verdict.to_json())["faults"][0]["write_unavailable_ms"]["broker-a"] is None
+
+
+def test_availability_summary_nearest_rank() -> None:
+    faults = [
+        FaultWindow("kill", "b/0", i, None, 0, 0, {"b": ms}, {"b": 0})
+        for i, ms in enumerate([400, 100, 300, 200, None])
+    ]
+    assert availability_summary(faults)["write_unavailable_ms"] == {
+        "p50": 200,
+        "p99": 400,
+        "max": 400,
+        "faults": 5,
+        "unrecovered": 1,
+    }
+    assert availability_summary([])["read_unavailable_ms"]["max"] is None
+
+
+def test_old_verdict_json_reads_and_mismatches_name_fields() -> None:
+    old = {
+        "scenario": "kill-master",
+        "ok": True,
+        "counts": counts(),
+        "faults": [
+            {
+                "kind": "kill",
+                "target": "broker-a/0",
+                "start_ms": 1,
+                "end_ms": None,
+                "recovery_ms": 7,
+            }
+        ],
+    }
+    (fault,) = Verdict.from_dict(old).faults
+    assert fault.cluster_write_unavailable_ms == 7
+    assert fault.write_unavailable_ms == {}
+    verdict = check(case_group_gap().events, scenario="x")
+    assert verdict.mismatches(verdict) == []
+    doc = verdict.to_dict()
+    doc["faults"][0]["write_unavailable_ms"]["broker-a"] = 1
+    diff = verdict.mismatches(Verdict.from_dict(doc))
+    assert "faults[0].write_unavailable_ms" in diff[-1]
+    assert any(line.startswith("availability:") for line in diff)
 
 
 # --- history format -------------------------------------------------------------------
