@@ -407,6 +407,8 @@ class Producer(AsyncLifecycle):
                     self.send_timeout_ms,
                 )
             except (HaError, OSError) as exc:
+                if isinstance(exc, HaError):
+                    exc.broker_name = mq.broker_name  # which group refused (drills, logs)
                 if not is_retriable(exc):
                     raise
                 last = exc

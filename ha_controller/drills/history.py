@@ -164,6 +164,8 @@ class SendOutcome(_Value):
     f: ClassVar[str] = "send"
     key: str
     error: str | None = None
+    #: the group the last attempt went to, when the client knows it
+    broker: str | None = None
 
 
 @dataclass(frozen=True, slots=True)

@@ -324,11 +324,13 @@ class ProducerWorkload:
                 raise
             except (HaError, OSError) as exc:
                 error = f"{type(exc).__name__}: {exc}"
+                broker = exc.broker_name if isinstance(exc, HaError) else None
+                outcome = SendOutcome(key=key, error=error, broker=broker)
                 if _definitely_not_stored(exc):
-                    self.history.record(self.process, "fail", SendOutcome(key=key, error=error))
+                    self.history.record(self.process, "fail", outcome)
                     self.failed += 1
                 else:
-                    self.history.record(self.process, "info", SendOutcome(key=key, error=error))
+                    self.history.record(self.process, "info", outcome)
                     self.unknown += 1
                 return None
         self.history.record(

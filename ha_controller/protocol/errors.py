@@ -17,6 +17,8 @@ class HaError(Exception):
 
     code: ClassVar[int] = 1
     retriable: ClassVar[bool] = False
+    #: the broker group a failed client call went to last, when the client knows it
+    broker_name: str | None = None
 
     def wire_name(self) -> str:
         return f"{self.code}:{type(self).__name__}"
@@ -41,6 +43,12 @@ class FrameTooLarge(ProtocolError):
 
 class BadEnvelope(ProtocolError):
     code = 103
+
+
+class FrameTimeout(ProtocolError, TimeoutError):
+    """A frame's bytes did not all arrive within the frame deadline (slowloris)."""
+
+    code = 104
 
 
 # --- RPC -------------------------------------------------------------------
@@ -152,6 +160,15 @@ class PreOnlineRequired(HaError):
 
 class StaleRegistration(HaError):
     code = 305
+
+
+class NotWritable(HaError):
+    """The broker takes no writes right now (its store is full or turned read-only)
+    and stored nothing of this request: send to another group.  It still serves reads,
+    and it takes writes again by itself once space returns."""
+
+    code = 309
+    retriable = True
 
 
 class StoreError(HaError, OSError):
