@@ -10,6 +10,7 @@ from broker_agent.core import BrokerCore
 from ha_controller.proto import broker_pb2, common_pb2
 from ha_controller.protocol.codes import RequestCode
 from ha_controller.protocol.errors import BadRequest, NotMaster
+from ha_controller.protocol.topics import perm_problem, queue_nums_problem, topic_name_problem
 from ha_controller.rpc import RequestContext, RpcConnection
 from ha_controller.wire import data_version_to_pb, topic_config_from_pb, topic_config_to_pb
 
@@ -38,6 +39,7 @@ class ClientHandlers:
         add(RequestCode.UNREGISTER_CLIENT, broker_pb2.ClientHeartbeat, self.client_unregister)
         add(RequestCode.GET_CONSUMER_LIST_BY_GROUP, broker_pb2.ConsumerListRequest, self.consumers)
         add(RequestCode.UPDATE_AND_CREATE_TOPIC, broker_pb2.CreateTopicRequest, self.create_topic)
+        add(RequestCode.DELETE_TOPIC_IN_BROKER, broker_pb2.CreateTopicRequest, self.delete_topic)
         add(RequestCode.GET_ALL_TOPIC_CONFIG, common_pb2.Empty, self.all_topics)
         add(RequestCode.GET_BROKER_STATUS, common_pb2.Empty, self.status)
 
@@ -64,15 +66,45 @@ class ClientHandlers:
     async def create_topic(
         self, ctx: RequestContext, req: broker_pb2.CreateTopicRequest
     ) -> common_pb2.Empty:
+        """UPDATE_AND_CREATE_TOPIC (RocketMQ's semantics: create or replace the config).
+
+        Everything is checked before anything changes: the name (the brokers' system
+        prefixes are refused; a group's retry and dead-letter topics may be adjusted),
+        the queue counts and the permission."""
         core = self.core
         core.check_online()
         if not core.acting.is_master:
             raise NotMaster("topics are created on masters")
         config = topic_config_from_pb(req.topic)
-        if config.read_queue_nums < 1 or config.write_queue_nums < 1:
-            raise BadRequest("a topic needs at least one queue")
+        problem = (
+            topic_name_problem(config.topic_name, allow_group_topics=True)
+            or queue_nums_problem(config.read_queue_nums)
+            or queue_nums_problem(config.write_queue_nums)
+            or perm_problem(config.perm)
+        )
+        if problem is not None:
+            raise BadRequest(problem)
         if core.topics.upsert(config):
             log.info("topic %s created/updated: %s", config.topic_name, config)
+            await self._register()
+        return common_pb2.Empty()
+
+    async def delete_topic(
+        self, ctx: RequestContext, req: broker_pb2.CreateTopicRequest
+    ) -> common_pb2.Empty:
+        """DELETE_TOPIC_IN_BROKER (RocketMQ 215); the body names the topic in
+        ``topic.topic_name``.  The config goes (its messages stay in the store until
+        retention removes them); a master re-registers without it.  Slaves accept it
+        too, so that an operator can clear every member (their sync with the master
+        only adds topics)."""
+        core = self.core
+        core.check_online()
+        topic = req.topic.topic_name
+        problem = topic_name_problem(topic, allow_group_topics=True)
+        if problem is not None:
+            raise BadRequest(problem)
+        if core.topics.delete(topic) is not None:
+            log.info("topic %s deleted", topic)
             await self._register()
         return common_pb2.Empty()
 

@@ -9,13 +9,15 @@ from __future__ import annotations
 import argparse
 from typing import Any
 
+from ha_controller.cli.common import add_parser, int_range
+
 __all__ = ["add_commands", "cmd_demo"]
 
 
 def add_commands(sub: Any) -> None:
     """Add ``demo`` to the ``hactl`` sub-parsers."""
-    de = sub.add_parser("demo", help="a whole failover on loopback, with a verdict")
-    de.add_argument("--messages", type=int, default=150, help="messages per phase")
+    de = add_parser(sub, "demo", help="a whole failover on loopback, with a verdict")
+    de.add_argument("--messages", type=int_range(1), default=150, help="messages per phase")
     de.set_defaults(func=cmd_demo)
 
 

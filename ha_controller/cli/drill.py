@@ -13,8 +13,11 @@ import argparse
 import json
 import logging
 import sys
+import time
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
+
+from ha_controller.cli.common import add_parser, float_above, int_range
 
 if TYPE_CHECKING:
     from ha_controller.drills.checker import CheckOptions
@@ -40,14 +43,17 @@ SCENARIO_NAMES = (
 
 def add_commands(sub: Any) -> None:
     """Add ``drill`` and ``analyze`` to the ``hactl`` sub-parsers."""
-    dr = sub.add_parser(
+    dr = add_parser(
+        sub,
         "drill",
         help="run a failover drill and judge its history (exit 0 only when ok)",
         description="Start a cluster, run workloads, inject faults, heal, drain and check. "
         "Writes DIR/history.jsonl, DIR/verdict.json, DIR/report.html and DIR/logs/.",
     )
     dr.add_argument("scenario", metavar="SCENARIO", help="one of: " + ", ".join(SCENARIO_NAMES))
-    dr.add_argument("--duration", type=float, default=60.0, help="seconds of faults (default 60)")
+    dr.add_argument(
+        "--duration", type=float_above(0), default=60.0, metavar="S", help="seconds of faults"
+    )
     dr.add_argument("--seed", type=int, default=0, help="seed for fault timing jitter")
     dr.add_argument("--out", type=Path, help="output directory (default: a new temp dir)")
     dr.add_argument(
@@ -55,20 +61,34 @@ def add_commands(sub: Any) -> None:
         action="store_true",
         help="run every process in its own network namespace (root; needed for partitions)",
     )
-    dr.add_argument("--repeat", type=int, default=1, help="run N times (DIR/run-1 ...)")
+    dr.add_argument("--repeat", type=int_range(1), default=1, help="run N times (DIR/run-1 ...)")
     dr.add_argument("--replication", choices=("sync", "async"), default="sync")
     dr.add_argument(
         "--skip-pre-online",
         action="store_true",
         help="brokers skip pre-online (a returning master keeps its stale metadata)",
     )
-    dr.add_argument("--rate", type=float, default=100.0, help="messages per second (default 100)")
-    dr.add_argument("--fault-seconds", type=float, default=8.0, help="how long a fault lasts")
-    dr.add_argument("--drain-timeout", type=float, default=30.0, help="seconds to drain")
+    dr.add_argument(
+        "--rate",
+        type=float_above(0),
+        default=100.0,
+        metavar="MSGS_PER_S",
+        help="messages per second",
+    )
+    dr.add_argument(
+        "--fault-seconds",
+        type=float_above(0),
+        default=8.0,
+        metavar="S",
+        help="how long a fault lasts",
+    )
+    dr.add_argument(
+        "--drain-timeout", type=float_above(0), default=30.0, metavar="S", help="seconds to drain"
+    )
     dr.add_argument("--no-fifo", action="store_true", help="skip the FIFO workload")
     dr.add_argument(
         "--send-attempts",
-        type=int,
+        type=int_range(1),
         default=1,
         help="attempts per send (default 1: every outcome recorded; the client's 3 retries "
         "an unknown outcome on another group, which can duplicate)",
@@ -82,13 +102,18 @@ def add_commands(sub: Any) -> None:
     dr.add_argument("-v", "--verbose", action="store_true", help="log client warnings")
     dr.set_defaults(func=cmd_drill)
 
-    an = sub.add_parser(
+    an = add_parser(
+        sub,
         "analyze",
         help="compute DIR/verdict.spark.json from DIR/history.jsonl with PySpark",
+        description="Judge DIR/history*.jsonl on Spark as the drill judged it and write "
+        "DIR/verdict.spark.json; exit 0 only when the verdict is ok.  Spark logs only "
+        "errors (log4j at ERROR).",
     )
     an.add_argument("dir", type=Path, metavar="DIR", help="a drill output directory")
     an.add_argument("--master", help="Spark master URL or sc:// address (default local[*])")
     an.add_argument("--scenario", help="scenario name (default: from DIR/verdict.json)")
+    an.add_argument("--no-progress", action="store_true", help="no progress on stderr")
     an.set_defaults(func=cmd_analyze)
 
 
@@ -146,15 +171,32 @@ def cmd_analyze(args: argparse.Namespace) -> int:
     if scenario is None and local.is_file():
         scenario = json.loads(local.read_text(encoding="utf-8")).get("scenario")
     scenario = scenario or directory.name
-    from ha_controller.pipeline import analyze_dir
+    from ha_controller.cli.progress import reporter
 
+    options = scenario_options(scenario)
+    master = args.master or "local[*]"
+    bar = reporter(
+        f"analyze {directory} on {master}", unit="", enabled=not args.no_progress, interval_s=10
+    )
+    started = time.monotonic()
     try:
-        verdict = analyze_dir(
-            directory, master=args.master, scenario=scenario, options=scenario_options(scenario)
-        )
-    except ImportError as exc:
-        print(f"hactl analyze: the pipeline needs pyspark ({exc})", file=sys.stderr)
-        return 2
+        try:
+            from ha_controller.pipeline.session import build_session
+            from ha_controller.pipeline.verdict import compute_dir_verdict
+        except ImportError as exc:
+            print(f"hactl analyze: the pipeline needs pyspark ({exc})", file=sys.stderr)
+            return 2
+        bar.update(0, "starting Spark")
+        spark = build_session(args.master, log_level="ERROR")
+        try:
+            bar.update(0, "judging the history")
+            verdict = compute_dir_verdict(spark, directory, scenario=scenario, options=options)
+        finally:
+            spark.stop()
+        bar.update(0, "done")
+    finally:
+        bar.close()
+    print(f"analyzed in {time.monotonic() - started:.1f} s", file=sys.stderr)
     print(verdict.to_json())
     if local.is_file():
         from ha_controller.drills.checker import Verdict

@@ -1,18 +1,105 @@
-"""Admin client for the nameserver: routes, cluster info, member groups."""
+"""Admin client for the nameserver (routes, cluster info, member groups) and for the
+topics on the brokers it lists (create, update, delete, tables, queue offsets)."""
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+import asyncio
+import dataclasses
+import os
+from dataclasses import dataclass, field
 
 from google.protobuf.message import Message
 
-from ha_controller.proto import common_pb2, nameserver_pb2
+from ha_controller.client.lifecycle import AsyncLifecycle
+from ha_controller.proto import broker_pb2, common_pb2, nameserver_pb2
 from ha_controller.protocol.codes import RequestCode
-from ha_controller.protocol.errors import BrokerUnavailable, HaError, RequestTimeout
-from ha_controller.routing import BrokerMemberGroup, TopicRouteData
+from ha_controller.protocol.errors import (
+    BrokerUnavailable,
+    HaError,
+    RequestTimeout,
+    TopicNotFound,
+    UnknownMethod,
+)
+from ha_controller.routing import BrokerMemberGroup, TopicConfig, TopicRouteData
 from ha_controller.rpc import ConnectionPool
 from ha_controller.rpc.connection import M
-from ha_controller.wire import member_group_from_pb, route_from_pb
+from ha_controller.wire import (
+    member_group_from_pb,
+    route_from_pb,
+    topic_config_from_pb,
+    topic_config_to_pb,
+)
+
+__all__ = [
+    "GroupInfo",
+    "NameserverClient",
+    "NameserverUnavailable",
+    "QueueOffsets",
+    "TopicDeletion",
+    "TopicExists",
+]
+
+#: Timeout of one admin request to a broker.
+BROKER_ADMIN_TIMEOUT_MS = 5000
+
+
+class NameserverUnavailable(BrokerUnavailable):
+    """No nameserver of the list answered; the message names each address and why.
+
+    Local only: on the wire it would travel as BrokerUnavailable."""
+
+
+class TopicExists(HaError, ValueError):
+    """``create_topic(exist_ok=False)`` found the topic on a master (local only)."""
+
+    def __init__(self, topic: str, configs: dict[str, TopicConfig]) -> None:
+        where = ", ".join(
+            f"{group} ({c.read_queue_nums}/{c.write_queue_nums} queues, perm {c.perm})"
+            for group, c in sorted(configs.items())
+        )
+        super().__init__(f"topic {topic} already exists on {where}")
+        self.topic = topic
+        self.configs = configs
+
+
+@dataclass(frozen=True)
+class QueueOffsets:
+    """One queue of a topic as its group's id-0 broker holds it."""
+
+    broker_name: str
+    queue_id: int
+    min_offset: int
+    max_offset: int
+
+    @property
+    def messages(self) -> int:
+        return max(0, self.max_offset - self.min_offset)
+
+
+@dataclass
+class TopicDeletion:
+    """What ``delete_topic`` did: the brokers that dropped the topic (``group/id``), the
+    ones that failed (with the reason), and what each nameserver said."""
+
+    topic: str
+    deleted: list[str] = field(default_factory=list)
+    failed: dict[str, str] = field(default_factory=dict)
+    #: nameservers that forgot the topic's route
+    nameservers_forgot: list[str] = field(default_factory=list)
+    #: nameservers that do not serve DELETE_TOPIC_IN_NAMESRV (or failed), with why
+    nameservers_kept: dict[str, str] = field(default_factory=dict)
+
+
+def _reason(exc: BaseException) -> str:
+    """``connection refused``, ``timed out``, else the error's text."""
+    e: BaseException | None = exc
+    while e is not None:
+        if isinstance(e, TimeoutError):
+            return "timed out"
+        if isinstance(e, OSError) and e.errno:
+            return os.strerror(e.errno).lower()
+        e = e.__cause__
+    return str(exc) or type(exc).__name__
 
 
 @dataclass(frozen=True)
@@ -33,7 +120,7 @@ class GroupInfo:
         return min(self.members)
 
 
-class NameserverClient:
+class NameserverClient(AsyncLifecycle):
     """Talks to one of several nameservers, moving on when one fails."""
 
     def __init__(self, addrs: list[str], pool: ConnectionPool | None = None) -> None:
@@ -47,19 +134,20 @@ class NameserverClient:
     async def _call(
         self, method: int, req: Message, resp_type: type[M], timeout_ms: int = 3000
     ) -> M:
-        last: HaError | None = None
+        failures: list[tuple[str, BaseException]] = []
         for i in range(len(self.addrs)):
             addr = self.addrs[(self._next + i) % len(self.addrs)]
             try:
                 out = await self.pool.call_pb(addr, method, req, resp_type, timeout_ms)
             except (BrokerUnavailable, RequestTimeout, ConnectionError) as exc:
-                last = exc if isinstance(exc, HaError) else BrokerUnavailable(str(exc))
+                failures.append((addr, exc))
                 await self.pool.discard(addr)
                 continue
             self._next = (self._next + i) % len(self.addrs)
             return out
-        assert last is not None
-        raise last
+        where = ", ".join(f"{addr} ({_reason(exc)})" for addr, exc in failures)
+        noun = "the nameserver at" if len(failures) == 1 else "any nameserver:"
+        raise NameserverUnavailable(f"cannot reach {noun} {where}") from failures[-1][1]
 
     async def route(self, topic: str) -> TopicRouteData:
         pb = await self._call(
@@ -99,37 +187,201 @@ class NameserverClient:
             for b in pb.brokers
         ]
 
-    async def create_topic(
-        self, topic: str, *, cluster: str | None = None, queues: int = 4, perm: int = 6
-    ) -> list[str]:
-        """Create or update a topic on every master (of ``cluster``); returns their names."""
-        from ha_controller.proto import broker_pb2
+    # ---- topics on the brokers --------------------------------------------------------
 
-        config = common_pb2.TopicConfig(
-            topic_name=topic, read_queue_nums=queues, write_queue_nums=queues, perm=perm
+    async def _masters(self, cluster: str | None) -> list[tuple[str, str]]:
+        """(group name, master address) of every group of ``cluster`` whose master is
+        online."""
+        return [
+            (g.broker_name, g.members[0])
+            for g in await self.groups()
+            if (not cluster or g.cluster == cluster) and g.master_online
+        ]
+
+    async def broker_topics(self, addr: str) -> dict[str, TopicConfig]:
+        """The topic table of the broker at ``addr`` (GET_ALL_TOPIC_CONFIG)."""
+        pb = await self.pool.call_pb(
+            addr,
+            RequestCode.GET_ALL_TOPIC_CONFIG,
+            common_pb2.Empty(),
+            broker_pb2.TopicConfigTable,
+            BROKER_ADMIN_TIMEOUT_MS,
         )
-        done = []
-        for group in await self.groups():
-            if cluster and group.cluster != cluster:
+        return {t.topic_name: topic_config_from_pb(t) for t in pb.topics}
+
+    async def topic_tables(self, cluster: str | None = None) -> dict[str, dict[str, TopicConfig]]:
+        """Group name -> its topic table, read from the lowest id of each group (the
+        master, else the slave that acts for it)."""
+        groups = [
+            g for g in await self.groups() if g.members and (not cluster or g.cluster == cluster)
+        ]
+        tables = await asyncio.gather(
+            *(self.broker_topics(g.members[min(g.members)]) for g in groups)
+        )
+        return {g.broker_name: t for g, t in zip(groups, tables, strict=True)}
+
+    async def _upsert(self, addr: str, config: TopicConfig) -> None:
+        await self.pool.call_pb(
+            addr,
+            RequestCode.UPDATE_AND_CREATE_TOPIC,
+            broker_pb2.CreateTopicRequest(topic=topic_config_to_pb(config)),
+            common_pb2.Empty,
+            BROKER_ADMIN_TIMEOUT_MS,
+        )
+
+    async def create_topic(
+        self,
+        topic: str,
+        *,
+        cluster: str | None = None,
+        queues: int = 4,
+        perm: int = 6,
+        exist_ok: bool = True,
+    ) -> list[str]:
+        """Create a topic on every master (of ``cluster``); returns their group names.
+
+        With ``exist_ok`` (the default, RocketMQ's UPDATE_AND_CREATE_TOPIC) an existing
+        topic is replaced by the new settings; without it TopicExists is raised, before
+        anything changes, when a master already has the topic."""
+        masters = await self._masters(cluster)
+        if not exist_ok:
+            tables = await asyncio.gather(*(self.broker_topics(addr) for _, addr in masters))
+            found = {
+                group: table[topic]
+                for (group, _), table in zip(masters, tables, strict=True)
+                if topic in table
+            }
+            if found:
+                raise TopicExists(topic, found)
+        config = TopicConfig(topic, queues, queues, perm)
+        for _, addr in masters:
+            await self._upsert(addr, config)
+        return [group for group, _ in masters]
+
+    async def update_topic(
+        self,
+        topic: str,
+        *,
+        cluster: str | None = None,
+        read_queues: int | None = None,
+        write_queues: int | None = None,
+        perm: int | None = None,
+    ) -> dict[str, tuple[TopicConfig, TopicConfig]]:
+        """Change only the given settings of ``topic`` on every master (of ``cluster``)
+        that has it; group name -> (before, after).  TopicNotFound when none has it."""
+        masters = await self._masters(cluster)
+        tables = await asyncio.gather(*(self.broker_topics(addr) for _, addr in masters))
+        changes: dict[str, tuple[TopicConfig, TopicConfig]] = {}
+        for (group, addr), table in zip(masters, tables, strict=True):
+            before = table.get(topic)
+            if before is None:
                 continue
-            master = group.members.get(0)
-            if master is None or not group.master_online:
-                continue
-            await self.pool.call_pb(
-                master,
-                RequestCode.UPDATE_AND_CREATE_TOPIC,
-                broker_pb2.CreateTopicRequest(topic=config),
-                common_pb2.Empty,
+            after = dataclasses.replace(
+                before,
+                read_queue_nums=before.read_queue_nums if read_queues is None else read_queues,
+                write_queue_nums=before.write_queue_nums if write_queues is None else write_queues,
+                perm=before.perm if perm is None else perm,
             )
-            done.append(group.broker_name)
-        return done
+            if after != before:
+                await self._upsert(addr, after)
+            changes[group] = (before, after)
+        if not changes:
+            where = f"cluster {cluster}" if cluster else "the cluster"
+            raise TopicNotFound(f"topic {topic} is on no master of {where}")
+        return changes
+
+    async def delete_topic(self, topic: str, *, cluster: str | None = None) -> TopicDeletion:
+        """Delete ``topic`` on every broker (of ``cluster``) that has it, masters first
+        (each re-registers without it), then ask every nameserver to forget its route
+        (DELETE_TOPIC_IN_NAMESRV, RocketMQ 216).  A broker that cannot be asked is in
+        ``failed``; ``deleted`` is empty when no broker had the topic."""
+        result = TopicDeletion(topic)
+        groups = [g for g in await self.groups() if not cluster or g.cluster == cluster]
+        members = sorted(
+            ((broker_id != 0, g.broker_name, broker_id), addr)
+            for g in groups
+            for broker_id, addr in g.members.items()
+        )  # masters first
+        request = broker_pb2.CreateTopicRequest(topic=common_pb2.TopicConfig(topic_name=topic))
+
+        async def holds(addr: str) -> bool:
+            return topic in await self.broker_topics(addr)
+
+        for (_, group, broker_id), addr in members:
+            name = f"{group}/{broker_id}"
+            try:
+                if not await holds(addr):
+                    continue
+                await self.pool.call_pb(
+                    addr,
+                    RequestCode.DELETE_TOPIC_IN_BROKER,
+                    request,
+                    common_pb2.Empty,
+                    BROKER_ADMIN_TIMEOUT_MS,
+                )
+            except (HaError, OSError) as exc:
+                result.failed[name] = f"{type(exc).__name__}: {exc}"
+            else:
+                result.deleted.append(name)
+        forget = nameserver_pb2.GetRouteInfoRequest(topic=topic)
+        for addr in self.addrs:
+            try:
+                await self.pool.call_pb(
+                    addr, RequestCode.DELETE_TOPIC_IN_NAMESRV, forget, common_pb2.Empty, 3000
+                )
+            except UnknownMethod:
+                try:  # nothing to forget is not a failure
+                    await self.pool.call_pb(
+                        addr,
+                        RequestCode.GET_ROUTEINFO_BY_TOPIC,
+                        forget,
+                        common_pb2.TopicRoute,
+                        3000,
+                    )
+                except TopicNotFound:
+                    result.nameservers_forgot.append(addr)
+                except (HaError, OSError) as exc:
+                    result.nameservers_kept[addr] = f"{type(exc).__name__}: {exc}"
+                else:
+                    result.nameservers_kept[addr] = (
+                        "it does not serve DELETE_TOPIC_IN_NAMESRV (216)"
+                    )
+            except (HaError, OSError) as exc:
+                result.nameservers_kept[addr] = f"{type(exc).__name__}: {exc}"
+            else:
+                result.nameservers_forgot.append(addr)
+        return result
+
+    async def queue_offsets(self, route: TopicRouteData) -> list[QueueOffsets]:
+        """Min and max offset of every readable queue of ``route``, from the id-0 broker
+        of each group (the lowest id when the route shows no id 0)."""
+
+        async def offset(addr: str, method: int, topic: str, queue_id: int) -> int:
+            pb = await self.pool.call_pb(
+                addr,
+                method,
+                broker_pb2.QueueOffsetRequest(topic=topic, queue_id=queue_id),
+                broker_pb2.OffsetResponse,
+                BROKER_ADMIN_TIMEOUT_MS,
+            )
+            return int(pb.offset)
+
+        async def one(broker_name: str, addr: str, queue_id: int) -> QueueOffsets:
+            lo, hi = await asyncio.gather(
+                offset(addr, RequestCode.GET_MIN_OFFSET, route.topic, queue_id),
+                offset(addr, RequestCode.GET_MAX_OFFSET, route.topic, queue_id),
+            )
+            return QueueOffsets(broker_name, queue_id, lo, hi)
+
+        jobs = []
+        for b in route.broker_datas:
+            q = route.queue(b.broker_name)
+            if q is None or not b.broker_addrs:
+                continue
+            addr = b.broker_addrs.get(0) or b.broker_addrs[min(b.broker_addrs)]
+            jobs += [one(b.broker_name, addr, i) for i in range(q.read_queue_nums)]
+        return list(await asyncio.gather(*jobs))
 
     async def aclose(self) -> None:
         if self._own_pool:
             await self.pool.aclose()
-
-    async def __aenter__(self) -> NameserverClient:
-        return self
-
-    async def __aexit__(self, *exc: object) -> None:
-        await self.aclose()

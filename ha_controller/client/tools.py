@@ -20,6 +20,7 @@ from ha_controller.client.message import Message, ReceivedMessage, SendReceipt
 from ha_controller.client.producer import Producer
 from ha_controller.client.push_consumer import PushConsumer
 from ha_controller.protocol.errors import HaError
+from ha_controller.protocol.properties import DELAY_LEVELS_MS
 
 __all__ = [
     "ConsumeStats",
@@ -27,6 +28,7 @@ __all__ = [
     "Sent",
     "body_for",
     "consume",
+    "due_ts_ms",
     "now_ms",
     "produce",
 ]
@@ -43,12 +45,34 @@ def now_ms() -> int:
     return int(time.time() * 1000)
 
 
+def due_ts_ms(sent_at_ms: int, *, delay_level: int = 0, deliver_ts_ms: int | None = None) -> int:
+    """When a delayed message is due: ``deliver_ts_ms`` when given (a timer message),
+    else the send time plus the level's delay in RocketMQ's default level table
+    (``1s 5s 10s 30s 1m 2m ... 1h 2h``; a level above 18 counts as 18, as the brokers
+    clamp it).  Brokers configured with other levels (``delay_levels``) deliver by
+    theirs, which a client cannot know."""
+    if deliver_ts_ms is not None:
+        return deliver_ts_ms
+    if delay_level < 1:
+        return sent_at_ms
+    return sent_at_ms + DELAY_LEVELS_MS[min(delay_level, len(DELAY_LEVELS_MS)) - 1]
+
+
 @dataclass
 class ProduceStats:
     sent: int = 0
     acknowledged: int = 0
     failed: int = 0
+    #: error class name -> how many sends failed with it
     errors: dict[str, int] = field(default_factory=dict)
+    #: error class name -> the first failure's message (the reason)
+    reasons: dict[str, str] = field(default_factory=dict)
+
+    def add_failure(self, exc: BaseException) -> None:
+        self.failed += 1
+        name = type(exc).__name__
+        self.errors[name] = self.errors.get(name, 0) + 1
+        self.reasons.setdefault(name, str(exc))
 
 
 @dataclass(frozen=True, slots=True)
@@ -61,6 +85,8 @@ class Sent:
     sent_at_ms: int
     receipt: SendReceipt | None = None
     error: HaError | None = None
+    #: when a delayed message is due (see :func:`due_ts_ms`); None when not delayed
+    due_ts_ms: int | None = None
 
 
 async def produce(
@@ -71,18 +97,23 @@ async def produce(
     rate: float | None = None,
     size: int = 128,
     delay_level: int = 0,
+    deliver_ts_ms: int | None = None,
     message_group: str | None = None,
     on_sent: Callable[[Sent], None] | None = None,
     progress: Callable[[ProduceStats], None] | None = None,
     run_id: str | None = None,
 ) -> ProduceStats:
     """Send ``count`` messages keyed ``<run_id>-<n>``; ``on_sent`` gets every outcome,
-    ``progress`` the stats after every 100th acknowledged send."""
+    ``progress`` the stats after every send.
+
+    The topic's route is fetched first, so an unreachable nameserver fails the call
+    (``NameserverUnavailable``) instead of every send."""
     run_id = run_id or uuid.uuid4().hex[:8]
     stats = ProduceStats()
     interval = 1.0 / rate if rate else 0.0
-    start = time.monotonic()
-    async with Producer(namesrv, group=f"hactl-produce-{run_id}") as producer:
+    delayed = bool(delay_level) or deliver_ts_ms is not None
+    async with Producer(namesrv, group=f"hactl-produce-{run_id}", topics=[topic]) as producer:
+        start = time.monotonic()
         for i in range(count):
             if interval:
                 delay = start + i * interval - time.monotonic()
@@ -94,23 +125,27 @@ async def produce(
                 body_for(key, size),
                 keys=(key,),
                 delay_level=delay_level,
+                deliver_ts_ms=deliver_ts_ms,
                 message_group=message_group,
             )
             stats.sent += 1
             sent_at = now_ms()
+            due = (
+                due_ts_ms(sent_at, delay_level=delay_level, deliver_ts_ms=deliver_ts_ms)
+                if delayed
+                else None
+            )
             try:
                 receipt = await producer.send(msg)
             except HaError as exc:
-                stats.failed += 1
-                name = type(exc).__name__
-                stats.errors[name] = stats.errors.get(name, 0) + 1
+                stats.add_failure(exc)
                 if on_sent is not None:
-                    on_sent(Sent(key, topic, sent_at, error=exc))
-                continue
-            stats.acknowledged += 1
-            if on_sent is not None:
-                on_sent(Sent(key, topic, sent_at, receipt=receipt))
-            if progress is not None and stats.sent % 100 == 0:
+                    on_sent(Sent(key, topic, sent_at, error=exc, due_ts_ms=due))
+            else:
+                stats.acknowledged += 1
+                if on_sent is not None:
+                    on_sent(Sent(key, topic, sent_at, receipt=receipt, due_ts_ms=due))
+            if progress is not None:
                 progress(stats)
     return stats
 
@@ -130,24 +165,39 @@ async def consume(
     count: int | None,
     timeout_s: float,
     on_message: Callable[[ReceivedMessage], None] | None = None,
+    progress: Callable[[ConsumeStats], None] | None = None,
 ) -> ConsumeStats:
-    """Consume as a push consumer until ``count`` distinct keys arrived or ``timeout_s``
-    passed; ``on_message`` sees every delivery."""
+    """Consume as a push consumer until ``count`` messages were handed out or
+    ``timeout_s`` passed; ``on_message`` sees every message handed out.
+
+    Exactly ``count`` messages are handed out and committed: once that many were, the
+    listener holds every further delivery without finishing it, so its offset stays
+    uncommitted (the consumer commits only up to the lowest unfinished message of each
+    queue) and the group's next consumer gets it.  Without ``count``, everything that
+    arrives before the timeout is handed out and committed."""
     stats = ConsumeStats()
     done = asyncio.Event()
+    if count is not None and count <= 0:
+        return stats
+    held = asyncio.Event()  # never set: a delivery past ``count`` waits here until closed
 
     async def listener(m: ReceivedMessage) -> bool:
+        if count is not None and stats.received >= count:
+            await held.wait()  # cancelled when the consumer closes: not consumed
         stats.received += 1
         if m.key in stats.keys:
             stats.duplicates += 1
         stats.keys.add(m.key)
         if on_message is not None:
             on_message(m)
-        if count is not None and len(stats.keys) >= count:
+        if progress is not None:
+            progress(stats)
+        if count is not None and stats.received >= count:
             done.set()
         return True
 
-    async with PushConsumer(namesrv, group, topic, listener):
+    batch = 32 if count is None else max(1, min(32, count))
+    async with PushConsumer(namesrv, group, topic, listener, batch=batch):
         try:
             async with asyncio.timeout(timeout_s):
                 await done.wait()

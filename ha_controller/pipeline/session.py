@@ -11,18 +11,43 @@ loopback with ``SPARK_LOCAL_HOSTNAME=localhost`` (an unresolvable hostname kills
 JVM), and the workers can import ``ha_controller`` (the data source is cloudpickled by
 reference to its module).  Only DataFrame APIs are used by the pipeline, so the same
 code runs in local mode, under ``spark-submit`` and over Spark Connect.
+
+``log_level`` (``hactl analyze`` asks for ``ERROR``) quiets the JVM's log4j from its
+start: the driver JVM gets a log4j2 configuration at that level (the banner lines
+"Using Spark's default log4j profile" and "Setting default log level" go too), and the
+session's level is set once it exists.  Not for Spark Connect, whose server logs where
+it runs.
 """
 
 from __future__ import annotations
 
+import atexit
 import os
 import sys
+import tempfile
 from collections.abc import Mapping
 from pathlib import Path
 
 from pyspark.sql import SparkSession
 
 __all__ = ["build_session", "prepare_environment", "project_root"]
+
+#: log4j2 for the driver JVM at one level; the PySpark gateway's and the REPL's loggers
+#: at the same level, so Spark does not announce a different shell default.
+_LOG4J2 = """\
+rootLogger.level = {level}
+rootLogger.appenderRef.stderr.ref = stderr
+appender.stderr.type = Console
+appender.stderr.name = stderr
+appender.stderr.target = SYSTEM_ERR
+appender.stderr.layout.type = PatternLayout
+appender.stderr.layout.pattern = %d{{yy/MM/dd HH:mm:ss}} %p %c{{1}}: %m%n%ex
+logger.gateway.name = org.apache.spark.api.python.PythonGatewayServer
+logger.gateway.level = {level}
+logger.repl.name = org.apache.spark.repl.Main
+logger.repl.level = {level}
+"""
+_LOG_LEVELS = ("ALL", "DEBUG", "ERROR", "FATAL", "INFO", "OFF", "TRACE", "WARN")
 
 
 def project_root() -> Path:
@@ -48,8 +73,14 @@ def build_session(
     app_name: str = "ha-controller-pipeline",
     config: Mapping[str, str] | None = None,
     local_dir: str | os.PathLike[str] | None = None,
+    log_level: str | None = None,
 ) -> SparkSession:
-    """Create (or reuse) a SparkSession for ``master``; see the module docstring."""
+    """Create (or reuse) a SparkSession for ``master``; see the module docstring.
+
+    ``log_level``: one of log4j's levels (``ERROR``, ``WARN``, ...), or None to leave
+    logging as Spark configures it."""
+    if log_level is not None and log_level.upper() not in _LOG_LEVELS:
+        raise ValueError(f"log_level must be one of {', '.join(_LOG_LEVELS)}, got {log_level!r}")
     prepare_environment()
     remote = master if master is not None and master.startswith("sc://") else None
     if master is None and os.environ.get("SPARK_REMOTE"):
@@ -78,12 +109,28 @@ def build_session(
     else:
         builder = builder.remote(remote)
     settings.update(config or {})
+    if log_level is not None and remote is None:
+        option = f"-Dlog4j2.configurationFile={_log4j2_file(log_level.upper()).as_uri()}"
+        current = settings.get("spark.driver.extraJavaOptions", "")
+        settings["spark.driver.extraJavaOptions"] = f"{current} {option}".strip()
     for key, value in settings.items():
         builder = builder.config(key, value)
     session = builder.getOrCreate()
     if remote is not None:
         _ship_package(session)
+    elif log_level is not None:
+        session.sparkContext.setLogLevel(log_level.upper())  # a reused JVM too
     return session
+
+
+def _log4j2_file(level: str) -> Path:
+    """A log4j2 properties file at ``level`` for this process (removed at exit)."""
+    fd, name = tempfile.mkstemp(prefix="hac-spark-log4j2-", suffix=".properties")
+    with os.fdopen(fd, "w", encoding="utf-8") as f:
+        f.write(_LOG4J2.format(level=level.lower()))
+    path = Path(name)
+    atexit.register(path.unlink, missing_ok=True)
+    return path
 
 
 def _ship_package(session: SparkSession) -> None:

@@ -34,6 +34,9 @@ class RequestCode(enum.IntEnum):
     UNREGISTER_BROKER = 104
     GET_ROUTEINFO_BY_TOPIC = 105
     GET_BROKER_CLUSTER_INFO = 106
+    DELETE_TOPIC_IN_BROKER = 215
+    # not served by the nameserver yet: ``hactl topic delete`` asks and reports
+    DELETE_TOPIC_IN_NAMESRV = 216
     QUERY_DATA_VERSION = 322
     GET_BROKER_MEMBER_GROUP = 901
     BROKER_HEARTBEAT = 904
@@ -47,6 +50,7 @@ class RequestCode(enum.IntEnum):
     GET_BROKER_STATUS = 900002
     HA_REPORT_OFFSET = 900010
     HA_TRANSFER = 900011
+    GET_COMMITLOG_RANGE = 900012
     GET_TRANSACTION_OFFSETS = 900020
 
 
