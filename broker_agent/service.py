@@ -30,7 +30,9 @@ from broker_agent.membership.group import MemberGroupSync
 from broker_agent.membership.preonline import PreOnline
 from broker_agent.membership.registration import Registrar
 from broker_agent.membership.sync import MetadataSync
+from broker_agent.membership.writability import WritabilityWatch
 from broker_agent.metrics import BrokerMetrics
+from broker_agent.replication.catchup import CatchUp, CommitLogRangeService
 from broker_agent.replication.ha import HaSlave
 from broker_agent.special.escape import EscapeBridge
 from broker_agent.special.pop import PopService
@@ -66,6 +68,8 @@ class BrokerService:
         self.write_path = WritePath(core)
         self.registrar = Registrar(core)
         core.on_topics_changed(self.registrar.register_soon)
+        self.writability = WritabilityWatch(core, self.registrar.register_all)
+        core.on_store_state_changed(self.writability.changed)
         self.group = MemberGroupSync(core)
         self.escape = EscapeBridge(core, self.write_path)
         self.schedule = ScheduleService(core, self.write_path, self.escape)
@@ -80,7 +84,13 @@ class BrokerService:
             self.schedule.timer,
             self.registrar.register_all,
         )
-        self.preonline = PreOnline(core, self.group, self.registrar, self.metadata_sync.tables)
+        self.preonline = PreOnline(
+            core,
+            self.group,
+            self.registrar,
+            self.metadata_sync.tables,
+            CatchUp(core.store, core.pool),
+        )
         core.on_fence(self.preonline.fence)
         MessageHandlers(core, self.write_path, store_target).register()
         QueryHandlers(core, self.write_path).register()
@@ -88,6 +98,7 @@ class BrokerService:
             core, self.transactions.producer_seen, self.registrar.register_all
         ).register()
         self.group.register()
+        CommitLogRangeService(core.store).register(core.dispatcher)
         self.locks.register(core.dispatcher)
         self._listener: Listener | None = None
         self._serving_stopped = False
@@ -134,10 +145,22 @@ class BrokerService:
 
     async def _flush_loop(self) -> None:
         core = self.core
+        failing: str | None = None
         while True:
             await asyncio.sleep(core.cfg.flush_interval_ms / 1000)
-            await asyncio.to_thread(core.store.flush)
-            await asyncio.to_thread(core.offsets.persist)
+            try:
+                await asyncio.to_thread(core.store.flush)
+                await asyncio.to_thread(core.offsets.persist)
+            except OSError as exc:  # StoreError too
+                # a failing or full disk: the broker keeps serving what it can (a store
+                # whose fsync failed is read-only now) and tries again next round
+                if str(exc) != failing:
+                    log.error("flush failed: %s; retrying every round", exc)
+                failing = str(exc)
+                continue
+            if failing is not None:
+                log.info("flush works again")
+                failing = None
 
     async def _metric_targets_loop(self) -> None:
         while True:
@@ -163,6 +186,7 @@ class BrokerService:
             (self.registrar.register_loop, "register"),
             (self.group.loop, "member-group"),
             (self._flush_loop, "flush"),
+            (self.writability.loop, "store-space"),
             (self._hold_check_loop, "hold-check"),
             (self._metric_targets_loop, "metric-targets"),
             (self.schedule.run, "schedule"),

@@ -1,7 +1,9 @@
 """Pre-online: stay isolated (unregistered, ``/readyz`` 503) until it is safe to serve.
 
-A master reverse-syncs the newer metadata of each slave (rip32.md §5), retrying from
-the slave that failed; a slave waits for its HA link to an online master.
+A master first catches up when its commit log is behind its most advanced slave (a
+lost volume, a lost unflushed tail; see :mod:`broker_agent.replication.catchup`), then
+reverse-syncs the newer metadata of each slave (rip32.md §5), retrying from the slave
+that failed; a slave waits for its HA link to an online master.
 """
 
 from __future__ import annotations
@@ -14,17 +16,51 @@ from collections.abc import Sequence
 from broker_agent.core import BrokerCore
 from broker_agent.membership.group import MemberGroupSync
 from broker_agent.membership.registration import Registrar
-from broker_agent.metadata.versioned import VersionedTable, reverse_sync
-from ha_controller.proto import broker_pb2
+from broker_agent.metadata.versioned import FETCH_TIMEOUT_MS, VersionedTable, reverse_sync
+from broker_agent.replication.catchup import CatchUp
+from broker_agent.topics import TopicConfigManager
+from ha_controller.dataversion import DataVersion
+from ha_controller.proto import broker_pb2, common_pb2
 from ha_controller.protocol.codes import RequestCode
-from ha_controller.protocol.errors import BadRequest, HaError
-from ha_controller.routing import BrokerMemberGroup
+from ha_controller.protocol.errors import BadRequest, HaError, UnknownMethod
+from ha_controller.routing import BrokerMemberGroup, TopicConfig
+from ha_controller.wire import data_version_from_pb, topic_config_from_pb
 
 log = logging.getLogger(__name__)
 
 #: How long a slave's HA link (either direction) may take to attach.
 HA_LINK_WAIT_S = 10.0
 RETRY_S = 1.0
+
+
+def adopt_topics(
+    topics: TopicConfigManager,
+    theirs: Sequence[TopicConfig],
+    version: DataVersion,
+    *,
+    add_missing: bool,
+) -> list[str]:
+    """Take a slave's topics where they are the better knowledge; returns the names
+    added or changed.
+
+    A table with a newer version wins for every topic it holds.  An older one only
+    adds the topics we lack, and only with ``add_missing`` (our own table was lost):
+    slaves keep topics the master deleted (their sync only adds), so a master with its
+    own table must not take them back.  A name the table refuses is skipped (logged).
+    No I/O beyond persisting."""
+    newer = version.compare(topics.data_version) > 0
+    changed: list[str] = []
+    for t in theirs:
+        if not (newer or (add_missing and topics.get(t.topic_name) is None)):
+            continue
+        try:
+            if topics.upsert(t):
+                changed.append(t.topic_name)
+        except BadRequest as exc:
+            log.warning("pre-online: slave topic %r skipped: %s", t.topic_name, exc)
+    if changed:
+        topics.persist()
+    return changed
 
 
 class PreOnline:
@@ -36,11 +72,13 @@ class PreOnline:
         group: MemberGroupSync,
         registrar: Registrar,
         tables: Sequence[VersionedTable],
+        catchup: CatchUp,
     ) -> None:
         self.core = core
         self.group = group
         self.registrar = registrar
         self.tables = tables  # every versioned table, consumer offsets first
+        self.catchup = catchup
 
     def fence(self, why: str) -> None:
         """A master that may have been expired stops serving at once (clients get the
@@ -82,8 +120,13 @@ class PreOnline:
             core.preonline_step = "online"
             log.info("pre-online done: registering as %s", core.acting.role)
             if group is not None and not core.acting.is_master:
-                min_id = min((i for i in group.broker_addrs), default=core.cfg.broker_id)
-                min_id = min(min_id, core.cfg.broker_id)
+                if 0 in group.broker_addrs or group.acting_broker_id is not None:
+                    # the nameserver names the lead (a chosen acting slave stays: we
+                    # take over only if it chooses us once we report our position)
+                    min_id = group.lead_broker_id()
+                else:
+                    min_id = min((i for i in group.broker_addrs), default=core.cfg.broker_id)
+                    min_id = min(min_id, core.cfg.broker_id)
                 min_addr = group.broker_addrs.get(min_id, core.addr)
                 await self.group.apply_min_broker(min_id, min_addr, None, None)
             core.update_role_metrics()
@@ -94,6 +137,10 @@ class PreOnline:
         """Sync from each slave not synced yet; the reason to wait, or None when done."""
         core = self.core
         slaves = sorted((i, a) for i, a in group.broker_addrs.items() if i != core.cfg.broker_id)
+        # a synced slave's HA link was accepted: it holds no more than we do
+        why = await self._catch_up([(i, a) for i, a in slaves if i not in synced])
+        if why is not None:
+            return why
         for slave_id, slave_addr in slaves:
             if slave_id in synced:
                 continue
@@ -105,6 +152,95 @@ class PreOnline:
             synced.add(slave_id)
         log.info("pre-online: %d slave(s) synced", len(synced))
         return None
+
+    async def _catch_up(self, slaves: list[tuple[int, str]]) -> str | None:
+        """Copy what the most advanced slave holds beyond our commit log, with its topics
+        (and, for a lost volume, its metadata tables); the reason to wait, or None.
+
+        A master that is ahead of (or level with) its slaves only asks each for its
+        commit-log bounds."""
+        core = self.core
+        if not slaves:
+            return None
+        core.preonline_step = "asking the slaves for their commit-log ends"
+        try:
+            plan = self.catchup.plan(await self.catchup.probe(slaves))
+        except HaError as exc:
+            return str(exc)
+        if plan.blocked is not None:
+            return plan.blocked
+        if not plan.needed:
+            log.debug("pre-online: %s", plan)
+        else:
+            log.info("pre-online: %s", plan)
+            try:
+                await self.catchup.run(plan, self._set_step)
+            except HaError as exc:
+                log.warning("pre-online: catch-up stopped: %s", exc)
+                return f"catch-up: {exc}"
+        source = plan.source
+        if source is None:
+            return None
+        lost_volume = self.catchup.lost_volume_pending()
+        try:
+            add_missing = lost_volume or not core.topics.topics
+            if plan.needed or add_missing:
+                await self._adopt_topics(source.broker_id, source.addr, add_missing=add_missing)
+            if lost_volume:
+                await self._assign_tables(source.broker_id, source.addr)
+        except HaError as exc:
+            return f"metadata of slave {source.broker_id} at {source.addr}: {exc}"
+        return None
+
+    def _set_step(self, step: str) -> None:
+        self.core.preonline_step = step
+
+    async def _adopt_topics(self, slave_id: int, slave_addr: str, *, add_missing: bool) -> None:
+        core = self.core
+        core.preonline_step = f"pulling topics from slave {slave_id}"
+        pb = await core.pool.call_pb(
+            slave_addr,
+            RequestCode.GET_ALL_TOPIC_CONFIG,
+            common_pb2.Empty(),
+            broker_pb2.TopicConfigTable,
+            timeout_ms=FETCH_TIMEOUT_MS,
+        )
+        changed = adopt_topics(
+            core.topics,
+            [topic_config_from_pb(t) for t in pb.topics],
+            data_version_from_pb(pb.data_version),
+            add_missing=add_missing,
+        )
+        log.log(
+            logging.INFO if changed else logging.DEBUG,
+            "pre-online: topics of slave %d: %d of %d taken%s",
+            slave_id,
+            len(changed),
+            len(pb.topics),
+            f" ({', '.join(sorted(changed)[:10])}{', ...' if len(changed) > 10 else ''})"
+            if changed
+            else "",
+        )
+
+    async def _assign_tables(self, slave_id: int, slave_addr: str) -> None:
+        """A master that lost its volume lost its metadata files too; its fresh tables
+        carry no authority, so it takes the source slave's as they are.  The reverse
+        sync from every slave that follows still adopts newer ones (an acting slave's)."""
+        core = self.core
+        core.preonline_step = f"taking the metadata tables of slave {slave_id}"
+        for table in self.tables:
+            try:
+                snapshot = await table.fetch(core.pool, slave_addr)
+            except UnknownMethod:
+                continue
+            table.assign(snapshot)
+            log.info(
+                "pre-online: lost volume: %s of slave %d taken: %s",
+                table.name,
+                slave_id,
+                table.describe(snapshot),
+            )
+        self.catchup.lost_volume_done()
 
     async def _slave(self, group: BrokerMemberGroup) -> str | None:
         """With the master online, wait for the HA link (10 s) before serving."""

@@ -354,6 +354,26 @@ class HaTransfer(_message.Message):
     master_max_offset: int
     def __init__(self, offset: _Optional[int] = ..., data: _Optional[bytes] = ..., master_max_offset: _Optional[int] = ...) -> None: ...
 
+class CommitLogRangeRequest(_message.Message):
+    __slots__ = ("from_offset", "max_bytes")
+    FROM_OFFSET_FIELD_NUMBER: _ClassVar[int]
+    MAX_BYTES_FIELD_NUMBER: _ClassVar[int]
+    from_offset: int
+    max_bytes: int
+    def __init__(self, from_offset: _Optional[int] = ..., max_bytes: _Optional[int] = ...) -> None: ...
+
+class CommitLogRange(_message.Message):
+    __slots__ = ("from_offset", "data", "min_offset", "max_offset")
+    FROM_OFFSET_FIELD_NUMBER: _ClassVar[int]
+    DATA_FIELD_NUMBER: _ClassVar[int]
+    MIN_OFFSET_FIELD_NUMBER: _ClassVar[int]
+    MAX_OFFSET_FIELD_NUMBER: _ClassVar[int]
+    from_offset: int
+    data: bytes
+    min_offset: int
+    max_offset: int
+    def __init__(self, from_offset: _Optional[int] = ..., data: _Optional[bytes] = ..., min_offset: _Optional[int] = ..., max_offset: _Optional[int] = ...) -> None: ...
+
 class PopMessageRequest(_message.Message):
     __slots__ = ("consumer_group", "topic", "queue_id", "max_msg_nums", "invisible_time_ms", "poll_time_ms", "tags")
     CONSUMER_GROUP_FIELD_NUMBER: _ClassVar[int]
