@@ -45,6 +45,7 @@ async def serve(cfg: NameserverConfig, stop: asyncio.Event, ready_file: str | Pa
     tls = cfg.tls.server_context()
     server = RpcServer(service.dispatcher, limits=cfg.limits, ssl_context=tls, name="nameserver")
     server.on_connection_closed(service.on_connection_closed)
+    service.metrics.export_rpc(lambda: [server])
     host, port = parse_host_port(cfg.listen)
     rpc_host, rpc_port = await server.start(host, port)
     app = build_admin_app(

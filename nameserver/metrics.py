@@ -2,12 +2,15 @@
 
 from __future__ import annotations
 
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Iterable, Iterator
 from typing import Any
 
 from prometheus_client import CollectorRegistry, Counter, Gauge
 from prometheus_client.core import GaugeMetricFamily
 from prometheus_client.registry import Collector
+
+from ha_controller.rpc.metrics import RpcCollector
+from ha_controller.rpc.server import RpcServer
 
 
 class GroupCollector(Collector):
@@ -109,3 +112,7 @@ class NameserverMetrics:
         self.route_watchers = Gauge(
             "hac_route_watchers", "Route watches currently held", registry=self.registry
         )
+
+    def export_rpc(self, servers: Callable[[], Iterable[RpcServer]]) -> None:
+        """``hac_rpc_*``: the connection bounds of the nameserver's RPC listener."""
+        self.registry.register(RpcCollector(servers))

@@ -67,7 +67,8 @@ class FrameDecoder:
     def buffered(self) -> int:
         return len(self._buf) - self._pos
 
-    def feed(self, data: bytes) -> list[Frame]:
+    def feed(self, data: bytes | bytearray | memoryview) -> list[Frame]:
+        """Append ``data`` (copied) and return the frames it completes."""
         if self._failed is not None:
             raise self._failed
         self._buf += data

@@ -6,6 +6,16 @@ frame, undecodable envelope) closes the connection with one log line naming
 the peer and the reason, and fails every pending call with
 ``ConnectionClosed`` chained to the cause.  Incoming requests are handed to a
 ``Dispatcher``; an unknown method gets an ERROR response, not a disconnect.
+
+The connection is an ``asyncio.BufferedProtocol``: the transport reads straight into
+a per-thread scratch buffer of at most as many bytes as the connection may take, and
+the frame decoder keeps only the incomplete frame.  A connection accepted by an
+``RpcServer`` (it has a :class:`Listener`) is bounded as ``RpcLimits`` describes: its
+incomplete frame draws on the listener's assembly budget beyond its own allowance,
+reading pauses while its replies are not read, and the server's sweep applies the
+frame deadline and the idle timeout.  An outgoing connection only keeps the frame
+bounds: it is ours, and it must always read the replies it waits for (two peers that
+both stopped reading while their writes back up would deadlock).
 """
 
 from __future__ import annotations
@@ -14,10 +24,11 @@ import asyncio
 import contextlib
 import logging
 import ssl
+import threading
 import time
 from collections.abc import Awaitable, Callable
-from dataclasses import dataclass
-from typing import Any, TypeVar
+from dataclasses import dataclass, field
+from typing import Any, TypeVar, cast
 
 from google.protobuf.message import DecodeError, Message
 
@@ -27,6 +38,7 @@ from ha_controller.protocol.errors import (
     BadRequest,
     BrokerUnavailable,
     ConnectionClosed,
+    FrameTimeout,
     HaError,
     Overloaded,
     ProtocolError,
@@ -36,12 +48,38 @@ from ha_controller.protocol.errors import (
     UnknownMethod,
 )
 from ha_controller.protocol.framing import FrameDecoder
+from ha_controller.rpc.bounds import AssemblyBudget, RpcStats
 from ha_controller.rpc.limits import RpcLimits
 
 log = logging.getLogger(__name__)
 
 M = TypeVar("M", bound=Message)
 READ_CHUNK = 256 * 1024
+#: bytes a connection first asks the assembly budget for (then as much as it holds)
+BUDGET_CHUNK = 64 * 1024
+
+_scratch = threading.local()
+
+
+def _scratch_buffer() -> memoryview:
+    """The buffer the transports of this thread read into (get_buffer, recv_into and
+    buffer_updated run back to back, and the decoder copies what it keeps)."""
+    view: memoryview | None = getattr(_scratch, "view", None)
+    if view is None:
+        view = _scratch.view = memoryview(bytearray(READ_CHUNK))
+    return view
+
+
+@dataclass(eq=False)
+class Listener:
+    """What an ``RpcServer`` shares with the connections it accepted."""
+
+    name: str
+    limits: RpcLimits
+    stats: RpcStats
+    budget: AssemblyBudget[RpcConnection]
+    #: called once the connection's transport is gone (its descriptor is closed)
+    released: Callable[[RpcConnection], None] = field(default=lambda conn: None)
 
 
 @dataclass(slots=True)
@@ -93,38 +131,43 @@ class Dispatcher:
         return self._handlers.get(method)
 
 
-class RpcConnection:
+class RpcConnection(asyncio.BufferedProtocol):
     """A framed connection.  Create with ``connect()`` or let ``RpcServer`` make one."""
 
     def __init__(
         self,
-        reader: asyncio.StreamReader,
-        writer: asyncio.StreamWriter,
         *,
         dispatcher: Dispatcher | None = None,
         limits: RpcLimits | None = None,
         on_close: Callable[[RpcConnection], None] | None = None,
+        listener: Listener | None = None,
     ) -> None:
-        self._reader = reader
-        self._writer = writer
         self._dispatcher = dispatcher
-        self.limits = limits or RpcLimits()
+        self._listener = listener
+        self.limits = limits or (listener.limits if listener is not None else RpcLimits())
         self._decoder = FrameDecoder(self.limits.max_list_size, self.limits.max_frame_bytes)
         self._pending: dict[int, asyncio.Future[envelope.Response]] = {}
         self._serial = 0
         self._handlers: set[asyncio.Task[None]] = set()
         self._closed = asyncio.Event()
+        self._lost = asyncio.Event()
         self._close_reason: BaseException | None = None
         self._on_close = on_close
         self._stopping = False
         self._wbuf: list[bytes] = []
+        self._wbuf_bytes = 0
         self._flush_scheduled = False
-        peer = writer.get_extra_info("peername")
-        self.peer = f"{peer[0]}:{peer[1]}" if isinstance(peer, tuple) else str(peer)
+        self._transport: asyncio.Transport | None = None
+        self._abort_handle: asyncio.TimerHandle | None = None
+        # reading is paused while this is not empty (reasons: write_backlog, assembly_budget)
+        self._read_paused: set[str] = set()
+        self._writable = asyncio.Event()
+        self._writable.set()
+        self._parked = 0  # handlers waiting for the write backlog to drain
+        self._frame_started: float | None = None
+        self._last_activity = time.monotonic()
+        self.peer = "?"
         self.attrs: dict[str, Any] = {}
-        self._reader_task = asyncio.get_running_loop().create_task(
-            self._read_loop(), name=f"rpc-read-{self.peer}"
-        )
 
     # ---- public API ------------------------------------------------------
 
@@ -133,8 +176,22 @@ class RpcConnection:
         return self._closed.is_set()
 
     @property
+    def made(self) -> bool:
+        """Whether a transport was attached (``connection_lost`` will follow)."""
+        return self._transport is not None
+
+    @property
     def inflight(self) -> int:
         return len(self._handlers)
+
+    @property
+    def buffered_bytes(self) -> int:
+        """Bytes of the incomplete frame held for this connection."""
+        return self._decoder.buffered
+
+    @property
+    def reading_paused(self) -> bool:
+        return bool(self._read_paused)
 
     async def wait_closed(self) -> None:
         await self._closed.wait()
@@ -196,11 +253,11 @@ class RpcConnection:
         )
 
     async def drain(self) -> None:
+        """Wait until what was written is below the transport's low-water mark."""
         if self._wbuf:
             self._flush()
         if not self.closed:
-            with contextlib.suppress(ConnectionError):
-                await self._writer.drain()
+            await self._writable.wait()
 
     def stop_accepting(self) -> None:
         """Phased shutdown: new incoming requests get ServiceStopping."""
@@ -213,22 +270,169 @@ class RpcConnection:
     async def aclose(self, reason: BaseException | None = None) -> None:
         """Close the connection; idempotent."""
         self._shutdown(reason or ConnectionClosed(f"connection to {self.peer} closed locally"))
-        if self._reader_task is not asyncio.current_task():
-            self._reader_task.cancel()
-            with contextlib.suppress(asyncio.CancelledError, Exception):
-                await asyncio.shield(self._reader_task)
-        for task in list(self._handlers):
+        current = asyncio.current_task()
+        handlers = {t for t in self._handlers if t is not current}
+        for task in handlers:
             task.cancel()
-        if self._handlers:
-            await asyncio.wait(set(self._handlers), timeout=1.0)
-        with contextlib.suppress(Exception):
-            await asyncio.wait_for(self._writer.wait_closed(), 1.0)
+        if handlers:
+            await asyncio.wait(handlers, timeout=1.0)
+        with contextlib.suppress(TimeoutError):
+            async with asyncio.timeout(1.0):
+                await asyncio.shield(self._lost.wait())
+        if not self._lost.is_set() and self._transport is not None:
+            self._transport.abort()  # the peer does not read what is left to send
 
     async def __aenter__(self) -> RpcConnection:
         return self
 
     async def __aexit__(self, *exc: object) -> None:
         await self.aclose()
+
+    # ---- asyncio.BufferedProtocol ----------------------------------------
+
+    def connection_made(self, transport: asyncio.BaseTransport) -> None:
+        self._transport = cast(asyncio.Transport, transport)
+        peer = transport.get_extra_info("peername")
+        self.peer = f"{peer[0]}:{peer[1]}" if isinstance(peer, tuple) else str(peer)
+        self._last_activity = time.monotonic()
+        if self._listener is not None:
+            high = self.limits.write_high_water_bytes
+            self._transport.set_write_buffer_limits(high, self.limits.write_low_water_bytes)
+
+    def get_buffer(self, sizehint: int) -> memoryview:
+        view = _scratch_buffer()
+        if self._listener is None:
+            return view
+        # Never read more than is covered: the connection's own allowance plus what it
+        # holds of the budget.  Reading is paused before this reaches 0; the 1 is a
+        # guard (an empty buffer is a fatal error for the transport).
+        room = (
+            self.limits.conn_frame_buffer_bytes
+            + self._listener.budget.held(self)
+            - self._decoder.buffered
+        )
+        return view[: max(1, min(room, len(view)))]
+
+    def buffer_updated(self, nbytes: int) -> None:
+        try:
+            frames = self._decoder.feed(_scratch_buffer()[:nbytes])
+            now = time.monotonic()
+            if frames:
+                self._last_activity = now
+                self._frame_started = now if self._decoder.buffered else None
+            elif self._frame_started is None:
+                self._frame_started = now
+            for frame in frames:
+                msg = envelope.decode(frame.serial_no, frame.payload)
+                if isinstance(msg, envelope.Response):
+                    fut = self._pending.get(msg.serial_no)
+                    if fut is not None and not fut.done():
+                        fut.set_result(msg)
+                    # else: a late reply to a cancelled/timed-out call: dropped
+                else:
+                    self._on_request(msg)
+        except ProtocolError as exc:
+            log.warning("closing connection from %s: %s", self.peer, exc)
+            self._shutdown(exc)
+            return
+        if self._listener is not None and not self.closed:
+            self._rebalance(self._listener)
+
+    def eof_received(self) -> bool:
+        if self._decoder.buffered:
+            log.warning(
+                "closing connection from %s: peer closed mid-frame (%d bytes pending)",
+                self.peer,
+                self._decoder.buffered,
+            )
+        return False  # the transport closes itself; connection_lost follows
+
+    def connection_lost(self, exc: Exception | None) -> None:
+        self._shutdown(exc or ConnectionClosed(f"{self.peer} closed the connection"))
+        if self._abort_handle is not None:
+            self._abort_handle.cancel()
+        self._writable.set()
+        self._lost.set()
+        if self._listener is not None:
+            try:
+                self._listener.released(self)
+            except Exception:
+                log.exception("connection-released listener failed for %s", self.peer)
+
+    def pause_writing(self) -> None:
+        self._writable.clear()
+        if self._listener is not None:
+            self._pause_reading("write_backlog")
+
+    def resume_writing(self) -> None:
+        self._writable.set()
+        self._last_activity = time.monotonic()
+        if self._listener is not None:
+            self._resume_reading("write_backlog")
+
+    # ---- bounds (accepted connections) -----------------------------------
+
+    def check_deadlines(self, now: float) -> None:
+        """The listener's sweep: enforce the frame deadline and the idle timeout."""
+        if self.closed or self._listener is None:
+            return
+        limits, stats = self.limits, self._listener.stats
+        started = self._frame_started
+        if started is not None and (now - started) * 1000 > limits.frame_timeout_ms:
+            stats.frames_timed_out += 1
+            exc = FrameTimeout(
+                f"frame incomplete after {limits.frame_timeout_ms} ms "
+                f"({self._decoder.buffered} bytes received)"
+            )
+            log.warning("closing connection from %s: %s", self.peer, exc)
+            self._shutdown(exc, abort=True)
+            return
+        if self._pending or len(self._handlers) > self._parked:
+            self._last_activity = now  # busy: idle time starts when the work ends
+        elif (now - self._last_activity) * 1000 > limits.idle_timeout_ms:
+            stats.idle_timeouts += 1
+            log.info(
+                "closing connection from %s: no complete frame for %d ms",
+                self.peer,
+                limits.idle_timeout_ms,
+            )
+            self._shutdown(ConnectionClosed(f"connection from {self.peer} idle"), abort=True)
+
+    def _rebalance(self, listener: Listener) -> None:
+        """After a read: give back budget the finished frame held, or get more (or
+        pause) when the incomplete frame has used up what is covered."""
+        budget = listener.budget
+        buffered = self._decoder.buffered
+        own = self.limits.conn_frame_buffer_bytes
+        held = budget.held(self)
+        if held and buffered <= own:
+            budget.release(self)
+            held = 0
+        if own + held - buffered > 0:
+            return
+        # 64 KiB, then doubling with what it holds up to one read: few requests per frame
+        if not budget.request(self, min(READ_CHUNK, max(BUDGET_CHUNK, held))):
+            self._pause_reading("assembly_budget")
+
+    def budget_granted(self, nbytes: int) -> None:
+        """The listener's budget served a queued request (``AssemblyBudget`` wake)."""
+        self._resume_reading("assembly_budget")
+
+    def _pause_reading(self, reason: str) -> None:
+        if reason in self._read_paused or self.closed:
+            return
+        if not self._read_paused and self._transport is not None:
+            self._transport.pause_reading()
+        self._read_paused.add(reason)
+        if self._listener is not None:
+            self._listener.stats.reads_paused[reason] += 1
+
+    def _resume_reading(self, reason: str) -> None:
+        if reason not in self._read_paused:
+            return
+        self._read_paused.discard(reason)
+        if not self._read_paused and not self.closed and self._transport is not None:
+            self._transport.resume_reading()
 
     # ---- internals --------------------------------------------------------
 
@@ -242,30 +446,50 @@ class RpcConnection:
         if self.closed:
             raise ConnectionClosed(f"connection to {self.peer} is closed") from self._close_reason
         self._wbuf.append(data)
-        if not self._flush_scheduled:
+        self._wbuf_bytes += len(data)
+        self._last_activity = time.monotonic()
+        if self._wbuf_bytes >= self.limits.write_high_water_bytes:
+            self._flush()  # now, so that the transport's back-pressure starts now
+        elif not self._flush_scheduled:
             self._flush_scheduled = True
             asyncio.get_running_loop().call_soon(self._flush)
 
     def _flush(self) -> None:
         self._flush_scheduled = False
-        if not self._wbuf or self.closed:
-            self._wbuf.clear()
+        wbuf, self._wbuf, self._wbuf_bytes = self._wbuf, [], 0
+        if not wbuf or self.closed or self._transport is None:
             return
-        data = self._wbuf[0] if len(self._wbuf) == 1 else b"".join(self._wbuf)
-        self._wbuf.clear()
+        data = wbuf[0] if len(wbuf) == 1 else b"".join(wbuf)
         try:
-            self._writer.write(data)
+            self._transport.write(data)
         except (ConnectionError, RuntimeError) as exc:
             # pending calls fail with ConnectionClosed chained to this cause
             self._shutdown(exc)
 
-    def _shutdown(self, reason: BaseException) -> None:
+    def _shutdown(self, reason: BaseException, *, abort: bool = False) -> None:
         if self._closed.is_set():
             return
         self._close_reason = reason
         self._closed.set()
-        with contextlib.suppress(Exception):
-            self._writer.close()
+        self._wbuf, self._wbuf_bytes = [], 0
+        # what is left of an incomplete frame is garbage now: free it at once
+        self._decoder = FrameDecoder(self.limits.max_list_size, self.limits.max_frame_bytes)
+        self._frame_started = None
+        transport = self._transport
+        if transport is not None:
+            with contextlib.suppress(Exception):
+                if abort:
+                    transport.abort()
+                else:
+                    transport.close()
+                    if self._listener is not None and transport.get_write_buffer_size():
+                        # a peer that does not read its last replies is cut off
+                        self._abort_handle = asyncio.get_running_loop().call_later(
+                            self.limits.frame_timeout_ms / 1000, transport.abort
+                        )
+        if self._listener is not None:
+            self._listener.budget.forget(self)
+        self._writable.set()
         err = ConnectionClosed(f"connection to {self.peer} closed: {reason}")
         for fut in self._pending.values():
             if not fut.done():
@@ -279,38 +503,6 @@ class RpcConnection:
             except Exception:
                 log.exception("on_close callback failed for %s", self.peer)
 
-    async def _read_loop(self) -> None:
-        reason: BaseException = ConnectionClosed(f"{self.peer} closed the connection")
-        try:
-            while True:
-                data = await self._reader.read(READ_CHUNK)
-                if not data:
-                    if self._decoder.buffered:
-                        log.warning(
-                            "closing connection from %s: peer closed mid-frame (%d bytes pending)",
-                            self.peer,
-                            self._decoder.buffered,
-                        )
-                    break
-                for frame in self._decoder.feed(data):
-                    msg = envelope.decode(frame.serial_no, frame.payload)
-                    if isinstance(msg, envelope.Response):
-                        fut = self._pending.get(msg.serial_no)
-                        if fut is not None and not fut.done():
-                            fut.set_result(msg)
-                        # else: a late reply to a cancelled/timed-out call: dropped
-                    else:
-                        self._on_request(msg)
-        except ProtocolError as exc:
-            log.warning("closing connection from %s: %s", self.peer, exc)
-            reason = exc
-        except (ConnectionError, ssl.SSLError, OSError) as exc:
-            reason = exc
-        except asyncio.CancelledError:
-            self._shutdown(ConnectionClosed(f"connection to {self.peer} closed locally"))
-            raise
-        self._shutdown(reason)
-
     def _on_request(self, req: envelope.Request) -> None:
         received = time.monotonic()
         if self._stopping:
@@ -323,7 +515,11 @@ class RpcConnection:
             return
         task = asyncio.get_running_loop().create_task(self._handle(req, received))
         self._handlers.add(task)
-        task.add_done_callback(self._handlers.discard)
+        task.add_done_callback(self._handler_done)
+
+    def _handler_done(self, task: asyncio.Task[None]) -> None:
+        self._handlers.discard(task)
+        self._last_activity = time.monotonic()
 
     def _reply_error(self, req: envelope.Request, exc: HaError) -> None:
         if req.oneway or self.closed:
@@ -339,6 +535,18 @@ class RpcConnection:
         return req.timeout_ms > 0 and (time.monotonic() - received) * 1000 > req.timeout_ms
 
     async def _handle(self, req: envelope.Request, received: float) -> None:
+        if self._listener is not None and not self._writable.is_set():
+            # The peer is not reading our replies: a request read before reading
+            # paused waits here instead of adding its reply to the backlog.
+            # Woken together when the backlog drains, the first ones fill it again.
+            self._parked += 1
+            try:
+                while not self._writable.is_set():
+                    await self._writable.wait()
+            finally:
+                self._parked -= 1
+            if self.closed:
+                return
         handler = self._dispatcher.get(req.method) if self._dispatcher else None
         if handler is None:
             self._reply_error(req, UnknownMethod(f"unknown method {req.method}"))
@@ -380,11 +588,15 @@ async def connect(
 ) -> RpcConnection:
     """Open a connection to ``host:port``; raises ``BrokerUnavailable`` when it cannot."""
     host, _, port = addr.rpartition(":")
+    loop = asyncio.get_running_loop()
     try:
         async with asyncio.timeout(timeout_ms / 1000):
-            reader, writer = await asyncio.open_connection(
-                host.strip("[]"), int(port), ssl=ssl_context, limit=READ_CHUNK
+            _, conn = await loop.create_connection(
+                lambda: RpcConnection(dispatcher=dispatcher, limits=limits, on_close=on_close),
+                host.strip("[]"),
+                int(port),
+                ssl=ssl_context,
             )
     except (OSError, TimeoutError, ValueError) as exc:
         raise BrokerUnavailable(f"cannot connect to {addr}: {exc}") from exc
-    return RpcConnection(reader, writer, dispatcher=dispatcher, limits=limits, on_close=on_close)
+    return conn

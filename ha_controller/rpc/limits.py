@@ -1,8 +1,9 @@
-"""Framing and RPC bounds of a connection (DESIGN section 3; TubeMQ's listSize/block limits).
+"""Framing, RPC and connection bounds (DESIGN section 3; TubeMQ's listSize/block limits).
 
 Here, not in :mod:`ha_controller.config`, so that the RPC layer and the client SDK do not
 load the TOML/env configuration machinery.  :mod:`ha_controller.config` loads these as
-the ``[limits]`` table of the nameserver and broker configs and re-exports the class.
+the ``[limits]`` table of the nameserver and broker configs and re-exports the class:
+a field ``x`` is the config key ``limits.x`` and the variable ``HAC_LIMITS_X``.
 
 Bounds are field metadata (``ge``/``le``), read both by this class's own check and by the
 config loader, which names the key and where its value came from.
@@ -38,13 +39,102 @@ def _unit(name: str) -> str:
 
 @dataclass(frozen=True, kw_only=True)
 class RpcLimits:
-    """Framing and RPC bounds; invalid values raise :class:`ConfigError` naming the key."""
+    """Framing, RPC and connection bounds; invalid values raise :class:`ConfigError` naming the key.
+
+    The connection bounds apply to every listener (``RpcServer``) on its own; outgoing
+    connections (``connect()``) only keep the frame bounds.  Each bound has an overflow
+    policy and a counter (:class:`~ha_controller.rpc.bounds.RpcStats`, exported as
+    ``hac_rpc_*``):
+
+    ``max_connections`` (4096)
+        Open connections per listener, counted from ``accept()`` until the descriptor is
+        closed (a TLS handshake counts).  One more is accepted and closed at once (RST),
+        counted as ``hac_rpc_connections_refused_total{reason="max_connections"}`` and
+        logged once per 10 s.  4096 is far more clients than one broker or nameserver
+        serves in practice, and stays well below the descriptor limit container
+        runtimes give by default (containerd and Docker: 1,048,576; a listener warns at
+        start when ``RLIMIT_NOFILE`` is lower).  The descriptor limit itself is guarded by
+        the accept back-off below.  An idle connection costs about 5 KiB (measured), so
+        4096 cost about 20 MiB.
+    ``idle_timeout_ms`` (120 s)
+        A connection that delivers no complete frame for this long, while none of its
+        requests is being handled and none of our calls on it is pending, is closed with
+        one log line (``hac_rpc_idle_timeouts_total``).  RocketMQ's
+        ``serverChannelMaxIdleTimeSeconds`` is also 120 s; its clients heartbeat every
+        broker every 30 s and poll routes every 30 s, and held pulls or route watches
+        count as activity, so only dead or abandoned connections reach it.
+    ``frame_timeout_ms`` (30 s)
+        Deadline of one frame, from its first byte to its last (slowloris); also the TLS
+        handshake deadline and how long a closed connection may take to read its last
+        replies before it is aborted.  On expiry the connection is aborted with one log
+        line (``hac_rpc_frames_timed_out_total``).  30 s moves a maximal 32 MiB frame at
+        10 Mbit/s; a legitimate frame on a cluster network takes milliseconds.
+    ``conn_frame_buffer_bytes`` (16 KiB) and ``assembly_budget_bytes`` (64 MiB)
+        Bytes of incomplete frames that each connection may hold on its own, and that a
+        listener shares among its connections for larger frames.  Each connection may
+        buffer up to ``conn_frame_buffer_bytes`` of an incomplete frame on its own
+        (heartbeats, pulls, sends of ordinary messages); beyond that it draws on the
+        listener's ``assembly_budget_bytes`` (64 KiB, then up to 256 KiB a step, given
+        back when the frame is complete).  Bytes are read only once they are covered,
+        so an announced block length is never trusted: a peer that announces 16 MiB
+        and sends 1 byte costs 1 byte.  When the budget is spent the connection stops
+        being read (``hac_rpc_reads_paused_total{reason="assembly_budget"}``) until
+        bytes are released (first come, first served); the frame deadline still runs.
+        Should every connection holding budget be waiting for more, the oldest waiter
+        may overdraw by up to one frame so that the listener cannot deadlock.  The
+        bytes of incomplete frames on a listener are therefore at most (plus one
+        256 KiB step)::
+
+            max_connections * conn_frame_buffer_bytes + assembly_budget_bytes + max_frame_bytes
+            = 4096 * 16 KiB + 64 MiB + 32 MiB = 160 MiB (defaults)
+
+        while one frame may still be as large as ``max_frame_bytes``.  Peers that hold
+        budget and stall keep it until their frame deadline: large frames of others wait
+        that long (memory stays bounded; lower ``frame_timeout_ms`` to shorten it).
+    ``write_high_water_bytes`` (256 KiB)
+        Replies queued for a peer beyond which it stops being read (write back-pressure).
+        When replies queued for a peer exceed this, the connection stops being read, and
+        requests already read wait before running, until the queue falls below a quarter
+        of it (``hac_rpc_reads_paused_total{reason="write_backlog"}``).  A peer that
+        sends requests but does not read the replies thus costs at most this plus the
+        replies of requests admitted before the pause (at most one read,
+        ``conn_frame_buffer_bytes`` of requests, and ``max_inflight_requests``), instead
+        of everything it asks for; such a connection then goes idle and is closed.  This
+        bound is per connection; the listener has no shared budget for replies.
+    ``accept_backoff_ms`` (100 ms) and ``accept_backoff_max_ms`` (1 s)
+        When ``accept()`` fails for lack of descriptors or memory (EMFILE, ENFILE,
+        ENOBUFS, ENOMEM) the listener waits this long, doubling up to the maximum, and
+        logs once per 10 s instead of once per attempt (``hac_rpc_accept_errors_total``).
+        Connections wait in the kernel's backlog meanwhile.
+    """
 
     max_frame_bytes: int = _bounded(32 * _MIB, ge=1 * _KIB, le=1 * _GIB)
     max_list_size: int = _bounded(3584, ge=1)
     max_block_bytes: int = _bounded(8192, ge=16)
     max_inflight_requests: int = _bounded(1024, ge=1)
     default_timeout_ms: int = _bounded(3000, ge=1)
+    max_connections: int = _bounded(4096, ge=1)
+    idle_timeout_ms: int = _bounded(120_000, ge=100)
+    frame_timeout_ms: int = _bounded(30_000, ge=100)
+    conn_frame_buffer_bytes: int = _bounded(16 * _KIB, ge=1 * _KIB, le=1 * _GIB)
+    assembly_budget_bytes: int = _bounded(64 * _MIB, ge=64 * _KIB, le=64 * _GIB)
+    write_high_water_bytes: int = _bounded(256 * _KIB, ge=4 * _KIB, le=1 * _GIB)
+    accept_backoff_ms: int = _bounded(100, ge=1)
+    accept_backoff_max_ms: int = _bounded(1000, ge=1)
+
+    @property
+    def write_low_water_bytes(self) -> int:
+        """Where reading resumes after write back-pressure: a quarter of the high-water mark."""
+        return self.write_high_water_bytes // 4
+
+    @property
+    def assembly_bound_bytes(self) -> int:
+        """The most bytes of incomplete frames one listener holds (see the class docstring)."""
+        return (
+            self.max_connections * self.conn_frame_buffer_bytes
+            + self.assembly_budget_bytes
+            + self.max_frame_bytes
+        )
 
     def __post_init__(self) -> None:
         problem = next(self._field_problems(), None) or next(self._rules(), None)
@@ -72,4 +162,10 @@ class RpcLimits:
                 ("max_block_bytes", "max_frame_bytes"),
                 f"a block ({self.max_block_bytes}) cannot exceed the frame limit "
                 f"({self.max_frame_bytes})",
+            )
+        if self.accept_backoff_ms > self.accept_backoff_max_ms:
+            yield (
+                ("accept_backoff_ms", "accept_backoff_max_ms"),
+                f"the initial accept back-off ({self.accept_backoff_ms} ms) exceeds the "
+                f"maximum ({self.accept_backoff_max_ms} ms)",
             )
