@@ -52,6 +52,9 @@ async def open_listeners(service: BrokerService) -> Listeners:
     server = RpcServer(core.dispatcher, limits=cfg.limits, ssl_context=tls, name="broker")
     server.on_connection_closed(service.on_connection_closed)
     service.attach_listener(server)
+    core.metrics.export_rpc(
+        lambda: [server] if core.ha_master is None else [server, core.ha_master.server]
+    )
     host, port = parse_host_port(cfg.listen)
     rpc_host, rpc_port = await server.start(host, port)
     core.addr = advertised(cfg, rpc_host, rpc_port)
@@ -66,8 +69,9 @@ async def open_listeners(service: BrokerService) -> Listeners:
 
     def ready() -> tuple[bool, str]:
         core.refresh_gauges()
-        if core.isolated:
-            return False, f"pre-online: {core.preonline_step}"
+        why = core.not_ready_reason()
+        if why is not None:
+            return False, why
         return True, core.acting.role
 
     app = build_admin_app(core.metrics.registry, ready=ready, routes=http_routes(service))

@@ -26,10 +26,11 @@ from broker_agent.metadata.offsets import ConsumerOffsetManager
 from broker_agent.metrics import BrokerMetrics
 from broker_agent.pull_hold import PullHoldService
 from broker_agent.replication.ha import HaMaster, HaSlave
+from broker_agent.store.diskspace import SpaceLevel
 from broker_agent.store.message_store import MessageStore, StoreConfig
 from broker_agent.topics import TopicConfigManager
 from ha_controller.config import BrokerConfig
-from ha_controller.protocol.errors import BrokerIsolated, NotMaster
+from ha_controller.protocol.errors import BrokerIsolated, NotMaster, NotWritable
 from ha_controller.protocol.properties import now_ms
 from ha_controller.routing import BrokerMemberGroup
 from ha_controller.rpc import ConnectionPool, Dispatcher, RpcConnection
@@ -114,6 +115,9 @@ class BrokerCore:
         self._special_hooks: list[Callable[[bool], None]] = []
         self._spawn: Callable[[Coroutine[Any, Any, None], str], None] | None = None
         self._topics_changed: Callable[[], None] = lambda: None
+        self._store_state_changed: Callable[[], None] = lambda: None
+        #: the store state last acted on (membership.writability)
+        self.store_state_seen: tuple[bool, SpaceLevel] = self.store_state()
         self.update_role_metrics()
 
     # ---- ownership of background work -----------------------------------------
@@ -138,6 +142,36 @@ class BrokerCore:
     def topics_changed(self) -> None:
         """A topic was created on this broker: the nameservers must learn it."""
         self._topics_changed()
+
+    # ---- the store's space ---------------------------------------------------------
+
+    def store_state(self) -> tuple[bool, SpaceLevel]:
+        """(appends possible, space level): what routes and heartbeats report."""
+        return self.store.writable, self.store.space_level
+
+    @property
+    def advertises_writes(self) -> bool:
+        """Whether this broker's routes carry the WRITE bit: its store takes appends and
+        has room to spare (LOW withdraws it before anything must be refused)."""
+        return self.store.writable and self.store.space_level is SpaceLevel.OK
+
+    def on_store_state_changed(self, callback: Callable[[], None]) -> None:
+        """Who withdraws or restores the routes' WRITE bit (membership.writability)."""
+        self._store_state_changed = callback
+
+    def note_store_state(self) -> None:
+        """Cheap; called after appends: acts at once when the store's state moved."""
+        if self.store_state() != self.store_state_seen:
+            self._store_state_changed()
+
+    def check_store_writable(self, what: str) -> None:
+        """NotWritable (retriable: nothing is stored) while the store refuses appends."""
+        if not self.store.writable:
+            self.metrics.send_errors.labels(**self.metrics.ident, reason="not_writable").inc()
+            raise NotWritable(
+                f"{what}: {self.name} takes no writes now ({self.store.unwritable_reason()}); "
+                "send to another group"
+            )
 
     # ---- special services --------------------------------------------------------
 
@@ -205,6 +239,16 @@ class BrokerCore:
             return self.ha_slave.lag_bytes
         return 0
 
+    def not_ready_reason(self) -> str | None:
+        """Why ``/readyz`` answers 503, or None: pre-online, or a store that cannot
+        take writes (a master cannot take sends, a slave cannot replicate)."""
+        if self.isolated:
+            return f"pre-online: {self.preonline_step}"
+        why = self.store.unwritable_reason()
+        if why is not None:
+            return f"store not writable: {why}"
+        return None
+
     def status(self) -> dict[str, Any]:
         """``GET /api/v1/status`` and GET_BROKER_STATUS."""
         return {
@@ -218,11 +262,23 @@ class BrokerCore:
             "minBrokerIdInGroup": self.acting.min_broker_id,
             "commitLogMaxOffset": self.store.commitlog_max_offset,
             "replicationLagBytes": self.replication_lag(),
+            "storeWritable": self.store.writable,
+            "storeNotWritableReason": self.store.unwritable_reason(),
+            "storeSpaceLevel": self.store.space_level.name.lower(),
+            "storeFreeBytes": self.store.free_disk_bytes,
+            "advertisesWrites": self.advertises_writes,
+            "replicating": self.ha_slave.replicating if self.ha_slave is not None else None,
+            "replicationStalled": self.ha_slave.stalled if self.ha_slave is not None else None,
             "addr": self.addr,
             "haAddr": self.ha_addr,
             "slaves": (
                 [
-                    {"addr": link.slave_addr, "brokerId": link.broker_id, "ackedOffset": link.acked}
+                    {
+                        "addr": link.slave_addr,
+                        "brokerId": link.broker_id,
+                        "ackedOffset": link.acked,
+                        "confirming": self.ha_master.confirming(link),
+                    }
                     for link in self.ha_master.transfer_slaves()
                 ]
                 if self.ha_master is not None
@@ -239,5 +295,7 @@ class BrokerCore:
         ident = self.metrics.ident
         self.metrics.replication_lag.labels(**ident).set(self.replication_lag())
         self.metrics.commitlog_max_offset.labels(**ident).set(self.store.commitlog_max_offset)
+        self.metrics.store_writable.labels(**ident).set(1 if self.store.writable else 0)
+        self.metrics.store_free_bytes.labels(**ident).set(self.store.free_disk_bytes)
         self.metrics.pull_held.labels(**ident).set(self.holds.held_count)
         self.update_role_metrics()

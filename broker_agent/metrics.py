@@ -2,7 +2,12 @@
 
 from __future__ import annotations
 
+from collections.abc import Callable, Iterable
+
 from prometheus_client import CollectorRegistry, Counter, Gauge
+
+from ha_controller.rpc.metrics import RpcCollector
+from ha_controller.rpc.server import RpcServer
 
 ESCAPE_KINDS = (
     "delay",
@@ -41,6 +46,14 @@ class BrokerMetrics:
         self.commitlog_max_offset = gauge(
             "hac_commitlog_max_offset_bytes", "End of the local commit log"
         )
+        self.store_writable = gauge(
+            "hac_store_writable",
+            "1 while the store takes appends; 0 when it is full or read-only "
+            "(a master refuses sends, a slave stops replicating)",
+        )
+        self.store_free_bytes = gauge(
+            "hac_store_free_bytes", "Free bytes of the store's file system at the last sample"
+        )
         self.escape = counter(
             "hac_escape_messages",
             "Messages sent through the escape bridge",
@@ -67,12 +80,18 @@ class BrokerMetrics:
         for mode in ("local", "strict", "peer"):
             for result in ("granted", "partial", "refused", "no_quorum"):
                 self.lock_requests.labels(**ident, mode=mode, result=result)
-        for reason in ("not_master", "replicas", "replica_timeout"):
+        for reason in ("not_master", "replicas", "replica_timeout", "not_writable"):
             self.send_errors.labels(**ident, reason=reason)
         self._escape_targets: set[str] = set()
         for target in ("local", "none"):
             self.init_escape_target(target)
         self.isolated.labels(**ident).set(0)
+        self.store_writable.labels(**ident).set(1)
+
+    def export_rpc(self, servers: Callable[[], Iterable[RpcServer]]) -> None:
+        """``hac_rpc_*``: the connection bounds of the broker's listeners (RPC and HA),
+        read at scrape time with the broker's identity labels."""
+        self.registry.register(RpcCollector(servers, self.ident))
 
     def init_escape_target(self, target: str) -> None:
         """Create every escape series for ``target`` (a group name, "local", "none") at 0."""

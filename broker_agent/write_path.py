@@ -6,6 +6,10 @@ system records that carry consumer and delay offsets to the slaves.  One append 
 always the same three steps: store the record, wake the pulls held on its queue,
 tell the HA side there is more to stream; a write that must be durable then waits
 for the copies the replication mode asks for.
+
+A store that cannot take an append (full disk, read-only) stores nothing of it; the
+write path answers the retriable ``NotWritable`` so that the caller goes elsewhere, and
+lets the broker withdraw its routes' WRITE bit at once (``BrokerCore.note_store_state``).
 """
 
 from __future__ import annotations
@@ -21,6 +25,9 @@ from ha_controller.protocol.errors import (
     BadRequest,
     InSyncReplicasNotEnough,
     NotMaster,
+    NotWritable,
+    StoreFull,
+    StoreReadOnly,
     TopicNotFound,
 )
 from ha_controller.protocol.properties import OFFSET_TOPIC, PROPERTY_TAGS
@@ -98,19 +105,26 @@ class WritePath:
         born_host: str | None = None,
     ) -> PutResult:
         """Store one record and wake the pulls held on its queue (no replication push:
-        call :meth:`replicate` once after a batch)."""
+        call :meth:`replicate` once after a batch).  NotWritable (nothing stored) when
+        the store refuses appends."""
         core = self.core
         props = dict(properties)
-        result = core.store.put(
-            topic,
-            queue_id,
-            body,
-            props,
-            flags=flags,
-            born_ts_ms=born_ts_ms,
-            born_host=born_host or core.addr,
-            store_host=core.addr,
-        )
+        try:
+            result = core.store.put(
+                topic,
+                queue_id,
+                body,
+                props,
+                flags=flags,
+                born_ts_ms=born_ts_ms,
+                born_host=born_host or core.addr,
+                store_host=core.addr,
+            )
+        except (StoreFull, StoreReadOnly) as exc:
+            core.note_store_state()
+            core.metrics.send_errors.labels(**core.metrics.ident, reason="not_writable").inc()
+            raise NotWritable(f"{core.name} cannot store {topic}: {exc}") from exc
+        core.note_store_state()
         core.holds.notify(
             topic, queue_id, result.queue_offset + 1, tag_hash(props.get(PROPERTY_TAGS))
         )
@@ -168,7 +182,13 @@ class WritePath:
         system offsets topic; the slaves apply it as it arrives (membership.sync)."""
         if not self.core.acting.is_master or self.core.ha_master is None:
             return None
-        result = self.append_local(OFFSET_TOPIC, 0, b"", properties)
+        try:
+            result = self.append_local(OFFSET_TOPIC, 0, b"", properties)
+        except NotWritable as exc:
+            # a full store still serves reads and commits: the slaves get the table
+            # from the periodic metadata sync instead
+            log.debug("progress record not replicated: %s", exc)
+            return None
         return result.physical_offset + result.size
 
     async def put(

@@ -72,6 +72,21 @@ def _sorted_addrs(addrs: Mapping[int, str]) -> dict[int, str]:
     return {broker_id: addrs[broker_id] for broker_id in sorted(addrs)}
 
 
+def _members_to_json(cluster: str, broker_name: str, addrs: Mapping[int, str]) -> dict[str, Any]:
+    """A group and its members by id, as :class:`BrokerData` and
+    :class:`BrokerMemberGroup` both write them."""
+    return {
+        "cluster": cluster,
+        "brokerName": broker_name,
+        "brokerAddrs": {str(broker_id): addr for broker_id, addr in _sorted_addrs(addrs).items()},
+    }
+
+
+def _addrs_from_json(data: Mapping[str, Any]) -> dict[int, str]:
+    """``brokerAddrs`` (string ids) back to ids -> addresses, sorted by id."""
+    return _sorted_addrs({int(k): str(v) for k, v in dict(data.get("brokerAddrs", {})).items()})
+
+
 @dataclass(frozen=True)
 class TopicConfig:
     """A topic as one broker holds it."""
@@ -187,21 +202,15 @@ class BrokerData:
         )
 
     def to_json(self) -> dict[str, Any]:
-        return {
-            "cluster": self.cluster,
-            "brokerName": self.broker_name,
-            "brokerAddrs": {
-                str(broker_id): addr for broker_id, addr in _sorted_addrs(self.broker_addrs).items()
-            },
-        }
+        return _members_to_json(self.cluster, self.broker_name, self.broker_addrs)
 
     @classmethod
     def from_json(cls, data: Mapping[str, Any]) -> BrokerData:
-        addrs = {int(k): str(v) for k, v in dict(data.get("brokerAddrs", {})).items()}
+        addrs = _addrs_from_json(data)
         return cls(
             cluster=str(data["cluster"]),
             broker_name=str(data["brokerName"]),
-            broker_addrs=_sorted_addrs(addrs),
+            broker_addrs=addrs,
             enable_acting_master=bool(data.get("enableActingMaster", False)),
         )
 
@@ -253,26 +262,40 @@ class TopicRouteData:
 
 @dataclass(frozen=True)
 class BrokerMemberGroup:
-    """A group's members with their raw ids (never rewritten)."""
+    """A group's members with their raw ids (never rewritten), and, while it has no
+    master, the id of the slave the nameserver chose to act for it."""
 
     cluster: str
     broker_name: str
     broker_addrs: dict[int, str] = field(default_factory=dict)
+    acting_broker_id: int | None = None
 
     def minimum_broker_id(self) -> int:
         """0 when the group is empty, else the lowest member id."""
         return min(self.broker_addrs) if self.broker_addrs else MASTER_ID
 
+    def lead_broker_id(self) -> int:
+        """Who leads the group: the master (0) when it is a member, else the chosen
+        acting slave, else (a nameserver that does not choose) the lowest member id."""
+        if MASTER_ID in self.broker_addrs:
+            return MASTER_ID
+        if self.acting_broker_id is not None and self.acting_broker_id in self.broker_addrs:
+            return self.acting_broker_id
+        return self.minimum_broker_id()
+
     def to_json(self) -> dict[str, Any]:
-        return {
-            "cluster": self.cluster,
-            "brokerName": self.broker_name,
-            "brokerAddrs": {
-                str(broker_id): addr for broker_id, addr in _sorted_addrs(self.broker_addrs).items()
-            },
-        }
+        data = _members_to_json(self.cluster, self.broker_name, self.broker_addrs)
+        if self.acting_broker_id is not None:
+            data["actingBrokerId"] = self.acting_broker_id
+        return data
 
     @classmethod
     def from_json(cls, data: Mapping[str, Any]) -> BrokerMemberGroup:
-        addrs = {int(k): str(v) for k, v in dict(data.get("brokerAddrs", {})).items()}
-        return cls(str(data["cluster"]), str(data["brokerName"]), _sorted_addrs(addrs))
+        addrs = _addrs_from_json(data)
+        acting = data.get("actingBrokerId")
+        return cls(
+            str(data["cluster"]),
+            str(data["brokerName"]),
+            addrs,
+            None if acting is None else int(acting),
+        )

@@ -91,10 +91,18 @@ def route_from_pb(pb: common_pb2.TopicRoute) -> TopicRouteData:
 
 
 def member_group_to_pb(group: BrokerMemberGroup) -> nameserver_pb2.BrokerMemberGroup:
-    return nameserver_pb2.BrokerMemberGroup(
+    pb = nameserver_pb2.BrokerMemberGroup(
         cluster=group.cluster, broker_name=group.broker_name, broker_addrs=group.broker_addrs
     )
+    if group.acting_broker_id is not None:
+        pb.acting_broker_id = group.acting_broker_id
+    return pb
 
 
 def member_group_from_pb(pb: nameserver_pb2.BrokerMemberGroup) -> BrokerMemberGroup:
-    return BrokerMemberGroup(pb.cluster, pb.broker_name, dict(pb.broker_addrs))
+    return BrokerMemberGroup(
+        pb.cluster,
+        pb.broker_name,
+        dict(pb.broker_addrs),
+        pb.acting_broker_id if pb.HasField("acting_broker_id") else None,
+    )

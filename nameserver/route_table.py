@@ -11,6 +11,14 @@ Deliberate differences from RocketMQ:
 - a min-id change is notified on the register and the unregister path alike,
   and only for groups with ``enable_acting_master`` (DESIGN.md §4);
 - notifications carry the broker name;
+- the slave that acts for a masterless group is not simply the lowest live id:
+  brokers report their replication position (commit-log end) and whether their store
+  takes appends (registration and heartbeat), and the table picks the most advanced
+  slave, preferring one that can write, lowest id first (:meth:`RouteTable._choose_acting`),
+  and chooses again on every report that changes the answer (the acting slave falls
+  behind, or says it cannot write).  The route rewrite, the member group and the
+  min-id notifications all name that slave (the group's *lead*).  A member that
+  reports no position (an old broker) brings back RocketMQ's rule, the lowest id;
 - a single-topic registration before the first full one is accepted;
 - a batch of removals (one scan, one closed connection) yields at most one
   notification per group, computed from the group's state before and after.
@@ -40,6 +48,7 @@ __all__ = [
     "MASTER_ID",
     "BrokerRegistration",
     "ExpiredBroker",
+    "HeartbeatOutcome",
     "MinIdChange",
     "RegisterOutcome",
     "RouteTable",
@@ -75,6 +84,10 @@ class BrokerRegistration:
     data_version: DataVersion = field(default_factory=DataVersion)
     #: the broker completed pre-online before this registration (see register_broker)
     pre_online_done: bool = True
+    #: the end of its commit log (replication position); None from an old broker
+    max_offset: int | None = None
+    #: whether its store takes appends; None from an old broker (taken as True)
+    store_writable: bool | None = None
 
 
 @dataclass(frozen=True)
@@ -88,6 +101,15 @@ class MinIdChange:
     offline_broker_addr: str | None
     ha_broker_addr: str | None
     targets: list[str]
+
+
+@dataclass(frozen=True)
+class HeartbeatOutcome:
+    """Answer to a heartbeat: whether the broker is registered, and the notifications
+    due when its report made the table choose another acting slave."""
+
+    known: bool
+    notifications: list[MinIdChange] = field(default_factory=list)
 
 
 @dataclass(frozen=True)
@@ -122,6 +144,9 @@ class _LiveInfo:
     data_version: DataVersion
     conn_id: Hashable | None
     ha_addr: str | None
+    broker_name: str | None = None
+    max_offset: int | None = None
+    store_writable: bool = True
 
 
 @dataclass
@@ -130,12 +155,23 @@ class _Group:
     broker_name: str
     addrs: dict[int, str] = field(default_factory=dict)
     enable_acting_master: bool = False
+    #: the slave chosen to act while the group has no master (RouteTable._rechoose)
+    acting_id: int | None = None
 
     def min_member(self) -> tuple[int, str] | None:
         if not self.addrs:
             return None
         broker_id = min(self.addrs)
         return broker_id, self.addrs[broker_id]
+
+    def lead(self) -> tuple[int, str] | None:
+        """The member routes show as id 0 and notifications name: the master, else
+        the chosen acting slave, else the lowest member."""
+        if MASTER_ID in self.addrs:
+            return MASTER_ID, self.addrs[MASTER_ID]
+        if self.acting_id is not None and self.acting_id in self.addrs:
+            return self.acting_id, self.addrs[self.acting_id]
+        return self.min_member()
 
     def has_master(self) -> bool:
         return MASTER_ID in self.addrs
@@ -237,7 +273,7 @@ class RouteTable:
             group.enable_acting_master = enable_acting_master
             self._bump()
 
-        prev_min = group.min_member()
+        prev_min = group.lead()
 
         # A master may not take id 0 back from a slave acting for it unless it went
         # through pre-online (adopting the acting slave's newer offsets): a master that
@@ -255,7 +291,7 @@ class RouteTable:
                 "completed pre-online",
                 reg.broker_name,
                 reg.broker_addr,
-                group.min_member(),
+                group.lead(),
             )
             return RegisterOutcome(rejected=True, notifications=[], needs_pre_online=True)
 
@@ -316,6 +352,9 @@ class RouteTable:
             data_version=reg.data_version.copy(),
             conn_id=conn_id,
             ha_addr=reg.ha_addr,
+            broker_name=reg.broker_name,
+            max_offset=reg.max_offset,
+            store_writable=reg.store_writable is not False,
         )
 
         master_addr: str | None = None
@@ -327,7 +366,10 @@ class RouteTable:
                 master_addr, master_ha_addr = candidate, master_live.ha_addr
 
         notes: list[MinIdChange] = []
-        change = self._min_id_change(group, prev_min, ha_addr=reg.ha_addr)
+        self._rechoose(group)
+        change = self._min_id_change(
+            group, prev_min, ha_addr=reg.ha_addr, registering=reg.broker_addr
+        )
         if change is not None:
             notes.append(change)
         return RegisterOutcome(master_addr, master_ha_addr, False, notes)
@@ -379,11 +421,43 @@ class RouteTable:
 
     def heartbeat(self, cluster: str, broker_addr: str) -> bool:
         """Refresh a registered broker; never registers one (§1.3)."""
+        return self.broker_heartbeat(cluster, broker_addr).known
+
+    def broker_heartbeat(
+        self,
+        cluster: str,
+        broker_addr: str,
+        *,
+        max_offset: int | None = None,
+        store_writable: bool | None = None,
+    ) -> HeartbeatOutcome:
+        """Refresh a registered broker with what it reports (its replication position,
+        whether its store takes appends); never registers one (§1.3).  In a masterless
+        group a report may make another slave the acting one: the notification is in
+        the outcome."""
         live = self._live.get((cluster, broker_addr))
         if live is None:
-            return False
+            return HeartbeatOutcome(False)
         live.last_update_ms = self._clock()
-        return True
+        changed = False
+        if max_offset is not None and max_offset != live.max_offset:
+            live.max_offset = max_offset
+            changed = True
+        if store_writable is not None and store_writable != live.store_writable:
+            log.info(
+                "broker %s reports its store %s",
+                broker_addr,
+                "takes appends again" if store_writable else "cannot take appends",
+            )
+            live.store_writable = store_writable
+            changed = True
+        group = None if live.broker_name is None else self._groups.get(live.broker_name)
+        if not changed or group is None or not self._may_act(group):
+            return HeartbeatOutcome(True)
+        prev = group.lead()
+        self._rechoose(group)
+        change = self._min_id_change(group, prev, ha_addr=None)
+        return HeartbeatOutcome(True, [] if change is None else [change])
 
     def query_data_version(self, cluster: str, broker_addr: str, data_version: DataVersion) -> bool:
         """Whether ``data_version`` differs from the registered one; also a heartbeat."""
@@ -472,7 +546,7 @@ class RouteTable:
             group = self._groups.get(rm.broker_name)
             if group is None:
                 continue
-            prev_mins.setdefault(group.broker_name, group.min_member())
+            prev_mins.setdefault(group.broker_name, group.lead())
             gone = [i for i, a in group.addrs.items() if a == rm.broker_addr]
             for broker_id in gone:
                 del group.addrs[broker_id]
@@ -496,6 +570,7 @@ class RouteTable:
             if group is None:
                 continue
             self._wipe_write_perm_if_masterless(group)
+            self._rechoose(group)
             change = self._min_id_change(group, prev_mins.get(name), ha_addr=None)
             if change is not None:
                 notes.append(change)
@@ -540,21 +615,31 @@ class RouteTable:
     # ------------------------------------------------------- notifications
 
     def _min_id_change(
-        self, group: _Group, prev_min: tuple[int, str] | None, *, ha_addr: str | None
+        self,
+        group: _Group,
+        prev_min: tuple[int, str] | None,
+        *,
+        ha_addr: str | None,
+        registering: str | None = None,
     ) -> MinIdChange | None:
-        """The notification for a change of ``group``'s lowest id, if one is due."""
-        new_min = group.min_member()
+        """The notification for a change of ``group``'s lead (its lowest id in
+        RocketMQ: the master, else the chosen acting slave), if one is due.
+        ``registering`` is the broker whose registration caused it: the one member
+        that needs no notice (it learns from its member group)."""
+        new_min = group.lead()
         if prev_min is None or new_min is None or new_min[0] == prev_min[0]:
             return None
         self._min_id_changes += 1
         min_id, min_addr = new_min
-        # The lowest id went up: the previous lowest member left.
-        offline = prev_min[1] if min_id > prev_min[0] else None
+        # The previous lead left (not merely another slave chosen to act).
+        offline = prev_min[1] if prev_min[1] not in group.addrs.values() else None
         addrs = group.sorted_addrs()
-        if offline is not None or len(addrs) == 1:
-            targets = list(addrs.values())
-        else:
+        if offline is None and len(addrs) > 1 and registering == min_addr:
             targets = [addr for broker_id, addr in addrs.items() if broker_id != min_id]
+        else:
+            targets = list(addrs.values())
+        if registering != min_addr:
+            ha_addr = None
         gated = (
             "sent"
             if self.notify_min_broker_id_changed and group.enable_acting_master
@@ -581,6 +666,62 @@ class RouteTable:
             offline_broker_addr=offline,
             ha_broker_addr=ha_addr if offline is None else None,
             targets=targets,
+        )
+
+    # ----------------------------------------------------------- acting choice
+
+    def _choose_acting(self, group: _Group) -> int:
+        """The slave that acts for a masterless group: a pure function of the members'
+        last reports, so that every nameserver that got the same reports makes the
+        same choice (no memory of earlier choices: two nameservers must converge).
+
+        The slaves at the highest reported position (commit-log end) have every byte
+        any slave has; among them, those whose store takes appends are preferred; the
+        lowest id of those acts.  A slave that cannot write is still chosen when it
+        alone is that far (reads of what only it holds matter more than its writes).
+        When a member reports no position (an old broker), RocketMQ's rule: the
+        lowest id."""
+        live = {
+            broker_id: self._live.get((group.cluster, addr))
+            for broker_id, addr in group.addrs.items()
+        }
+        positions: dict[int, int] = {}
+        for broker_id, info in live.items():
+            if info is None or info.max_offset is None:
+                return min(group.addrs)
+            positions[broker_id] = info.max_offset
+        best = max(positions.values())
+        caught_up = [broker_id for broker_id, pos in positions.items() if pos == best]
+        writable = [b for b in caught_up if (info := live[b]) is None or info.store_writable]
+        return min(writable or caught_up)
+
+    def _rechoose(self, group: _Group) -> None:
+        """Keep ``group.acting_id`` current: None while the group may not act (a master
+        is registered, acting master off), else :meth:`_choose_acting`."""
+        new = self._choose_acting(group) if self._may_act(group) else None
+        old = group.acting_id
+        if new == old:
+            return
+        group.acting_id = new
+        self._bump()
+        if new is None:
+            return
+
+        def report(broker_id: int) -> str:
+            info = self._live.get((group.cluster, group.addrs.get(broker_id, "")))
+            if info is None:
+                return f"id {broker_id}"
+            return (
+                f"id {broker_id} (position {info.max_offset}, "
+                f"{'writable' if info.store_writable else 'cannot write'})"
+            )
+
+        log.info(
+            "acting slave of group %s: %s%s; members: %s",
+            group.broker_name,
+            report(new),
+            "" if old is None else f", was {report(old)}",
+            ", ".join(report(b) for b in sorted(group.addrs)),
         )
 
     # ---------------------------------------------------------------- reads
@@ -611,11 +752,13 @@ class RouteTable:
             if group is None:
                 continue
             broker_data = group.to_broker_data()
-            if not topic.startswith(SYNC_BROKER_MEMBER_GROUP_PREFIX) and (
-                self._acting_rewrite_applies(group, queues[name])
+            lead = group.lead()
+            if (
+                lead is not None
+                and not topic.startswith(SYNC_BROKER_MEMBER_GROUP_PREFIX)
+                and self._acting_rewrite_applies(group, queues[name])
             ):
-                acting_id = min(broker_data.broker_addrs)
-                addr = broker_data.broker_addrs.pop(acting_id)
+                addr = broker_data.broker_addrs.pop(lead[0])
                 broker_data = BrokerData(
                     broker_data.cluster,
                     broker_data.broker_name,
@@ -644,7 +787,8 @@ class RouteTable:
         group = self._groups.get(broker_name)
         if group is None:
             return BrokerMemberGroup(cluster, broker_name, {})
-        return BrokerMemberGroup(cluster, broker_name, group.sorted_addrs())
+        acting = group.acting_id if self._may_act(group) else None
+        return BrokerMemberGroup(cluster, broker_name, group.sorted_addrs(), acting)
 
     def cluster_info(self) -> dict[str, Any]:
         """``{"brokerAddrTable", "clusterAddrTable"}``, JSON-friendly and sorted."""
@@ -653,6 +797,7 @@ class RouteTable:
                 name: {
                     **self._groups[name].to_broker_data().to_json(),
                     "enableActingMaster": self._groups[name].enable_acting_master,
+                    "actingBrokerId": self.acting_broker_id(name),
                 }
                 for name in sorted(self._groups)
             },
@@ -666,7 +811,7 @@ class RouteTable:
         """Raw id of the slave routes show as id 0, or None.
 
         A group with no queue data counts as acting when it has no master and
-        acting master is on (its lowest slave runs the special services).
+        acting master is on (its chosen slave runs the special services).
         """
         group = self._groups.get(broker_name)
         if group is None or not self._may_act(group):
@@ -674,7 +819,8 @@ class RouteTable:
         perms = [q[broker_name].perm for q in self._topic_queues.values() if broker_name in q]
         if perms and all(Perm.is_writeable(perm) for perm in perms):
             return None
-        return min(group.addrs)
+        lead = group.lead()
+        return None if lead is None else lead[0]
 
     def groups_view(self, now_ms: float | None = None) -> list[dict[str, Any]]:
         """``GET /api/v1/groups`` (DESIGN.md §7), sorted by cluster and name."""
@@ -693,6 +839,8 @@ class RouteTable:
                         "lastHeartbeatAgeMs": (
                             None if live is None else max(0, int(now - live.last_update_ms))
                         ),
+                        "maxOffset": None if live is None else live.max_offset,
+                        "storeWritable": None if live is None else live.store_writable,
                     }
                 )
             view.append(

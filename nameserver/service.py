@@ -261,6 +261,8 @@ class NameserverService:
             topic_configs={tc.topic_name: topic_config_from_pb(tc) for tc in req.topic_configs},
             data_version=data_version_from_pb(req.data_version),
             pre_online_done=req.pre_online_done,
+            max_offset=req.max_offset if req.HasField("max_offset") else None,
+            store_writable=req.store_writable if req.HasField("store_writable") else None,
         )
         outcome = self.table.register_broker(reg, ctx.conn)
         if outcome.needs_pre_online:
@@ -304,10 +306,20 @@ class NameserverService:
     async def _heartbeat(
         self, ctx: RequestContext, req: nameserver_pb2.BrokerHeartbeatRequest
     ) -> common_pb2.Empty:
-        if not self.table.heartbeat(req.cluster, req.broker_addr):
+        generation = self.table.generation
+        outcome = self.table.broker_heartbeat(
+            req.cluster,
+            req.broker_addr,
+            max_offset=req.max_offset if req.HasField("max_offset") else None,
+            store_writable=req.store_writable if req.HasField("store_writable") else None,
+        )
+        if not outcome.known:
             # expired (or never registered): the broker must register again, and a
             # master must first go through pre-online
             raise NotRegistered(f"{req.broker_addr} is not registered in {req.cluster}")
+        if outcome.notifications or self.table.generation != generation:
+            # its report made another slave the acting one of a masterless group
+            self._after_mutation(outcome.notifications)
         return common_pb2.Empty()
 
     async def _query_data_version(
@@ -338,12 +350,14 @@ class NameserverService:
         for cluster, names in sorted(info["clusterAddrTable"].items()):
             out.clusters.add(cluster=cluster, broker_names=sorted(names))
         for name, bd in sorted(info["brokerAddrTable"].items()):
-            out.brokers.add(
+            entry = out.brokers.add(
                 cluster=bd["cluster"],
                 broker_name=name,
                 broker_addrs={int(k): v for k, v in bd["brokerAddrs"].items()},
                 enable_acting_master=bool(bd.get("enableActingMaster", False)),
             )
+            if bd.get("actingBrokerId") is not None:
+                entry.acting_broker_id = bd["actingBrokerId"]
         return out
 
     async def _member_group(

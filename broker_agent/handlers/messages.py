@@ -11,7 +11,13 @@ from broker_agent.store.message_store import GetMessageStatus
 from broker_agent.write_path import WritePath
 from ha_controller.proto import broker_pb2
 from ha_controller.protocol.codes import RequestCode
-from ha_controller.protocol.errors import BadRequest, InSyncReplicasNotEnough, SlaveAckTimeout
+from ha_controller.protocol.errors import (
+    BadRequest,
+    InSyncReplicasNotEnough,
+    NotWritable,
+    SlaveAckTimeout,
+    StoreFull,
+)
 from ha_controller.protocol.properties import PROPERTY_UNIQ_KEY
 from ha_controller.protocol.record import tag_hash
 from ha_controller.rpc import RequestContext
@@ -62,6 +68,7 @@ class MessageHandlers:
         core.check_writable_master("SEND_MESSAGE")
         if not req.entries:
             raise BadRequest("send with no messages")
+        core.check_store_writable("SEND_MESSAGE")
         config = wp.topic_for_write(req.topic)
         queue_id = wp.pick_queue(config, req.queue_id, strict=True)
         try:
@@ -71,18 +78,28 @@ class MessageHandlers:
             raise
         resp = broker_pb2.SendMessageResponse(broker_name=core.cfg.broker_name)
         end = 0
-        for entry in req.entries:
+        for i, entry in enumerate(req.entries):
             props = dict(entry.properties)
             put_topic, put_qid = self._store_target(req.topic, queue_id, props)
-            result = wp.append(
-                put_topic,
-                put_qid,
-                entry.body,
-                props,
-                flags=entry.flag,
-                born_ts_ms=entry.born_ts_ms or None,
-                born_host=req.born_host or ctx.peer,
-            )
+            try:
+                result = wp.append(
+                    put_topic,
+                    put_qid,
+                    entry.body,
+                    props,
+                    flags=entry.flag,
+                    born_ts_ms=entry.born_ts_ms or None,
+                    born_host=req.born_host or ctx.peer,
+                )
+            except NotWritable as exc:
+                if i == 0:
+                    raise  # nothing stored: the producer tries another group
+                wp.replicate()
+                # not retriable: a retry elsewhere would store the first ones twice
+                raise StoreFull(
+                    f"the store filled up after {i} of {len(req.entries)} messages of the "
+                    "batch; those are stored, the batch is not acknowledged"
+                ) from exc
             end = result.physical_offset + result.size
             resp.results.add(
                 msg_id=result.msg_id,

@@ -1,5 +1,10 @@
 """The broker's group: who is id 0 now, and what that means for this broker.
 
+"Min broker id" keeps RocketMQ's name, but it is the group's *lead* as the nameserver
+tells it: 0 while the master is registered, else the slave chosen to act for it (not
+always the lowest id: see ``nameserver.route_table``).  A slave acts only when that
+names its own id.
+
 Min-id notifications from the nameserver (NOTIFY_MIN_BROKER_ID_CHANGE), the 1 s
 GET_BROKER_MEMBER_GROUP backstop, and EXCHANGE_BROKER_HA_INFO all end in
 :meth:`MemberGroupSync.apply_min_broker`, which asks the plain
@@ -152,5 +157,7 @@ class MemberGroupSync:
             if core.acting.is_master and group.broker_addrs.get(0) != core.addr:
                 core.fence(f"the member group lists id 0 as {group.broker_addrs.get(0)}")
                 continue
-            min_id = group.minimum_broker_id()
-            await self.apply_min_broker(min_id, group.broker_addrs.get(min_id), None, None)
+            # the lead: the master, else the slave the nameserver chose to act (the
+            # most advanced one that can write), which need not be the lowest id
+            lead = group.lead_broker_id()
+            await self.apply_min_broker(lead, group.broker_addrs.get(lead), None, None)

@@ -1,9 +1,17 @@
-"""Registration with every nameserver, the lightweight heartbeat, and unregistration."""
+"""Registration with every nameserver, the lightweight heartbeat, and unregistration.
+
+Both registration and heartbeat carry the broker's replication position (its commit
+log's end) and whether its store takes appends: the nameserver picks the acting slave
+of a masterless group from them.  A broker whose store does not advertise writes
+(full, or low on space) registers its topics without the WRITE bit, so that producers
+leave it while it keeps serving reads.
+"""
 
 from __future__ import annotations
 
 import asyncio
 import contextlib
+import dataclasses
 import logging
 import time
 
@@ -13,6 +21,7 @@ from ha_controller.proto import common_pb2, nameserver_pb2
 from ha_controller.protocol.codes import RequestCode
 from ha_controller.protocol.errors import HaError, NotRegistered, PreOnlineRequired
 from ha_controller.protocol.properties import now_ms
+from ha_controller.routing import Perm, TopicConfig
 from ha_controller.wire import data_version_to_pb, topic_config_to_pb
 
 log = logging.getLogger(__name__)
@@ -24,6 +33,16 @@ class Registrar:
     def __init__(self, core: BrokerCore) -> None:
         self.core = core
 
+    def _registered_topics(self) -> list[TopicConfig]:
+        """The topic configs as registered: a master's without WRITE while its store
+        does not advertise writes (the nameserver then leaves this group out of
+        producers' publish queues; readers keep it).  A slave's go as they are (the
+        nameserver makes them read-only itself when it uses them)."""
+        topics = list(self.core.topics.topics.values())
+        if self.core.advertises_writes or not self.core.acting.is_master:
+            return topics
+        return [dataclasses.replace(t, perm=Perm.without_write(t.perm)) for t in topics]
+
     def _register_request(self) -> nameserver_pb2.RegisterBrokerRequest:
         core = self.core
         cfg = core.cfg
@@ -34,12 +53,14 @@ class Registrar:
             broker_name=cfg.broker_name,
             broker_id=cfg.broker_id,
             ha_addr=core.ha_addr,
-            topic_configs=[topic_config_to_pb(t) for t in core.topics.topics.values()],
+            topic_configs=[topic_config_to_pb(t) for t in self._registered_topics()],
             data_version=data_version_to_pb(core.topics.data_version),
             timestamp_ms=ts,
             enable_acting_master=cfg.enable_slave_acting_master,
             # we never register while isolated: pre-online is behind us (or skipped)
             pre_online_done=True,
+            max_offset=core.store.commitlog_max_offset,
+            store_writable=core.store.writable,
         )
         if cfg.enable_slave_acting_master:
             req.heartbeat_timeout_ms = cfg.broker_not_active_timeout_ms
@@ -140,7 +161,11 @@ class Registrar:
                 await conn.call_pb(
                     RequestCode.BROKER_HEARTBEAT,
                     nameserver_pb2.BrokerHeartbeatRequest(
-                        cluster=cfg.cluster, broker_addr=core.addr, broker_name=cfg.broker_name
+                        cluster=cfg.cluster,
+                        broker_addr=core.addr,
+                        broker_name=cfg.broker_name,
+                        max_offset=core.store.commitlog_max_offset,
+                        store_writable=core.store.writable,
                     ),
                     common_pb2.Empty,
                     timeout_ms=cfg.send_heartbeat_timeout_ms,

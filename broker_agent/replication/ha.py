@@ -4,6 +4,13 @@ A slave connects to the master's HA port and reports its commit-log max
 offset (HA_REPORT_OFFSET, one-way); the master streams commit-log bytes from
 there (HA_TRANSFER, one-way, whole records) and keeps each slave's acked
 offset, so a SYNC send can wait for ``in_sync_replicas`` copies.
+
+A slave whose store cannot take what arrives (full disk, read-only) is *stalled*: it
+stays attached (so a returning master's pre-online still sees its link, and the master
+sees its acked offset stop) but discards what streams in and reports nothing.  Every
+transfer still carries the master's end, so the slave's lag stays honest.  Once its
+store takes appends again (sampled every second) it re-attaches from its own end and
+catches up.
 """
 
 from __future__ import annotations
@@ -23,6 +30,8 @@ from ha_controller.protocol.errors import (
     ConnectionClosed,
     HaError,
     OffsetOutOfRange,
+    StoreFull,
+    StoreReadOnly,
 )
 from ha_controller.rpc import Dispatcher, RequestContext, RpcConnection, RpcServer, connect
 
@@ -30,6 +39,11 @@ log = logging.getLogger(__name__)
 
 TRANSFER_CHUNK = 1024 * 1024
 KEEPALIVE_S = 1.0
+#: how often a stalled slave samples its store's free space
+STALLED_CHECK_S = 1.0
+#: a slave with bytes pending that acknowledged nothing for this long does not count
+#: as a live copy (a stalled slave stays attached but goes silent)
+SLAVE_SILENT_S = 2.0
 
 
 @dataclass
@@ -41,6 +55,7 @@ class SlaveLink:
     pushed: int
     connected_at: float
     task: asyncio.Task[None] | None = None
+    reported_at: float = 0.0
 
 
 class HaMaster:
@@ -63,8 +78,17 @@ class HaMaster:
         """Called after every local put: wake the pushers."""
         self._new_data.set()
 
+    def confirming(self, link: SlaveLink) -> bool:
+        """Whether ``link``'s slave acknowledges what it is sent: caught up, or it
+        reported within ``SLAVE_SILENT_S`` (a stalled slave stays attached, silent)."""
+        return (
+            link.acked >= self.store.commitlog_max_offset
+            or time.monotonic() - link.reported_at < SLAVE_SILENT_S
+        )
+
     def slave_count(self) -> int:
-        return len(self.links)
+        """Slaves that can confirm writes (see :meth:`confirming`)."""
+        return sum(1 for link in self.links.values() if self.confirming(link))
 
     def transfer_slaves(self) -> list[SlaveLink]:
         return list(self.links.values())
@@ -121,6 +145,7 @@ class HaMaster:
                 req.max_offset,
             )
         link.acked = max(link.acked, req.max_offset)
+        link.reported_at = time.monotonic()
         async with self._acked:
             self._acked.notify_all()
 
@@ -187,6 +212,8 @@ class HaSlave:
         self._addr_changed = asyncio.Event()
         self.transfer_ok = asyncio.Event()
         self.last_transfer_at = 0.0
+        self._stalled: str | None = None  # see stalled
+        self._stall_checked_at = 0.0
 
     def set_master(self, ha_addr: str | None) -> None:
         if ha_addr != self.master_ha_addr:
@@ -197,10 +224,30 @@ class HaSlave:
             self.conn = None
 
     @property
+    def stalled(self) -> str | None:
+        """Why replication is paused (the store refused what streamed in), or None."""
+        if self._stalled is None or self.store.writable:
+            return None
+        return self._stalled
+
+    @property
+    def replicating(self) -> bool:
+        """A link to the master is up and the store takes what it streams."""
+        return self.conn is not None and not self.conn.closed and self._stalled is None
+
+    @property
     def lag_bytes(self) -> int:
-        if self.conn is None or self.conn.closed:
-            return 0
+        """Bytes the master had (as last learned) beyond our commit log, link or not."""
         return max(0, self.master_max_offset - self.store.commitlog_max_offset)
+
+    def _store_takes_appends_again(self) -> bool:
+        """While stalled: sample the store (at most every ``STALLED_CHECK_S``; a store
+        that gets no appends takes no samples of its own) and say whether it recovered."""
+        now = time.monotonic()
+        if now - self._stall_checked_at >= STALLED_CHECK_S:
+            self._stall_checked_at = now
+            self.store.check_space()
+        return self.store.writable
 
     async def run(self) -> None:
         """Connect, report, receive; reconnect with backoff. Runs until cancelled."""
@@ -266,6 +313,14 @@ class HaSlave:
         self.last_transfer_at = time.monotonic()
         self.master_max_offset = msg.master_max_offset
         local = self.store.commitlog_max_offset
+        if self._stalled is not None:  # keepalives too: an idle master streams nothing
+            if not self._store_takes_appends_again():
+                self.transfer_ok.set()  # the link works; the store does not
+                return  # discard: the lag grows, visibly
+            log.info("HA replication resumes: the store takes appends again at %d", local)
+            self._stalled = None
+            await ctx.conn.aclose()  # re-attach from our own end
+            return
         if msg.data:
             if msg.offset != local:
                 raise_it = OffsetOutOfRange(
@@ -274,7 +329,20 @@ class HaSlave:
                 log.warning("%s; re-attaching", raise_it)
                 await ctx.conn.aclose()
                 return
-            self.store.append_replicated(msg.offset, msg.data)
+            try:
+                self.store.append_replicated(msg.offset, msg.data)
+            except (StoreFull, StoreReadOnly) as exc:
+                # nothing was written; stay attached, discard until the store recovers
+                self._stalled = str(exc)
+                self._stall_checked_at = time.monotonic()
+                log.warning(
+                    "HA replication paused at %d: %s; discarding transfers until the store "
+                    "takes appends again",
+                    local,
+                    exc,
+                )
+                self.transfer_ok.set()
+                return
             dispatched = self.store.reput()
             if dispatched:
                 self._on_dispatched(dispatched)

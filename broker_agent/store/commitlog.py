@@ -21,7 +21,7 @@ import logging
 import os
 import re
 import struct
-from collections.abc import Generator, Iterator
+from collections.abc import Callable, Generator, Iterator
 from pathlib import Path
 
 from ha_controller.protocol.errors import CorruptRecord, OffsetOutOfRange, StoreError, StoreFull
@@ -102,6 +102,7 @@ class CommitLog:
         self._segments: list[Segment] = []
         self._base = 0  # start offset when there are no segments
         self._flushed = 0
+        self._unclean_tail = False  # a failed write could not be cut back
 
     # --- opening ------------------------------------------------------------
 
@@ -221,6 +222,7 @@ class CommitLog:
         try:
             os.ftruncate(seg.fd, seg.size)
         except OSError:
+            self._unclean_tail = True
             logger.exception("cannot cut segment %s back to %d bytes", seg.path.name, seg.size)
 
     def _write_blank(self, seg: Segment) -> None:
@@ -254,24 +256,34 @@ class CommitLog:
             raise
         return offset
 
-    def append_raw(self, offset: int, data: bytes) -> None:
+    def append_raw(
+        self, offset: int, data: bytes, *, room: Callable[[int], None] | None = None
+    ) -> int:
         """Append whole records streamed from a master so that they land at ``offset``.
 
         Every record is verified first (CRC, physical offset, segment fit); nothing is
         written unless all of ``data`` is valid.  ``offset`` must equal :attr:`max_offset`
-        (or, for an empty log, be a segment start).
+        (or, for an empty log, be a segment start).  ``room`` is called, before anything
+        is written, with the number of record bytes (blank fills are holes, not counted)
+        and may raise to refuse.  Returns that number.
         """
         if not data:
-            return
+            return 0
         if offset != self.max_offset:
             if self.max_offset != self.min_offset or offset % self._segment_size:
                 raise OffsetOutOfRange(
                     f"replicated data at {offset}, commit log ends at {self.max_offset}"
                 )
             pieces = self._validate_raw(offset, data)
+            payload = sum(stop - start for start, stop, blank in pieces if not blank)
+            if room is not None:
+                room(payload)
             self._rebase_empty(offset)
         else:
             pieces = self._validate_raw(offset, data)
+            payload = sum(stop - start for start, stop, blank in pieces if not blank)
+            if room is not None:
+                room(payload)
         before = self.max_offset
         try:
             with memoryview(data) as view:
@@ -284,6 +296,7 @@ class CommitLog:
         except StoreError:
             self.rollback(before)
             raise
+        return payload
 
     def _rebase_empty(self, offset: int) -> None:
         for seg in self._segments:
@@ -365,12 +378,15 @@ class CommitLog:
         except OSError as exc:
             raise store_error(exc, f"cannot sync directory {self._dir}") from exc
 
-    def rollback(self, offset: int) -> None:
-        """Best-effort :meth:`truncate` after a failed write; logs instead of raising."""
+    def rollback(self, offset: int) -> bool:
+        """Best-effort :meth:`truncate` after a failed write; logs instead of raising.
+        True when the files end exactly at ``offset`` again (no partial bytes left)."""
         try:
             self.truncate(offset)
         except (StoreError, OffsetOutOfRange):
             logger.exception("rolling the commit log back to %d failed", offset)
+            return False
+        return not self._unclean_tail and self.max_offset == offset
 
     # --- reading ---------------------------------------------------------------------
 

@@ -15,11 +15,14 @@ it is acknowledged; wake held pulls from the :class:`PutResult`.  Replicated byt
 :meth:`put` had to dispatch first).  The broker runs :meth:`reput` in its reput loop and
 :meth:`flush` from a worker thread every ``flush_interval_ms`` in async flush mode.
 
-Failure policy: an I/O error while appending (``ENOSPC`` -> :class:`StoreFull`, anything
-else -> :class:`StoreError`) truncates the partial record away and makes the store
-read-only: every later write raises :class:`StoreReadOnly` until it is reopened.  Free
-space below ``min_free_disk_ratio`` refuses puts with :class:`StoreFull` without going
-read-only (it clears when space comes back).
+Failure policy: an I/O error while appending truncates the partial record away.  For
+``ENOSPC`` (:class:`StoreFull`) that is all: the store is *full* and refuses appends
+until space returns (see ``diskspace``: a reserve of ``min_free_disk_ratio`` is kept, so
+the store normally refuses before the file system says ENOSPC; a sample every second,
+or :meth:`MessageStore.check_space`, clears the state).  Any other error (or a cut back
+that failed) makes the store read-only: every later write raises
+:class:`StoreReadOnly` until it is reopened.  A refused or failed append never leaves a
+byte behind, so a caller may send the same record elsewhere.
 
 Recovery (:meth:`MessageStore.open`): walk the commit log from the earliest of the
 checkpoint's offsets and the last ``recovery_verify_segments`` segments, verifying every
@@ -71,7 +74,8 @@ from ha_controller.protocol.record import (
 
 from .checkpoint import CheckpointFile
 from .commitlog import CommitLog, store_error
-from .consumequeue import ConsumeQueue
+from .consumequeue import ENTRY_SIZE, ConsumeQueue
+from .diskspace import DiskSpace, SpaceLevel, statvfs_sampler
 
 logger = logging.getLogger(__name__)
 
@@ -80,7 +84,6 @@ _TOPIC_RE = re.compile(r"^[%|a-zA-Z0-9_-]{1,127}$")
 _MAX_QUEUE_ID = 0xFFFFFFFF
 _CQ_READ_BATCH = 256
 _MAX_FILTER_SCAN = 16000
-_DISK_CHECK_INTERVAL_S = 1.0
 _STORE_TS = struct.Struct(">Q")
 _STORE_TS_POS = 44
 
@@ -93,6 +96,11 @@ class StoreConfig:
     flush_mode: Literal["async", "sync"] = "async"
     flush_interval_ms: int = 500
     min_free_disk_ratio: float = 0.05
+    #: below this much free space the store is LOW (the broker stops advertising
+    #: writes); None = twice ``min_free_disk_ratio``
+    warn_free_disk_ratio: float | None = None
+    #: how often free space is sampled while appends go on (statvfs)
+    disk_check_interval_ms: int = 1000
     max_message_size_bytes: int = 4 * MiB
     recovery_verify_segments: int = 3
 
@@ -106,6 +114,15 @@ class StoreConfig:
         if not 0.0 <= self.min_free_disk_ratio < 1.0:
             raise ConfigError(
                 f"min_free_disk_ratio must be in [0, 1), got {self.min_free_disk_ratio}"
+            )
+        warn = self.warn_free_disk_ratio
+        if warn is not None and not self.min_free_disk_ratio <= warn < 1.0:
+            raise ConfigError(
+                f"warn_free_disk_ratio must be in [min_free_disk_ratio, 1), got {warn}"
+            )
+        if self.disk_check_interval_ms <= 0:
+            raise ConfigError(
+                f"disk_check_interval_ms must be > 0, got {self.disk_check_interval_ms}"
             )
         if self.max_message_size_bytes < MIN_RECORD_SIZE:
             raise ConfigError(
@@ -122,6 +139,12 @@ class StoreConfig:
             raise ConfigError(
                 f"recovery_verify_segments must be >= 1, got {self.recovery_verify_segments}"
             )
+
+    @property
+    def warn_ratio(self) -> float:
+        if self.warn_free_disk_ratio is not None:
+            return self.warn_free_disk_ratio
+        return min(2 * self.min_free_disk_ratio, max(self.min_free_disk_ratio, 0.5))
 
 
 @dataclass(frozen=True, slots=True)
@@ -196,8 +219,12 @@ class MessageStore:
         self._last_store_ts = 0
         self._read_only_reason: str | None = None
         self._closed = False
-        self._disk_low = False
-        self._disk_checked_at = -_DISK_CHECK_INTERVAL_S
+        self._space = DiskSpace(
+            statvfs_sampler(store_dir / "commitlog"),
+            min_free_ratio=config.min_free_disk_ratio,
+            warn_free_ratio=config.warn_ratio,
+            check_interval_s=config.disk_check_interval_ms / 1000,
+        )
         self.corrupt_reads = 0
         """Reads that found a record failing its CRC or disagreeing with its entry."""
         self.dispatch_gaps = 0
@@ -329,6 +356,7 @@ class MessageStore:
         for cq in self._cqs.values():
             cq.sync()
         self._checkpoint.write(end, end, clean=False)
+        self._space.refresh()
         logger.info(
             "store %s: recovered, commit log [%d, %d), %d consume queues",
             self._dir,
@@ -493,6 +521,56 @@ class MessageStore:
     def read_only(self) -> bool:
         return self._read_only_reason is not None
 
+    @property
+    def space_level(self) -> SpaceLevel:
+        """OK, LOW (stop advertising writes) or FULL (appends refused); see diskspace."""
+        return self._space.level
+
+    @property
+    def free_disk_bytes(self) -> int:
+        """Free bytes of the store's file system at the last sample."""
+        return self._space.free_bytes
+
+    @property
+    def disk_samples(self) -> int:
+        """How many times free space was sampled (statvfs) since the store opened."""
+        return self._space.samples
+
+    @property
+    def writable(self) -> bool:
+        """Whether an append may succeed now (open, not read-only, not full)."""
+        return (
+            not self._closed
+            and self._read_only_reason is None
+            and self._space.level is not SpaceLevel.FULL
+        )
+
+    def unwritable_reason(self) -> str | None:
+        """Why appends are refused now, or None."""
+        if self._closed:
+            return "store closed"
+        if self._read_only_reason is not None:
+            return f"read-only: {self._read_only_reason}"
+        if self._space.level is SpaceLevel.FULL:
+            return self._full_message()
+        return None
+
+    def check_space(self) -> SpaceLevel:
+        """Sample the free space now (the broker calls this every second; a FULL store
+        takes appends again once a sample shows room)."""
+        with self._lock:
+            if self._closed:
+                return self._space.level
+            return self._space.refresh()
+
+    def _full_message(self) -> str:
+        space = self._space
+        return (
+            f"store {self._dir} is full: {space.free_bytes} bytes free of "
+            f"{space.total_bytes}, {space.hard_reserve_bytes} kept in reserve "
+            f"(min_free_disk_ratio={self._config.min_free_disk_ratio})"
+        )
+
     def _check_open(self) -> None:
         if self._closed:
             raise StoreError(f"store {self._dir} is closed")
@@ -502,29 +580,11 @@ class MessageStore:
         if self._read_only_reason is not None:
             raise StoreReadOnly(f"store {self._dir} is read-only: {self._read_only_reason}")
 
-    def _check_disk_space(self) -> None:
-        ratio = self._config.min_free_disk_ratio
-        if ratio <= 0:
-            return
-        now = time.monotonic()
-        if now - self._disk_checked_at >= _DISK_CHECK_INTERVAL_S:
-            self._disk_checked_at = now
-            try:
-                st = os.statvfs(self._cl_dir)
-            except OSError:
-                logger.warning("statvfs(%s) failed", self._cl_dir, exc_info=True)
-                return
-            low = bool(st.f_blocks) and st.f_bavail / st.f_blocks < ratio
-            if low != self._disk_low:
-                logger.warning(
-                    "store %s: free disk space %s min_free_disk_ratio=%s",
-                    self._dir,
-                    "below" if low else "back above",
-                    ratio,
-                )
-            self._disk_low = low
-        if self._disk_low:
-            raise StoreFull(f"free disk space is below min_free_disk_ratio={ratio}")
+    def _check_room(self, size: int) -> None:
+        """StoreFull, before anything is written, unless ``size`` bytes fit above the
+        reserve."""
+        if not self._space.admit(size):
+            raise StoreFull(self._full_message())
 
     @property
     def _cl_dir(self) -> Path:
@@ -533,6 +593,16 @@ class MessageStore:
     def _go_read_only(self, exc: StoreError) -> None:
         self._read_only_reason = str(exc)
         logger.error("store %s is now read-only: %s", self._dir, exc)
+
+    def _after_failed_append(self, exc: StoreError, before: int, size: int) -> None:
+        """Cut a failed append back to ``before``; a full disk leaves the store full (it
+        recovers when space returns), anything else (or a failed cut) read-only."""
+        cut = self._cl.rollback(before)
+        if cut and isinstance(exc, StoreFull):
+            logger.warning("store %s: %s; refusing appends until space returns", self._dir, exc)
+            self._space.hit_enospc(size)
+            return
+        self._go_read_only(exc)
 
     def put(
         self,
@@ -549,9 +619,10 @@ class MessageStore:
         """Append one message at the next queue offset of (topic, queue_id).
 
         Raises BadRequest for an invalid topic, queue id, property or a message over
-        ``max_message_size_bytes``; StoreFull / StoreError on an I/O failure (the store
-        then turns read-only); StoreReadOnly after such a failure.  In sync flush mode the
-        record is fdatasynced before this returns.
+        ``max_message_size_bytes``; StoreFull when the disk is full (nothing written; the
+        store takes appends again once space returns); StoreError on another I/O failure
+        (the store then turns read-only); StoreReadOnly after such a failure.  In sync
+        flush mode the record is fdatasynced before this returns.
         """
         if not _TOPIC_RE.match(topic):
             raise BadRequest(f"invalid topic name {topic!r}")
@@ -559,7 +630,6 @@ class MessageStore:
             raise BadRequest(f"invalid queue id {queue_id}")
         with self._lock:
             self._check_writable()
-            self._check_disk_space()
             if self._reput_offset < self._cl.max_offset:
                 self._pending.extend(self._reput_locked(None))
             existing = self._cqs.get((topic, queue_id))
@@ -585,6 +655,7 @@ class MessageStore:
                     f"message of {size} bytes exceeds "
                     f"max_message_size_bytes={self._config.max_message_size_bytes}"
                 )
+            self._check_room(size + ENTRY_SIZE)
             msg = replace(msg, physical_offset=self._cl.next_record_offset(size))
             try:
                 data = encode_record(msg)
@@ -599,13 +670,16 @@ class MessageStore:
                 if self._config.flush_mode == "sync":
                     self._cl.sync()
             except StoreError as exc:
-                self._cl.rollback(before)
                 try:
                     cq.truncate(msg.queue_offset)
                 except StoreError:
                     logger.exception("rolling back consume queue %s/%d failed", topic, queue_id)
-                self._go_read_only(exc)
+                    self._cl.rollback(before)
+                    self._go_read_only(exc)
+                    raise
+                self._after_failed_append(exc, before, size + ENTRY_SIZE)
                 raise
+            self._space.charge(size + ENTRY_SIZE)  # a segment's blank fill is a hole
             self._reput_offset = offset + size
             self._last_store_ts = store_ts
             return PutResult(
@@ -621,22 +695,33 @@ class MessageStore:
 
         Raises OffsetOutOfRange if ``offset`` is not the end of the local commit log,
         CorruptRecord if ``data`` is not whole, CRC-valid records placed for ``offset``
-        (nothing is written then), StoreFull / StoreError on I/O failure (read-only).
-        Dispatch happens in :meth:`reput`.
+        (nothing is written then), StoreFull when the disk is full (nothing written; the
+        store takes appends again once space returns), StoreError on another I/O
+        failure (read-only).  Dispatch happens in :meth:`reput`.
         """
         with self._lock:
             self._check_writable()
             before = self._cl.max_offset
+            refused = False
+
+            def room(size: int) -> None:
+                nonlocal refused
+                refused = True  # raised by the check, before anything was written
+                self._check_room(size)
+                refused = False
+
             try:
-                self._cl.append_raw(offset, data)
+                # the room check sees the records' bytes, not blank fills (holes)
+                written = self._cl.append_raw(offset, data, room=room)
                 if self._config.flush_mode == "sync":
                     self._cl.sync()
-            except CorruptRecord:
+            except (CorruptRecord, OffsetOutOfRange):
                 raise
             except StoreError as exc:
-                self._cl.rollback(before)
-                self._go_read_only(exc)
+                if not refused:
+                    self._after_failed_append(exc, before, len(data))
                 raise
+            self._space.charge(written)
 
     def flush(self) -> int:
         """fdatasync the commit log and consume queues, write the checkpoint.

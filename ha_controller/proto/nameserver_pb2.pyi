@@ -8,7 +8,7 @@ from typing import ClassVar as _ClassVar, Optional as _Optional, Union as _Union
 DESCRIPTOR: _descriptor.FileDescriptor
 
 class RegisterBrokerRequest(_message.Message):
-    __slots__ = ("cluster", "broker_addr", "broker_name", "broker_id", "ha_addr", "heartbeat_timeout_ms", "enable_acting_master", "topic_configs", "data_version", "timestamp_ms", "signature", "pre_online_done")
+    __slots__ = ("cluster", "broker_addr", "broker_name", "broker_id", "ha_addr", "heartbeat_timeout_ms", "enable_acting_master", "topic_configs", "data_version", "timestamp_ms", "signature", "pre_online_done", "max_offset", "store_writable")
     CLUSTER_FIELD_NUMBER: _ClassVar[int]
     BROKER_ADDR_FIELD_NUMBER: _ClassVar[int]
     BROKER_NAME_FIELD_NUMBER: _ClassVar[int]
@@ -21,6 +21,8 @@ class RegisterBrokerRequest(_message.Message):
     TIMESTAMP_MS_FIELD_NUMBER: _ClassVar[int]
     SIGNATURE_FIELD_NUMBER: _ClassVar[int]
     PRE_ONLINE_DONE_FIELD_NUMBER: _ClassVar[int]
+    MAX_OFFSET_FIELD_NUMBER: _ClassVar[int]
+    STORE_WRITABLE_FIELD_NUMBER: _ClassVar[int]
     cluster: str
     broker_addr: str
     broker_name: str
@@ -33,7 +35,9 @@ class RegisterBrokerRequest(_message.Message):
     timestamp_ms: int
     signature: bytes
     pre_online_done: bool
-    def __init__(self, cluster: _Optional[str] = ..., broker_addr: _Optional[str] = ..., broker_name: _Optional[str] = ..., broker_id: _Optional[int] = ..., ha_addr: _Optional[str] = ..., heartbeat_timeout_ms: _Optional[int] = ..., enable_acting_master: _Optional[bool] = ..., topic_configs: _Optional[_Iterable[_Union[_common_pb2.TopicConfig, _Mapping]]] = ..., data_version: _Optional[_Union[_common_pb2.DataVersion, _Mapping]] = ..., timestamp_ms: _Optional[int] = ..., signature: _Optional[bytes] = ..., pre_online_done: _Optional[bool] = ...) -> None: ...
+    max_offset: int
+    store_writable: bool
+    def __init__(self, cluster: _Optional[str] = ..., broker_addr: _Optional[str] = ..., broker_name: _Optional[str] = ..., broker_id: _Optional[int] = ..., ha_addr: _Optional[str] = ..., heartbeat_timeout_ms: _Optional[int] = ..., enable_acting_master: _Optional[bool] = ..., topic_configs: _Optional[_Iterable[_Union[_common_pb2.TopicConfig, _Mapping]]] = ..., data_version: _Optional[_Union[_common_pb2.DataVersion, _Mapping]] = ..., timestamp_ms: _Optional[int] = ..., signature: _Optional[bytes] = ..., pre_online_done: _Optional[bool] = ..., max_offset: _Optional[int] = ..., store_writable: _Optional[bool] = ...) -> None: ...
 
 class RegisterBrokerResponse(_message.Message):
     __slots__ = ("master_addr", "master_ha_addr")
@@ -60,14 +64,18 @@ class UnregisterBrokerRequest(_message.Message):
     def __init__(self, cluster: _Optional[str] = ..., broker_addr: _Optional[str] = ..., broker_name: _Optional[str] = ..., broker_id: _Optional[int] = ..., timestamp_ms: _Optional[int] = ..., signature: _Optional[bytes] = ...) -> None: ...
 
 class BrokerHeartbeatRequest(_message.Message):
-    __slots__ = ("cluster", "broker_addr", "broker_name")
+    __slots__ = ("cluster", "broker_addr", "broker_name", "max_offset", "store_writable")
     CLUSTER_FIELD_NUMBER: _ClassVar[int]
     BROKER_ADDR_FIELD_NUMBER: _ClassVar[int]
     BROKER_NAME_FIELD_NUMBER: _ClassVar[int]
+    MAX_OFFSET_FIELD_NUMBER: _ClassVar[int]
+    STORE_WRITABLE_FIELD_NUMBER: _ClassVar[int]
     cluster: str
     broker_addr: str
     broker_name: str
-    def __init__(self, cluster: _Optional[str] = ..., broker_addr: _Optional[str] = ..., broker_name: _Optional[str] = ...) -> None: ...
+    max_offset: int
+    store_writable: bool
+    def __init__(self, cluster: _Optional[str] = ..., broker_addr: _Optional[str] = ..., broker_name: _Optional[str] = ..., max_offset: _Optional[int] = ..., store_writable: _Optional[bool] = ...) -> None: ...
 
 class QueryDataVersionRequest(_message.Message):
     __slots__ = ("cluster", "broker_addr", "broker_name", "broker_id", "data_version")
@@ -122,7 +130,7 @@ class GetBrokerMemberGroupRequest(_message.Message):
     def __init__(self, cluster: _Optional[str] = ..., broker_name: _Optional[str] = ...) -> None: ...
 
 class BrokerMemberGroup(_message.Message):
-    __slots__ = ("cluster", "broker_name", "broker_addrs")
+    __slots__ = ("cluster", "broker_name", "broker_addrs", "acting_broker_id")
     class BrokerAddrsEntry(_message.Message):
         __slots__ = ("key", "value")
         KEY_FIELD_NUMBER: _ClassVar[int]
@@ -133,10 +141,12 @@ class BrokerMemberGroup(_message.Message):
     CLUSTER_FIELD_NUMBER: _ClassVar[int]
     BROKER_NAME_FIELD_NUMBER: _ClassVar[int]
     BROKER_ADDRS_FIELD_NUMBER: _ClassVar[int]
+    ACTING_BROKER_ID_FIELD_NUMBER: _ClassVar[int]
     cluster: str
     broker_name: str
     broker_addrs: _containers.ScalarMap[int, str]
-    def __init__(self, cluster: _Optional[str] = ..., broker_name: _Optional[str] = ..., broker_addrs: _Optional[_Mapping[int, str]] = ...) -> None: ...
+    acting_broker_id: int
+    def __init__(self, cluster: _Optional[str] = ..., broker_name: _Optional[str] = ..., broker_addrs: _Optional[_Mapping[int, str]] = ..., acting_broker_id: _Optional[int] = ...) -> None: ...
 
 class NotifyMinBrokerIdChangeRequest(_message.Message):
     __slots__ = ("min_broker_id", "min_broker_addr", "offline_broker_addr", "ha_broker_addr", "broker_name", "cluster")

@@ -42,6 +42,9 @@ class SimulatedBroker:
     secret: str | None = None
     data_version: DataVersion = field(default_factory=DataVersion)
     pre_online_done: bool = True
+    #: what registrations and heartbeats report (None: not reported, an old broker)
+    max_offset: int | None = None
+    store_writable: bool | None = None
     notifications: list[Notification] = field(default_factory=list)
     listen_server: bool = True
     _server: RpcServer | None = None
@@ -112,6 +115,10 @@ class SimulatedBroker:
             req.heartbeat_timeout_ms = self.heartbeat_timeout_ms
         if self.enable_acting_master is not None:
             req.enable_acting_master = self.enable_acting_master
+        if self.max_offset is not None:
+            req.max_offset = self.max_offset
+        if self.store_writable is not None:
+            req.store_writable = self.store_writable
         secret = secret if secret is not None else self.secret
         if secret:
             req.signature = auth.sign(
@@ -132,12 +139,14 @@ class SimulatedBroker:
         )
 
     def heartbeat(self) -> None:
-        self.conn.oneway(
-            RequestCode.BROKER_HEARTBEAT,
-            nameserver_pb2.BrokerHeartbeatRequest(
-                cluster=self.cluster, broker_addr=self.addr, broker_name=self.broker_name
-            ).SerializeToString(),
+        req = nameserver_pb2.BrokerHeartbeatRequest(
+            cluster=self.cluster, broker_addr=self.addr, broker_name=self.broker_name
         )
+        if self.max_offset is not None:
+            req.max_offset = self.max_offset
+        if self.store_writable is not None:
+            req.store_writable = self.store_writable
+        self.conn.oneway(RequestCode.BROKER_HEARTBEAT, req.SerializeToString())
 
     async def query_data_version(self) -> nameserver_pb2.QueryDataVersionResponse:
         return await self.conn.call_pb(

@@ -111,6 +111,71 @@ async def test_master_connection_drop_makes_slave1_acting(
         await close_all([master, s1, s2])
 
 
+async def test_the_slave_holding_everything_acts_and_a_report_hands_over(
+    nameserver: ProcessHandle, client: NameserverClient
+) -> None:
+    """Brokers report position and store health; the nameserver picks the acting slave
+    from them (not the lowest id) and hands over on a heartbeat that changes it."""
+    reports = {0: (10_000, True), 1: (6_000, False), 2: (10_000, True)}
+    brokers = []
+    for bid, (pos, writable) in reports.items():
+        b = SimulatedBroker(
+            nameserver.rpc,
+            "c1",
+            "broker-a",
+            bid,
+            topics={TOPIC: SimulatedBroker.topic(TOPIC, 8)},
+            max_offset=pos,
+            store_writable=writable,
+        )
+        await b.start()
+        await b.register()
+        brokers.append(b)
+    master, s1, s2 = brokers
+    try:
+        await master.drop_connection()
+
+        async def acting(slave: SimulatedBroker, other: SimulatedBroker) -> bool:
+            r = await client.route(TOPIC)
+            assert r.broker_datas[0].broker_addrs == {0: slave.addr, other.broker_id: other.addr}
+            group = await client.member_group("c1", "broker-a")
+            assert group.acting_broker_id == slave.broker_id
+            assert group.broker_addrs == {1: s1.addr, 2: s2.addr}
+            return True
+
+        await eventually(lambda: acting(s2, s1), timeout=2.0)
+        for slave in (s1, s2):  # slave 1 is told too: it must not act
+            note = await slave.wait_notification(timeout=2.0)
+            assert (note.min_broker_id, note.min_broker_addr) == (2, s2.addr)
+            assert note.offline_broker_addr == master.addr
+
+        # slave 1 gets its space back, but it is behind: no change; slave 2 reports
+        # that it cannot write, but it alone holds everything: no change either
+        s1.store_writable = True
+        s1.heartbeat()
+        s2.store_writable = False
+        s2.heartbeat()
+        await asyncio.sleep(0.3)
+        assert await acting(s2, s1)
+
+        # slave 1 turns out level with slave 2 (and it can write): slave 1 acts
+        s1.notifications.clear()
+        s2.notifications.clear()
+        s1.max_offset = 10_000
+        s1.heartbeat()
+        await eventually(lambda: acting(s1, s2), timeout=2.0)
+        for slave in (s1, s2):
+            note = await slave.wait_notification(timeout=2.0)
+            assert (note.min_broker_id, note.min_broker_addr) == (1, s1.addr)
+            assert note.offline_broker_addr == ""
+        status, groups = await asyncio.to_thread(http_json, nameserver, "/api/v1/groups")
+        assert status == 200 and groups[0]["actingBrokerId"] == 1
+        members = {m["brokerId"]: m for m in groups[0]["members"]}
+        assert (members[2]["maxOffset"], members[2]["storeWritable"]) == (10_000, False)
+    finally:
+        await close_all(brokers)
+
+
 async def test_silent_master_expires_within_timeout_plus_scan(
     nameserver: ProcessHandle, client: NameserverClient
 ) -> None:
@@ -262,7 +327,14 @@ async def test_http_api_shapes(nameserver: ProcessHandle, client: NameserverClie
         assert g["enableActingMaster"] is True and g["masterOnline"] is True
         assert g["actingBrokerId"] is None
         assert [m["brokerId"] for m in g["members"]] == [0, 1]
-        assert set(g["members"][0]) == {"brokerId", "addr", "haAddr", "lastHeartbeatAgeMs"}
+        assert set(g["members"][0]) == {
+            "brokerId",
+            "addr",
+            "haAddr",
+            "lastHeartbeatAgeMs",
+            "maxOffset",
+            "storeWritable",
+        }
         status, route = await asyncio.to_thread(http_json, nameserver, f"/api/v1/routes/{TOPIC}")
         assert status == 200
         assert route == {

@@ -6,6 +6,7 @@ import hashlib
 import logging
 import os
 import random
+import shutil
 import signal
 import subprocess
 import sys
@@ -17,7 +18,8 @@ from pathlib import Path
 import pytest
 
 from broker_agent.store import GetMessageStatus, MessageStore, StoreConfig
-from ha_controller.protocol.errors import StoreFull, StoreReadOnly
+from broker_agent.store.diskspace import SpaceLevel
+from ha_controller.protocol.errors import StoreFull
 from ha_controller.protocol.record import BLANK, iter_records
 
 SEG = 64 * 1024
@@ -144,12 +146,15 @@ def tiny_tmpfs(tmp_path: Path) -> Iterator[Path]:
         subprocess.run(["umount", str(mnt)], check=False)
 
 
-def test_disk_full_goes_read_only_without_a_partial_record(
+def test_disk_full_refuses_without_a_partial_record_and_recovers_when_space_returns(
     tiny_tmpfs: Path, caplog: pytest.LogCaptureFixture
 ) -> None:
+    # no reserve: the file system itself answers ENOSPC
     config = StoreConfig(
         segment_size_bytes=SEG, max_message_size_bytes=16 * 1024, min_free_disk_ratio=0.0
     )
+    filler = tiny_tmpfs / "filler"
+    filler.write_bytes(b"f" * 256 * 1024)
     rng = random.Random(7)
     acked: dict[tuple[str, int, int], str] = {}
     store = MessageStore.open(tiny_tmpfs / "store", config)
@@ -160,9 +165,13 @@ def test_disk_full_goes_read_only_without_a_partial_record(
                 q = rng.randrange(3)
                 r = store.put("T", q, body)
                 acked[("T", q, r.queue_offset)] = hashlib.sha256(body).hexdigest()
-        assert store.read_only
-        with pytest.raises(StoreReadOnly):
-            store.put("T", 0, b"more")
+        # full, not broken: refused (nothing written) until space returns
+        assert not store.read_only
+        assert not store.writable
+        assert store.space_level is SpaceLevel.FULL
+        assert "full" in (store.unwritable_reason() or "")
+        with pytest.raises(StoreFull):
+            store.put("T", 0, b"more" * 500)
         end = store.commitlog_max_offset
         # the failed append was cut back: the files end exactly at the last good record
         last = max((tiny_tmpfs / "store" / "commitlog").iterdir())
@@ -181,5 +190,107 @@ def test_disk_full_goes_read_only_without_a_partial_record(
             for _ in range(100):
                 again.put("T", 0, rng.randbytes(3000))
         assert again.commitlog_max_offset <= end + 100 * 4000
+        before = again.commitlog_max_offset
+        last = max((tiny_tmpfs / "store" / "commitlog").iterdir())
+        assert int(last.name) + last.stat().st_size == before
+
+        # space returns: the next sample clears the state, appends work again
+        filler.unlink()
+        assert again.check_space() is not SpaceLevel.FULL
+        assert again.writable and not again.read_only
+        for _ in range(20):
+            body = rng.randbytes(2000)
+            r = again.put("T", 1, body)
+            acked[("T", 1, r.queue_offset)] = hashlib.sha256(body).hexdigest()
+        assert verify(again, acked) == len(acked)
     finally:
         again.close()
+
+
+def test_reserve_refuses_before_enospc_with_few_statvfs_calls(
+    tiny_tmpfs: Path, caplog: pytest.LogCaptureFixture
+) -> None:
+    """With a reserve the store never reaches ENOSPC: LOW at the warning reserve, FULL
+    (refused) at the hard one, and free space is sampled a handful of times, not per
+    append."""
+    config = StoreConfig(
+        segment_size_bytes=SEG,
+        max_message_size_bytes=16 * 1024,
+        min_free_disk_ratio=0.2,
+        warn_free_disk_ratio=0.4,
+    )
+    acked: dict[tuple[str, int, int], str] = {}
+    levels: list[SpaceLevel] = []
+    rng = random.Random(11)
+    with caplog.at_level(logging.WARNING, logger="broker_agent.store"):
+        store = MessageStore.open(tiny_tmpfs / "store", config)
+        try:
+            samples_at_open = store.disk_samples
+            with pytest.raises(StoreFull, match="kept in reserve"):
+                for _ in range(10_000):
+                    body = rng.randbytes(1000)
+                    r = store.put("T", 0, body)
+                    acked[("T", 0, r.queue_offset)] = hashlib.sha256(body).hexdigest()
+                    if not levels or levels[-1] is not store.space_level:
+                        levels.append(store.space_level)
+            assert levels == [SpaceLevel.OK, SpaceLevel.LOW]
+            assert store.space_level is SpaceLevel.FULL and not store.read_only
+            free = store.free_disk_bytes
+            assert free >= 0.2 * 1024 * 1024 - 1100, free  # the reserve was kept
+            samples = store.disk_samples - samples_at_open
+            assert samples <= 10, f"{samples} statvfs calls for {len(acked)} appends"
+            verify(store, acked)
+        finally:
+            store.close()
+    # never reached the file system's own ENOSPC
+    assert not [r for r in caplog.records if "until space returns" in r.getMessage()]
+    assert len(acked) > 300
+
+
+def test_replica_with_a_full_disk_refuses_whole_chunks_and_catches_up_later(
+    tiny_tmpfs: Path, tmp_path: Path
+) -> None:
+    """A slave's store: replicated chunks that do not fit are refused whole (ENOSPC or
+    the reserve), the store stays usable, and it catches up once space returns."""
+    rng = random.Random(3)
+    filler = tiny_tmpfs / "filler"
+    filler.write_bytes(b"f" * 384 * 1024)
+    acked: dict[tuple[str, int, int], str] = {}
+    with MessageStore.open(tmp_path / "master", CFG) as master:
+        for _ in range(400):
+            body = rng.randbytes(rng.randrange(500, 3000))
+            q = rng.randrange(3)
+            r = master.put("T", q, body)
+            acked[("T", q, r.queue_offset)] = hashlib.sha256(body).hexdigest()
+        end = master.commitlog_max_offset
+        for ratio in (0.0, 0.1):  # the file system's ENOSPC, then the reserve
+            config = StoreConfig(
+                segment_size_bytes=SEG, max_message_size_bytes=16 * 1024, min_free_disk_ratio=ratio
+            )
+            replica_dir = tiny_tmpfs / f"replica-{ratio}"
+            with MessageStore.open(replica_dir, config) as replica:
+                with pytest.raises(StoreFull):
+                    while replica.commitlog_max_offset < end:
+                        at = replica.commitlog_max_offset
+                        replica.append_replicated(at, master.read_commitlog(at, 64 * 1024))
+                        replica.reput()
+                assert not replica.read_only and not replica.writable
+                stopped = replica.commitlog_max_offset
+                assert 0 < stopped < end
+                files = sorted((replica_dir / "commitlog").iterdir())
+                assert int(files[-1].name) + files[-1].stat().st_size == stopped
+                # refused again while full, nothing written
+                with pytest.raises(StoreFull):
+                    replica.append_replicated(stopped, master.read_commitlog(stopped, 64 * 1024))
+                assert replica.commitlog_max_offset == stopped
+
+                filler.unlink()
+                replica.check_space()
+                assert replica.writable
+                while replica.commitlog_max_offset < end:
+                    at = replica.commitlog_max_offset
+                    replica.append_replicated(at, master.read_commitlog(at, 64 * 1024))
+                    replica.reput()
+                assert verify(replica, acked) == len(acked)
+            shutil.rmtree(replica_dir)
+            filler.write_bytes(b"f" * 384 * 1024)

@@ -18,6 +18,7 @@ from ha_controller.protocol.errors import (
     ConnectionClosed,
     InSyncReplicasNotEnough,
     NotMaster,
+    NotWritable,
     RequestTimeout,
     TopicNotFound,
     Unauthorized,
@@ -111,6 +112,7 @@ def test_retriable_classification() -> None:
         ConnectionClosed("x"),
         RequestTimeout("x"),
         BrokerIsolated("x"),
+        NotWritable("x"),  # a full store stored nothing: another group takes it
         TopicNotFound("x"),  # a stale route: RocketMQ retries TOPIC_NOT_EXIST
         ConnectionResetError(),
     ]:

@@ -26,6 +26,7 @@ from nameserver.route_table import (
     DEFAULT_BROKER_CHANNEL_EXPIRED_TIME_MS,
     BrokerRegistration,
     ExpiredBroker,
+    HeartbeatOutcome,
     MinIdChange,
     RouteTable,
 )
@@ -73,6 +74,8 @@ def reg(
     timeout: int | None = None,
     topic_configs: dict[str, TopicConfig] | None = None,
     dv: DataVersion | None = None,
+    pos: int | None = None,
+    writable: bool | None = None,
 ) -> BrokerRegistration:
     return BrokerRegistration(
         cluster=CLUSTER,
@@ -84,6 +87,8 @@ def reg(
         enable_acting_master=eam,
         topic_configs=topics(BASE_TOPIC, TOPIC) if topic_configs is None else topic_configs,
         data_version=version() if dv is None else dv,
+        max_offset=pos,
+        store_writable=writable,
     )
 
 
@@ -566,6 +571,180 @@ def test_old_version_group_is_not_notified_on_either_path(table: RouteTable) -> 
     assert table.min_id_changes == 2
 
 
+# ------------------------------------------------------- choice of the acting slave
+
+
+def reporting_group(
+    table: RouteTable, s1: tuple[int, bool], s2: tuple[int, bool], master_pos: int = 10_000
+) -> None:
+    """Master and two slaves that report (position, store writable)."""
+    table.register_broker(reg(MASTER, 0, pos=master_pos, writable=True))
+    table.register_broker(reg(SLAVE1, 1, pos=s1[0], writable=s1[1]))
+    table.register_broker(reg(SLAVE2, 2, pos=s2[0], writable=s2[1]))
+
+
+def acting_of(table: RouteTable) -> int | None:
+    return table.acting_broker_id(NAME)
+
+
+def test_acting_slave_is_the_most_advanced_one_not_the_lowest_id(table: RouteTable) -> None:
+    # slave 1's disk filled up: it stopped at 6000 and says it cannot write
+    reporting_group(table, (6_000, False), (10_000, True))
+
+    notes = table.unregister_broker(CLUSTER, MASTER, NAME, 0)
+
+    assert notes == [MinIdChange(CLUSTER, NAME, 2, SLAVE2, MASTER, None, [SLAVE1, SLAVE2])]
+    assert acting_of(table) == 2
+    assert addrs_of(table) == {0: SLAVE2, 1: SLAVE1}
+    assert perm_of(table) == Perm.READ
+    group = table.member_group(CLUSTER, NAME)
+    assert group.broker_addrs == {1: SLAVE1, 2: SLAVE2}
+    assert (group.acting_broker_id, group.lead_broker_id()) == (2, 2)
+    assert table.groups_view()[0]["actingBrokerId"] == 2
+
+
+def test_caught_up_slaves_tie_break_on_the_lowest_id(table: RouteTable) -> None:
+    reporting_group(table, (10_000, True), (10_000, True))
+    (note,) = table.unregister_broker(CLUSTER, MASTER, NAME, 0)
+    assert (note.min_broker_id, note.min_broker_addr) == (1, SLAVE1)
+    assert acting_of(table) == 1
+
+
+def test_a_slave_that_cannot_write_is_skipped_when_another_is_as_far(table: RouteTable) -> None:
+    reporting_group(table, (10_000, False), (10_000, True))
+    (note,) = table.unregister_broker(CLUSTER, MASTER, NAME, 0)
+    assert note.min_broker_id == 2
+    assert addrs_of(table) == {0: SLAVE2, 1: SLAVE1}
+
+
+def test_a_slave_that_cannot_write_still_acts_when_only_it_holds_everything(
+    table: RouteTable,
+) -> None:
+    # reads of what only slave 1 holds matter more than its writes
+    reporting_group(table, (10_000, False), (9_000, True))
+    (note,) = table.unregister_broker(CLUSTER, MASTER, NAME, 0)
+    assert note.min_broker_id == 1
+
+
+def test_acting_slave_that_falls_behind_is_replaced(table: RouteTable, clock: FakeClock) -> None:
+    # the last reports before the master died were sampled at different moments
+    reporting_group(table, (10_000, True), (9_500, True))
+    table.unregister_broker(CLUSTER, MASTER, NAME, 0)
+    assert acting_of(table) == 1
+    g = table.generation
+
+    clock.advance(300)
+    outcome = table.broker_heartbeat(CLUSTER, SLAVE2, max_offset=10_400, store_writable=True)
+
+    assert outcome.known
+    assert outcome.notifications == [
+        MinIdChange(CLUSTER, NAME, 2, SLAVE2, None, None, [SLAVE1, SLAVE2])
+    ]
+    assert acting_of(table) == 2
+    assert addrs_of(table) == {0: SLAVE2, 1: SLAVE1}
+    assert table.generation > g  # route watches see the new id 0
+
+
+def test_acting_slave_that_reports_it_cannot_write_is_replaced(table: RouteTable) -> None:
+    reporting_group(table, (10_000, True), (10_000, True))
+    table.unregister_broker(CLUSTER, MASTER, NAME, 0)
+    assert acting_of(table) == 1
+
+    outcome = table.broker_heartbeat(CLUSTER, SLAVE1, max_offset=10_000, store_writable=False)
+
+    assert [n.min_broker_id for n in outcome.notifications] == [2]
+    assert outcome.notifications[0].targets == [SLAVE1, SLAVE2]  # 1 must stop acting
+    assert acting_of(table) == 2
+
+
+def test_a_slave_that_gets_space_back_but_is_behind_changes_nothing(table: RouteTable) -> None:
+    reporting_group(table, (6_000, False), (10_000, True))
+    table.unregister_broker(CLUSTER, MASTER, NAME, 0)
+    assert acting_of(table) == 2
+    g = table.generation
+
+    # writable again, but it cannot catch up without a master
+    assert table.broker_heartbeat(CLUSTER, SLAVE1, max_offset=6_000, store_writable=True) == (
+        HeartbeatOutcome(True)
+    )
+    assert table.register_broker(reg(SLAVE1, 1, pos=6_000, writable=True)).notifications == []
+    assert acting_of(table) == 2
+    assert table.generation == g
+
+
+def test_the_choice_depends_only_on_the_last_reports(clock: FakeClock) -> None:
+    """Two nameservers that saw different stale reports at the master's loss agree as
+    soon as they hold the same reports (no memory of earlier choices)."""
+    first, second = RouteTable(clock), RouteTable(clock)
+    reporting_group(first, (10_000, True), (9_000, True))  # slave 2 sampled early
+    reporting_group(second, (9_000, True), (10_000, True))  # slave 1 sampled early
+    for t in (first, second):
+        t.unregister_broker(CLUSTER, MASTER, NAME, 0)
+    assert (acting_of(first), acting_of(second)) == (1, 2)
+
+    notes = {}
+    for name, t in (("first", first), ("second", second)):
+        changes = [
+            *t.broker_heartbeat(CLUSTER, SLAVE1, max_offset=10_000).notifications,
+            *t.broker_heartbeat(CLUSTER, SLAVE2, max_offset=10_000).notifications,
+        ]
+        notes[name] = [n.min_broker_id for n in changes]
+    assert (acting_of(first), acting_of(second)) == (1, 1)  # equals: the lowest id
+    assert notes == {"first": [], "second": [1]}
+
+
+def test_reports_while_the_master_is_registered_choose_nothing(table: RouteTable) -> None:
+    reporting_group(table, (6_000, False), (10_000, True))
+    g = table.generation
+    for addr, pos in ((SLAVE1, 1), (SLAVE2, 20_000), (MASTER, 30_000)):
+        assert table.broker_heartbeat(CLUSTER, addr, max_offset=pos, store_writable=False) == (
+            HeartbeatOutcome(True)
+        )
+    assert acting_of(table) is None
+    assert table.member_group(CLUSTER, NAME).acting_broker_id is None
+    assert table.generation == g
+    assert table.broker_heartbeat(CLUSTER, "127.0.0.1:1", max_offset=1) == HeartbeatOutcome(False)
+
+
+def test_master_return_after_a_chosen_slave_notifies_id_0(table: RouteTable) -> None:
+    reporting_group(table, (6_000, False), (10_000, True))
+    table.unregister_broker(CLUSTER, MASTER, NAME, 0)
+    assert acting_of(table) == 2
+
+    outcome = table.register_broker(reg(MASTER, 0, pos=10_000, writable=True))
+
+    assert outcome.notifications == [
+        MinIdChange(CLUSTER, NAME, 0, MASTER, None, MASTER_HA, [SLAVE1, SLAVE2])
+    ]
+    assert acting_of(table) is None
+    assert addrs_of(table) == {0: MASTER, 1: SLAVE1, 2: SLAVE2}
+    assert perm_of(table) == RW
+
+
+def test_acting_slave_expiring_hands_over_to_the_next_best(
+    table: RouteTable, clock: FakeClock
+) -> None:
+    table.register_broker(reg(MASTER, 0, pos=10_000, writable=True, timeout=1_000))
+    table.register_broker(reg(SLAVE1, 1, pos=8_000, writable=True, timeout=1_000))
+    table.register_broker(reg(SLAVE2, 2, pos=10_000, writable=True, timeout=5_000))
+    table.register_broker(reg("127.0.0.1:7", 3, pos=9_000, writable=True, timeout=5_000))
+    table.unregister_broker(CLUSTER, MASTER, NAME, 0)
+    assert acting_of(table) == 2
+
+    table.unregister_broker(CLUSTER, SLAVE2, NAME, 2)
+
+    assert acting_of(table) == 3  # 9000 beats slave 1's 8000
+    assert addrs_of(table) == {0: "127.0.0.1:7", 1: SLAVE1}
+
+
+def test_an_old_broker_without_reports_brings_back_the_lowest_id(table: RouteTable) -> None:
+    table.register_broker(reg(MASTER, 0, pos=10_000, writable=True))
+    table.register_broker(reg(SLAVE1, 1))  # reports nothing
+    table.register_broker(reg(SLAVE2, 2, pos=10_000, writable=True))
+    (note,) = table.unregister_broker(CLUSTER, MASTER, NAME, 0)
+    assert note.min_broker_id == 1
+
+
 # ---------------------------------------------------------- compatibility topic
 
 
@@ -611,8 +790,11 @@ def test_member_group_uses_raw_ids(table: RouteTable) -> None:
     group_of_three(table)
     table.unregister_broker(CLUSTER, MASTER, NAME, 0)
     group = table.member_group(CLUSTER, NAME)
-    assert group == BrokerMemberGroup(CLUSTER, NAME, {1: SLAVE1, 2: SLAVE2})
+    assert group == BrokerMemberGroup(CLUSTER, NAME, {1: SLAVE1, 2: SLAVE2}, acting_broker_id=1)
     assert group.minimum_broker_id() == 1
+    assert group.lead_broker_id() == 1
+    table.register_broker(reg(MASTER, 0))
+    assert table.member_group(CLUSTER, NAME).acting_broker_id is None
 
 
 def test_groups_view_shape(table: RouteTable, clock: FakeClock) -> None:
@@ -620,14 +802,30 @@ def test_groups_view_shape(table: RouteTable, clock: FakeClock) -> None:
     clock.advance(500)
     table.register_broker(reg(SLAVE1, 1))
     clock.advance(250)
-    assert table.groups_view() == [
+    table.broker_heartbeat(CLUSTER, SLAVE1, max_offset=4096, store_writable=False)
+    clock.advance(250)
+    assert table.groups_view(now_ms=clock.now - 250) == [
         {
             "cluster": CLUSTER,
             "brokerName": NAME,
             "enableActingMaster": True,
             "members": [
-                {"brokerId": 0, "addr": MASTER, "haAddr": MASTER_HA, "lastHeartbeatAgeMs": 750},
-                {"brokerId": 1, "addr": SLAVE1, "haAddr": SLAVE1_HA, "lastHeartbeatAgeMs": 250},
+                {
+                    "brokerId": 0,
+                    "addr": MASTER,
+                    "haAddr": MASTER_HA,
+                    "lastHeartbeatAgeMs": 750,
+                    "maxOffset": None,
+                    "storeWritable": True,
+                },
+                {
+                    "brokerId": 1,
+                    "addr": SLAVE1,
+                    "haAddr": SLAVE1_HA,
+                    "lastHeartbeatAgeMs": 0,
+                    "maxOffset": 4096,
+                    "storeWritable": False,
+                },
             ],
             "masterOnline": True,
             "actingBrokerId": None,
@@ -641,7 +839,14 @@ def test_groups_view_shape(table: RouteTable, clock: FakeClock) -> None:
             "brokerName": NAME,
             "enableActingMaster": True,
             "members": [
-                {"brokerId": 1, "addr": SLAVE1, "haAddr": SLAVE1_HA, "lastHeartbeatAgeMs": 1_250},
+                {
+                    "brokerId": 1,
+                    "addr": SLAVE1,
+                    "haAddr": SLAVE1_HA,
+                    "lastHeartbeatAgeMs": 1_250,
+                    "maxOffset": 4096,
+                    "storeWritable": False,
+                },
             ],
             "masterOnline": False,
             "actingBrokerId": 1,
@@ -660,12 +865,14 @@ def test_cluster_info(table: RouteTable) -> None:
                 "brokerName": "Broker_A",
                 "brokerAddrs": {"0": "127.0.0.1:11911"},
                 "enableActingMaster": False,
+                "actingBrokerId": None,
             },
             NAME: {
                 "cluster": CLUSTER,
                 "brokerName": NAME,
                 "brokerAddrs": {"0": MASTER, "1": SLAVE1},
                 "enableActingMaster": True,
+                "actingBrokerId": None,
             },
         },
         "clusterAddrTable": {CLUSTER: ["Broker_A", NAME]},
@@ -774,7 +981,13 @@ def test_member_group_minimum_id_and_json() -> None:
     assert BrokerMemberGroup("C", "b").minimum_broker_id() == 0
     group = BrokerMemberGroup("C", "b", {2: "x", 1: "y"})
     assert group.minimum_broker_id() == 1
+    assert group.lead_broker_id() == 1
     assert BrokerMemberGroup.from_json(group.to_json()) == group
+    acting = BrokerMemberGroup("C", "b", {2: "x", 1: "y"}, acting_broker_id=2)
+    assert acting.lead_broker_id() == 2
+    assert acting.to_json()["actingBrokerId"] == 2
+    assert BrokerMemberGroup.from_json(acting.to_json()) == acting
+    assert BrokerMemberGroup("C", "b", {0: "m", 1: "y"}, acting_broker_id=1).lead_broker_id() == 0
 
 
 def test_topic_config_wrapper_round_trips() -> None:
