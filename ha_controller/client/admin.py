@@ -108,6 +108,8 @@ class GroupInfo:
     broker_name: str
     enable_acting_master: bool
     members: dict[int, str]
+    #: the slave the nameserver chose to act (None: the lowest id, as RIP-32 says)
+    chosen_acting_id: int | None = None
 
     @property
     def master_online(self) -> bool:
@@ -117,6 +119,8 @@ class GroupInfo:
     def acting_broker_id(self) -> int | None:
         if self.master_online or not self.members or not self.enable_acting_master:
             return None
+        if self.chosen_acting_id is not None and self.chosen_acting_id in self.members:
+            return self.chosen_acting_id
         return min(self.members)
 
 
@@ -183,7 +187,13 @@ class NameserverClient(AsyncLifecycle):
             RequestCode.GET_BROKER_CLUSTER_INFO, common_pb2.Empty(), nameserver_pb2.ClusterInfo
         )
         return [
-            GroupInfo(b.cluster, b.broker_name, b.enable_acting_master, dict(b.broker_addrs))
+            GroupInfo(
+                b.cluster,
+                b.broker_name,
+                b.enable_acting_master,
+                dict(b.broker_addrs),
+                b.acting_broker_id if b.HasField("acting_broker_id") else None,
+            )
             for b in pb.brokers
         ]
 

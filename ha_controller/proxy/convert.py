@@ -27,6 +27,7 @@ from ha_controller.protocol.errors import (
     HaError,
     InSyncReplicasNotEnough,
     NotMaster,
+    NotWritable,
     Overloaded,
     RequestTimeout,
     ServiceStopping,
@@ -126,7 +127,9 @@ def code_for(exc: BaseException) -> int:
         return v2.SLAVE_PERSISTENCE_TIMEOUT
     if isinstance(exc, RequestTimeout | TimeoutError):
         return v2.PROXY_TIMEOUT
-    if isinstance(exc, NotMaster | BrokerIsolated | BrokerUnavailable | ConnectionClosed):
+    if isinstance(
+        exc, NotMaster | NotWritable | BrokerIsolated | BrokerUnavailable | ConnectionClosed
+    ):
         return v2.HA_NOT_AVAILABLE
     if isinstance(exc, ServiceStopping | EscapeFailed):
         return v2.HA_NOT_AVAILABLE
