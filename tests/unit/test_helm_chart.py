@@ -1,25 +1,35 @@
-"""Structural checks of the Helm chart (no helm binary here).
+"""Structural checks of the Helm chart, without a helm binary.
 
-What `helm lint`/`helm template` would catch is checked by reading the files:
-the values validate against values.schema.json (defaults and every example),
+The files are read directly: the values validate against values.schema.json
+(defaults and every example), the schema's `config` maps are generated from the
+config dataclasses (so a typo in `broker.config` fails at lint/template time),
 template actions are balanced, every `.Values` path a template reads exists,
 the TOML the ConfigMaps render only holds real config keys and loads with the
 real config loaders, and the chart's copies of the dashboards and alert rules
-equal the sources in grafana/.
+equal the sources in grafana/. tests/unit/test_helm_real.py runs the real helm
+(`make tools`) on the chart.
+
+Regenerate the schema's config definitions after a config key changes:
+
+    .venv/bin/python tests/unit/test_helm_chart.py --write-schema
 """
 
 from __future__ import annotations
 
 import copy
+import dataclasses
 import json
 import re
+import sys
+import typing
 from pathlib import Path
-from typing import Any
+from typing import Any, Literal
 
 import pytest
 
 from ha_controller.config import (
     BrokerConfig,
+    ConfigError,
     NameserverConfig,
     config_keys,
     env_var_name,
@@ -130,7 +140,15 @@ def test_example_validates_against_the_schema(example: Path) -> None:
         ({"groups": [{"name": "a", "storage": {"size": "ten"}}]}, "groups"),
         ({"broker": {"podAntiAffinity": "always"}}, "broker"),
         ({"broker": {"config": {"Lock-In-Strict": True}}}, "broker"),
+        ({"broker": {"config": {"lock_in_strict": True}}}, "broker"),  # typo of a real key
         ({"broker": {"config": {"limits": {"deep": {"er": 1}}}}}, "broker"),
+        ({"broker": {"config": {"limits": {"max_conections": 10}}}}, "broker"),
+        ({"broker": {"config": {"flush_interval_ms": "500"}}}, "broker"),
+        ({"broker": {"config": {"register_name_server_period_ms": 5000}}}, "broker"),
+        ({"groups": [{"name": "a", "config": {"replication_mode": "semi"}}]}, "groups"),
+        ({"groups": [{"name": "a", "config": {"auto_create_topics": False}}]}, "groups"),
+        ({"nameserver": {"config": {"scan_not_active_broker_interval": 5}}}, "nameserver"),
+        ({"nameserver": {"config": {"lock_in_strict_mode": True}}}, "nameserver"),  # broker key
         ({"clusterName": "has space"}, "clusterName"),
         ({"metrics": {"serviceMonitor": {"enabled": "yes"}}}, "metrics"),
         ({"unknownTopLevel": 1}, ""),
@@ -142,6 +160,143 @@ def test_schema_rejects_bad_values(override: dict[str, Any], where: str) -> None
     assert errors, f"schema accepted {override}"
     if where:
         assert any(list(e.absolute_path)[:1] == [where] for e in errors)
+
+
+# --- the `config` maps of the schema, generated from the config classes ------------------
+
+#: values.schema.json definition -> config class whose keys a values `config` map may hold.
+CONFIG_DEFINITIONS: dict[str, type[BrokerConfig] | type[NameserverConfig]] = {
+    "brokerConfig": BrokerConfig,
+    "nameserverConfig": NameserverConfig,
+}
+
+
+def _int_schema(name: str, f: dataclasses.Field[Any]) -> dict[str, Any]:
+    """The bounds the loader enforces: `ge`/`le` metadata; a duration or size is >= 1."""
+    out: dict[str, Any] = {"type": "integer"}
+    ge = f.metadata.get("ge", 1 if name.endswith(("_ms", "_s", "_bytes")) else None)
+    if ge is not None:
+        out["minimum"] = ge
+    if f.metadata.get("le") is not None:
+        out["maximum"] = f.metadata["le"]
+    return out
+
+
+def _value_schema(tp: Any, name: str, f: dataclasses.Field[Any]) -> dict[str, Any]:
+    origin = typing.get_origin(tp)
+    if origin in (typing.Union, type(int | None)):
+        (inner,) = [a for a in typing.get_args(tp) if a is not type(None)]
+        return _value_schema(inner, name, f)  # TOML has no null: unset = leave it out
+    if tp is bool:
+        return {"type": "boolean"}
+    if tp is int:
+        return _int_schema(name, f)
+    if tp is str:
+        return {"type": "string"}
+    if origin is Literal:
+        return {"enum": list(typing.get_args(tp))}
+    if origin is tuple:
+        # a list of strings, or one comma-separated string (as the loader takes it)
+        return {"type": ["array", "string"], "items": {"type": "string"}}
+    if dataclasses.is_dataclass(tp):
+        return _table_schema(typing.cast("type", tp))
+    raise TypeError(f"no schema for config type {tp!r} ({name})")
+
+
+def _table_schema(cls: type) -> dict[str, Any]:
+    hints = typing.get_type_hints(cls)
+    return {
+        "type": "object",
+        "additionalProperties": False,
+        "properties": {
+            f.name: _value_schema(hints[f.name], f.name, f)
+            for f in dataclasses.fields(cls)
+            if f.init
+        },
+    }
+
+
+def config_definition(cls: type) -> dict[str, Any]:
+    return {
+        "$comment": (
+            f"Generated from ha_controller.config.{cls.__name__} by "
+            "tests/unit/test_helm_chart.py --write-schema; keys the chart sets itself are "
+            "refused by its templates (ha-controller.ownedKeys)"
+        ),
+        **_table_schema(cls),
+    }
+
+
+def generated_schema() -> dict[str, Any]:
+    """values.schema.json with its config definitions regenerated."""
+    out = schema()
+    out["definitions"] = {
+        **out.get("definitions", {}),
+        **{name: config_definition(cls) for name, cls in CONFIG_DEFINITIONS.items()},
+    }
+    return out
+
+
+def schema_keys(node: dict[str, Any], prefix: str = "") -> set[str]:
+    keys: set[str] = set()
+    for name, sub in node["properties"].items():
+        if sub.get("type") == "object" and "properties" in sub:
+            keys |= schema_keys(sub, f"{prefix}{name}.")
+        else:
+            keys.add(prefix + name)
+    return keys
+
+
+def test_schema_config_definitions_are_generated_from_the_config_classes() -> None:
+    assert schema()["definitions"] == generated_schema()["definitions"], (
+        "values.schema.json is stale: run "
+        ".venv/bin/python tests/unit/test_helm_chart.py --write-schema"
+    )
+
+
+@pytest.mark.parametrize(("definition", "cls"), CONFIG_DEFINITIONS.items())
+def test_schema_config_keys_equal_the_config_keys(definition: str, cls: type) -> None:
+    node = schema()["definitions"][definition]
+    assert node["additionalProperties"] is False
+    assert schema_keys(node) == set(config_keys(cls))  # type: ignore[arg-type]
+
+
+def test_every_config_map_of_the_values_uses_the_generated_definitions() -> None:
+    s = schema()["properties"]
+    assert s["broker"]["properties"]["config"] == {"$ref": "#/definitions/brokerConfig"}
+    assert s["groups"]["items"]["properties"]["config"] == {"$ref": "#/definitions/brokerConfig"}
+    assert s["nameserver"]["properties"]["config"] == {"$ref": "#/definitions/nameserverConfig"}
+
+
+def _bounded_keys(node: dict[str, Any], prefix: str = "") -> list[tuple[str, str, int]]:
+    out = []
+    for name, sub in node["properties"].items():
+        if "properties" in sub:
+            out += _bounded_keys(sub, f"{prefix}{name}.")
+        for word, step in (("minimum", -1), ("maximum", 1)):
+            if word in sub:
+                out.append((prefix + name, word, sub[word] + step))
+    return out
+
+
+@pytest.mark.parametrize(("definition", "cls"), CONFIG_DEFINITIONS.items())
+def test_schema_bounds_are_the_loader_bounds(definition: str, cls: type, tmp_path: Path) -> None:
+    """Just outside each bound of the schema the loader refuses the value, naming the key."""
+    loader = load_broker_config if cls is BrokerConfig else load_nameserver_config
+    base = {"broker_name": "b", "broker_id": 0, "namesrv_addrs": ["n:9876"]}
+    bounded = _bounded_keys(schema()["definitions"][definition])
+    assert bounded
+    for key, _, value in bounded:
+        table: dict[str, Any] = dict(base) if cls is BrokerConfig else {}
+        *parents, leaf = key.split(".")
+        node = table
+        for part in parents:
+            node = node.setdefault(part, {})
+        node[leaf] = value
+        path = tmp_path / "c.toml"
+        path.write_text(to_toml(table, tmp_path))
+        with pytest.raises(ConfigError, match=re.escape(key)):
+            loader(path, {}, {})  # type: ignore[operator]
 
 
 # --- template syntax ---------------------------------------------------------------------
@@ -444,6 +599,33 @@ def test_chart_config_keys_are_real_config_keys() -> None:
     assert {"cluster", "broker_name", "namesrv_addrs", "store_dir"} <= keys["broker"]
 
 
+def owned_keys(component: str) -> dict[str, str]:
+    """The chart's "ha-controller.ownedKeys.<component>" list: key -> where it comes from."""
+    text = (TEMPLATES / "_helpers.tpl").read_text()
+    body = text.split(f'define "ha-controller.ownedKeys.{component}" -}}}}\n')[1]
+    return dict(yaml.safe_load(body.split("{{- end }}")[0]))
+
+
+@pytest.mark.parametrize(
+    ("component", "cls"), [("broker", BrokerConfig), ("nameserver", NameserverConfig)]
+)
+def test_config_maps_may_not_set_what_the_chart_sets(component: str, cls: type) -> None:
+    """Refused: every key the chart renders (in_sync_replicas excepted: a group may lower
+    it), the per-pod identity and the secrets (which come from Secrets as env vars)."""
+    rendered = {k.split(".")[0] for k in template_config_keys()[component]}
+    own = {
+        f.name
+        for f in dataclasses.fields(cls)
+        if f.metadata.get("per_broker") or f.metadata.get("secret")
+    }
+    expected = (rendered - {"in_sync_replicas"}) | own
+    assert set(owned_keys(component)) == expected
+    assert all(owned_keys(component).values())
+    helpers = (TEMPLATES / "_helpers.tpl").read_text()
+    for where in ('"broker.config"', '"nameserver.config"', '(printf "groups[%d].config" $i)'):
+        assert f'include "ha-controller.validateConfig" (dict "where" {where}' in helpers
+
+
 def test_python_mirror_sets_the_same_keys_as_the_template() -> None:
     """The mirror used below to load configs must not drift from the template."""
     keys = template_config_keys()
@@ -707,3 +889,10 @@ def test_dockerfile() -> None:
     assert values["podSecurityContext"]["runAsUser"] == int(user[-1].split(":")[0])
     ignore = (ROOT / ".dockerignore").read_text().split()
     assert {".git/", ".venv/"} <= set(ignore)
+
+
+if __name__ == "__main__":
+    if sys.argv[1:] != ["--write-schema"]:
+        sys.exit(f"usage: {sys.argv[0]} --write-schema")
+    (CHART / "values.schema.json").write_text(json.dumps(generated_schema(), indent=2) + "\n")
+    print(f"wrote {CHART / 'values.schema.json'}")

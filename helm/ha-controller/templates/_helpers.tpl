@@ -73,6 +73,20 @@ with all of them (namesrv_addrs).
 {{- printf "%s.%s.svc.%s:9876" (include "ha-controller.nameserver.fullname" .) .Release.Namespace .Values.clusterDomain }}
 {{- end }}
 
+{{/*
+hactl's TLS flags for the release's TLS Secret mounted at /etc/ha-controller/tls
+(the `helm test` pod, NOTES): the CA that verifies the servers and, under mutual
+TLS, the client certificate. Empty without TLS; otherwise starts with a space.
+*/}}
+{{- define "ha-controller.hactlTlsFlags" -}}
+{{- if .Values.tls.enabled }}
+{{- print " --tls-ca /etc/ha-controller/tls/ca.crt" }}
+{{- if .Values.tls.requireClientCert }}
+{{- print " --tls-cert /etc/ha-controller/tls/tls.crt --tls-key /etc/ha-controller/tls/tls.key" }}
+{{- end }}
+{{- end }}
+{{- end }}
+
 {{/* Broker group names and labels. Context: dict "root" $ "group" $group. */}}
 {{- define "ha-controller.group.fullname" -}}
 {{- printf "%s-%s" (include "ha-controller.fullname" .root) .group.name }}
@@ -198,10 +212,58 @@ are printed as integers.
 {{- end }}
 {{- end }}
 
+{{/*
+Config keys the chart sets itself, which a values `config` map must not set:
+key -> where the value comes from. values.schema.json lets every config key
+through with its type (it is generated from ha_controller.config), so these are
+refused here with the reason; tests/unit/test_helm_chart.py checks the lists
+against the keys the chart renders and the per-pod and secret keys.
+*/}}
+{{- define "ha-controller.ownedKeys.broker" -}}
+cluster: clusterName
+broker_name: the group's name (groups[].name)
+broker_id: the pod ordinal (--broker-id)
+namesrv_addrs: the nameserver pods (nameserver.replicas)
+listen: the container port 10911
+ha_listen: the container port 10912
+http_listen: the container port 10913 (probes, metrics)
+broker_ip1: the pod DNS name (HAC_BROKER_IP1)
+broker_ip2: the pod DNS name (HAC_BROKER_IP2)
+store_dir: the store volume (/data/store)
+total_replicas: the group's replicas (groups[].replicas)
+cluster_secret: clusterSecret (a Secret, as HAC_CLUSTER_SECRET)
+admin_token: adminToken (a Secret, as HAC_ADMIN_TOKEN)
+tls: the tls values (tls.enabled, tls.existingSecret, tls.requireClientCert)
+{{- end }}
+
+{{- define "ha-controller.ownedKeys.nameserver" -}}
+listen: the container port 9876
+http_listen: the container port 9877 (probes, metrics)
+cluster_secret: clusterSecret (a Secret, as HAC_CLUSTER_SECRET)
+admin_token: adminToken (a Secret, as HAC_ADMIN_TOKEN)
+tls: the tls values (tls.enabled, tls.existingSecret, tls.requireClientCert)
+{{- end }}
+
+{{/* Refuses chart-owned keys in one config map. Context: dict "where" "broker.config" "config" $map "owned" $owned. */}}
+{{- define "ha-controller.validateConfig" -}}
+{{- $owned := .owned }}
+{{- $where := .where }}
+{{- range $key, $_ := .config }}
+{{- if hasKey $owned $key }}
+{{- fail (printf "%s.%s: the chart sets %s from %s; remove it from your values" $where $key $key (get $owned $key)) }}
+{{- end }}
+{{- end }}
+{{- end }}
+
 {{/* Checks that values.schema.json cannot express. */}}
 {{- define "ha-controller.validate" -}}
+{{- $brokerOwned := include "ha-controller.ownedKeys.broker" . | fromYaml }}
+{{- $nsOwned := include "ha-controller.ownedKeys.nameserver" . | fromYaml }}
+{{- $brokerConfig := .Values.broker.config | default dict }}
+{{- include "ha-controller.validateConfig" (dict "where" "nameserver.config" "config" (.Values.nameserver.config | default dict) "owned" $nsOwned) }}
+{{- include "ha-controller.validateConfig" (dict "where" "broker.config" "config" $brokerConfig "owned" $brokerOwned) }}
 {{- $seen := dict }}
-{{- range $group := .Values.groups }}
+{{- range $i, $group := .Values.groups }}
 {{- if hasKey $seen $group.name }}
 {{- fail (printf "groups: the name %q appears twice; every broker group needs its own name" $group.name) }}
 {{- end }}
@@ -209,6 +271,15 @@ are printed as integers.
 {{- $sts := include "ha-controller.group.fullname" (dict "root" $ "group" $group) }}
 {{- if gt (len $sts) 52 }}
 {{- fail (printf "groups: StatefulSet name %q is longer than 52 characters; shorten the group name or fullnameOverride" $sts) }}
+{{- end }}
+{{- $groupConfig := $group.config | default dict }}
+{{- include "ha-controller.validateConfig" (dict "where" (printf "groups[%d].config" $i) "config" $groupConfig "owned" $brokerOwned) }}
+{{- $replicas := int (default 3 $group.replicas) }}
+{{- $isr := min 2 $replicas }}
+{{- if hasKey $brokerConfig "in_sync_replicas" }}{{ $isr = int (get $brokerConfig "in_sync_replicas") }}{{ end }}
+{{- if hasKey $groupConfig "in_sync_replicas" }}{{ $isr = int (get $groupConfig "in_sync_replicas") }}{{ end }}
+{{- if gt $isr $replicas }}
+{{- fail (printf "groups[%d] (%s): in_sync_replicas %d exceeds the group's replicas %d; lower in_sync_replicas in the group's config or add replicas" $i $group.name $isr $replicas) }}
 {{- end }}
 {{- end }}
 {{- if and .Values.tls.enabled (not .Values.tls.existingSecret) }}
