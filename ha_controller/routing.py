@@ -28,6 +28,9 @@ __all__ = [
 ]
 
 MASTER_ID: Final = 0
+#: ``acting_broker_id`` of a masterless group whose acting slave is not chosen yet
+#: (the nameserver waits for every slave's position reported after the loss)
+SETTLING: Final = -1
 
 
 def sync_member_group_topic(broker_name: str) -> str:
@@ -276,9 +279,12 @@ class BrokerMemberGroup:
 
     def lead_broker_id(self) -> int:
         """Who leads the group: the master (0) when it is a member, else the chosen
-        acting slave, else (a nameserver that does not choose) the lowest member id."""
+        acting slave, else (a nameserver that does not choose) the lowest member id;
+        :data:`SETTLING` while the nameserver has not chosen yet (nobody acts)."""
         if MASTER_ID in self.broker_addrs:
             return MASTER_ID
+        if self.acting_broker_id == SETTLING:
+            return SETTLING
         if self.acting_broker_id is not None and self.acting_broker_id in self.broker_addrs:
             return self.acting_broker_id
         return self.minimum_broker_id()

@@ -34,6 +34,7 @@ from typing import Any, Final
 
 from ha_controller.dataversion import DataVersion
 from ha_controller.routing import (
+    SETTLING,
     SYNC_BROKER_MEMBER_GROUP_PREFIX,
     BrokerData,
     BrokerMemberGroup,
@@ -147,6 +148,8 @@ class _LiveInfo:
     broker_name: str | None = None
     max_offset: int | None = None
     store_writable: bool = True
+    #: when its position was last reported (registration or heartbeat)
+    reported_ms: float = 0.0
 
 
 @dataclass
@@ -157,6 +160,12 @@ class _Group:
     enable_acting_master: bool = False
     #: the slave chosen to act while the group has no master (RouteTable._rechoose)
     acting_id: int | None = None
+    #: since when the group has had no master (None while it has one)
+    masterless_since: float | None = None
+    #: no slave chosen yet: waiting for positions reported after the master left
+    settling: bool = False
+    #: the master that left, while settling (the notice at the choice names it)
+    lost_master: tuple[int, str] | None = None
 
     def min_member(self) -> tuple[int, str] | None:
         if not self.addrs:
@@ -169,6 +178,8 @@ class _Group:
         the chosen acting slave, else the lowest member."""
         if MASTER_ID in self.addrs:
             return MASTER_ID, self.addrs[MASTER_ID]
+        if self.settling:
+            return None
         if self.acting_id is not None and self.acting_id in self.addrs:
             return self.acting_id, self.addrs[self.acting_id]
         return self.min_member()
@@ -273,7 +284,7 @@ class RouteTable:
             group.enable_acting_master = enable_acting_master
             self._bump()
 
-        prev_min = group.lead()
+        prev_min = self._notice_base(group)
 
         # A master may not take id 0 back from a slave acting for it unless it went
         # through pre-online (adopting the acting slave's newer offsets): a master that
@@ -355,6 +366,7 @@ class RouteTable:
             broker_name=reg.broker_name,
             max_offset=reg.max_offset,
             store_writable=reg.store_writable is not False,
+            reported_ms=now,
         )
 
         master_addr: str | None = None
@@ -440,9 +452,11 @@ class RouteTable:
             return HeartbeatOutcome(False)
         live.last_update_ms = self._clock()
         changed = False
-        if max_offset is not None and max_offset != live.max_offset:
-            live.max_offset = max_offset
-            changed = True
+        if max_offset is not None:
+            live.reported_ms = live.last_update_ms
+            if max_offset != live.max_offset:
+                live.max_offset = max_offset
+                changed = True
         if store_writable is not None and store_writable != live.store_writable:
             log.info(
                 "broker %s reports its store %s",
@@ -452,9 +466,9 @@ class RouteTable:
             live.store_writable = store_writable
             changed = True
         group = None if live.broker_name is None else self._groups.get(live.broker_name)
-        if not changed or group is None or not self._may_act(group):
+        if group is None or not self._may_act(group) or not (changed or group.settling):
             return HeartbeatOutcome(True)
-        prev = group.lead()
+        prev = self._notice_base(group)
         self._rechoose(group)
         change = self._min_id_change(group, prev, ha_addr=None)
         return HeartbeatOutcome(True, [] if change is None else [change])
@@ -495,6 +509,7 @@ class RouteTable:
                     )
                 )
         notes = self._expire([(b.cluster, b.broker_addr) for b in expired])
+        notes.extend(self.settle())
         return expired, notes
 
     def on_connection_closed(self, conn_id: Hashable) -> list[MinIdChange]:
@@ -571,7 +586,10 @@ class RouteTable:
                 continue
             self._wipe_write_perm_if_masterless(group)
             self._rechoose(group)
-            change = self._min_id_change(group, prev_mins.get(name), ha_addr=None)
+            prev = prev_mins.get(name)
+            if group.settling and prev is not None and prev[0] == MASTER_ID:
+                group.lost_master = prev  # the notice goes out once a slave is chosen
+            change = self._min_id_change(group, prev, ha_addr=None)
             if change is not None:
                 notes.append(change)
         return notes
@@ -670,7 +688,7 @@ class RouteTable:
 
     # ----------------------------------------------------------- acting choice
 
-    def _choose_acting(self, group: _Group) -> int:
+    def _choose_acting(self, group: _Group) -> int | None:
         """The slave that acts for a masterless group: a pure function of the members'
         last reports, so that every nameserver that got the same reports makes the
         same choice (no memory of earlier choices: two nameservers must converge).
@@ -690,15 +708,71 @@ class RouteTable:
             if info is None or info.max_offset is None:
                 return min(group.addrs)
             positions[broker_id] = info.max_offset
+        # Positions reported before the master left may be stale (a slave's last
+        # heartbeat can predate the last bytes it received): choose from reports made
+        # after it, waiting up to a quarter of the heartbeat timeout for every slave
+        # (with one slave there is nothing to choose)
+        # (choosing early then switching when a fresher report arrives moves the
+        # group's consumers and special services twice, and redelivers).
+        since = group.masterless_since
+        if since is not None and len(positions) > 1:
+            fresh = {
+                b: pos
+                for b, pos in positions.items()
+                if (info := live[b]) is not None and info.reported_ms >= since
+            }
+            if len(fresh) < len(positions):
+                settle_ms = max(i.heartbeat_timeout_ms for i in live.values() if i) / 4
+                if self._clock() < since + settle_ms:
+                    return None
+            positions = fresh or positions
         best = max(positions.values())
         caught_up = [broker_id for broker_id, pos in positions.items() if pos == best]
         writable = [b for b in caught_up if (info := live[b]) is None or info.store_writable]
         return min(writable or caught_up)
 
+    def _notice_base(self, group: _Group) -> tuple[int, str] | None:
+        """The lead a min-id notice compares with: the current one, or while settling
+        the master that left (so the notice at the choice says it is offline)."""
+        lead = group.lead()
+        return lead if lead is not None else group.lost_master
+
+    def settle(self) -> list[MinIdChange]:
+        """Choose for groups whose settle wait ran out with a slave that never reported
+        (called by the scanner)."""
+        notes: list[MinIdChange] = []
+        for group in list(self._groups.values()):
+            if not group.settling:
+                continue
+            prev = self._notice_base(group)
+            self._rechoose(group)
+            change = self._min_id_change(group, prev, ha_addr=None)
+            if change is not None:
+                notes.append(change)
+        return notes
+
     def _rechoose(self, group: _Group) -> None:
         """Keep ``group.acting_id`` current: None while the group may not act (a master
         is registered, acting master off), else :meth:`_choose_acting`."""
-        new = self._choose_acting(group) if self._may_act(group) else None
+        if self._may_act(group):
+            if group.masterless_since is None:
+                group.masterless_since = self._clock()
+            new = self._choose_acting(group)
+        else:
+            group.masterless_since = None
+            group.lost_master = None
+            new = None
+        was_settling = group.settling
+        group.settling = new is None and self._may_act(group)
+        if new is not None:
+            group.lost_master = None  # the caller's notice (from _notice_base) names it
+        if group.settling != was_settling:
+            self._bump()
+            if group.settling:
+                log.info(
+                    "group %s lost its master: waiting for its slaves' positions",
+                    group.broker_name,
+                )
         old = group.acting_id
         if new == old:
             return
@@ -787,7 +861,7 @@ class RouteTable:
         group = self._groups.get(broker_name)
         if group is None:
             return BrokerMemberGroup(cluster, broker_name, {})
-        acting = group.acting_id if self._may_act(group) else None
+        acting = (SETTLING if group.settling else group.acting_id) if self._may_act(group) else None
         return BrokerMemberGroup(cluster, broker_name, group.sorted_addrs(), acting)
 
     def cluster_info(self) -> dict[str, Any]:

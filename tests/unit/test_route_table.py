@@ -12,6 +12,7 @@ import pytest
 
 from ha_controller.dataversion import DataVersion
 from ha_controller.routing import (
+    SETTLING,
     SYNC_BROKER_MEMBER_GROUP_PREFIX,
     BrokerData,
     BrokerMemberGroup,
@@ -993,3 +994,44 @@ def test_member_group_minimum_id_and_json() -> None:
 def test_topic_config_wrapper_round_trips() -> None:
     wrapper = TopicConfigWrapper(topics("A", "B", perm=4), version(3, state=2))
     assert TopicConfigWrapper.from_json(wrapper.to_json()) == wrapper
+
+
+def test_acting_choice_waits_for_positions_reported_after_the_master_left(
+    table: RouteTable, clock: FakeClock
+) -> None:
+    """A slave's last heartbeat before the loss can predate the last bytes it got:
+    choosing from it and switching on the next report moved consumers and special
+    services twice (POP redeliveries).  The table waits for fresh reports."""
+    table.register_broker(reg(MASTER, 0, timeout=4000, pos=100))
+    table.register_broker(reg(SLAVE1, 1, timeout=4000, pos=90))
+    table.register_broker(reg(SLAVE2, 2, timeout=4000, pos=95))
+    clock.advance(10)
+    table.unregister_broker(CLUSTER, MASTER, NAME, 0)
+    group = table.member_group(CLUSTER, NAME)
+    assert group.acting_broker_id == SETTLING and group.lead_broker_id() == SETTLING
+    route = table.pickup_route(TOPIC)
+    assert route is not None and 0 not in route.broker_datas[0].broker_addrs  # nobody acts
+    clock.advance(10)
+    # slave 2's stale report said 95, but slave 1 really got to 100: it acts, once
+    assert table.broker_heartbeat(CLUSTER, SLAVE2, max_offset=95).notifications == []
+    out = table.broker_heartbeat(CLUSTER, SLAVE1, max_offset=100)
+    assert [(n.min_broker_id, n.offline_broker_addr) for n in out.notifications] == [(1, MASTER)]
+    assert table.member_group(CLUSTER, NAME).lead_broker_id() == 1
+    route = table.pickup_route(TOPIC)
+    assert route is not None and route.broker_datas[0].broker_addrs[0] == SLAVE1
+
+
+def test_acting_choice_stops_waiting_for_a_silent_slave(
+    table: RouteTable, clock: FakeClock
+) -> None:
+    table.register_broker(reg(MASTER, 0, timeout=4000, pos=100))
+    table.register_broker(reg(SLAVE1, 1, timeout=4000, pos=100))
+    table.register_broker(reg(SLAVE2, 2, timeout=4000, pos=100))
+    clock.advance(10)
+    table.unregister_broker(CLUSTER, MASTER, NAME, 0)
+    table.broker_heartbeat(CLUSTER, SLAVE2, max_offset=100)  # slave 1 is frozen
+    assert table.member_group(CLUSTER, NAME).lead_broker_id() == SETTLING
+    clock.advance(1001)  # a quarter of the heartbeat timeout
+    _, notes = table.scan_not_active()
+    assert [n.min_broker_id for n in notes] == [2]
+    assert table.member_group(CLUSTER, NAME).lead_broker_id() == 2
