@@ -28,7 +28,9 @@ from broker_agent.pull_hold import PullHoldService
 from broker_agent.replication.ha import HaMaster, HaSlave
 from broker_agent.store.diskspace import SpaceLevel
 from broker_agent.store.message_store import MessageStore, StoreConfig
+from broker_agent.store.retention import CleanResult
 from broker_agent.topics import TopicConfigManager
+from ha_controller.auth import ClusterAuth
 from ha_controller.config import BrokerConfig
 from ha_controller.protocol.errors import BrokerIsolated, NotMaster, NotWritable
 from ha_controller.protocol.properties import now_ms
@@ -70,6 +72,24 @@ class ConsumerRegistry:
         return sorted(members)
 
 
+def store_config(cfg: BrokerConfig) -> StoreConfig:
+    """The store's settings from the broker's."""
+    return StoreConfig(
+        segment_size_bytes=cfg.segment_size_bytes,
+        flush_mode=cfg.flush_mode,
+        flush_interval_ms=cfg.flush_interval_ms,
+        min_free_disk_ratio=cfg.min_free_disk_ratio,
+        warn_free_disk_ratio=cfg.warn_free_disk_ratio,
+        disk_check_interval_ms=cfg.disk_check_interval_ms,
+        max_message_size_bytes=cfg.max_message_bytes,
+        file_reserved_time_ms=cfg.file_reserved_time_ms,
+        delete_when=cfg.delete_when,
+        disk_max_used_space_ratio=cfg.disk_max_used_space_ratio,
+        max_open_files=cfg.max_open_files,
+        consume_queue_file_entries=cfg.consume_queue_file_entries,
+    )
+
+
 class BrokerCore:
     """The shared state of one broker and the checks every handler makes."""
 
@@ -80,12 +100,7 @@ class BrokerCore:
         self.store_dir.mkdir(parents=True, exist_ok=True)
         self.store = MessageStore.open(
             self.store_dir,
-            StoreConfig(
-                segment_size_bytes=cfg.segment_size_bytes,
-                flush_mode=cfg.flush_mode,
-                flush_interval_ms=cfg.flush_interval_ms,
-                max_message_size_bytes=cfg.max_message_bytes,
-            ),
+            store_config(cfg),
         )
         self.topics = TopicConfigManager(
             self.store_dir / "topics.json", cfg.default_topic_queue_nums
@@ -99,14 +114,22 @@ class BrokerCore:
         self.metrics = BrokerMetrics(cfg.cluster, cfg.broker_name, cfg.broker_id)
         self.holds = PullHoldService(cfg.max_held_pulls, now_ms)
         self.consumers = ConsumerRegistry()
-        self.pool = ConnectionPool(connect_timeout_ms=2000)
-        self.dispatcher = Dispatcher()
+        #: cluster authentication: signs our control requests, guards the dispatcher
+        self.auth = ClusterAuth(cfg.cluster_secret, on_refused=self.metrics.auth_refusal)
+        self.pool = ConnectionPool(
+            connect_timeout_ms=2000, ssl_context=cfg.tls.client_context(), signer=self.auth.sign
+        )
+        self.dispatcher = Dispatcher(guard=self.auth.check)
         self.addr = ""  # advertised RPC address, set once bound
         self.ha_addr = ""
         self.http_addr = ""
         self.isolated = cfg.total_replicas > 1 and not cfg.skip_pre_online
         self.preonline_step = "waiting to start" if self.isolated else "online"
-        self.ha_master: HaMaster | None = HaMaster(self.store) if cfg.is_master else None
+        self.ha_master: HaMaster | None = (
+            HaMaster(self.store, auth=self.auth, broker_name=cfg.broker_name)
+            if cfg.is_master
+            else None
+        )
         self.ha_slave: HaSlave | None = None
         self.member_group: BrokerMemberGroup | None = None
         #: a master's lease on id 0 (membership.lease); only kept with acting masters on
@@ -172,6 +195,36 @@ class BrokerCore:
                 f"{what}: {self.name} takes no writes now ({self.store.unwritable_reason()}); "
                 "send to another group"
             )
+
+    # ---- retention -----------------------------------------------------------------
+
+    def retention_limit(self) -> int | None:
+        """The commit-log offset retention must not delete up to: on a master, the
+        smallest offset its attached slaves acknowledged (a stalled slave keeps its
+        link, so it holds deletion back); None on a slave or a master with no slave
+        attached (a slave deletes by time and space alone)."""
+        if self.ha_master is None:
+            return None
+        return min((link.acked for link in self.ha_master.transfer_slaves()), default=None)
+
+    def note_retention(self, result: CleanResult) -> None:
+        """Count what a retention round removed."""
+        ident = self.metrics.ident
+        deleted_bytes, deleted_files = self.metrics.store_deleted_bytes, self.metrics.store_deleted
+        if result.segments:
+            deleted_bytes.labels(**ident, file="commitlog").inc(result.segment_bytes)
+            deleted_files.labels(**ident, file="commitlog").inc(result.segments)
+        if result.queue_files:
+            deleted_bytes.labels(**ident, file="consumequeue").inc(result.queue_bytes)
+            deleted_files.labels(**ident, file="consumequeue").inc(result.queue_files)
+        self.refresh_store_bytes()
+
+    def refresh_store_bytes(self) -> None:
+        ident = self.metrics.ident
+        self.metrics.store_bytes.labels(**ident, file="commitlog").set(self.store.commitlog_bytes)
+        self.metrics.store_bytes.labels(**ident, file="consumequeue").set(
+            self.store.consume_queue_bytes
+        )
 
     # ---- special services --------------------------------------------------------
 
@@ -298,4 +351,5 @@ class BrokerCore:
         self.metrics.store_writable.labels(**ident).set(1 if self.store.writable else 0)
         self.metrics.store_free_bytes.labels(**ident).set(self.store.free_disk_bytes)
         self.metrics.pull_held.labels(**ident).set(self.holds.held_count)
+        self.refresh_store_bytes()
         self.update_role_metrics()

@@ -6,6 +6,7 @@ from collections.abc import Callable, Iterable
 
 from prometheus_client import CollectorRegistry, Counter, Gauge
 
+from ha_controller.auth import HA_REASONS, RPC_REASONS
 from ha_controller.rpc.metrics import RpcCollector
 from ha_controller.rpc.server import RpcServer
 
@@ -54,6 +55,20 @@ class BrokerMetrics:
         self.store_free_bytes = gauge(
             "hac_store_free_bytes", "Free bytes of the store's file system at the last sample"
         )
+        self.store_bytes = gauge(
+            "hac_store_bytes",
+            "Bytes the store keeps: the commit log's span (file=commitlog) and the "
+            "consume-queue files (file=consumequeue)",
+            ("file",),
+        )
+        self.store_deleted_bytes = counter(
+            "hac_store_deleted_bytes", "Bytes of store files deleted by retention", ("file",)
+        )
+        self.store_deleted = counter(
+            "hac_store_deleted_segments",
+            "Store files deleted by retention: commit-log segments, consume-queue files",
+            ("file",),
+        )
         self.escape = counter(
             "hac_escape_messages",
             "Messages sent through the escape bridge",
@@ -82,16 +97,34 @@ class BrokerMetrics:
                 self.lock_requests.labels(**ident, mode=mode, result=result)
         for reason in ("not_master", "replicas", "replica_timeout", "not_writable"):
             self.send_errors.labels(**ident, reason=reason)
+        for kind in ("commitlog", "consumequeue"):
+            self.store_bytes.labels(**ident, file=kind).set(0)
+            self.store_deleted_bytes.labels(**ident, file=kind)
+            self.store_deleted.labels(**ident, file=kind)
         self._escape_targets: set[str] = set()
         for target in ("local", "none"):
             self.init_escape_target(target)
         self.isolated.labels(**ident).set(0)
         self.store_writable.labels(**ident).set(1)
+        # cluster authentication (ha_controller.auth): control requests and the HA port
+        self.auth_refused = counter(
+            "hac_auth_refused_total",
+            "Control-plane requests refused by cluster authentication (reason: unsigned, "
+            "bad_signature, stale, replayed, replay_cache_full; HA port: "
+            "ha_unauthenticated, ha_bad_signature, ha_offset_beyond_max)",
+            ("reason",),
+        )
+        for reason in (*RPC_REASONS, *HA_REASONS):
+            self.auth_refused.labels(**ident, reason=reason)
 
     def export_rpc(self, servers: Callable[[], Iterable[RpcServer]]) -> None:
         """``hac_rpc_*``: the connection bounds of the broker's listeners (RPC and HA),
         read at scrape time with the broker's identity labels."""
         self.registry.register(RpcCollector(servers, self.ident))
+
+    def auth_refusal(self, reason: str, method: int) -> None:
+        """``ClusterAuth``'s refusal hook: count it by reason."""
+        self.auth_refused.labels(**self.ident, reason=reason).inc()
 
     def init_escape_target(self, target: str) -> None:
         """Create every escape series for ``target`` (a group name, "local", "none") at 0."""

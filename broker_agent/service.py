@@ -162,6 +162,36 @@ class BrokerService:
                 log.info("flush works again")
                 failing = None
 
+    async def _retention_loop(self) -> None:
+        """Delete expired store files every ``clean_resource_interval_ms`` (see
+        broker_agent.store.retention); a master never deletes past its slowest slave."""
+        core = self.core
+        failing: str | None = None
+        while True:
+            await asyncio.sleep(core.cfg.clean_resource_interval_ms / 1000)
+            more = True
+            while more:
+                try:
+                    result = await asyncio.to_thread(
+                        core.store.clean_expired_files, replica_limit=core.retention_limit()
+                    )
+                except OSError as exc:  # StoreError too: try again next round
+                    if str(exc) != failing:
+                        log.error("retention failed: %s; retrying every round", exc)
+                    failing = str(exc)
+                    break
+                failing = None
+                core.note_retention(result)
+                if result.segments or result.queue_files:
+                    log.info(
+                        "retention: %s; %d consume-queue file(s) removed; the commit log "
+                        "starts at %d",
+                        result.reason,
+                        result.queue_files,
+                        result.commitlog_min_offset,
+                    )
+                more = result.more
+
     async def _metric_targets_loop(self) -> None:
         while True:
             with contextlib.suppress(HaError):
@@ -186,6 +216,7 @@ class BrokerService:
             (self.registrar.register_loop, "register"),
             (self.group.loop, "member-group"),
             (self._flush_loop, "flush"),
+            (self._retention_loop, "retention"),
             (self.writability.loop, "store-space"),
             (self._hold_check_loop, "hold-check"),
             (self._metric_targets_loop, "metric-targets"),
@@ -205,7 +236,13 @@ class BrokerService:
         core = self.core
         if not core.acting.is_master:
             core.ha_slave = HaSlave(
-                core.store, core.addr, core.cfg.broker_id, self.metadata_sync.on_dispatched
+                core.store,
+                core.addr,
+                core.cfg.broker_id,
+                self.metadata_sync.on_dispatched,
+                ssl_context=core.pool.ssl_context,
+                auth=core.auth,
+                broker_name=core.cfg.broker_name,
             )
         try:
             async with asyncio.TaskGroup() as tg:

@@ -4,7 +4,7 @@ One frozen dataclass per component (nameserver, broker, gRPC gateway).  Values
 come, lowest precedence first, from the field defaults, a TOML file,
 ``HAC_<KEY>`` environment variables and command-line flags.  Nothing here is
 written per key: the loaders walk the dataclass fields, their types (``bool``,
-``int``, ``str``, ``str | None``, ``tuple[str, ...]``, ``Literal[...]``, nested
+``int``, ``float``, ``str``, ``str | None``, ``tuple[str, ...]``, ``Literal[...]``, nested
 config classes) and their metadata (``ge``/``le`` bounds, a ``check`` function,
 a flag alias, whether a key identifies one broker of a container, whether it is
 a secret).
@@ -33,6 +33,7 @@ import dataclasses
 import difflib
 import ipaddress
 import logging
+import math
 import os
 import re
 import ssl
@@ -48,7 +49,7 @@ from typing import Any, Literal, TypeVar
 from ha_controller.protocol.errors import ConfigError
 from ha_controller.protocol.properties import DEFAULT_DELAY_LEVELS, parse_delay_levels
 from ha_controller.rpc.limits import RpcLimits
-from ha_controller.rpc.tls import server_context
+from ha_controller.rpc.tls import client_context, server_context
 
 __all__ = [
     "ENV_PREFIX",
@@ -161,8 +162,8 @@ def format_host_port(host: str, port: int) -> str:
 def _opt(
     default: _T,
     *,
-    ge: int | None = None,
-    le: int | None = None,
+    ge: float | None = None,
+    le: float | None = None,
     check: _Check | None = None,
     flag: str | None = None,
     per_broker: bool = False,
@@ -228,6 +229,22 @@ def _delay_levels_check(value: str) -> str | None:
     return None
 
 
+def _delete_when_check(value: str) -> str | None:
+    # the rule of broker_agent.store.retention.parse_delete_when (RocketMQ deleteWhen)
+    words = [w.strip() for w in value.split(";")]
+    if all(w.isdigit() and 0 <= int(w) <= 23 for w in words):
+        return None
+    return f"expected hours of day 0..23 separated by ';' (like 04 or 04;05), got {value!r}"
+
+
+def _fraction_check(value: float) -> str | None:
+    return None if 0 <= value < 1 else f"must be in [0, 1), got {value}"
+
+
+def _used_ratio_check(value: float) -> str | None:
+    return None if 0 < value <= 1 else f"must be in (0, 1] (1 = never for space), got {value}"
+
+
 # --- validation machinery ----------------------------------------------------------------
 
 # While a loader builds a config, the source of each key ("file x.toml",
@@ -289,6 +306,8 @@ def _expected(tp: Any, name: str) -> str:
         return _expected(inner, name)
     if tp is bool:
         return "true or false"
+    if tp is float:
+        return "a number"
     if tp is int:
         unit = _unit(name).strip()
         if unit == "ms":
@@ -329,6 +348,9 @@ def _coerce(value: object, tp: Any, name: str) -> object:
     elif tp is int:
         if isinstance(value, int) and not isinstance(value, bool):
             return value
+    elif tp is float:
+        if isinstance(value, int | float) and not isinstance(value, bool) and math.isfinite(value):
+            return float(value)
     elif tp in (bool, str) or _is_config_class(tp):
         if isinstance(value, tp):
             return value
@@ -340,6 +362,9 @@ def _coerce(value: object, tp: Any, name: str) -> object:
 _TRUE = frozenset({"true", "1", "yes"})
 _FALSE = frozenset({"false", "0", "no"})
 _INT_RE = re.compile(r"[+-]?[0-9][0-9_]*", re.ASCII)
+_FLOAT_RE = re.compile(
+    r"[+-]?(?:[0-9][0-9_]*(?:\.[0-9_]*)?|\.[0-9][0-9_]*)(?:[eE][+-]?[0-9]+)?", re.ASCII
+)
 
 
 def _parse_text(text: str, tp: Any, name: str) -> object:
@@ -356,6 +381,10 @@ def _parse_text(text: str, tp: Any, name: str) -> object:
         if not _INT_RE.fullmatch(text.strip()):
             raise _Bad(_expected(tp, name))
         return int(text.strip())
+    if tp is float:
+        if not _FLOAT_RE.fullmatch(text.strip()):
+            raise _Bad(_expected(tp, name))
+        return float(text.strip())
     if _is_config_class(tp):
         raise _Bad(f"individual {name}_* settings, not a whole table")
     return text
@@ -392,7 +421,7 @@ class _Validated:
 
 
 def _bounds_problem(f: dataclasses.Field[Any], value: object) -> str | None:
-    if not isinstance(value, int) or isinstance(value, bool):
+    if not isinstance(value, int | float) or isinstance(value, bool):
         return None
     unit = _unit(f.name)
     # A duration or size of zero or less is never meaningful.
@@ -427,15 +456,23 @@ def _listener_clash(listeners: Mapping[str, str]) -> tuple[tuple[str, ...], str]
 class TlsConfig(_Validated):
     """TLS for every RPC and HTTP listener and outgoing connection (DESIGN section 3).
 
-    ``require_client_cert`` turns on mutual TLS: the server verifies client
-    certificates against ``ca_file`` (brokers <-> nameservers).
+    Listeners (RPC, HA, admin HTTP, the gateway's gRPC) serve ``cert_file``;
+    ``require_client_cert`` turns on mutual TLS: they verify client certificates
+    against ``ca_file``.  Outgoing connections (to nameservers, brokers, the HA
+    master) verify the server against ``ca_file`` (the system's CAs when unset),
+    check that its certificate names the host dialled unless ``verify_hostname`` is
+    false, and present ``cert_file`` as the client certificate.
     """
 
     enabled: bool = False
-    cert_file: str | None = _opt(None, check=_not_empty)
-    key_file: str | None = _opt(None, check=_not_empty)
-    ca_file: str | None = _opt(None, check=_not_empty)
+    # hactl's flags: --tls-cert, --tls-key, --tls-ca (every command that connects)
+    cert_file: str | None = _opt(None, check=_not_empty, flag="tls_cert")
+    key_file: str | None = _opt(None, check=_not_empty, flag="tls_key")
+    ca_file: str | None = _opt(None, check=_not_empty, flag="tls_ca")
     require_client_cert: bool = False
+    # Peers are dialled by their advertised address (broker_ip1, namesrv_addrs): a
+    # certificate must list it (DNS or IP subjectAltName), or turn this off.
+    verify_hostname: bool = True
 
     def _rules(self) -> Iterator[tuple[tuple[str, ...], str]]:
         if (self.cert_file is None) != (self.key_file is None):
@@ -458,6 +495,12 @@ class TlsConfig(_Validated):
                 ("require_client_cert", "enabled", "ca_file"),
                 "mutual TLS needs enabled = true and a ca_file to verify client certificates",
             )
+        if self.enabled and not self.verify_hostname and not self.ca_file:
+            yield (
+                ("verify_hostname", "ca_file"),
+                "verify_hostname = false needs a ca_file: without a private CA, any "
+                "publicly signed certificate would be trusted for every peer",
+            )
         if self.enabled:
             for key in ("cert_file", "key_file", "ca_file"):
                 path = getattr(self, key)
@@ -470,6 +513,18 @@ class TlsConfig(_Validated):
             return None
         assert self.cert_file and self.key_file  # checked by _rules
         return server_context(self.cert_file, self.key_file, self.ca_file, self.require_client_cert)
+
+    def client_context(self) -> ssl.SSLContext | None:
+        """The context of every outgoing connection of a service (nameservers,
+        brokers, the HA master, the gateway's brokers); None when TLS is off.
+
+        It presents ``cert_file`` (which must then allow client authentication for
+        mutual TLS) and verifies the server as the class says."""
+        if not self.enabled:
+            return None
+        return client_context(
+            self.ca_file, self.cert_file, self.key_file, check_hostname=self.verify_hostname
+        )
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -502,8 +557,12 @@ class NameserverConfig(_Validated):
     notify_min_broker_id_changed: bool = True
     notify_timeout_ms: int = _opt(3000, le=60_000)
     notify_retries: int = _opt(3, ge=0, le=100)
-    # HMAC key for REGISTER_BROKER signatures; unset = registrations are not signed.
+    # HMAC key of the control plane (ha_controller/auth.py): every request between
+    # cluster members is signed with it; unset = open mode (docs/security.md).
     cluster_secret: str | None = _opt(None, check=_not_empty, secret=True)
+    # Open mode only: a broker must register an address on the host it connects from
+    # (ports are not compared); off behind NAT.
+    open_mode_check_peer_host: bool = True
     # Bearer token for mutating admin endpoints; unset = no token required.
     admin_token: str | None = _opt(None, check=_not_empty, secret=True)
     route_watch_max_wait_ms: int = _opt(30_000, le=600_000)
@@ -581,6 +640,37 @@ class BrokerConfig(_Validated):
     # RocketMQ maxMessageSize; a record must fit in one segment and one frame.
     max_message_bytes: int = _opt(4 * MIB, ge=1 * KIB)
 
+    # --- disk space and retention ---
+    # Below this share of the file system free (for unprivileged users), the store
+    # refuses appends (NotWritable, nothing stored); the reserve is left for consume
+    # queues, checkpoints and offset tables.
+    min_free_disk_ratio: float = _opt(0.05, check=_fraction_check)
+    # Below this share free the broker withdraws the WRITE bit from its routes so that
+    # producers go elsewhere before anything is refused; unset = twice
+    # min_free_disk_ratio (at most 0.5).
+    warn_free_disk_ratio: float | None = _opt(None, check=_fraction_check)
+    # How often free space is sampled (statvfs) while appends go on; between samples
+    # the store counts what it wrote.
+    disk_check_interval_ms: int = 1000
+    # RocketMQ fileReservedTime (72 hours), in ms like every duration here: a closed
+    # commit-log segment last written longer ago than this is expired.
+    file_reserved_time_ms: int = 72 * 3600 * 1000
+    # RocketMQ deleteWhen: the hours of day (local time, "04" or "04;05") in which
+    # expired segments are deleted.
+    delete_when: str = _opt("04", check=_delete_when_check)
+    # RocketMQ diskMaxUsedSpaceRatio: with more of the file system used than this,
+    # expired segments are deleted at once, whatever the hour (unexpired ones never).
+    disk_max_used_space_ratio: float = _opt(0.75, check=_used_ratio_check)
+    # RocketMQ cleanResourceInterval: how often retention looks for expired files.
+    clean_resource_interval_ms: int = 10_000
+    # Open files the store may keep besides its active commit-log segment: older
+    # segments being read and consume-queue files, opened on demand and closed least
+    # recently used first.
+    max_open_files: int = _opt(256, ge=8, le=1_000_000)
+    # Entries per consume-queue file (RocketMQ mappedFileSizeConsumeQueue / 20);
+    # retention deletes a queue's files whose messages are all deleted.
+    consume_queue_file_entries: int = _opt(300_000, ge=1)
+
     # --- topics, pulls ---
     auto_create_topic: bool = True
     default_topic_queue_nums: int = _opt(4, ge=1, le=1024)
@@ -657,6 +747,15 @@ class BrokerConfig(_Validated):
                 f"a message of max_message_bytes ({self.max_message_bytes}) must fit in one "
                 f"segment ({self.segment_size_bytes} bytes)",
             )
+        if (
+            self.warn_free_disk_ratio is not None
+            and self.warn_free_disk_ratio < self.min_free_disk_ratio
+        ):
+            yield (
+                ("warn_free_disk_ratio", "min_free_disk_ratio"),
+                f"the warning reserve ({self.warn_free_disk_ratio}) cannot be below the hard "
+                f"reserve ({self.min_free_disk_ratio})",
+            )
         if self.max_message_bytes > self.limits.max_frame_bytes:
             yield (
                 ("max_message_bytes", "limits.max_frame_bytes"),
@@ -723,6 +822,7 @@ class ProxyConfig(_Validated):
     heartbeat_broker_interval_ms: int = 5000
     # Timeout of one request to a broker.
     broker_timeout_ms: int = 3000
+    tls: TlsConfig = field(default_factory=TlsConfig)
     log_level: LogLevel = "INFO"
 
     def _rules(self) -> Iterator[tuple[tuple[str, ...], str]]:
@@ -1142,6 +1242,8 @@ def _toml_value(value: object) -> str:
         return "true" if value else "false"
     if isinstance(value, int):
         return str(value)
+    if isinstance(value, float):
+        return repr(value)  # finite (checked at load): "0.05", "72.0"
     if isinstance(value, str):
         return _toml_string(value)
     if isinstance(value, list):

@@ -68,7 +68,7 @@ CHECKS: dict[str, str] = {
     "_not_empty": "not empty (leave the key out instead)",
     "_delay_levels_check": "space-separated positive durations with a unit "
     "(`ms`, `s`, `m`, `h`, `d`), at least one",
-    "_delete_when_check": "hours of day 0..23 separated by `;` (`\"04\"`, `\"04;05\"`)",
+    "_delete_when_check": 'hours of day 0..23 separated by `;` (`"04"`, `"04;05"`)',
     "_fraction_check": "0 ≤ value < 1",
     "_used_ratio_check": "0 < value ≤ 1",
 }
@@ -97,10 +97,18 @@ DESCRIPTIONS: dict[tuple[str, str], str] = {
     "notification (connect and call).",
     ("NameserverConfig", "notify_retries"): "Attempts per broker at delivering a "
     "min-broker-id notification (0 counts as 1), 0.2 s apart, doubling up to 2 s.",
-    ("NameserverConfig", "cluster_secret"): "HMAC-SHA256 key: when set, "
-    "`REGISTER_BROKER` and `UNREGISTER_BROKER` must carry a signature made with the "
-    "same secret and a timestamp within 5 minutes; unsigned or wrongly signed ones are "
-    "refused (`SignatureInvalid`). Unset = registrations are not checked.",
+    ("NameserverConfig", "cluster_secret"): "HMAC-SHA256 key of the control plane, the "
+    "same on every nameserver and broker: when set, every request between cluster "
+    "members (register, unregister, heartbeat, min-id notices, ...) is signed over the "
+    "whole request with a timestamp and a nonce; unsigned, wrongly signed, replayed ones "
+    "or ones more than 30 s off this server's clock are refused (`SignatureInvalid`, "
+    "`ReplayedRequest`) and change nothing. Unset = open mode (see "
+    "[security](security.md)).",
+    ("NameserverConfig", "open_mode_check_peer_host"): "Without a `cluster_secret`: "
+    "refuse (`AddressMismatch`) a registration whose address is not on the host the "
+    "broker's connection comes from (host only: ports are not compared; a name is "
+    "resolved; a broker on this machine may advertise any of its addresses). Turn off "
+    "when brokers reach the nameservers through NAT. Ignored with a secret.",
     ("NameserverConfig", "route_watch_max_wait_ms"): "The longest a `WATCH_ROUTE` is "
     "held before it is answered unchanged (a client may ask for less; the request's "
     "own timeout minus 0.5 s also caps it).",
@@ -193,9 +201,12 @@ DESCRIPTIONS: dict[tuple[str, str], str] = {
     ("BrokerConfig", "short_polling_check_interval_ms"): "The same re-check with long polling off.",
     ("BrokerConfig", "max_held_pulls"): "Pulls held at once; one more that would be "
     "held is refused with the retriable `Overloaded`.",
-    ("BrokerConfig", "cluster_secret"): "HMAC key the broker signs its "
-    "(un)registrations with; must equal the nameservers' `cluster_secret`. Unset = "
-    "unsigned.",
+    ("BrokerConfig", "cluster_secret"): "HMAC key of the control plane; must equal "
+    "the nameservers' and the other brokers' `cluster_secret`. The broker signs every "
+    "request it sends to nameservers and brokers, refuses unsigned control requests "
+    "(notices, HA-info exchange, lock votes, pre-online pulls), and its HA port counts "
+    "and streams to a slave only after a challenge-response on the secret. Unset = "
+    "open mode (see [security](security.md)).",
     ("BrokerConfig", "admin_token"): "Bearer token for mutating admin endpoints; unset = "
     "no token required.",
     ("BrokerConfig", "delay_levels"): "RocketMQ `messageDelayLevel`: the delay of "

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import logging
 from collections.abc import Callable
 
 from broker_agent.convert import message_to_pb
@@ -21,6 +22,8 @@ from ha_controller.protocol.errors import (
 from ha_controller.protocol.properties import PROPERTY_UNIQ_KEY
 from ha_controller.protocol.record import tag_hash
 from ha_controller.rpc import RequestContext
+
+log = logging.getLogger(__name__)
 
 MAX_PULL_BATCH = 256
 # statuses that mean "nothing yet at this offset": a long-poll pull waits on them
@@ -163,6 +166,19 @@ class MessageHandlers:
                 min_offset=result.min_offset,
                 max_offset=result.max_offset,
             )
+        if result.status is GetMessageStatus.OFFSET_TOO_SMALL:
+            if not core.acting.serves_master_only_ops and core.acting.master_online:
+                # A slave deletes on its own clock, so its start may be later than the
+                # master's: never move a consumer on a slave's word while the master
+                # serves (RocketMQ's offsetCheckInSlave=false); send it to the master.
+                return broker_pb2.PullMessageResponse(
+                    status=broker_pb2.NO_NEW_MSG,
+                    next_begin_offset=req.queue_offset,
+                    min_offset=result.min_offset,
+                    max_offset=result.max_offset,
+                    suggest_which_broker_id=0,
+                )
+            self._moved_to_min(req, result.min_offset)
         resp = broker_pb2.PullMessageResponse(
             next_begin_offset=result.next_begin_offset,
             min_offset=result.min_offset,
@@ -185,3 +201,25 @@ class MessageHandlers:
         if not core.acting.is_master and core.acting.master_online:
             resp.suggest_which_broker_id = 0
         return resp
+
+    def _moved_to_min(self, req: broker_pb2.PullMessageRequest, min_offset: int) -> None:
+        """The pull asked below the queue's minimum: retention deleted those messages.
+
+        The answer (OFFSET_ILLEGAL with ``next_begin_offset`` = the minimum, RocketMQ's
+        PULL_OFFSET_MOVED) moves the consumer on; here the group's committed offset, if
+        it points below the minimum too, moves there as well, so that a consumer that
+        restarts from it does not ask for deleted messages again."""
+        log.debug(
+            "pull of %s/%d at %d: below the minimum %d (deleted); moving %s there",
+            req.topic,
+            req.queue_id,
+            req.queue_offset,
+            min_offset,
+            req.consumer_group or "the consumer",
+        )
+        group = req.consumer_group
+        if not group or not self.core.acting.serves_master_only_ops:
+            return
+        committed = self.core.offsets.query(group, req.topic, req.queue_id)
+        if 0 <= committed < min_offset:
+            self.write_path.commit_offset(group, req.topic, req.queue_id, min_offset)

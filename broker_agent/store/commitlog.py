@@ -8,10 +8,17 @@ would leave less than ``BLANK_MIN_SIZE`` bytes at the end of a segment, a blank 
 goes to the next one.  So every full segment ends with one blank record and the
 segments are contiguous.
 
-I/O is plain ``os.pwrite`` / ``os.pread`` on file descriptors that stay open until
-:meth:`CommitLog.close` (one per segment).  The class is not thread-safe; the message
-store serialises access, and :meth:`CommitLog.sync_fds` hands out duplicated file
-descriptors so that a flusher can ``fdatasync`` without the store lock.
+I/O is plain ``os.pwrite`` / ``os.pread``.  Only the active (last) segment keeps its
+descriptor open until it is closed by a roll-over or :meth:`CommitLog.close`; older
+segments are opened on demand through a bounded :class:`~.files.FileCache` (shared with
+the consume queues), so the number of open files does not grow with the log.  The class
+is not thread-safe; the message store serialises access, and :meth:`CommitLog.sync_fds`
+hands out duplicated file descriptors so that a flusher can ``fdatasync`` without the
+store lock.
+
+Retention deletes whole segments from the front (:meth:`CommitLog.detach_oldest`, then
+:func:`unlink_segments` outside the store lock); the active segment is never deleted,
+so the log is never empty once it has been written.
 """
 
 from __future__ import annotations
@@ -21,7 +28,8 @@ import logging
 import os
 import re
 import struct
-from collections.abc import Callable, Generator, Iterator
+from collections.abc import Callable, Generator, Iterable, Iterator
+from dataclasses import dataclass
 from pathlib import Path
 
 from ha_controller.protocol.errors import CorruptRecord, OffsetOutOfRange, StoreError, StoreFull
@@ -36,6 +44,8 @@ from ha_controller.protocol.record import (
     encode_blank_header,
 )
 
+from .files import OPEN_FLAGS, FileCache
+
 logger = logging.getLogger(__name__)
 
 _SEGMENT_NAME = re.compile(r"^\d{20}$")
@@ -43,6 +53,8 @@ _U32 = struct.Struct(">I")
 _PREFIX = struct.Struct(">II")
 _SCAN_CHUNK = 1 << 20
 _FULL_ERRNOS = frozenset({errno.ENOSPC, errno.EDQUOT})
+#: descriptors of a commit log that was given no shared cache (tests, tools)
+DEFAULT_OPEN_FILES = 64
 
 
 def store_error(exc: OSError, what: str) -> StoreError:
@@ -75,11 +87,14 @@ def pread_exact(fd: int, size: int, offset: int) -> bytes:
 
 
 class Segment:
-    """One segment file; ``size`` is the number of bytes written (the file size)."""
+    """One segment file; ``size`` is the number of bytes written (the file size).
+
+    ``fd`` is the descriptor held by the active segment; None for the others (they are
+    opened through the file cache)."""
 
     __slots__ = ("fd", "path", "size", "start")
 
-    def __init__(self, start: int, path: Path, fd: int, size: int) -> None:
+    def __init__(self, start: int, path: Path, fd: int | None, size: int) -> None:
         self.start = start
         self.path = path
         self.fd = fd
@@ -93,12 +108,40 @@ class Segment:
         return f"Segment({self.path.name}, size={self.size})"
 
 
+@dataclass(frozen=True, slots=True)
+class SegmentInfo:
+    """What retention needs to know about one closed segment."""
+
+    start: int
+    end: int
+    mtime_ms: int
+    path: Path
+
+
+def unlink_segments(directory: Path, paths: Iterable[Path]) -> None:
+    """Remove detached segment files, then make the removal durable (no store lock)."""
+    removed = False
+    for path in paths:
+        try:
+            path.unlink(missing_ok=True)
+        except OSError as exc:
+            raise store_error(exc, f"cannot remove segment {path}") from exc
+        removed = True
+    if removed:
+        try:
+            fsync_dir(directory)
+        except OSError as exc:
+            raise store_error(exc, f"cannot sync directory {directory}") from exc
+
+
 class CommitLog:
     """Append-only, segmented record log (see module docstring)."""
 
-    def __init__(self, directory: Path, segment_size: int) -> None:
+    def __init__(self, directory: Path, segment_size: int, files: FileCache | None = None) -> None:
         self._dir = directory
         self._segment_size = segment_size
+        self._own_files = files is None
+        self._files = files if files is not None else FileCache(DEFAULT_OPEN_FILES)
         self._segments: list[Segment] = []
         self._base = 0  # start offset when there are no segments
         self._flushed = 0
@@ -114,7 +157,7 @@ class CommitLog:
         except OSError as exc:
             raise store_error(exc, f"cannot open commit log directory {self._dir}") from exc
         expected: int | None = None
-        for name in names:
+        for i, name in enumerate(names):
             start = int(name)
             if start % self._segment_size:
                 raise StoreError(
@@ -125,11 +168,15 @@ class CommitLog:
                     f"commit log segments are not contiguous: expected {expected:020d}"
                 )
             path = self._dir / name
+            fd: int | None = None
             try:
-                fd = os.open(path, os.O_RDWR | os.O_CLOEXEC)
+                if i == len(names) - 1:  # the active segment keeps its descriptor
+                    fd = os.open(path, OPEN_FLAGS)
+                    size = os.fstat(fd).st_size
+                else:
+                    size = path.stat().st_size
             except OSError as exc:
                 raise store_error(exc, f"cannot open segment {path}") from exc
-            size = os.fstat(fd).st_size
             self._segments.append(Segment(start, path, fd, size))
             if size > self._segment_size:
                 raise StoreError(
@@ -166,6 +213,35 @@ class CommitLog:
     def segment_starts(self) -> list[int]:
         return [seg.start for seg in self._segments]
 
+    @property
+    def segment_count(self) -> int:
+        return len(self._segments)
+
+    @property
+    def files(self) -> FileCache:
+        return self._files
+
+    def _fd(self, seg: Segment) -> int:
+        """``seg``'s descriptor: its own when active, else from the cache (OSError)."""
+        return seg.fd if seg.fd is not None else self._files.fd(seg.path)
+
+    def _demote(self, seg: Segment) -> None:
+        """``seg`` is no longer active: its descriptor goes to the cache."""
+        if seg.fd is not None:
+            self._files.adopt(seg.path, seg.fd)
+            seg.fd = None
+
+    def _activate(self, seg: Segment) -> None:
+        """``seg`` is the last segment again (after a truncation): hold its descriptor."""
+        if seg.fd is None:
+            fd = self._files.take(seg.path)
+            if fd is None:
+                try:
+                    fd = os.open(seg.path, OPEN_FLAGS)
+                except OSError as exc:
+                    raise store_error(exc, f"cannot open segment {seg.path}") from exc
+            seg.fd = fd
+
     def _index(self, offset: int) -> int:
         """Index of the segment whose range ``[start, start + segment_size)`` holds offset."""
         if not self._segments:
@@ -191,6 +267,8 @@ class CommitLog:
         except OSError as exc:
             raise store_error(exc, f"cannot create segment {path}") from exc
         seg = Segment(start, path, fd, 0)
+        if self._segments:
+            self._demote(self._segments[-1])
         self._segments.append(seg)
         try:
             fsync_dir(self._dir)
@@ -212,7 +290,7 @@ class CommitLog:
     def _write_at_end(self, seg: Segment, data: bytes | memoryview) -> None:
         """Append ``data`` to ``seg``; on failure cut the file back so no partial bytes stay."""
         try:
-            pwrite_all(seg.fd, data, seg.size)
+            pwrite_all(self._fd(seg), data, seg.size)
         except OSError as exc:
             self._cut_back(seg)
             raise store_error(exc, f"cannot write segment {seg.path.name}") from exc
@@ -220,7 +298,7 @@ class CommitLog:
 
     def _cut_back(self, seg: Segment) -> None:
         try:
-            os.ftruncate(seg.fd, seg.size)
+            os.ftruncate(self._fd(seg), seg.size)
         except OSError:
             self._unclean_tail = True
             logger.exception("cannot cut segment %s back to %d bytes", seg.path.name, seg.size)
@@ -228,9 +306,10 @@ class CommitLog:
     def _write_blank(self, seg: Segment) -> None:
         blank = self._segment_size - seg.size
         try:
-            pwrite_all(seg.fd, encode_blank_header(blank), seg.size)
-            os.ftruncate(seg.fd, self._segment_size)
-            os.fdatasync(seg.fd)
+            fd = self._fd(seg)
+            pwrite_all(fd, encode_blank_header(blank), seg.size)
+            os.ftruncate(fd, self._segment_size)
+            os.fdatasync(fd)
         except OSError as exc:
             self._cut_back(seg)
             raise store_error(exc, f"cannot close segment {seg.path.name}") from exc
@@ -341,11 +420,19 @@ class CommitLog:
 
     # --- truncation --------------------------------------------------------------
 
-    def _drop_segment(self, seg: Segment) -> None:
+    def _release(self, seg: Segment) -> None:
+        """Close ``seg``'s descriptor, its own or the cache's."""
+        if seg.fd is None:
+            self._files.forget(seg.path)
+            return
         try:
             os.close(seg.fd)
         except OSError:
             logger.warning("closing segment %s failed", seg.path.name, exc_info=True)
+        seg.fd = None
+
+    def _drop_segment(self, seg: Segment) -> None:
+        self._release(seg)
         try:
             seg.path.unlink(missing_ok=True)
         except OSError as exc:
@@ -365,10 +452,11 @@ class CommitLog:
                 self._drop_segment(seg)
         self._segments = keep
         last = keep[-1]
+        self._activate(last)
         new_size = min(offset - last.start, last.size)
         if new_size != last.size:
             try:
-                os.ftruncate(last.fd, new_size)
+                os.ftruncate(self._fd(last), new_size)
             except OSError as exc:
                 raise store_error(exc, f"cannot truncate segment {last.path.name}") from exc
             last.size = new_size
@@ -397,7 +485,7 @@ class CommitLog:
             raise OffsetOutOfRange(f"no {size} bytes at commit log offset {offset}")
         seg = self._segments[idx]
         try:
-            return pread_exact(seg.fd, size, offset - seg.start)
+            return pread_exact(self._fd(seg), size, offset - seg.start)
         except OSError as exc:
             raise store_error(exc, f"cannot read segment {seg.path.name}") from exc
 
@@ -514,40 +602,80 @@ class CommitLog:
             offset += pos
         return offset
 
+    # --- retention ---------------------------------------------------------------------
+
+    def closed_segments(self) -> Iterator[SegmentInfo]:
+        """Every segment but the active one, oldest first, with its modification time
+        (stat()ed lazily: a caller that stops early stats no more)."""
+        for seg in self._segments[:-1]:
+            try:
+                mtime_ns = seg.path.stat().st_mtime_ns
+            except OSError as exc:
+                raise store_error(exc, f"cannot stat segment {seg.path}") from exc
+            yield SegmentInfo(seg.start, seg.written_end, mtime_ns // 1_000_000, seg.path)
+
+    def detach_oldest(self, count: int) -> list[Segment]:
+        """Drop the ``count`` oldest segments from the log (never the active one) and
+        close their descriptors; the caller removes the files (:func:`unlink_segments`),
+        which may happen without the store lock since nothing refers to them any more."""
+        count = min(count, len(self._segments) - 1)
+        if count <= 0:
+            return []
+        gone = self._segments[:count]
+        del self._segments[:count]
+        for seg in gone:
+            self._release(seg)
+        self._flushed = max(self._flushed, self.min_offset)
+        return gone
+
     # --- durability ------------------------------------------------------------------
+
+    def _unflushed(self, upto: int | None = None) -> list[Segment]:
+        """Segments with bytes above the flushed offset (the last one or two), oldest first."""
+        out: list[Segment] = []
+        for seg in reversed(self._segments):
+            if seg.written_end <= self._flushed:
+                break
+            if upto is None or seg.start < upto:
+                out.append(seg)
+        out.reverse()
+        return out
 
     def sync_fds(self, upto: int) -> list[int]:
         """Duplicated fds of the segments holding unflushed bytes below ``upto``.
 
         The caller fdatasyncs and closes them, then calls :meth:`mark_flushed`; dups keep
-        a concurrent rollback from closing a descriptor under the flusher.
+        a concurrent rollback (or the file cache) from closing a descriptor under the
+        flusher.  Raises StoreError when a segment cannot be opened.
         """
-        return [
-            os.dup(seg.fd)
-            for seg in self._segments
-            if seg.written_end > self._flushed and seg.start < upto
-        ]
+        fds: list[int] = []
+        try:
+            for seg in self._unflushed(upto):
+                fds.append(os.dup(self._fd(seg)))  # noqa: PERF401 (closed on failure)
+        except OSError as exc:
+            for fd in fds:
+                os.close(fd)
+            raise store_error(exc, "cannot open a segment to sync it") from exc
+        return fds
 
     def mark_flushed(self, offset: int) -> None:
         self._flushed = max(self._flushed, min(offset, self.max_offset))
 
     def sync(self) -> None:
         """fdatasync every segment with unflushed bytes (caller holds the store lock)."""
-        for seg in self._segments:
-            if seg.written_end > self._flushed:
-                try:
-                    os.fdatasync(seg.fd)
-                except OSError as exc:
-                    raise store_error(exc, f"cannot sync segment {seg.path.name}") from exc
+        for seg in self._unflushed():
+            try:
+                os.fdatasync(self._fd(seg))
+            except OSError as exc:
+                raise store_error(exc, f"cannot sync segment {seg.path.name}") from exc
         self._flushed = self.max_offset
 
     def close(self) -> None:
         for seg in self._segments:
-            try:
-                os.close(seg.fd)
-            except OSError:
-                logger.warning("closing segment %s failed", seg.path.name, exc_info=True)
+            self._release(seg)
         self._segments = []
+        if self._own_files:
+            self._files.close()
 
 
 def _whole_records(chunk: bytes) -> int:

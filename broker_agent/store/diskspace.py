@@ -106,6 +106,14 @@ class DiskSpace:
         """The last sample minus what this store appended since."""
         return self.free_bytes - self._written
 
+    @property
+    def used_ratio(self) -> float | None:
+        """Share of the file system not available to the store at the last sample
+        (``1 - free / total``, free as for unprivileged users); None before a sample."""
+        if self.total_bytes <= 0:
+            return None
+        return 1.0 - self.free_bytes / self.total_bytes
+
     def _margin(self) -> int:
         return (self.warn_reserve_bytes - self.hard_reserve_bytes) // 2
 

@@ -5,7 +5,11 @@ Layout under ``store_dir``::
     lock                      flock()ed while a process has the store open
     checkpoint                two-slot checkpoint (see ``checkpoint``)
     commitlog/<20 digits>     segment files (see ``commitlog``)
-    consumequeue/<topic>/<queue id>/<20 digits>   consume queues (see ``consumequeue``)
+    consumequeue/<topic>/<queue id>/<20 digits>   consume-queue files (see ``consumequeue``)
+
+Open files: the active commit-log segment keeps its descriptor; every other file is
+opened on demand through one LRU :class:`~.files.FileCache` of ``max_open_files``
+descriptors, so a store of thousands of segments and queues holds a bounded number.
 
 Dispatch (consume-queue building, RocketMQ's ``ReputMessageService``): :meth:`put`
 writes its own consume-queue entry before it returns, so a message is readable as soon as
@@ -30,6 +34,16 @@ record's CRC and re-dispatching it idempotently; truncate at the first record th
 not verify (dropping every later segment); then trim consume-queue entries that point at
 or past the truncation point.  Reads verify the CRC again, so a record that fails it is
 never served.
+
+Retention (:meth:`MessageStore.clean_expired_files`, run by the broker every
+``clean_resource_interval_ms``): expired commit-log segments are deleted as ``retention``
+decides; consume queues follow at once (their minimum offsets move past entries that
+point below the new start of the log, checked lazily on every read as well) and their
+files that hold only such entries are deleted after the segments are gone for good.  A
+read below a queue's minimum offset answers ``OFFSET_TOO_SMALL`` with the minimum as
+``next_begin_offset``, so a consumer that was behind moves on.  Deleting segments first
+(and syncing the directory) means a crash in between leaves consume-queue entries that
+recovery skips, never entries without their records.
 
 Message ids are RocketMQ offset message ids (store host + physical offset, hex), see
 :func:`ha_controller.protocol.record.make_msg_id`.
@@ -73,9 +87,17 @@ from ha_controller.protocol.record import (
 )
 
 from .checkpoint import CheckpointFile
-from .commitlog import CommitLog, store_error
-from .consumequeue import ENTRY_SIZE, ConsumeQueue
+from .commitlog import CommitLog, store_error, unlink_segments
+from .consumequeue import DEFAULT_FILE_ENTRIES, ENTRY_SIZE, ConsumeQueue, unlink_files
 from .diskspace import DiskSpace, SpaceLevel, statvfs_sampler
+from .files import FileCache
+from .retention import (
+    DELETE_BATCH_MAX,
+    CleanResult,
+    RetentionPolicy,
+    decide,
+    parse_delete_when,
+)
 
 logger = logging.getLogger(__name__)
 
@@ -86,6 +108,9 @@ _CQ_READ_BATCH = 256
 _MAX_FILTER_SCAN = 16000
 _STORE_TS = struct.Struct(">Q")
 _STORE_TS_POS = 44
+_HOUR_MS = 3_600_000
+#: consume queues handled per hold of the store lock by a retention round
+_CQ_CLEAN_CHUNK = 256
 
 
 @dataclass(frozen=True, slots=True)
@@ -103,6 +128,17 @@ class StoreConfig:
     disk_check_interval_ms: int = 1000
     max_message_size_bytes: int = 4 * MiB
     recovery_verify_segments: int = 3
+    #: closed segments last modified longer ago than this are expired (RocketMQ
+    #: fileReservedTime, 72 h)
+    file_reserved_time_ms: int = 72 * _HOUR_MS
+    #: hours of day (local time) expired segments are deleted in: "04", "04;05"
+    delete_when: str = "04"
+    #: above this much of the file system used, expired segments go at once
+    disk_max_used_space_ratio: float = 0.75
+    #: descriptors kept open besides the active segment's (LRU; see files)
+    max_open_files: int = 256
+    #: entries per consume-queue file
+    consume_queue_file_entries: int = DEFAULT_FILE_ENTRIES
 
     def __post_init__(self) -> None:
         if self.segment_size_bytes < 4096:
@@ -139,12 +175,38 @@ class StoreConfig:
             raise ConfigError(
                 f"recovery_verify_segments must be >= 1, got {self.recovery_verify_segments}"
             )
+        if self.file_reserved_time_ms <= 0:
+            raise ConfigError(
+                f"file_reserved_time_ms must be > 0, got {self.file_reserved_time_ms}"
+            )
+        try:
+            parse_delete_when(self.delete_when)
+        except ValueError as exc:
+            raise ConfigError(f"delete_when: {exc}") from None
+        if not 0.0 < self.disk_max_used_space_ratio <= 1.0:
+            raise ConfigError(
+                f"disk_max_used_space_ratio must be in (0, 1], got {self.disk_max_used_space_ratio}"
+            )
+        if self.max_open_files < 1:
+            raise ConfigError(f"max_open_files must be >= 1, got {self.max_open_files}")
+        if self.consume_queue_file_entries < 1:
+            raise ConfigError(
+                f"consume_queue_file_entries must be >= 1, got {self.consume_queue_file_entries}"
+            )
 
     @property
     def warn_ratio(self) -> float:
         if self.warn_free_disk_ratio is not None:
             return self.warn_free_disk_ratio
         return min(2 * self.min_free_disk_ratio, max(self.min_free_disk_ratio, 0.5))
+
+    @property
+    def retention(self) -> RetentionPolicy:
+        return RetentionPolicy(
+            self.file_reserved_time_ms,
+            parse_delete_when(self.delete_when),
+            self.disk_max_used_space_ratio,
+        )
 
 
 @dataclass(frozen=True, slots=True)
@@ -209,7 +271,9 @@ class MessageStore:
         self._lock_fd = lock_fd
         self._lock = threading.RLock()
         self._flush_lock = threading.Lock()
-        self._cl = CommitLog(store_dir / "commitlog", config.segment_size_bytes)
+        self._files = FileCache(config.max_open_files)
+        self._cl = CommitLog(store_dir / "commitlog", config.segment_size_bytes, self._files)
+        self._retention = config.retention
         self._cq_root = store_dir / "consumequeue"
         self._cqs: dict[tuple[str, int], ConsumeQueue] = {}
         self._checkpoint: CheckpointFile | None = None
@@ -295,6 +359,7 @@ class MessageStore:
         self._cl.close()
         for cq in self._cqs.values():
             cq.close()
+        self._files.close()
         if self._checkpoint is not None:
             self._checkpoint.close()
         try:
@@ -353,8 +418,18 @@ class MessageStore:
             cl.truncate(end)
         self._reput_offset = end
         cl.sync()
+        skipped = 0
         for cq in self._cqs.values():
             cq.sync()
+            skipped += cq.correct_min(cl.min_offset)
+        if skipped:
+            logger.info(
+                "store %s: %d consume-queue entries point below the commit log start %d "
+                "(deleted by retention); skipping them",
+                self._dir,
+                skipped,
+                cl.min_offset,
+            )
         self._checkpoint.write(end, end, clean=False)
         self._space.refresh()
         logger.info(
@@ -372,7 +447,13 @@ class MessageStore:
                     continue
                 for queue_dir in sorted(topic_dir.iterdir()):
                     if queue_dir.is_dir() and queue_dir.name.isdigit():
-                        cq = ConsumeQueue.load(self._cq_root, topic_dir.name, int(queue_dir.name))
+                        cq = ConsumeQueue.load(
+                            self._cq_root,
+                            topic_dir.name,
+                            int(queue_dir.name),
+                            self._files,
+                            self._config.consume_queue_file_entries,
+                        )
                         self._cqs[(cq.topic, cq.queue_id)] = cq
         except OSError as exc:
             raise store_error(exc, f"cannot load consume queues in {self._cq_root}") from exc
@@ -414,7 +495,20 @@ class MessageStore:
         key = (topic, queue_id)
         cq = self._cqs.get(key)
         if cq is None:
-            cq = self._cqs[key] = ConsumeQueue(self._cq_root, topic, queue_id)
+            cq = self._cqs[key] = ConsumeQueue(
+                self._cq_root,
+                topic,
+                queue_id,
+                self._files,
+                self._config.consume_queue_file_entries,
+            )
+        return cq
+
+    def _cq_for_read(self, topic: str, queue_id: int) -> ConsumeQueue | None:
+        """The queue, its minimum moved past entries that retention left dangling."""
+        cq = self._cqs.get((topic, queue_id))
+        if cq is not None and not self._closed:
+            cq.correct_min(self._cl.min_offset)
         return cq
 
     def _dispatch(
@@ -723,6 +817,18 @@ class MessageStore:
                 raise
             self._space.charge(written)
 
+    def can_start_replica_at(self, offset: int) -> bool:
+        """Whether :meth:`append_replicated` may start at ``offset`` although the log ends
+        elsewhere: the log is empty and ``offset`` is a later segment start (the master
+        deleted what came before)."""
+        with self._lock:
+            cl = self._cl
+            return (
+                cl.max_offset == cl.min_offset
+                and offset > cl.max_offset
+                and offset % cl.segment_size == 0
+            )
+
     def flush(self) -> int:
         """fdatasync the commit log and consume queues, write the checkpoint.
 
@@ -735,16 +841,26 @@ class MessageStore:
                     return self._cl.flushed_offset
                 target = self._cl.max_offset
                 dispatched = self._reput_offset
-                fds = self._cl.sync_fds(target)
-                for cq in self._cqs.values():
-                    if cq.dirty:
-                        fd = cq.dup_fd()
-                        if fd is not None:
-                            fds.append(fd)
-                        cq.dirty = False
+                try:
+                    fds = self._cl.sync_fds(target)
+                except StoreError as open_failed:
+                    self._go_read_only(open_failed)
+                    raise
+                cq_paths = [p for cq in self._cqs.values() if cq.dirty for p in cq.take_dirty()]
             try:
                 for fd in fds:
                     os.fdatasync(fd)
+                # one descriptor at a time, so a flush of thousands of queues stays within
+                # the open-file bound; a file removed meanwhile (rebase, retention) is gone
+                for path in cq_paths:
+                    try:
+                        fd = os.open(path, os.O_RDWR | os.O_CLOEXEC)
+                    except FileNotFoundError:
+                        continue
+                    try:
+                        os.fdatasync(fd)
+                    finally:
+                        os.close(fd)
             except OSError as exc:
                 err = store_error(exc, "fdatasync failed")
                 with self._lock:
@@ -840,7 +956,7 @@ class MessageStore:
         """
         with self._lock:
             self._check_open()
-            cq = self._cqs.get((topic, queue_id))
+            cq = self._cq_for_read(topic, queue_id)
             if cq is None:
                 return GetResult(GetMessageStatus.NO_MATCHED_LOGIC_QUEUE)
             lo, hi = cq.min_offset, cq.max_offset
@@ -848,10 +964,12 @@ class MessageStore:
             def result(status: GetMessageStatus, nxt: int, msgs: list[StoredMessage]) -> GetResult:
                 return GetResult(status, msgs, nxt, lo, hi)
 
-            if lo == hi:
-                return result(GetMessageStatus.NO_MESSAGE_IN_QUEUE, lo, [])
+            # before "empty": a queue whose every message was deleted by retention still
+            # sends a consumer that was behind to its minimum
             if offset < lo:
                 return result(GetMessageStatus.OFFSET_TOO_SMALL, lo, [])
+            if lo == hi:
+                return result(GetMessageStatus.NO_MESSAGE_IN_QUEUE, lo, [])
             if offset == hi:
                 return result(GetMessageStatus.OFFSET_OVERFLOW_ONE, offset, [])
             if offset > hi:
@@ -889,7 +1007,7 @@ class MessageStore:
         """The message at queue ``offset``, or None if there is none (or it is unreadable)."""
         with self._lock:
             self._check_open()
-            cq = self._cqs.get((topic, queue_id))
+            cq = self._cq_for_read(topic, queue_id)
             entry = cq.entry(offset) if cq is not None else None
             if entry is None:
                 return None
@@ -902,8 +1020,9 @@ class MessageStore:
             return cq.max_offset if cq is not None else 0
 
     def min_offset(self, topic: str, queue_id: int) -> int:
+        """First queue offset still readable (moves up as retention deletes)."""
         with self._lock:
-            cq = self._cqs.get((topic, queue_id))
+            cq = self._cq_for_read(topic, queue_id)
             return cq.min_offset if cq is not None else 0
 
     def _store_ts_at(self, physical_offset: int) -> int:
@@ -918,7 +1037,7 @@ class MessageStore:
         """
         with self._lock:
             self._check_open()
-            cq = self._cqs.get((topic, queue_id))
+            cq = self._cq_for_read(topic, queue_id)
             if cq is None:
                 return 0
             lo, hi = cq.min_offset, cq.max_offset
@@ -936,7 +1055,7 @@ class MessageStore:
         """Store time of the first message of the queue, None if it is empty."""
         with self._lock:
             self._check_open()
-            cq = self._cqs.get((topic, queue_id))
+            cq = self._cq_for_read(topic, queue_id)
             entry = cq.entry(cq.min_offset) if cq is not None else None
             return None if entry is None else self._store_ts_at(entry[0])
 
@@ -947,6 +1066,92 @@ class MessageStore:
             for topic, queue_id in sorted(self._cqs):
                 out.setdefault(topic, []).append(queue_id)
             return out
+
+    # --- retention and open files ---------------------------------------------------------
+
+    def clean_expired_files(
+        self,
+        *,
+        replica_limit: int | None = None,
+        now_ms: int | None = None,
+        hour: int | None = None,
+    ) -> CleanResult:
+        """One retention round (see ``retention``): delete the commit-log segments that
+        are due, then the consume-queue files that only point below the new start.
+
+        ``replica_limit``: delete nothing at or above this commit-log offset (a master's
+        slowest live slave); ``now_ms``/``hour`` default to the clock (local hour).
+        Safe from a worker thread: files are removed without the store lock.  Raises
+        StoreError when a file cannot be removed (what was removed stays removed).
+        """
+        now = _now_ms() if now_ms is None else now_ms
+        if hour is None:
+            hour = time.localtime(now / 1000).tm_hour
+        with self._lock:
+            if self._closed:
+                return CleanResult("store closed")
+            self._space.refresh()
+            decision = decide(
+                self._retention,
+                self._cl.closed_segments(),
+                now_ms=now,
+                hour=hour,
+                used_ratio=self._space.used_ratio,
+                replica_limit=replica_limit,
+                max_segments=DELETE_BATCH_MAX,
+            )
+            gone = self._cl.detach_oldest(decision.segments)
+            cl_min = self._cl.min_offset
+            keys = list(self._cqs)
+        if gone:
+            unlink_segments(self._cl_dir, [seg.path for seg in gone])
+        # the segments are gone for good (directory synced): consume queues follow
+        queue_files: list[tuple[Path, int]] = []
+        for start in range(0, len(keys), _CQ_CLEAN_CHUNK):
+            with self._lock:
+                if self._closed:
+                    break
+                for key in keys[start : start + _CQ_CLEAN_CHUNK]:
+                    cq = self._cqs.get(key)
+                    if cq is not None:
+                        cq.correct_min(cl_min)
+                        queue_files.extend(cq.detach_expired())
+        if queue_files:
+            unlink_files([path for path, _ in queue_files])
+        if gone:
+            with self._lock:
+                if not self._closed:
+                    self._space.refresh()  # the freed space may end a FULL state
+        return CleanResult(
+            decision.reason,
+            segments=len(gone),
+            segment_bytes=sum(seg.size for seg in gone),
+            queue_files=len(queue_files),
+            queue_bytes=sum(size for _, size in queue_files),
+            more=decision.more,
+            commitlog_min_offset=cl_min,
+        )
+
+    @property
+    def commitlog_bytes(self) -> int:
+        """Bytes the commit log spans (blank fills included; they are holes on disk)."""
+        with self._lock:
+            return self._cl.max_offset - self._cl.min_offset
+
+    @property
+    def consume_queue_bytes(self) -> int:
+        """Bytes of the consume-queue files (entries not yet removed by retention)."""
+        with self._lock:
+            return sum(cq.disk_bytes for cq in self._cqs.values())
+
+    @property
+    def open_files(self) -> int:
+        """Descriptors the store holds now: the active segment, the file cache, the
+        checkpoint and the lock file."""
+        with self._lock:
+            if self._closed:
+                return 0
+            return len(self._files) + (1 if self._cl.segment_count else 0) + 2
 
     @property
     def config(self) -> StoreConfig:

@@ -370,6 +370,7 @@ def test_every_key_is_settable_from_env(cls: type[NameserverConfig] | type[Broke
         "store_dir",
         "broker_ip1",
         "broker_ip2",
+        "warn_free_disk_ratio",
         "tls.cert_file",
         "tls.key_file",
         "tls.ca_file",
@@ -888,14 +889,22 @@ def test_proxy_round_trip(tmp_path: Path) -> None:
 
 def test_every_proxy_key_is_settable_from_env() -> None:
     base = load_proxy_config(None, PROXY_FLAGS, {})
+    flat = {}
+    for key, value in to_toml_dict(base).items():
+        if isinstance(value, dict):  # the [tls] table
+            flat.update({f"{key}.{k}": v for k, v in value.items()})
+        else:
+            flat[key] = value
     env = {
         env_var_name(key): _env_text(tuple(v) if isinstance(v, list) else v)
-        for key, v in to_toml_dict(base).items()
+        for key, v in flat.items()
     }
-    assert set(config_keys(ProxyConfig)) - set(to_toml_dict(base)) == {"http_listen"}
+    unset = set(config_keys(ProxyConfig)) - set(flat)
+    assert unset == {"http_listen", "tls.cert_file", "tls.key_file", "tls.ca_file"}
+    for key in unset:
+        env[env_var_name(key)] = ""  # empty = unset for optional keys
     env["HAC_NAMESRV_ADDRS"] = "10.0.0.9:9876"
     base = dataclasses.replace(base, namesrv_addrs=("10.0.0.9:9876",))
-    env["HAC_HTTP_LISTEN"] = ""
     assert load_proxy_config(None, {}, env) == base
 
 

@@ -191,6 +191,8 @@ def _value_schema(tp: Any, name: str, f: dataclasses.Field[Any]) -> dict[str, An
         return {"type": "boolean"}
     if tp is int:
         return _int_schema(name, f)
+    if tp is float:
+        return {"type": "number"}  # ratios: their check functions bound them at load
     if tp is str:
         return {"type": "string"}
     if origin is Literal:
