@@ -48,6 +48,7 @@ async def open_listeners(service: BrokerService) -> Listeners:
     """Bind RPC, HA and admin HTTP for ``service`` and record the bound addresses on it."""
     cfg = service.cfg
     core = service.core
+    # one [tls] for every listener: RPC, HA and admin HTTP (outgoing: core.pool)
     tls = cfg.tls.server_context()
     server = RpcServer(core.dispatcher, limits=cfg.limits, ssl_context=tls, name="broker")
     server.on_connection_closed(service.on_connection_closed)
@@ -61,7 +62,7 @@ async def open_listeners(service: BrokerService) -> Listeners:
     ha_addr = ""
     if core.ha_master is not None:
         ha_host, ha_port_req = parse_host_port(cfg.ha_listen)
-        h, p = await core.ha_master.start(ha_host, ha_port_req)
+        h, p = await core.ha_master.start(ha_host, ha_port_req, ssl_context=tls)
         ha_addr = advertised(cfg, h, p)
     else:
         ha_addr = advertised(cfg, *parse_host_port(cfg.ha_listen))

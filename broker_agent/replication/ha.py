@@ -11,6 +11,16 @@ sees its acked offset stop) but discards what streams in and reports nothing.  E
 transfer still carries the master's end, so the slave's lag stays honest.  Once its
 store takes appends again (sampled every second) it re-attaches from its own end and
 catches up.
+
+Authentication (:mod:`ha_controller.auth`).  With a cluster secret a slave first
+proves itself: it sends HA_HELLO with a nonce, the master answers a fresh random
+challenge for the connection plus its own proof of the secret (the slave refuses a
+master that cannot prove it), and the slave answers HA_AUTH, HMAC(secret, challenge ||
+broker name || broker id || its address).  Until then the master counts none of the
+connection's reports (an unauthenticated report closes it) and streams nothing, and
+the slave applies nothing it receives.  A link's identity (id, address) is the one
+the handshake proved, and a copy counts once per broker id.  In every mode a report
+beyond the master's own end closes the link: it cannot be a real copy.
 """
 
 from __future__ import annotations
@@ -18,22 +28,28 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import logging
+import ssl
 import time
 from collections.abc import Callable
 from dataclasses import dataclass
 
 from broker_agent.store.message_store import Dispatched, MessageStore
-from ha_controller.proto import broker_pb2
+from ha_controller.auth import ClusterAuth
+from ha_controller.proto import broker_pb2, common_pb2
 from ha_controller.protocol.codes import RequestCode
 from ha_controller.protocol.errors import (
+    BadRequest,
     BrokerUnavailable,
     ConnectionClosed,
     HaError,
     OffsetOutOfRange,
+    SignatureInvalid,
     StoreFull,
     StoreReadOnly,
+    TlsError,
 )
 from ha_controller.rpc import Dispatcher, RequestContext, RpcConnection, RpcServer, connect
+from ha_controller.rpc.bounds import Throttle
 
 log = logging.getLogger(__name__)
 
@@ -44,6 +60,22 @@ STALLED_CHECK_S = 1.0
 #: a slave with bytes pending that acknowledged nothing for this long does not count
 #: as a live copy (a stalled slave stays attached but goes silent)
 SLAVE_SILENT_S = 2.0
+#: how long each step of the HA handshake may take
+HANDSHAKE_TIMEOUT_MS = 2000
+#: connection attributes of the handshake (master side: the challenge it issued and the
+#: slave it proved; slave side: the master proved itself)
+_CHALLENGE = "ha_challenge"
+_SLAVE = "ha_slave"
+_MASTER_PROVED = "ha_master_proved"
+
+
+@dataclass(frozen=True, slots=True)
+class ProvedSlave:
+    """Who a slave proved to be in the handshake."""
+
+    broker_name: str
+    broker_id: int
+    addr: str
 
 
 @dataclass
@@ -61,17 +93,29 @@ class SlaveLink:
 class HaMaster:
     """Master side: accepts slaves, streams the commit log, tracks acks."""
 
-    def __init__(self, store: MessageStore) -> None:
+    def __init__(
+        self, store: MessageStore, *, auth: ClusterAuth | None = None, broker_name: str = ""
+    ) -> None:
         self.store = store
+        #: with a secret, slaves must pass the handshake (see the module's docstring)
+        self.auth = auth or ClusterAuth(None)
+        self.broker_name = broker_name
         self.links: dict[RpcConnection, SlaveLink] = {}
         self._acked = asyncio.Condition()
         self._new_data = asyncio.Event()
         dispatcher = Dispatcher()
         dispatcher.add(RequestCode.HA_REPORT_OFFSET, broker_pb2.HaReport, self._on_report)
+        dispatcher.add(RequestCode.HA_HELLO, broker_pb2.HaHello, self._on_hello)
+        dispatcher.add(RequestCode.HA_AUTH, broker_pb2.HaAuth, self._on_auth)
         self.server = RpcServer(dispatcher, name="ha")
         self.server.on_connection_closed(self._on_closed)
 
-    async def start(self, host: str, port: int) -> tuple[str, int]:
+    async def start(
+        self, host: str, port: int, *, ssl_context: ssl.SSLContext | None = None
+    ) -> tuple[str, int]:
+        """Bind the HA listener; with ``ssl_context`` (the broker's [tls]) slaves must
+        connect with TLS (and, under mutual TLS, a client certificate)."""
+        self.server.ssl_context = ssl_context
         return await self.server.start(host, port)
 
     def data_appended(self) -> None:
@@ -87,8 +131,8 @@ class HaMaster:
         )
 
     def slave_count(self) -> int:
-        """Slaves that can confirm writes (see :meth:`confirming`)."""
-        return sum(1 for link in self.links.values() if self.confirming(link))
+        """Slaves (distinct broker ids) that can confirm writes (see :meth:`confirming`)."""
+        return len({link.broker_id for link in self.links.values() if self.confirming(link)})
 
     def transfer_slaves(self) -> list[SlaveLink]:
         return list(self.links.values())
@@ -97,8 +141,9 @@ class HaMaster:
         return any(link.slave_addr.rsplit(":", 1)[0] == host for link in self.links.values())
 
     def in_sync_count(self, offset: int) -> int:
-        """Copies (including ours) that hold everything below ``offset``."""
-        return 1 + sum(1 for link in self.links.values() if link.acked >= offset)
+        """Copies (including ours) that hold everything below ``offset``: one per slave
+        broker id (a slave reconnecting may briefly have two links)."""
+        return 1 + len({link.broker_id for link in self.links.values() if link.acked >= offset})
 
     def lag_bytes(self) -> int:
         if not self.links:
@@ -116,26 +161,91 @@ class HaMaster:
             return False
         return True
 
+    # ---- the handshake ----------------------------------------------------------------
+
+    async def _on_hello(
+        self, ctx: RequestContext, req: broker_pb2.HaHello
+    ) -> broker_pb2.HaChallenge:
+        """A fresh challenge for this connection and our proof of the secret (an empty
+        answer: this master has no secret)."""
+        if not self.auth.enabled:
+            return broker_pb2.HaChallenge()
+        challenge = self.auth.ha_challenge()
+        ctx.conn.attrs[_CHALLENGE] = challenge
+        return broker_pb2.HaChallenge(
+            challenge=challenge,
+            master_proof=self.auth.ha_master_proof(req.slave_nonce, challenge, self.broker_name),
+        )
+
+    async def _on_auth(self, ctx: RequestContext, req: broker_pb2.HaAuth) -> common_pb2.Empty:
+        """The slave's answer to the challenge: from now on its reports count."""
+        if not self.auth.enabled:
+            return common_pb2.Empty()
+        challenge = ctx.conn.attrs.pop(_CHALLENGE, None)  # one answer per challenge
+        if challenge is None or not self.auth.ha_signature_ok(
+            req.signature, challenge, req.broker_name, req.broker_id, req.slave_addr
+        ):
+            raise self.auth.refuse(
+                "ha_bad_signature",
+                RequestCode.HA_AUTH,
+                ctx.peer,
+                SignatureInvalid(
+                    "HA handshake: the answer does not match this master's challenge and "
+                    "cluster_secret"
+                ),
+            )
+        if req.broker_name != self.broker_name or req.broker_id == 0:
+            raise BadRequest(
+                f"HA handshake: {req.broker_name} id {req.broker_id} at {req.slave_addr} is "
+                f"not a slave of {self.broker_name}"
+            )
+        ctx.conn.attrs[_SLAVE] = ProvedSlave(req.broker_name, req.broker_id, req.slave_addr)
+        log.info(
+            "HA handshake: slave %s (id %d) proved the cluster secret",
+            req.slave_addr,
+            req.broker_id,
+        )
+        return common_pb2.Empty()
+
+    async def _refuse_report(self, ctx: RequestContext, reason: str, why: str) -> None:
+        self.links.pop(ctx.conn, None)
+        self.auth.refuse(reason, RequestCode.HA_REPORT_OFFSET, ctx.peer, SignatureInvalid(why))
+        await ctx.conn.aclose()
+
+    # ---- reports ---------------------------------------------------------------------
+
     async def _on_report(self, ctx: RequestContext, req: broker_pb2.HaReport) -> None:
+        proved: ProvedSlave | None = ctx.conn.attrs.get(_SLAVE)
+        if self.auth.enabled and proved is None:
+            # counted as no copy, streamed nothing: closed
+            await self._refuse_report(
+                ctx, "ha_unauthenticated", "HA report before the handshake (cluster secret)"
+            )
+            return
         link = self.links.get(ctx.conn)
+        top = self.store.commitlog_max_offset
+        if req.max_offset > top:
+            # no real copy holds more than we do: a forgery, or our log lost its tail
+            # (pre-online's catch-up copies it back first)
+            log.error(
+                "slave %s reports offset %d beyond our max %d; refusing the link",
+                link.slave_addr if link is not None else (req.slave_addr or ctx.peer),
+                req.max_offset,
+                top,
+            )
+            await self._refuse_report(
+                ctx, "ha_offset_beyond_max", f"offset {req.max_offset} beyond the master's {top}"
+            )
+            return
         if link is None:
             link = SlaveLink(
                 ctx.conn,
-                req.slave_addr or ctx.peer,
-                req.broker_id,
+                proved.addr if proved is not None else (req.slave_addr or ctx.peer),
+                proved.broker_id if proved is not None else req.broker_id,
                 req.max_offset,
                 req.max_offset,
                 time.monotonic(),
             )
-            if req.max_offset > self.store.commitlog_max_offset:
-                log.error(
-                    "slave %s reports offset %d beyond our max %d; refusing the link",
-                    link.slave_addr,
-                    req.max_offset,
-                    self.store.commitlog_max_offset,
-                )
-                await ctx.conn.aclose()
-                return
             self.links[ctx.conn] = link
             link.task = asyncio.get_running_loop().create_task(self._push(link))
             log.info(
@@ -160,6 +270,18 @@ class HaMaster:
         try:
             while not link.conn.closed:
                 top = self.store.commitlog_max_offset
+                low = self.store.commitlog_min_offset
+                if link.pushed < low:
+                    # retention deleted what the slave asks for (it was not attached):
+                    # an empty slave starts at our start (its log rebases there); one
+                    # holding records below it refuses the transfer and says why
+                    log.warning(
+                        "slave %s asks for offset %d; the commit log starts at %d now",
+                        link.slave_addr,
+                        link.pushed,
+                        low,
+                    )
+                    link.pushed = low
                 if link.pushed < top:
                     data = self.store.read_commitlog(link.pushed, TRANSFER_CHUNK)
                     if data:
@@ -201,8 +323,18 @@ class HaSlave:
         own_addr: str,
         broker_id: int,
         on_dispatched: Callable[[list[Dispatched]], None],
+        *,
+        ssl_context: ssl.SSLContext | None = None,
+        auth: ClusterAuth | None = None,
+        broker_name: str = "",
     ) -> None:
         self.store = store
+        #: with a secret, every link starts with the handshake (module docstring)
+        self.auth = auth or ClusterAuth(None)
+        self.broker_name = broker_name
+        self._handshake_log = Throttle(10.0)
+        #: TLS to the master's HA port (the broker's [tls] client side); None = plaintext
+        self.ssl_context = ssl_context
         self.own_addr = own_addr
         self.broker_id = broker_id
         self._on_dispatched = on_dispatched
@@ -261,9 +393,21 @@ class HaSlave:
             dispatcher = Dispatcher()
             dispatcher.add_raw(RequestCode.HA_TRANSFER, self._on_transfer)
             try:
-                conn = await connect(addr, dispatcher=dispatcher, timeout_ms=2000)
+                conn = await connect(
+                    addr, dispatcher=dispatcher, timeout_ms=2000, ssl_context=self.ssl_context
+                )
             except BrokerUnavailable as exc:
-                log.debug("HA connect to %s failed: %s", addr, exc)
+                # a TLS failure does not heal by retrying: say so where operators look
+                level = logging.WARNING if isinstance(exc, TlsError) else logging.DEBUG
+                log.log(level, "HA connect to %s failed: %s", addr, exc)
+                self._addr_changed.clear()
+                with contextlib.suppress(TimeoutError):
+                    async with asyncio.timeout(backoff):
+                        await self._addr_changed.wait()
+                backoff = min(backoff * 2, 2.0)
+                continue
+            if self.auth.enabled and not await self._handshake(conn, addr):
+                await conn.aclose()
                 self._addr_changed.clear()
                 with contextlib.suppress(TimeoutError):
                     async with asyncio.timeout(backoff):
@@ -293,6 +437,50 @@ class HaSlave:
                 self.conn = None
             await conn.aclose()
 
+    async def _handshake(self, conn: RpcConnection, addr: str) -> bool:
+        """Prove the secret to the master (and make it prove it); False when that failed
+        (logged at most every 10 s)."""
+        auth = self.auth
+        nonce = auth.ha_nonce()
+        try:
+            challenge = await conn.call_pb(
+                RequestCode.HA_HELLO,
+                broker_pb2.HaHello(slave_nonce=nonce),
+                broker_pb2.HaChallenge,
+                timeout_ms=HANDSHAKE_TIMEOUT_MS,
+            )
+            if not challenge.challenge:
+                raise SignatureInvalid("the master has no cluster_secret")
+            if not auth.ha_proof_ok(
+                challenge.master_proof, nonce, challenge.challenge, self.broker_name
+            ):
+                raise SignatureInvalid("the master's proof does not match our cluster_secret")
+            await conn.call_pb(
+                RequestCode.HA_AUTH,
+                broker_pb2.HaAuth(
+                    broker_name=self.broker_name,
+                    broker_id=self.broker_id,
+                    slave_addr=self.own_addr,
+                    signature=auth.ha_slave_signature(
+                        challenge.challenge, self.broker_name, self.broker_id, self.own_addr
+                    ),
+                ),
+                common_pb2.Empty,
+                timeout_ms=HANDSHAKE_TIMEOUT_MS,
+            )
+        except HaError as exc:
+            count = self._handshake_log.hit(time.monotonic())
+            if count:
+                log.warning(
+                    "HA handshake with master %s failed (%d time(s) since the last such line): %s",
+                    addr,
+                    count,
+                    exc,
+                )
+            return False
+        conn.attrs[_MASTER_PROVED] = True
+        return True
+
     def _report(self) -> None:
         if self.conn is None or self.conn.closed:
             return
@@ -308,6 +496,8 @@ class HaSlave:
 
     async def _on_transfer(self, ctx: RequestContext, body: bytes) -> None:
         # Runs synchronously up to the first await, so transfers apply in order.
+        if self.auth.enabled and not ctx.conn.attrs.get(_MASTER_PROVED):
+            return  # nothing from a master that did not prove the secret
         msg = broker_pb2.HaTransfer()
         msg.ParseFromString(body)
         self.last_transfer_at = time.monotonic()
@@ -322,7 +512,9 @@ class HaSlave:
             await ctx.conn.aclose()  # re-attach from our own end
             return
         if msg.data:
-            if msg.offset != local:
+            # an empty log may start where the master's starts now (retention deleted
+            # the rest: a new slave, or one that lost its volume)
+            if msg.offset != local and not self.store.can_start_replica_at(msg.offset):
                 raise_it = OffsetOutOfRange(
                     f"HA transfer at {msg.offset} but local commit log ends at {local}"
                 )

@@ -30,7 +30,7 @@ from typing import Any
 
 from ha_controller.cli import demo, drill, services, tools
 from ha_controller.cli.common import HelpFormatter
-from ha_controller.protocol.errors import ConfigError, HaError
+from ha_controller.protocol.errors import ConfigError, HaError, TlsClosedEarly, TlsError
 
 __all__ = ["build_parser", "describe_os_error", "main", "package_version"]
 
@@ -112,6 +112,19 @@ def _single(exc: BaseException) -> BaseException:
     return exc
 
 
+def _tls_cause(exc: BaseException) -> HaError | None:
+    """The TLS error ``exc`` is or was caused by (a nameserver list that failed because
+    of TLS), if any."""
+    seen: BaseException | None = exc
+    for _ in range(8):
+        if seen is None:
+            return None
+        if isinstance(seen, TlsError | TlsClosedEarly):
+            return seen
+        seen = seen.__cause__
+    return None
+
+
 def _report(exc: Exception, prog: str) -> int:
     """Print ``exc`` as one line; its exit code.  Re-raises what is not ours to report."""
     error = _single(exc)
@@ -119,7 +132,10 @@ def _report(exc: Exception, prog: str) -> int:
         print(f"hactl: config error: {error}", file=sys.stderr)
         return 2
     if isinstance(error, HaError):
-        if type(error).__name__ == "NameserverUnavailable":
+        tls = _tls_cause(error)
+        if tls is not None:  # the fix is a TLS setting, not "is it running?"
+            print(f"{prog}: {type(tls).__name__}: {tls}", file=sys.stderr)
+        elif type(error).__name__ == "NameserverUnavailable":
             print(f"{prog}: {error}; is a nameserver running there? (--namesrv)", file=sys.stderr)
         else:
             print(f"{prog}: {type(error).__name__}: {error}", file=sys.stderr)

@@ -1,25 +1,34 @@
 """What every ``hactl`` area shares: the default nameserver, address lists, tables, the
-help formatter, argument types that refuse bad values, and running an async command
-from argparse."""
+help formatter, argument types that refuse bad values, the TLS options of every command
+that connects, and running an async command from argparse."""
 
 from __future__ import annotations
 
 import argparse
 import asyncio
-from collections.abc import Callable, Coroutine, Sequence
-from typing import Any
+import os
+import textwrap
+from collections.abc import Callable, Coroutine, Mapping, Sequence
+from pathlib import Path
+from typing import TYPE_CHECKING, Any
+
+if TYPE_CHECKING:
+    import ssl
 
 __all__ = [
     "DEFAULT_NAMESRV",
     "LOG_LEVELS",
     "HelpFormatter",
     "add_parser",
+    "add_tls_arguments",
+    "client_tls",
     "comma_list",
     "float_above",
     "int_range",
     "log_level",
     "print_table",
     "run_async",
+    "service_tls_flags",
 ]
 
 DEFAULT_NAMESRV = "127.0.0.1:9876"
@@ -89,6 +98,143 @@ def log_level(text: str) -> str:
     if level not in LOG_LEVELS:
         raise argparse.ArgumentTypeError(f"must be one of {', '.join(LOG_LEVELS)}, got {text!r}")
     return level
+
+
+#: how a tool decides on TLS (the TLS group's description in its --help)
+TLS_TOOL_RULES = (
+    "TLS is on when one of these flags is given, else as HAC_TLS_ENABLED says, else "
+    "when HAC_TLS_CA_FILE, HAC_TLS_CERT_FILE or HAC_TLS_KEY_FILE is set; unset flags "
+    "come from those variables (and HAC_TLS_VERIFY_HOSTNAME), as the services read them."
+)
+#: how a service decides on TLS
+TLS_SERVICE_RULES = (
+    "These override the config's [tls] table (and HAC_TLS_*); one set of files serves "
+    "every listener (RPC, HA, admin HTTP, gRPC) and every outgoing connection."
+)
+
+
+def add_tls_arguments(parser: argparse.ArgumentParser, *, service: bool = False) -> None:
+    """``--tls-ca``, ``--tls-cert``, ``--tls-key`` and ``--[no-]tls-verify-hostname``.
+
+    For a tool they configure its connections (:func:`client_tls`); for a service
+    (``service=True``) they override its ``[tls]`` table (:func:`service_tls_flags`)."""
+    rules = TLS_SERVICE_RULES if service else TLS_TOOL_RULES
+    group = parser.add_argument_group("TLS", textwrap.fill(rules, 78))
+    if service:
+        group.add_argument(
+            "--tls-cert",
+            metavar="FILE",
+            help="PEM certificate of every listener, and the client certificate of "
+            "outgoing connections; turns TLS on (tls.cert_file, HAC_TLS_CERT_FILE)",
+        )
+        group.add_argument(
+            "--tls-key", metavar="FILE", help="PEM private key of --tls-cert (tls.key_file)"
+        )
+        group.add_argument(
+            "--tls-ca",
+            metavar="FILE",
+            help="PEM CA bundle that verifies peers and, with require_client_cert, clients "
+            "(tls.ca_file)",
+        )
+    else:
+        group.add_argument(
+            "--tls-ca",
+            metavar="FILE",
+            help="connect with TLS and verify the servers against this PEM CA bundle "
+            "(HAC_TLS_CA_FILE)",
+        )
+        group.add_argument(
+            "--tls-cert",
+            metavar="FILE",
+            help="client certificate (PEM) for mutual TLS (HAC_TLS_CERT_FILE)",
+        )
+        group.add_argument(
+            "--tls-key", metavar="FILE", help="private key of --tls-cert (HAC_TLS_KEY_FILE)"
+        )
+    group.add_argument(
+        "--tls-verify-hostname",
+        action=argparse.BooleanOptionalAction,
+        default=None,
+        help="check that a server's certificate names the host dialled; --no-... for "
+        "peers dialled by an address their certificate does not list (needs a CA) "
+        "(default: HAC_TLS_VERIFY_HOSTNAME, else yes)",
+    )
+
+
+def service_tls_flags(args: argparse.Namespace) -> dict[str, object]:
+    """The config flags of :func:`add_tls_arguments` for a service's loader (None =
+    not given); a certificate given on the command line turns TLS on."""
+    return {
+        "tls_cert": args.tls_cert,
+        "tls_key": args.tls_key,
+        "tls_ca": args.tls_ca,
+        "tls_verify_hostname": args.tls_verify_hostname,
+        "tls_enabled": True if args.tls_cert else None,
+    }
+
+
+_TRUE = frozenset({"true", "1", "yes"})
+_FALSE = frozenset({"false", "0", "no"})
+
+
+def _env_bool(env: Mapping[str, str], name: str) -> bool | None:
+    from ha_controller.protocol.errors import ConfigError
+
+    text = env.get(name, "").strip().lower()
+    if not text:
+        return None
+    if text not in _TRUE | _FALSE:
+        raise ConfigError(f"{name}: expected true/false, 1/0 or yes/no, got {text!r}")
+    return text in _TRUE
+
+
+def client_tls(
+    args: argparse.Namespace, env: Mapping[str, str] | None = None
+) -> ssl.SSLContext | None:
+    """The TLS context of a tool's connections (None: plaintext), from its
+    :func:`add_tls_arguments` flags and, for what they leave unset, the same
+    ``HAC_TLS_*`` variables the services read.  A bad setting is a ``ConfigError``
+    naming the flag or variable."""
+    from ha_controller.protocol.errors import ConfigError
+    from ha_controller.rpc.tls import client_context
+
+    env = os.environ if env is None else env
+    chosen: dict[str, tuple[str | None, str]] = {}
+    for flag, var in (
+        ("ca", "HAC_TLS_CA_FILE"),
+        ("cert", "HAC_TLS_CERT_FILE"),
+        ("key", "HAC_TLS_KEY_FILE"),
+    ):
+        value = getattr(args, f"tls_{flag}", None)
+        if value:
+            chosen[flag] = (value, f"--tls-{flag}")
+        else:
+            chosen[flag] = (env.get(var) or None, var)
+    flags_given = any(src.startswith("--") for _, src in chosen.values())
+    enabled = True if flags_given else _env_bool(env, "HAC_TLS_ENABLED")
+    if enabled is None:
+        enabled = any(path for path, _ in chosen.values())
+    if not enabled:
+        return None
+    (ca, ca_src), (cert, cert_src), (key, key_src) = chosen["ca"], chosen["cert"], chosen["key"]
+    if (cert is None) != (key is None):
+        given, missing = (cert_src, "--tls-key") if cert else (key_src, "--tls-cert")
+        raise ConfigError(f"{given}: a client certificate needs both; {missing} is not set")
+    for path, src in chosen.values():
+        if path is not None and not Path(path).is_file():
+            raise ConfigError(f"{src}: no such file: {path!r}")
+    verify = args.tls_verify_hostname
+    if verify is None:
+        verify = _env_bool(env, "HAC_TLS_VERIFY_HOSTNAME")
+    if verify is False and ca is None:
+        raise ConfigError(
+            "--no-tls-verify-hostname needs --tls-ca: without a private CA any publicly "
+            "signed certificate would be trusted"
+        )
+    try:
+        return client_context(ca, cert, key, check_hostname=verify is not False)
+    except OSError as exc:  # ssl.SSLError too: a file that is not PEM, a key that does not fit
+        raise ConfigError(f"TLS files ({ca_src}, {cert_src}): cannot be loaded: {exc}") from exc
 
 
 def comma_list(text: str) -> list[str]:

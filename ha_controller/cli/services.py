@@ -19,7 +19,14 @@ from collections.abc import Awaitable, Callable, Mapping
 from pathlib import Path
 from typing import Any
 
-from ha_controller.cli.common import DEFAULT_NAMESRV, add_parser, int_range, log_level
+from ha_controller.cli.common import (
+    DEFAULT_NAMESRV,
+    add_parser,
+    add_tls_arguments,
+    int_range,
+    log_level,
+    service_tls_flags,
+)
 
 __all__ = ["add_commands", "check_store_dir", "cmd_broker", "cmd_nameserver", "cmd_proxy"]
 
@@ -40,6 +47,7 @@ def add_commands(sub: Any) -> None:
         "--ready-file", metavar="FILE", help="write {pid, rpc, http} JSON here once listening"
     )
     ns.add_argument("--log-level", type=log_level, metavar="LEVEL", help=LOG_LEVEL_HELP)
+    add_tls_arguments(ns, service=True)
     ns.set_defaults(func=cmd_nameserver)
 
     br = add_parser(sub, "broker", help="run a broker (id 0 = master, others slaves)")
@@ -65,6 +73,7 @@ def add_commands(sub: Any) -> None:
         "(a container of several brokers: {pid, brokers: [{name, id, rpc, http, ha}]})",
     )
     br.add_argument("--log-level", type=log_level, metavar="LEVEL", help=LOG_LEVEL_HELP)
+    add_tls_arguments(br, service=True)
     br.set_defaults(func=cmd_broker)
 
     px = add_parser(sub, "proxy", help="run the RocketMQ 5 gRPC gateway (official SDKs)")
@@ -93,6 +102,7 @@ def add_commands(sub: Any) -> None:
         help="push consumers' long polling (default 20)",
     )
     px.add_argument("--log-level", type=log_level, metavar="LEVEL", help=LOG_LEVEL_HELP)
+    add_tls_arguments(px, service=True)
     px.set_defaults(func=cmd_proxy)
 
 
@@ -133,7 +143,13 @@ def cmd_nameserver(args: argparse.Namespace) -> int:
     from ha_controller.process import setup_logging
 
     cfg = load_nameserver_config(
-        args.config, {"listen": args.listen, "http_listen": args.http, "log_level": args.log_level}
+        args.config,
+        {
+            "listen": args.listen,
+            "http_listen": args.http,
+            "log_level": args.log_level,
+            **service_tls_flags(args),
+        },
     )
     setup_logging(cfg.log_level)
     app = importlib.import_module("nameserver.app")
@@ -160,6 +176,7 @@ def cmd_broker(args: argparse.Namespace) -> int:
             "http": args.http,
             "store_dir": args.store_dir,
             "log_level": args.log_level,
+            **service_tls_flags(args),
         },
     )
     for cfg in configs:
@@ -198,6 +215,7 @@ def cmd_proxy(args: argparse.Namespace) -> int:
             "fifo_groups": args.fifo_groups,
             "long_polling_timeout_ms": None if polling is None else polling * 1000,
             "log_level": args.log_level,
+            **service_tls_flags(args),
         },
     )
     setup_logging(cfg.log_level)

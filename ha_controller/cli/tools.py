@@ -1,9 +1,11 @@
 """The tools: ``hactl produce``, ``consume``, ``topic create|update|delete|list|describe``,
 ``groups`` and ``route``.
 
-Every tool takes ``--namesrv H:P[,H:P]``; ``--json`` makes the output
-machine-readable: ``produce`` and ``consume`` print one object per message on stdout
-and a ``{"summary": ...}`` object last, the others one document.  Human-readable
+Every tool takes ``--namesrv H:P[,H:P]`` and the TLS options (``--tls-ca``,
+``--tls-cert``, ``--tls-key``, or ``HAC_TLS_*``: :func:`.common.client_tls`);
+``--json`` makes the output machine-readable: ``produce`` and ``consume`` print one
+object per message on stdout and a ``{"summary": ...}`` object last, the others one
+document.  Human-readable
 progress and summaries go to stderr (:mod:`.progress`).  Arguments are checked by
 argparse before anything is sent (topic names, queue counts and permissions by
 :mod:`ha_controller.protocol.topics`, the brokers' own rules).  The client SDK is
@@ -24,6 +26,8 @@ from typing import TYPE_CHECKING, Any
 from ha_controller.cli.common import (
     DEFAULT_NAMESRV,
     add_parser,
+    add_tls_arguments,
+    client_tls,
     comma_list,
     float_above,
     int_range,
@@ -170,6 +174,7 @@ def add_commands(sub: Any) -> None:
         t.add_argument(
             "--namesrv", default=DEFAULT_NAMESRV, metavar="H:P", help="nameserver(s) H:P[,H:P]"
         )
+        add_tls_arguments(t)
 
     def tool(name: str, help_text: str, fn: Handler, **kwargs: Any) -> argparse.ArgumentParser:
         t = add_parser(sub, name, help=help_text, description=help_text, **kwargs)
@@ -362,6 +367,8 @@ async def _produce(args: argparse.Namespace) -> int:
         )
         return 2
 
+    tls = client_tls(args)  # a bad TLS setting fails before anything is shown
+
     def on_sent(sent: Sent) -> None:
         print(json.dumps(sent_line(sent)), flush=True)
 
@@ -386,6 +393,7 @@ async def _produce(args: argparse.Namespace) -> int:
             message_group=args.message_group,
             on_sent=on_sent if args.json else None,
             progress=progress,
+            tls=tls,
         )
     finally:
         bar.close()
@@ -411,6 +419,8 @@ async def _consume(args: argparse.Namespace) -> int:
     from ha_controller.cli.progress import reporter
     from ha_controller.client.tools import ConsumeStats, consume, now_ms
 
+    tls = client_tls(args)
+
     def on_message(m: ReceivedMessage) -> None:
         print(json.dumps(received_line(m, now_ms())), flush=True)
 
@@ -433,6 +443,7 @@ async def _consume(args: argparse.Namespace) -> int:
             timeout_s=args.timeout,
             on_message=on_message if args.json else None,
             progress=progress,
+            tls=tls,
         )
     finally:
         bar.close()
@@ -455,7 +466,7 @@ async def _consume(args: argparse.Namespace) -> int:
 async def _create(args: argparse.Namespace) -> int:
     from ha_controller.client.admin import NameserverClient, TopicExists
 
-    async with NameserverClient(comma_list(args.namesrv)) as ns:
+    async with NameserverClient(comma_list(args.namesrv), tls=client_tls(args)) as ns:
         try:
             created = await ns.create_topic(
                 args.topic,
@@ -498,7 +509,7 @@ async def _update(args: argparse.Namespace) -> int:
             file=sys.stderr,
         )
         return 2
-    async with NameserverClient(comma_list(args.namesrv)) as ns:
+    async with NameserverClient(comma_list(args.namesrv), tls=client_tls(args)) as ns:
         changes = await ns.update_topic(
             args.topic,
             cluster=args.cluster,
@@ -524,7 +535,7 @@ async def _update(args: argparse.Namespace) -> int:
 async def _delete(args: argparse.Namespace) -> int:
     from ha_controller.client.admin import NameserverClient
 
-    async with NameserverClient(comma_list(args.namesrv)) as ns:
+    async with NameserverClient(comma_list(args.namesrv), tls=client_tls(args)) as ns:
         result = await ns.delete_topic(args.topic, cluster=args.cluster)
     if result.deleted:
         print(f"topic {args.topic} deleted on {', '.join(result.deleted)}")
@@ -548,7 +559,7 @@ async def _list(args: argparse.Namespace) -> int:
     from ha_controller.client.admin import NameserverClient
     from ha_controller.routing import Perm
 
-    async with NameserverClient(comma_list(args.namesrv)) as ns:
+    async with NameserverClient(comma_list(args.namesrv), tls=client_tls(args)) as ns:
         tables = await ns.topic_tables(args.cluster)
     rows = sorted(
         (topic, group, config)
@@ -588,7 +599,7 @@ async def _list(args: argparse.Namespace) -> int:
 async def _describe(args: argparse.Namespace) -> int:
     from ha_controller.client.admin import NameserverClient
 
-    async with NameserverClient(comma_list(args.namesrv)) as ns:
+    async with NameserverClient(comma_list(args.namesrv), tls=client_tls(args)) as ns:
         route = await ns.route(args.topic)
         offsets = await ns.queue_offsets(route)
     if args.json:
@@ -626,7 +637,7 @@ async def _describe(args: argparse.Namespace) -> int:
 async def _groups(args: argparse.Namespace) -> int:
     from ha_controller.client.admin import NameserverClient
 
-    async with NameserverClient(comma_list(args.namesrv)) as ns:
+    async with NameserverClient(comma_list(args.namesrv), tls=client_tls(args)) as ns:
         groups = await ns.groups()
     if args.json:
         print(
@@ -681,7 +692,7 @@ def _print_route(route: Any) -> None:
 async def _route(args: argparse.Namespace) -> int:
     from ha_controller.client.admin import NameserverClient
 
-    async with NameserverClient(comma_list(args.namesrv)) as ns:
+    async with NameserverClient(comma_list(args.namesrv), tls=client_tls(args)) as ns:
         route = await ns.route(args.topic)
     if args.json:
         print(json.dumps(route.to_json()))

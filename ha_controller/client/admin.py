@@ -6,6 +6,7 @@ from __future__ import annotations
 import asyncio
 import dataclasses
 import os
+import ssl
 from dataclasses import dataclass, field
 
 from google.protobuf.message import Message
@@ -125,14 +126,27 @@ class GroupInfo:
 
 
 class NameserverClient(AsyncLifecycle):
-    """Talks to one of several nameservers, moving on when one fails."""
+    """Talks to one of several nameservers, moving on when one fails.
 
-    def __init__(self, addrs: list[str], pool: ConnectionPool | None = None) -> None:
+    Its connections (to nameservers, and to brokers for the topic commands) come from
+    ``pool``, else from its own pool with ``tls`` (an ``ssl.SSLContext``; None =
+    plaintext).  A :class:`~ha_controller.client.routes.RouteCache` uses the
+    nameserver client it is given, and so its TLS."""
+
+    def __init__(
+        self,
+        addrs: list[str],
+        pool: ConnectionPool | None = None,
+        *,
+        tls: ssl.SSLContext | None = None,
+    ) -> None:
         if not addrs:
             raise ValueError("at least one nameserver address is needed")
+        if pool is not None and tls is not None:
+            raise ValueError("give tls to the ConnectionPool passed as pool, not to both")
         self.addrs = list(addrs)
         self._own_pool = pool is None
-        self.pool = pool or ConnectionPool()
+        self.pool = pool or ConnectionPool(ssl_context=tls)
         self._next = 0
 
     async def _call(

@@ -467,6 +467,7 @@ class OrderlyPushConsumer(PushConsumer):
                     self.group,
                     topics=(),
                     send_timeout_ms=self.request_timeout_ms,
+                    tls=self.tls,
                 )
                 await producer.start()
                 self._dlq = producer

@@ -26,6 +26,7 @@ import enum
 import logging
 import random
 import socket
+import ssl
 import time
 from collections.abc import Awaitable, Callable, Collection, Coroutine, Sequence
 from typing import Any, Final
@@ -236,6 +237,9 @@ class Producer(AsyncLifecycle):
     """Sends messages to a topic's writable queues.
 
     ``async with Producer("127.0.0.1:9876") as producer: await producer.send(msg)``
+
+    ``tls``: the ``ssl.SSLContext`` of every connection, to nameservers and brokers
+    (:func:`ha_controller.rpc.tls.client_context`); None = plaintext.
     """
 
     def __init__(
@@ -251,6 +255,7 @@ class Producer(AsyncLifecycle):
         client_id: str | None = None,
         route_watch: bool = True,
         checker: TransactionChecker | None = None,
+        tls: ssl.SSLContext | None = None,
     ) -> None:
         if max_attempts < 1:
             raise ValueError(f"max_attempts must be >= 1, got {max_attempts}")
@@ -269,7 +274,8 @@ class Producer(AsyncLifecycle):
             broker_pb2.CheckTransactionStateRequest,
             self._on_check_transaction,
         )
-        self._pool = ConnectionPool(dispatcher=dispatcher)
+        self.tls = tls
+        self._pool = ConnectionPool(dispatcher=dispatcher, ssl_context=tls)
         self._nameserver = NameserverClient(parse_namesrv_addrs(namesrv_addrs), self._pool)
         self.routes = RouteCache(self._nameserver, watch=route_watch)
         self.isolation = EndpointIsolation(isolation_s)

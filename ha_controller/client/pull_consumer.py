@@ -14,6 +14,7 @@ from __future__ import annotations
 import asyncio
 import enum
 import logging
+import ssl
 from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Final
@@ -111,6 +112,7 @@ class PullConsumer(AsyncLifecycle):
         route_watch: bool = True,
         routes: RouteCache | None = None,
         pool: ConnectionPool | None = None,
+        tls: ssl.SSLContext | None = None,
     ) -> None:
         if not group:
             raise ValueError("consumer group must not be empty")
@@ -120,8 +122,10 @@ class PullConsumer(AsyncLifecycle):
         self.request_timeout_ms = request_timeout_ms
         self.call_attempts = call_attempts
         self.retry_backoff_s = retry_backoff_s
+        if pool is not None and tls is not None:
+            raise ValueError("give tls to the ConnectionPool passed as pool, not to both")
         self._own_pool = pool is None
-        self._pool = pool or ConnectionPool()
+        self._pool = pool or ConnectionPool(ssl_context=tls)
         self._own_routes = routes is None
         if routes is None:
             nameserver = NameserverClient(parse_namesrv_addrs(namesrv_addrs), self._pool)

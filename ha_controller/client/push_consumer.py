@@ -26,6 +26,7 @@ import contextlib
 import dataclasses
 import logging
 import random
+import ssl
 from collections.abc import Awaitable, Callable, Iterable, Sequence
 from typing import TypeVar
 
@@ -124,6 +125,9 @@ class PushConsumer(AsyncLifecycle):
     """Consumes one topic for a consumer group and calls ``listener`` per message.
 
     ``async with PushConsumer(ns, "G", "T", listener) as consumer: ...``
+
+    ``tls``: the ``ssl.SSLContext`` of every connection, to nameservers and brokers
+    (:func:`ha_controller.rpc.tls.client_context`); None = plaintext.
     """
 
     def __init__(
@@ -146,6 +150,7 @@ class PushConsumer(AsyncLifecycle):
         consume_concurrency: int = 64,
         request_timeout_ms: int = 3000,
         route_watch: bool = True,
+        tls: ssl.SSLContext | None = None,
     ) -> None:
         if batch < 1:
             raise ValueError(f"batch must be >= 1, got {batch}")
@@ -167,7 +172,8 @@ class PushConsumer(AsyncLifecycle):
         self.pull_error_backoff_s = pull_error_backoff_s
         self.request_timeout_ms = request_timeout_ms
         self._listener = listener
-        self._pool = ConnectionPool()
+        self.tls = tls
+        self._pool = ConnectionPool(ssl_context=tls)
         self._nameserver = NameserverClient(parse_namesrv_addrs(namesrv_addrs), self._pool)
         self.routes = RouteCache(self._nameserver, watch=route_watch)
         self._pull = PullConsumer(

@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import dataclasses
 import logging
+import ssl
 import time
 from collections.abc import Sequence
 from typing import Final
@@ -41,7 +42,11 @@ retry_topic_of = retry_topic
 
 
 class SimpleConsumer(AsyncLifecycle):
-    """``async with SimpleConsumer(ns, "group", ["topic"], invisible_duration_s=30) as c``."""
+    """``async with SimpleConsumer(ns, "group", ["topic"], invisible_duration_s=30) as c``.
+
+    ``tls``: the ``ssl.SSLContext`` of every connection, to nameservers and brokers
+    (:func:`ha_controller.rpc.tls.client_context`); None = plaintext.
+    """
 
     def __init__(
         self,
@@ -52,6 +57,7 @@ class SimpleConsumer(AsyncLifecycle):
         *,
         request_timeout_ms: int = 3000,
         route_watch: bool = True,
+        tls: ssl.SSLContext | None = None,
     ) -> None:
         if not group:
             raise ValueError("consumer group must not be empty")
@@ -63,7 +69,7 @@ class SimpleConsumer(AsyncLifecycle):
         self.topics = [*topics, retry_topic_of(group)]
         self.invisible_duration_s = invisible_duration_s
         self.request_timeout_ms = request_timeout_ms
-        self._pool = ConnectionPool()
+        self._pool = ConnectionPool(ssl_context=tls)
         self.routes = RouteCache(
             NameserverClient(parse_namesrv_addrs(namesrv_addrs), self._pool), watch=route_watch
         )

@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import asyncio
 import hashlib
+import ssl
 import time
 import uuid
 from collections.abc import Callable
@@ -102,6 +103,7 @@ async def produce(
     on_sent: Callable[[Sent], None] | None = None,
     progress: Callable[[ProduceStats], None] | None = None,
     run_id: str | None = None,
+    tls: ssl.SSLContext | None = None,
 ) -> ProduceStats:
     """Send ``count`` messages keyed ``<run_id>-<n>``; ``on_sent`` gets every outcome,
     ``progress`` the stats after every send.
@@ -112,7 +114,9 @@ async def produce(
     stats = ProduceStats()
     interval = 1.0 / rate if rate else 0.0
     delayed = bool(delay_level) or deliver_ts_ms is not None
-    async with Producer(namesrv, group=f"hactl-produce-{run_id}", topics=[topic]) as producer:
+    async with Producer(
+        namesrv, group=f"hactl-produce-{run_id}", topics=[topic], tls=tls
+    ) as producer:
         start = time.monotonic()
         for i in range(count):
             if interval:
@@ -166,6 +170,7 @@ async def consume(
     timeout_s: float,
     on_message: Callable[[ReceivedMessage], None] | None = None,
     progress: Callable[[ConsumeStats], None] | None = None,
+    tls: ssl.SSLContext | None = None,
 ) -> ConsumeStats:
     """Consume as a push consumer until ``count`` messages were handed out or
     ``timeout_s`` passed; ``on_message`` sees every message handed out.
@@ -197,7 +202,7 @@ async def consume(
         return True
 
     batch = 32 if count is None else max(1, min(32, count))
-    async with PushConsumer(namesrv, group, topic, listener, batch=batch):
+    async with PushConsumer(namesrv, group, topic, listener, batch=batch, tls=tls):
         try:
             async with asyncio.timeout(timeout_s):
                 await done.wait()

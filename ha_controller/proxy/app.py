@@ -59,6 +59,21 @@ def ProxyConfig(  # a function, so that hactl's ``proxy.ProxyConfig(...)`` keeps
     )
 
 
+def server_credentials(tls: config.TlsConfig) -> grpc.ServerCredentials | None:
+    """The gRPC listener's TLS from the gateway's [tls] (None when off): its
+    certificate, and under ``require_client_cert`` client certificates verified
+    against ``ca_file`` (the SDKs must then present one)."""
+    if not tls.enabled:
+        return None
+    assert tls.cert_file and tls.key_file  # checked by TlsConfig
+    ca = Path(tls.ca_file).read_bytes() if tls.ca_file and tls.require_client_cert else None
+    return grpc.ssl_server_credentials(
+        [(Path(tls.key_file).read_bytes(), Path(tls.cert_file).read_bytes())],
+        root_certificates=ca,
+        require_client_auth=tls.require_client_cert,
+    )
+
+
 async def serve(
     cfg: config.ProxyConfig, stop: asyncio.Event, ready_file: str | Path | None
 ) -> None:
@@ -66,7 +81,12 @@ async def serve(
     server = grpc.aio.server(options=GRPC_OPTIONS)
     service_pb2_grpc.add_MessagingServiceServicer_to_server(gateway, server)  # type: ignore[no-untyped-call]
     host, port = parse_host_port(cfg.listen)
-    bound = server.add_insecure_port(f"[{host}]:{port}" if ":" in host else f"{host}:{port}")
+    target = f"[{host}]:{port}" if ":" in host else f"{host}:{port}"
+    credentials = server_credentials(cfg.tls)
+    if credentials is None:
+        bound = server.add_insecure_port(target)
+    else:
+        bound = server.add_secure_port(target, credentials)
     if bound == 0:
         raise OSError(f"cannot listen on {cfg.listen}")
     gateway.advertised = format_addr(host, bound)
@@ -77,9 +97,15 @@ async def serve(
         if cfg.http_listen:
             h_host, h_port = parse_host_port(cfg.http_listen)
             app = build_admin_app(gateway.metrics.registry, ready=lambda: (True, "serving"))
-            runner, (b_host, b_port) = await start_http(app, h_host, h_port)
+            runner, (b_host, b_port) = await start_http(
+                app, h_host, h_port, cfg.tls.server_context()
+            )
             addresses["http"] = format_addr(b_host, b_port)
-        log.info("gateway serving apache.rocketmq.v2.MessagingService on %s", gateway.advertised)
+        log.info(
+            "gateway serving apache.rocketmq.v2.MessagingService on %s (%s)",
+            gateway.advertised,
+            "plaintext" if credentials is None else "TLS",
+        )
         if ready_file:
             write_ready_file(ready_file, **addresses)
         async with asyncio.TaskGroup() as tg:

@@ -121,8 +121,12 @@ class Gateway(service_pb2_grpc.MessagingServiceServicer):
         self.client_id = f"{socket.gethostname()}@{os.getpid()}@proxy@{uuid.uuid4().hex[:8]}"
         dispatcher = Dispatcher()
         dispatcher.add_raw(RequestCode.CHECK_TRANSACTION_STATE, self._on_check)
-        self.pool = ConnectionPool(dispatcher=dispatcher, connect_timeout_ms=2000)
-        self.ns = NameserverClient(list(cfg.namesrv_addrs), ConnectionPool(connect_timeout_ms=2000))
+        # the gateway's brokers and nameservers are dialled with the gateway's [tls]
+        tls = cfg.tls.client_context()
+        self.pool = ConnectionPool(dispatcher=dispatcher, connect_timeout_ms=2000, ssl_context=tls)
+        self.ns = NameserverClient(
+            list(cfg.namesrv_addrs), ConnectionPool(connect_timeout_ms=2000, ssl_context=tls)
+        )
         self.sessions: Sessions[v2s.TelemetryCommand] = Sessions()
         self.fifo = FifoLocks()
         self.advertised = ""  # host:port clients use; set once bound

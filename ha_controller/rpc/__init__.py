@@ -2,8 +2,10 @@
 
 from ha_controller.rpc.connection import (
     Dispatcher,
+    Guard,
     RequestContext,
     RpcConnection,
+    Signer,
     connect,
 )
 from ha_controller.rpc.limits import RpcLimits
@@ -13,9 +15,11 @@ from ha_controller.rpc.server import RpcServer
 __all__ = [
     "ConnectionPool",
     "Dispatcher",
+    "Guard",
     "RequestContext",
     "RpcConnection",
     "RpcLimits",
     "RpcServer",
+    "Signer",
     "connect",
 ]

@@ -19,7 +19,7 @@ __all__ = ["AssemblyBudget", "RpcStats", "Throttle"]
 K = TypeVar("K", bound=Hashable)
 
 #: reasons of ``hac_rpc_connections_refused_total``
-REFUSED_REASONS = ("max_connections",)
+REFUSED_REASONS = ("max_connections", "tls_required", "tls_handshake")
 #: reasons of ``hac_rpc_reads_paused_total``
 PAUSE_REASONS = ("write_backlog", "assembly_budget")
 

@@ -16,6 +16,12 @@ reading pauses while its replies are not read, and the server's sweep applies th
 frame deadline and the idle timeout.  An outgoing connection only keeps the frame
 bounds: it is ours, and it must always read the replies it waits for (two peers that
 both stopped reading while their writes back up would deadlock).
+
+A TLS mismatch is named, not reported as a closed connection (:mod:`.tls`): a
+plaintext listener answers a TLS handshake with one line of text, which the TLS
+client reports as ``TlsMismatch``; a plaintext outgoing connection that reads a TLS
+record fails its calls with ``TlsMismatch``; TLS failures after the handshake (a
+client certificate the server refused) fail the pending calls with ``TlsError``.
 """
 
 from __future__ import annotations
@@ -45,11 +51,21 @@ from ha_controller.protocol.errors import (
     RemoteError,
     RequestTimeout,
     ServiceStopping,
+    TlsClosedEarly,
+    TlsError,
+    TlsMismatch,
     UnknownMethod,
 )
 from ha_controller.protocol.framing import FrameDecoder
 from ha_controller.rpc.bounds import AssemblyBudget, RpcStats
 from ha_controller.rpc.limits import RpcLimits
+from ha_controller.rpc.tls import (
+    NOT_TLS_REPLY,
+    handshake_error,
+    looks_like_tls,
+    plaintext_to_tls_hint,
+    session_error,
+)
 
 log = logging.getLogger(__name__)
 
@@ -88,6 +104,10 @@ class RequestContext:
     method: int
     received_at: float
     timeout_ms: int
+    #: the request's signature (``RequestBody.authInfo``), None when unsigned
+    auth: envelope.RequestAuth | None = None
+    #: set by the dispatcher's guard once the signature checked out (a cluster member)
+    authenticated: bool = False
 
     @property
     def peer(self) -> str:
@@ -95,17 +115,29 @@ class RequestContext:
 
 
 RawHandler = Callable[[RequestContext, bytes], Awaitable[bytes | None]]
+#: Checks a request before its handler runs (raises an ``HaError`` to refuse it):
+#: the cluster's control-plane authentication (:class:`ha_controller.auth.ClusterAuth`).
+Guard = Callable[[RequestContext, bytes], None]
+#: Signs an outgoing request: (method, request bytes) -> its signature, or None to
+#: send it unsigned.
+Signer = Callable[[int, bytes], envelope.RequestAuth | None]
 
 
 class Dispatcher:
-    """method id -> handler.  Typed handlers get a parsed protobuf request."""
+    """method id -> handler.  Typed handlers get a parsed protobuf request.
 
-    def __init__(self) -> None:
+    With a ``guard``, every request passes it before its handler runs (and before its
+    body is parsed); a request it refuses gets the guard's error and changes nothing."""
+
+    def __init__(self, guard: Guard | None = None) -> None:
         self._handlers: dict[int, RawHandler] = {}
+        self.guard = guard
 
     def add_raw(self, method: int, handler: RawHandler) -> None:
         if method in self._handlers:
             raise ValueError(f"handler for {method_name(method)} registered twice")
+        if self.guard is not None:
+            handler = _guarded(self.guard, handler)
         self._handlers[method] = handler
 
     def add(
@@ -131,6 +163,14 @@ class Dispatcher:
         return self._handlers.get(method)
 
 
+def _guarded(guard: Guard, handler: RawHandler) -> RawHandler:
+    async def checked(ctx: RequestContext, body: bytes) -> bytes | None:
+        guard(ctx, body)
+        return await handler(ctx, body)
+
+    return checked
+
+
 class RpcConnection(asyncio.BufferedProtocol):
     """A framed connection.  Create with ``connect()`` or let ``RpcServer`` make one."""
 
@@ -141,6 +181,7 @@ class RpcConnection(asyncio.BufferedProtocol):
         limits: RpcLimits | None = None,
         on_close: Callable[[RpcConnection], None] | None = None,
         listener: Listener | None = None,
+        dialled: str | None = None,
     ) -> None:
         self._dispatcher = dispatcher
         self._listener = listener
@@ -167,7 +208,14 @@ class RpcConnection(asyncio.BufferedProtocol):
         self._frame_started: float | None = None
         self._last_activity = time.monotonic()
         self.peer = "?"
+        #: the address an outgoing connection was made to, as given (None: accepted)
+        self.dialled = dialled
+        #: the first two bytes the peer sent (to tell a TLS record from a frame)
+        self._head = b""
+        self._got_frame = False
         self.attrs: dict[str, Any] = {}
+        #: signs outgoing requests (a cluster member's pool sets it); None: unsigned
+        self.signer: Signer | None = None
 
     # ---- public API ------------------------------------------------------
 
@@ -212,6 +260,7 @@ class RpcConnection(asyncio.BufferedProtocol):
                     body,
                     timeout_ms=timeout_ms,
                     max_block_bytes=self.limits.max_block_bytes,
+                    auth=self.signer(method, body) if self.signer is not None else None,
                 )
             )
             try:
@@ -249,6 +298,7 @@ class RpcConnection(asyncio.BufferedProtocol):
                 body,
                 oneway=True,
                 max_block_bytes=self.limits.max_block_bytes,
+                auth=self.signer(method, body) if self.signer is not None else None,
             )
         )
 
@@ -314,10 +364,13 @@ class RpcConnection(asyncio.BufferedProtocol):
         return view[: max(1, min(room, len(view)))]
 
     def buffer_updated(self, nbytes: int) -> None:
+        if len(self._head) < 2:
+            self._head += bytes(_scratch_buffer()[: min(nbytes, 2 - len(self._head))])
         try:
             frames = self._decoder.feed(_scratch_buffer()[:nbytes])
             now = time.monotonic()
             if frames:
+                self._got_frame = True
                 self._last_activity = now
                 self._frame_started = now if self._decoder.buffered else None
             elif self._frame_started is None:
@@ -332,6 +385,9 @@ class RpcConnection(asyncio.BufferedProtocol):
                 else:
                     self._on_request(msg)
         except ProtocolError as exc:
+            if looks_like_tls(self._head):
+                self._not_tls(exc)
+                return
             log.warning("closing connection from %s: %s", self.peer, exc)
             self._shutdown(exc)
             return
@@ -348,6 +404,20 @@ class RpcConnection(asyncio.BufferedProtocol):
         return False  # the transport closes itself; connection_lost follows
 
     def connection_lost(self, exc: Exception | None) -> None:
+        if self._listener is None and self._is_tls():
+            if isinstance(exc, ssl.SSLError):
+                exc = session_error(self.dialled or self.peer, exc)
+            elif (exc is None or isinstance(exc, ConnectionResetError)) and not self._got_frame:
+                # With TLS 1.3 a server checks the client certificate after our handshake
+                # is done, and asyncio drops its alert: all we see is a close or a reset.
+                # Retriable still: a server that died just now looks the same.
+                closed = TlsClosedEarly(
+                    f"{self.dialled or self.peer} closed the connection right after the TLS "
+                    "handshake, before any answer: does it require a client certificate "
+                    "this client did not present (--tls-cert/--tls-key)?"
+                )
+                closed.__cause__ = exc
+                exc = closed
         self._shutdown(exc or ConnectionClosed(f"{self.peer} closed the connection"))
         if self._abort_handle is not None:
             self._abort_handle.cancel()
@@ -436,6 +506,31 @@ class RpcConnection(asyncio.BufferedProtocol):
 
     # ---- internals --------------------------------------------------------
 
+    def _is_tls(self) -> bool:
+        return (
+            self._transport is not None and self._transport.get_extra_info("ssl_object") is not None
+        )
+
+    def _not_tls(self, exc: ProtocolError) -> None:
+        """The peer opened with a TLS record and we speak plaintext."""
+        if self._listener is not None:
+            # a TLS client: one line of text makes its handshake fail as "wrong
+            # version number", which it reports as TlsMismatch (not a reset)
+            log.warning(
+                "closing connection from %s: it began a TLS handshake and this listener "
+                "does not speak TLS (is [tls] enabled on the servers?)",
+                self.peer,
+            )
+            if self._transport is not None:
+                with contextlib.suppress(Exception):
+                    self._transport.write(NOT_TLS_REPLY)
+            self._shutdown(exc)
+        else:
+            # a TLS server answered our plaintext frame (an alert): say so
+            hint = TlsMismatch(plaintext_to_tls_hint(self.dialled or self.peer))
+            hint.__cause__ = exc
+            self._shutdown(hint)
+
     def _next_serial(self) -> int:
         self._serial = (self._serial + 1) & 0xFFFFFFFF or 1
         return self._serial
@@ -490,7 +585,11 @@ class RpcConnection(asyncio.BufferedProtocol):
         if self._listener is not None:
             self._listener.budget.forget(self)
         self._writable.set()
-        err = ConnectionClosed(f"connection to {self.peer} closed: {reason}")
+        err: HaError = (
+            reason
+            if isinstance(reason, TlsError | TlsClosedEarly)
+            else ConnectionClosed(f"connection to {self.peer} closed: {reason}")
+        )
         for fut in self._pending.values():
             if not fut.done():
                 fut.set_exception(err)
@@ -551,7 +650,7 @@ class RpcConnection(asyncio.BufferedProtocol):
         if handler is None:
             self._reply_error(req, UnknownMethod(f"unknown method {req.method}"))
             return
-        ctx = RequestContext(self, req.method, received, req.timeout_ms)
+        ctx = RequestContext(self, req.method, received, req.timeout_ms, req.auth)
         try:
             result = await handler(ctx, req.body)
         except HaError as exc:
@@ -586,17 +685,31 @@ async def connect(
     timeout_ms: int = 3000,
     on_close: Callable[[RpcConnection], None] | None = None,
 ) -> RpcConnection:
-    """Open a connection to ``host:port``; raises ``BrokerUnavailable`` when it cannot."""
+    """Open a connection to ``host:port`` (with TLS when ``ssl_context`` is given:
+    the server's certificate must name ``host`` when the context checks names).
+
+    Raises ``BrokerUnavailable`` when it cannot; with TLS, ``TlsMismatch`` when the
+    server does not speak TLS and ``TlsError`` when the handshake or the server's
+    certificate fails (each one line that says what to change)."""
     host, _, port = addr.rpartition(":")
     loop = asyncio.get_running_loop()
     try:
         async with asyncio.timeout(timeout_ms / 1000):
             _, conn = await loop.create_connection(
-                lambda: RpcConnection(dispatcher=dispatcher, limits=limits, on_close=on_close),
+                lambda: RpcConnection(
+                    dispatcher=dispatcher, limits=limits, on_close=on_close, dialled=addr
+                ),
                 host.strip("[]"),
                 int(port),
                 ssl=ssl_context,
             )
+    except (ssl.SSLError, ssl.CertificateError) as exc:
+        raise handshake_error(addr, exc) from exc
     except (OSError, TimeoutError, ValueError) as exc:
+        if ssl_context is not None and isinstance(exc, ConnectionResetError | BrokenPipeError):
+            raise BrokerUnavailable(
+                f"cannot connect to {addr}: the connection was reset during the TLS "
+                "handshake (does the server speak TLS? does it accept this client?)"
+            ) from exc
         raise BrokerUnavailable(f"cannot connect to {addr}: {exc}") from exc
     return conn

@@ -56,7 +56,8 @@ class RpcCollector(Collector):
         accepted = counter("hac_rpc_connections_accepted_total", "Connections accepted")
         refused = counter(
             "hac_rpc_connections_refused_total",
-            "Connections closed at once on accept (reason: the bound that refused them)",
+            "Connections closed at once on accept (reason: the bound that refused them, "
+            "tls_required: plaintext to a TLS listener, tls_handshake: a failed handshake)",
             ("reason",),
         )
         accept_errors = counter(

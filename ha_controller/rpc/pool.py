@@ -10,7 +10,7 @@ import time
 from google.protobuf.message import Message
 
 from ha_controller.protocol.errors import ConnectionClosed, ServiceStopping
-from ha_controller.rpc.connection import Dispatcher, M, RpcConnection, connect
+from ha_controller.rpc.connection import Dispatcher, M, RpcConnection, Signer, connect
 from ha_controller.rpc.limits import RpcLimits
 
 
@@ -19,7 +19,8 @@ class ConnectionPool:
 
     A connection unused for ``idle_close_s`` is recycled.  ``dispatcher`` lets
     the peer send requests back on our connections (e.g. a broker asking a
-    producer to check a transaction).
+    producer to check a transaction).  ``signer`` signs the requests of every
+    connection the pool makes (a cluster member's control-plane requests).
     """
 
     def __init__(
@@ -30,6 +31,7 @@ class ConnectionPool:
         dispatcher: Dispatcher | None = None,
         connect_timeout_ms: int = 3000,
         idle_close_s: float = 300.0,
+        signer: Signer | None = None,
     ) -> None:
         self.limits = limits or RpcLimits()
         self._ssl = ssl_context
@@ -40,6 +42,12 @@ class ConnectionPool:
         self._last_used: dict[str, float] = {}
         self._locks: dict[str, asyncio.Lock] = {}
         self._closed = False
+        self._signer = signer
+
+    @property
+    def ssl_context(self) -> ssl.SSLContext | None:
+        """TLS of every connection the pool makes (None: plaintext)."""
+        return self._ssl
 
     async def get(self, addr: str) -> RpcConnection:
         if self._closed:
@@ -59,6 +67,7 @@ class ConnectionPool:
                     ssl_context=self._ssl,
                     timeout_ms=self._connect_timeout_ms,
                 )
+                conn.signer = self._signer
                 self._conns[addr] = conn
             self._last_used[addr] = time.monotonic()
             return conn

@@ -9,7 +9,10 @@ bound what a listener takes (``RpcLimits``):
   (``accept_backoff_ms`` doubling to ``accept_backoff_max_ms``) and logs once per
   10 s; asyncio's own loop logs a traceback per attempt, up to a hundred a tick;
 * a sweep applies each connection's frame deadline and idle timeout;
-* the connections share the listener's assembly budget (see ``RpcConnection``).
+* the connections share the listener's assembly budget (see ``RpcConnection``);
+* with TLS, the first bytes of a connection are peeked at before the handshake: a
+  plaintext frame gets a plaintext ``TlsMismatch`` answer naming the fix instead of a
+  silent close (:mod:`ha_controller.rpc.tls`).
 """
 
 from __future__ import annotations
@@ -26,9 +29,13 @@ import time
 from collections.abc import Callable, Coroutine
 from typing import Any
 
+from ha_controller.protocol import envelope
+from ha_controller.protocol.errors import TlsMismatch
+from ha_controller.protocol.framing import TOKEN
 from ha_controller.rpc.bounds import AssemblyBudget, RpcStats, Throttle
 from ha_controller.rpc.connection import Dispatcher, Listener, RpcConnection
 from ha_controller.rpc.limits import RpcLimits
+from ha_controller.rpc.tls import TLS_HANDSHAKE, plaintext_to_tls_hint
 
 log = logging.getLogger(__name__)
 
@@ -40,6 +47,9 @@ LOG_INTERVAL_S = 10.0
 #: accepts in a row before the accept loop lets other work run
 ACCEPT_BURST = 64
 _LINGER_RESET = struct.pack("ii", 1, 0)
+_FRAME_START = struct.Struct(">II")  # token, serial number
+#: how long a plaintext client of a TLS listener gets to read the answer and close
+PLAINTEXT_ANSWER_LINGER_S = 1.0
 
 
 class RpcServer:
@@ -79,6 +89,19 @@ class RpcServer:
         self._stopping = False
         self._refused_log = Throttle(LOG_INTERVAL_S)
         self._accept_error_log = Throttle(LOG_INTERVAL_S)
+        self._plaintext_log = Throttle(LOG_INTERVAL_S)
+        self._handshake_log = Throttle(LOG_INTERVAL_S)
+
+    @property
+    def ssl_context(self) -> ssl.SSLContext | None:
+        """The listener's TLS context (None: plaintext); settable until ``start()``."""
+        return self._ssl
+
+    @ssl_context.setter
+    def ssl_context(self, ctx: ssl.SSLContext | None) -> None:
+        if self.address is not None:
+            raise RuntimeError(f"{self.name}: TLS must be set before the listener starts")
+        self._ssl = ctx
 
     def on_connection_closed(self, callback: Callable[[RpcConnection], None]) -> None:
         self._close_listeners.append(callback)
@@ -294,12 +317,18 @@ class RpcServer:
         loop = asyncio.get_running_loop()
         handshake_s = self.limits.frame_timeout_ms / 1000 if self._ssl is not None else None
         try:
+            if self._ssl is not None and not await self._starts_tls(sock, handshake_s or 1.0):
+                self._setup_failed(sock, made)
+                return
             await loop.connect_accepted_socket(
                 factory, sock, ssl=self._ssl, ssl_handshake_timeout=handshake_s
             )
         except (OSError, ValueError) as exc:  # a failed TLS handshake, a reset
             self._setup_failed(sock, made)
-            log.debug("%s: connection setup failed: %s", self.name, exc)
+            if isinstance(exc, ssl.SSLError):
+                self._handshake_failed(exc)
+            else:
+                log.debug("%s: connection setup failed: %s", self.name, exc)
             return
         except BaseException:
             self._setup_failed(sock, made)
@@ -310,6 +339,64 @@ class RpcServer:
         self.connections.add(conn)
         if self._stopping:
             conn.stop_accepting()
+
+    async def _starts_tls(self, sock: socket.socket, timeout_s: float) -> bool:
+        """Peek at what a client of this TLS listener sends first: True for a TLS
+        handshake record (go on with the handshake; anything else not a frame fails
+        it as before), False once a plaintext frame was answered with ``TlsMismatch``
+        (or the client sent nothing in time, or closed): the caller closes."""
+        loop = asyncio.get_running_loop()
+        try:
+            async with asyncio.timeout(timeout_s):
+                while True:
+                    await _readable(loop, sock)
+                    try:
+                        head = sock.recv(_FRAME_START.size, socket.MSG_PEEK)
+                    except (BlockingIOError, InterruptedError):
+                        continue  # a spurious wake-up
+                    if not head:
+                        return False
+                    if head[0] == TLS_HANDSHAKE:
+                        return True
+                    token = TOKEN.to_bytes(4, "big")
+                    if not token.startswith(head[:4]):
+                        return True  # neither TLS nor a frame: let the handshake fail it
+                    if len(head) == _FRAME_START.size:
+                        break
+                    await asyncio.sleep(0.01)  # a frame's first bytes: wait for the rest
+        except TimeoutError:
+            return False
+        _, serial = _FRAME_START.unpack(head)
+        self.stats.refused["tls_required"] += 1
+        count = self._plaintext_log.hit(time.monotonic())
+        peer = _addr_text(sock.getpeername())
+        if count:
+            log.warning(
+                "%s: %d plaintext connection(s) to this TLS listener since the last such "
+                "line (latest from %s), answered with TlsMismatch; logged at most every %.0f s",
+                self.name,
+                count,
+                peer,
+                LOG_INTERVAL_S,
+            )
+        hint = TlsMismatch(plaintext_to_tls_hint(_addr_text(sock.getsockname())))
+        await _answer_and_close(loop, sock, envelope.encode_error(serial, hint))
+        return False
+
+    def _handshake_failed(self, exc: ssl.SSLError) -> None:
+        """A client failed the TLS handshake (its certificate, most likely): counted,
+        and logged at most once per interval."""
+        self.stats.refused["tls_handshake"] += 1
+        count = self._handshake_log.hit(time.monotonic())
+        if count:
+            log.warning(
+                "%s: %d TLS handshake(s) failed since the last such line (latest: %s); "
+                "logged at most every %.0f s",
+                self.name,
+                count,
+                exc.reason or exc,
+                LOG_INTERVAL_S,
+            )
 
     def _setup_failed(self, sock: socket.socket, made: list[RpcConnection]) -> None:
         sock.close()
@@ -338,3 +425,44 @@ class RpcServer:
                 cb(conn)
             except Exception:
                 log.exception("connection-closed listener failed for %s", conn.peer)
+
+
+def _addr_text(addr: object) -> str:
+    if isinstance(addr, tuple):
+        host = str(addr[0])
+        return f"[{host}]:{addr[1]}" if ":" in host else f"{host}:{addr[1]}"
+    return str(addr)
+
+
+async def _readable(loop: asyncio.AbstractEventLoop, sock: socket.socket) -> None:
+    """Wait until ``sock`` has something to read (or EOF)."""
+    ready: asyncio.Future[None] = loop.create_future()
+
+    def wake() -> None:
+        if not ready.done():
+            ready.set_result(None)
+
+    loop.add_reader(sock.fileno(), wake)
+    try:
+        await ready
+    finally:
+        loop.remove_reader(sock.fileno())
+
+
+async def _answer_and_close(
+    loop: asyncio.AbstractEventLoop, sock: socket.socket, data: bytes
+) -> None:
+    """Send ``data`` to a client we will not serve and close gracefully: read (and drop)
+    what it sent, so that the close is a FIN and not a reset that could discard our
+    answer before the client reads it; wait a moment for the client to close first."""
+    with contextlib.suppress(OSError):
+        while sock.recv(65536):
+            pass
+    with contextlib.suppress(OSError, TimeoutError):
+        async with asyncio.timeout(PLAINTEXT_ANSWER_LINGER_S):
+            await loop.sock_sendall(sock, data)
+            sock.shutdown(socket.SHUT_WR)
+            while True:
+                await _readable(loop, sock)
+                if not sock.recv(65536):
+                    break

@@ -31,6 +31,8 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any, TypeVar
 
 if TYPE_CHECKING:
+    import ssl
+
     from pyspark.sql import SparkSession
 
     from ha_controller.client.message import MessageQueue, ReceivedMessage
@@ -343,6 +345,130 @@ def run_container(
     return handle
 
 
+@dataclass(frozen=True)
+class TlsFiles:
+    """A throwaway CA and the certificates of a TLS test cluster (:func:`make_tls_files`).
+
+    ``cert``/``key`` is the one certificate every service process serves and presents
+    as a client (as one Kubernetes TLS Secret would be); ``client_cert``/``client_key``
+    is a tool's (hactl, the SDK).  Both are signed by ``ca`` and name the test hosts
+    (127.0.0.1, localhost).
+    """
+
+    ca: Path
+    cert: Path
+    key: Path
+    client_cert: Path
+    client_key: Path
+    #: services demand client certificates (mutual TLS)
+    mutual: bool = True
+
+    def service_env(self) -> dict[str, str]:
+        """``HAC_TLS_*`` that turn TLS on in a service process (every listener and every
+        outgoing connection)."""
+        return {
+            "HAC_TLS_ENABLED": "true",
+            "HAC_TLS_CERT_FILE": str(self.cert),
+            "HAC_TLS_KEY_FILE": str(self.key),
+            "HAC_TLS_CA_FILE": str(self.ca),
+            "HAC_TLS_REQUIRE_CLIENT_CERT": "true" if self.mutual else "false",
+        }
+
+    def client_env(self) -> dict[str, str]:
+        """``HAC_TLS_*`` for a tool (hactl) instead of its ``--tls-*`` flags."""
+        return {
+            "HAC_TLS_CA_FILE": str(self.ca),
+            "HAC_TLS_CERT_FILE": str(self.client_cert),
+            "HAC_TLS_KEY_FILE": str(self.client_key),
+        }
+
+    def hactl_args(self) -> list[str]:
+        """hactl's ``--tls-ca``, ``--tls-cert`` and ``--tls-key``."""
+        return [
+            "--tls-ca",
+            str(self.ca),
+            "--tls-cert",
+            str(self.client_cert),
+            "--tls-key",
+            str(self.client_key),
+        ]
+
+    def client_context(self) -> ssl.SSLContext:
+        """What the SDK takes as ``tls=``: verify against ``ca``, present the client
+        certificate."""
+        from ha_controller.rpc.tls import client_context
+
+        return client_context(str(self.ca), str(self.client_cert), str(self.client_key))
+
+
+def openssl_missing() -> str | None:
+    """Why :func:`make_tls_files` cannot run here, or None."""
+    return None if shutil.which("openssl") else "the openssl CLI is not installed"
+
+
+def make_tls_files(
+    directory: Path,
+    *,
+    hosts: Sequence[str] = ("127.0.0.1", "localhost"),
+    mutual: bool = True,
+) -> TlsFiles:
+    """Make a CA and two certificates it signs (``node`` for the services, ``client``
+    for tools) whose subjectAltNames list ``hosts`` (IP addresses as IP entries), with
+    the openssl CLI; P-256 keys, valid for two days."""
+    import ipaddress
+
+    directory.mkdir(parents=True, exist_ok=True)
+
+    def openssl(*args: str) -> None:
+        subprocess.run(["openssl", *args], check=True, capture_output=True, cwd=directory)
+
+    ec = ("-newkey", "ec", "-pkeyopt", "ec_paramgen_curve:prime256v1", "-nodes")
+    openssl("req", "-x509", *ec, "-days", "2", "-keyout", "ca.key", "-out", "ca.pem",
+            "-subj", "/CN=hac-test-ca")  # fmt: skip
+    sans = []
+    for host in hosts:
+        try:
+            ipaddress.ip_address(host)
+            sans.append(f"IP:{host}")
+        except ValueError:
+            sans.append(f"DNS:{host}")
+    for name in ("node", "client"):
+        (directory / f"{name}.ext").write_text(f"subjectAltName={','.join(sans)}\n")
+        openssl("req", *ec, "-keyout", f"{name}.key", "-out", f"{name}.csr",
+                "-subj", f"/CN=hac-{name}")  # fmt: skip
+        openssl("x509", "-req", "-in", f"{name}.csr", "-CA", "ca.pem", "-CAkey", "ca.key",
+                "-CAcreateserial", "-days", "2", "-out", f"{name}.pem",
+                "-extfile", f"{name}.ext")  # fmt: skip
+    return TlsFiles(
+        ca=directory / "ca.pem",
+        cert=directory / "node.pem",
+        key=directory / "node.key",
+        client_cert=directory / "client.pem",
+        client_key=directory / "client.key",
+        mutual=mutual,
+    )
+
+
+def http_get(
+    addr: str, path: str, *, tls: TlsFiles | None = None, timeout: float = 5.0
+) -> tuple[int, bytes]:
+    """``GET`` an admin HTTP endpoint (blocking): ``https`` with ``tls`` (verifying the
+    server against its CA and presenting the client certificate), else ``http``.
+    Returns the status and the body, for error statuses too."""
+    import urllib.error
+    import urllib.request
+
+    scheme = "https" if tls is not None else "http"
+    context = tls.client_context() if tls is not None else None
+    try:
+        with urllib.request.urlopen(  # noqa: S310 - a URL we build from a bound address
+            f"{scheme}://{addr}{path}", timeout=timeout, context=context
+        ) as resp:
+            return int(resp.status), bytes(resp.read())
+    except urllib.error.HTTPError as err:
+        return int(err.code), err.read()
+
+
 # Fast failure detection for tests and demos: 2 s heartbeat timeout, 500 ms scan.
 FAST_ENV = {
     "HAC_BROKER_NOT_ACTIVE_TIMEOUT_MS": "2000",
@@ -361,6 +487,7 @@ class Cluster:
     brokers: dict[tuple[str, int], ProcessHandle]
     env: dict[str, str]
     broker_env: dict[tuple[str, int], dict[str, str]] = field(default_factory=dict)
+    tls: TlsFiles | None = None
 
     @property
     def namesrv(self) -> str:
@@ -395,18 +522,21 @@ def run_cluster(
     workdir: Path | None = None,
     env: Mapping[str, str] | None = None,
     broker_env: Mapping[tuple[str, int], Mapping[str, str]] | None = None,
+    tls: TlsFiles | None = None,
 ) -> Cluster:
     """Start a nameserver and, per group, a master and ``replicas - 1`` slaves.
 
     Slaves start first so that each master's pre-online finds them (a master
-    without live slaves goes online at once)."""
+    without live slaves goes online at once).  With ``tls`` every process serves and
+    dials with TLS (``tls.service_env()``; restarts keep it)."""
     workdir = workdir or make_workdir()
-    merged = {**FAST_ENV, "HAC_TOTAL_REPLICAS": str(replicas), **(env or {})}
+    tls_env = tls.service_env() if tls is not None else {}
+    merged = {**FAST_ENV, "HAC_TOTAL_REPLICAS": str(replicas), **tls_env, **(env or {})}
     if replicas < 2:
         merged.setdefault("HAC_IN_SYNC_REPLICAS", "1")
     ns = run_nameserver(workdir, env=merged)
     per_broker = {k: dict(v) for k, v in (broker_env or {}).items()}
-    cluster = Cluster(workdir, ns, {}, merged, per_broker)
+    cluster = Cluster(workdir, ns, {}, merged, per_broker, tls)
     try:
         for name in groups:
             for bid in [*range(1, replicas), 0]:

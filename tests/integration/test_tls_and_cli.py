@@ -11,10 +11,16 @@ from pathlib import Path
 
 import pytest
 
-from ha_controller.protocol.errors import BrokerUnavailable, ConnectionClosed, UnknownMethod
+from ha_controller.protocol.errors import (
+    BrokerUnavailable,
+    ConnectionClosed,
+    TlsClosedEarly,
+    TlsMismatch,
+    UnknownMethod,
+)
 from ha_controller.rpc import Dispatcher, RpcServer, connect
 from ha_controller.rpc.tls import client_context, server_context
-from ha_controller.testing import ProcessHandle, hactl_argv
+from ha_controller.testing import ProcessHandle, hactl_argv, make_tls_files
 from ha_controller.testing.simbroker import SimulatedBroker
 
 
@@ -105,6 +111,60 @@ async def test_mutual_tls_rpc(tmp_path: Path) -> None:
                 await conn.aclose()
     finally:
         await server.aclose()
+
+
+@pytest.mark.skipif(shutil.which("openssl") is None, reason="openssl CLI not installed")
+async def test_a_tls_mismatch_is_named_both_ways(tmp_path: Path) -> None:
+    """Plaintext to a TLS listener and TLS to a plaintext one fail with TlsMismatch
+    (one line saying what to pass), not with a bare closed connection; a missing client
+    certificate under mutual TLS is named too.  The listeners count what they refused."""
+    files = make_tls_files(tmp_path)
+    tls_server = RpcServer(
+        Dispatcher(),
+        ssl_context=server_context(str(files.cert), str(files.key), str(files.ca), True),
+    )
+    plain_server = RpcServer(Dispatcher())
+    await tls_server.start("127.0.0.1", 0)
+    await plain_server.start("127.0.0.1", 0)
+    tls_addr, plain_addr = tls_server.bound, plain_server.bound
+
+    async def call(addr: str, ctx: ssl.SSLContext | None) -> None:
+        conn = await connect(addr, ssl_context=ctx)
+        try:
+            await conn.call(12345, b"", 2000)
+        finally:
+            await conn.aclose()
+
+    try:
+        with pytest.raises(TlsMismatch, match=f"{tls_addr} speaks TLS.*--tls-ca"):
+            await call(tls_addr, None)
+        with pytest.raises(TlsMismatch, match=f"{plain_addr} does not speak TLS"):
+            await call(plain_addr, files.client_context())
+        with pytest.raises(TlsClosedEarly, match="client certificate"):
+            await call(tls_addr, client_context(str(files.ca)))
+        with pytest.raises(UnknownMethod):
+            await call(tls_addr, files.client_context())
+        assert tls_server.stats.refused["tls_required"] == 1
+        assert tls_server.stats.refused["tls_handshake"] == 1
+    finally:
+        await tls_server.aclose()
+        await plain_server.aclose()
+
+
+def test_hactl_with_tls_to_a_plaintext_nameserver(
+    nameserver: ProcessHandle, tmp_path: Path
+) -> None:
+    if shutil.which("openssl") is None:
+        pytest.skip("openssl CLI not installed")
+    files = make_tls_files(tmp_path)
+    out = subprocess.run(
+        hactl_argv("groups", "--namesrv", nameserver.rpc, "--tls-ca", str(files.ca)),
+        capture_output=True,
+        text=True,
+        timeout=30,
+    )
+    assert out.returncode == 1 and "Traceback" not in out.stderr, out.stderr
+    assert f"TlsMismatch: the server at {nameserver.rpc} does not speak TLS" in out.stderr
 
 
 async def test_hactl_groups_and_route(nameserver: ProcessHandle) -> None:
