@@ -9,6 +9,7 @@ from prometheus_client import CollectorRegistry, Counter, Gauge
 from prometheus_client.core import GaugeMetricFamily
 from prometheus_client.registry import Collector
 
+from ha_controller.auth import OPEN_MODE_REASONS, RPC_REASONS
 from ha_controller.rpc.metrics import RpcCollector
 from ha_controller.rpc.server import RpcServer
 
@@ -109,6 +110,16 @@ class NameserverMetrics:
             self.notifications.labels(result)
         for result in ("ok", "stale", "unauthorized", "needs_pre_online"):
             self.registrations.labels(result)
+        self.auth_refused = Counter(
+            "hac_auth_refused_total",
+            "Control-plane requests refused by cluster authentication (reason: unsigned, "
+            "bad_signature, stale, replayed, replay_cache_full; without a secret: "
+            "registration_conflict, addr_mismatch)",
+            ["reason"],
+            registry=self.registry,
+        )
+        for reason in (*RPC_REASONS, *OPEN_MODE_REASONS):
+            self.auth_refused.labels(reason)
         self.route_watchers = Gauge(
             "hac_route_watchers", "Route watches currently held", registry=self.registry
         )

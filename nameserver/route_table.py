@@ -243,6 +243,41 @@ class RouteTable:
     def is_registered(self, cluster: str, broker_addr: str) -> bool:
         return (cluster, broker_addr) in self._live
 
+    def registration_conflict(
+        self,
+        cluster: str,
+        broker_addr: str,
+        conn_id: Hashable,
+        *,
+        broker_name: str | None = None,
+        broker_id: int | None = None,
+    ) -> str | None:
+        """Open mode (no cluster secret): why a change to ``broker_addr``'s registration
+        arriving on ``conn_id`` must be refused, or None.
+
+        A live broker's registration belongs to the connection it registered on: a
+        register, unregister or heartbeat naming its address from any other connection
+        is refused.  With ``broker_name``/``broker_id`` (a registration), so is taking
+        an id that another live broker holds through another connection.  Both hold
+        until that broker unregisters, its connection closes or it expires (heartbeat
+        timeout).  A broker registered without a connection binds nothing."""
+        live = self._live.get((cluster, broker_addr))
+        if live is not None and live.conn_id is not None and live.conn_id != conn_id:
+            return f"{broker_addr} is registered through another connection"
+        if broker_name is None or broker_id is None:
+            return None
+        group = self._groups.get(broker_name)
+        holder = None if group is None else group.addrs.get(broker_id)
+        if holder is None or holder == broker_addr:
+            return None
+        holder_live = self._live.get((cluster, holder))
+        if holder_live is not None and holder_live.conn_id not in (None, conn_id):
+            return (
+                f"id {broker_id} of {broker_name} is held by {holder}, registered through "
+                "another connection"
+            )
+        return None
+
     def broker_data_version(self, cluster: str, broker_addr: str) -> DataVersion | None:
         """The topic-config DataVersion last registered by a live broker."""
         live = self._live.get((cluster, broker_addr))

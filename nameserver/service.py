@@ -1,24 +1,37 @@
 """The nameserver service: RPC handlers around the route table, the expiry
-scanner, min-broker-id notifications and route watches."""
+scanner, min-broker-id notifications and route watches.
+
+Authentication (:mod:`ha_controller.auth`): with a cluster secret the dispatcher's
+guard refuses every unsigned, wrongly signed, stale or replayed control request
+before its handler runs, and min-id notices go out signed.  Without one (open mode)
+the handlers refuse a registration change for an address, or a registration of an
+id, that a live broker holds through another connection
+(:meth:`RouteTable.registration_conflict`), and, with ``open_mode_check_peer_host``,
+a registration of an address whose host is not the connection's peer host
+(:func:`host_matches_peer`)."""
 
 from __future__ import annotations
 
 import asyncio
 import contextlib
 import hashlib
+import ipaddress
 import logging
+import socket
 import time
 from typing import Any
 
-from ha_controller import auth
+from ha_controller.auth import ClusterAuth
 from ha_controller.config import NameserverConfig
 from ha_controller.proto import common_pb2, nameserver_pb2
 from ha_controller.protocol.codes import RequestCode
 from ha_controller.protocol.errors import (
+    AddressMismatch,
     HaError,
     NotRegistered,
     Overloaded,
     PreOnlineRequired,
+    RegistrationConflict,
     StaleRegistration,
     TopicNotFound,
 )
@@ -37,6 +50,61 @@ from nameserver.route_table import BrokerRegistration, MinIdChange, RouteTable
 log = logging.getLogger(__name__)
 
 ABSENT = "absent"
+#: How long resolving a broker's advertised host name may take (open mode host check).
+RESOLVE_TIMEOUT_S = 2.0
+
+IpAddress = ipaddress.IPv4Address | ipaddress.IPv6Address
+
+
+def _ip(text: str) -> IpAddress | None:
+    """An IP literal (brackets, zone and IPv4-mapped form undone), or None."""
+    try:
+        ip = ipaddress.ip_address(text.strip("[]").split("%", 1)[0])
+    except ValueError:
+        return None
+    if isinstance(ip, ipaddress.IPv6Address) and ip.ipv4_mapped is not None:
+        return ip.ipv4_mapped
+    return ip
+
+
+def _is_local(ip: IpAddress) -> bool:
+    """Whether ``ip`` is an address of this machine (it can be bound)."""
+    family = socket.AF_INET6 if ip.version == 6 else socket.AF_INET
+    with socket.socket(family, socket.SOCK_DGRAM) as sock:
+        try:
+            sock.bind((str(ip), 0))
+        except OSError:
+            return False
+    return True
+
+
+async def host_matches_peer(host: str, peer_host: str) -> bool:
+    """Whether a broker that advertises ``host`` may be the process connected from
+    ``peer_host``: the host (a name is resolved) is the peer's IP; a loopback peer
+    (a process on this machine) may advertise any address of this machine.  Ports
+    are not compared (NAT and Kubernetes services change them)."""
+    peer = _ip(peer_host)
+    if peer is None:
+        return True  # not an IP connection: nothing to compare
+    ip = _ip(host)
+    if ip is not None:
+        candidates = {ip}
+    else:
+        try:
+            async with asyncio.timeout(RESOLVE_TIMEOUT_S):
+                infos = await asyncio.get_running_loop().getaddrinfo(
+                    host, None, type=socket.SOCK_STREAM
+                )
+        except (OSError, TimeoutError):
+            return False
+        candidates = {c for c in (_ip(str(info[4][0])) for info in infos) if c is not None}
+    if peer in candidates:
+        return True
+    return peer.is_loopback and any(c.is_loopback or _is_local(c) for c in candidates)
+
+
+def _host(addr: str) -> str:
+    return addr.rpartition(":")[0] or addr
 
 
 def route_version(route: TopicRouteData | None) -> str:
@@ -65,8 +133,13 @@ class NameserverService:
         self.metrics = NameserverMetrics(
             self.table.groups_view, lambda: {k: ts for k, (_, ts) in self._acting.items()}
         )
-        self.pool = ConnectionPool(connect_timeout_ms=cfg.notify_timeout_ms)
-        self.dispatcher = Dispatcher()
+        self.auth = ClusterAuth(cfg.cluster_secret, on_refused=self._auth_refused)
+        self.pool = ConnectionPool(
+            connect_timeout_ms=cfg.notify_timeout_ms,
+            ssl_context=cfg.tls.client_context(),
+            signer=self.auth.sign,
+        )
+        self.dispatcher = Dispatcher(guard=self.auth.check)
         self._changed = asyncio.Condition()
         self._watchers = 0
         self._tg: asyncio.TaskGroup | None = None
@@ -216,36 +289,63 @@ class NameserverService:
 
     # ---- handlers ---------------------------------------------------------
 
-    def _verify(
-        self, op: str, cluster: str, addr: str, name: str, bid: int, ts: int, sig: bytes
+    def _auth_refused(self, reason: str, method: int) -> None:
+        self.metrics.auth_refused.labels(reason).inc()
+        if method == RequestCode.REGISTER_BROKER:
+            self.metrics.registrations.labels("unauthorized").inc()
+
+    def _check_owner(
+        self,
+        ctx: RequestContext,
+        cluster: str,
+        broker_addr: str,
+        *,
+        broker_name: str | None = None,
+        broker_id: int | None = None,
     ) -> None:
-        secret = self.cfg.cluster_secret
-        if secret:
-            auth.verify(secret, auth.canonical(op, cluster, addr, name, bid, ts), sig, ts)
+        """Open mode: a live broker's registration is changed only through the
+        connection it registered on (see ``RouteTable.registration_conflict``)."""
+        if self.auth.enabled:
+            return  # the signature says who may: any holder of the secret
+        why = self.table.registration_conflict(
+            cluster, broker_addr, ctx.conn, broker_name=broker_name, broker_id=broker_id
+        )
+        if why is not None:
+            raise self.auth.refuse(
+                "registration_conflict",
+                ctx.method,
+                ctx.peer,
+                RegistrationConflict(
+                    f"{why}; without a cluster secret only that connection may change it "
+                    "until the broker unregisters, disconnects or expires"
+                ),
+            )
+
+    async def _check_peer_host(self, ctx: RequestContext, broker_addr: str) -> None:
+        """Open mode: a broker registers an address on the host it connects from."""
+        if self.auth.enabled or not self.cfg.open_mode_check_peer_host:
+            return
+        if not await host_matches_peer(_host(broker_addr), _host(ctx.peer)):
+            raise self.auth.refuse(
+                "addr_mismatch",
+                ctx.method,
+                ctx.peer,
+                AddressMismatch(
+                    f"registration of {broker_addr} from {ctx.peer}: the address is not on "
+                    "the host the connection comes from (behind NAT, set "
+                    "open_mode_check_peer_host = false on the nameservers, or better, a "
+                    "cluster_secret)"
+                ),
+            )
 
     async def _register(
         self, ctx: RequestContext, req: nameserver_pb2.RegisterBrokerRequest
     ) -> nameserver_pb2.RegisterBrokerResponse:
-        try:
-            self._verify(
-                "register",
-                req.cluster,
-                req.broker_addr,
-                req.broker_name,
-                req.broker_id,
-                req.timestamp_ms,
-                req.signature,
-            )
-        except HaError:
-            self.metrics.registrations.labels("unauthorized").inc()
-            log.warning(
-                "refused registration of %s (%s id %d) from %s: bad signature",
-                req.broker_addr,
-                req.broker_name,
-                req.broker_id,
-                ctx.peer,
-            )
-            raise
+        await self._check_peer_host(ctx, req.broker_addr)
+        # no await from here on: the owner check holds for the registration below
+        self._check_owner(
+            ctx, req.cluster, req.broker_addr, broker_name=req.broker_name, broker_id=req.broker_id
+        )
         reg = BrokerRegistration(
             cluster=req.cluster,
             broker_addr=req.broker_addr,
@@ -288,15 +388,7 @@ class NameserverService:
     async def _unregister(
         self, ctx: RequestContext, req: nameserver_pb2.UnregisterBrokerRequest
     ) -> common_pb2.Empty:
-        self._verify(
-            "unregister",
-            req.cluster,
-            req.broker_addr,
-            req.broker_name,
-            req.broker_id,
-            req.timestamp_ms,
-            req.signature,
-        )
+        self._check_owner(ctx, req.cluster, req.broker_addr)
         changes = self.table.unregister_broker(
             req.cluster, req.broker_addr, req.broker_name, req.broker_id
         )
@@ -306,6 +398,7 @@ class NameserverService:
     async def _heartbeat(
         self, ctx: RequestContext, req: nameserver_pb2.BrokerHeartbeatRequest
     ) -> common_pb2.Empty:
+        self._check_owner(ctx, req.cluster, req.broker_addr)
         generation = self.table.generation
         outcome = self.table.broker_heartbeat(
             req.cluster,
@@ -325,6 +418,7 @@ class NameserverService:
     async def _query_data_version(
         self, ctx: RequestContext, req: nameserver_pb2.QueryDataVersionRequest
     ) -> nameserver_pb2.QueryDataVersionResponse:
+        self._check_owner(ctx, req.cluster, req.broker_addr)
         version = data_version_from_pb(req.data_version)
         changed = self.table.query_data_version(req.cluster, req.broker_addr, version)
         return nameserver_pb2.QueryDataVersionResponse(

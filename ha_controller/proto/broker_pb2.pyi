@@ -354,6 +354,32 @@ class HaTransfer(_message.Message):
     master_max_offset: int
     def __init__(self, offset: _Optional[int] = ..., data: _Optional[bytes] = ..., master_max_offset: _Optional[int] = ...) -> None: ...
 
+class HaHello(_message.Message):
+    __slots__ = ("slave_nonce",)
+    SLAVE_NONCE_FIELD_NUMBER: _ClassVar[int]
+    slave_nonce: bytes
+    def __init__(self, slave_nonce: _Optional[bytes] = ...) -> None: ...
+
+class HaChallenge(_message.Message):
+    __slots__ = ("challenge", "master_proof")
+    CHALLENGE_FIELD_NUMBER: _ClassVar[int]
+    MASTER_PROOF_FIELD_NUMBER: _ClassVar[int]
+    challenge: bytes
+    master_proof: bytes
+    def __init__(self, challenge: _Optional[bytes] = ..., master_proof: _Optional[bytes] = ...) -> None: ...
+
+class HaAuth(_message.Message):
+    __slots__ = ("broker_name", "broker_id", "slave_addr", "signature")
+    BROKER_NAME_FIELD_NUMBER: _ClassVar[int]
+    BROKER_ID_FIELD_NUMBER: _ClassVar[int]
+    SLAVE_ADDR_FIELD_NUMBER: _ClassVar[int]
+    SIGNATURE_FIELD_NUMBER: _ClassVar[int]
+    broker_name: str
+    broker_id: int
+    slave_addr: str
+    signature: bytes
+    def __init__(self, broker_name: _Optional[str] = ..., broker_id: _Optional[int] = ..., slave_addr: _Optional[str] = ..., signature: _Optional[bytes] = ...) -> None: ...
+
 class CommitLogRangeRequest(_message.Message):
     __slots__ = ("from_offset", "max_bytes")
     FROM_OFFSET_FIELD_NUMBER: _ClassVar[int]

@@ -1,6 +1,7 @@
 from google.protobuf.internal import enum_type_wrapper as _enum_type_wrapper
 from google.protobuf import descriptor as _descriptor
 from google.protobuf import message as _message
+from collections.abc import Mapping as _Mapping
 from typing import ClassVar as _ClassVar, Optional as _Optional, Union as _Union
 
 DESCRIPTOR: _descriptor.FileDescriptor
@@ -26,14 +27,26 @@ class RequestHeader(_message.Message):
     def __init__(self, serviceType: _Optional[int] = ..., protocolVer: _Optional[int] = ...) -> None: ...
 
 class RequestBody(_message.Message):
-    __slots__ = ("method", "timeout", "request")
+    __slots__ = ("method", "timeout", "request", "authInfo")
     METHOD_FIELD_NUMBER: _ClassVar[int]
     TIMEOUT_FIELD_NUMBER: _ClassVar[int]
     REQUEST_FIELD_NUMBER: _ClassVar[int]
+    AUTHINFO_FIELD_NUMBER: _ClassVar[int]
     method: int
     timeout: int
     request: bytes
-    def __init__(self, method: _Optional[int] = ..., timeout: _Optional[int] = ..., request: _Optional[bytes] = ...) -> None: ...
+    authInfo: RequestAuth
+    def __init__(self, method: _Optional[int] = ..., timeout: _Optional[int] = ..., request: _Optional[bytes] = ..., authInfo: _Optional[_Union[RequestAuth, _Mapping]] = ...) -> None: ...
+
+class RequestAuth(_message.Message):
+    __slots__ = ("timestamp", "nonce", "signature")
+    TIMESTAMP_FIELD_NUMBER: _ClassVar[int]
+    NONCE_FIELD_NUMBER: _ClassVar[int]
+    SIGNATURE_FIELD_NUMBER: _ClassVar[int]
+    timestamp: int
+    nonce: bytes
+    signature: bytes
+    def __init__(self, timestamp: _Optional[int] = ..., nonce: _Optional[bytes] = ..., signature: _Optional[bytes] = ...) -> None: ...
 
 class ResponseHeader(_message.Message):
     __slots__ = ("status", "serviceType", "protocolVer")

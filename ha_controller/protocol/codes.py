@@ -51,6 +51,9 @@ class RequestCode(enum.IntEnum):
     HA_REPORT_OFFSET = 900010
     HA_TRANSFER = 900011
     GET_COMMITLOG_RANGE = 900012
+    # the HA port's handshake when the cluster has a secret (ha_controller/auth.py)
+    HA_HELLO = 900013
+    HA_AUTH = 900014
     GET_TRANSACTION_OFFSETS = 900020
 
 

@@ -1,7 +1,7 @@
 """The RPC envelope inside a frame: varint-delimited protobuf messages.
 
 request:  RpcConnHeader{flag}, RequestHeader{serviceType, protocolVer},
-          RequestBody{method, timeout, request}
+          RequestBody{method, timeout, request, authInfo?}
 response: RpcConnHeader{flag=1}, ResponseHeader{status},
           RspResponseBody{method, data} | RspExceptionBody{exceptionName, stackTrace}
 
@@ -29,12 +29,23 @@ STATUS_FATAL = rpc_pb2.ResponseHeader.FATAL
 
 
 @dataclass(frozen=True, slots=True)
+class RequestAuth:
+    """``RequestBody.authInfo``: a cluster member's signature of one request
+    (made and checked by :mod:`ha_controller.auth`; the codec only carries it)."""
+
+    timestamp_ms: int
+    nonce: bytes
+    signature: bytes
+
+
+@dataclass(frozen=True, slots=True)
 class Request:
     serial_no: int
     method: int
     body: bytes
     timeout_ms: int
     oneway: bool
+    auth: RequestAuth | None = None
 
 
 @dataclass(frozen=True, slots=True)
@@ -126,10 +137,15 @@ def encode_request(
     timeout_ms: int = 0,
     oneway: bool = False,
     max_block_bytes: int = DEFAULT_MAX_BLOCK_BYTES,
+    auth: RequestAuth | None = None,
 ) -> bytes:
     conn = rpc_pb2.RpcConnHeader(flag=FLAG_ONEWAY if oneway else 0)
     header = rpc_pb2.RequestHeader(serviceType=SERVICE_TYPE, protocolVer=PROTOCOL_VERSION)
     req = rpc_pb2.RequestBody(method=method, timeout=timeout_ms, request=body)
+    if auth is not None:
+        req.authInfo.timestamp = auth.timestamp_ms
+        req.authInfo.nonce = auth.nonce
+        req.authInfo.signature = auth.signature
     return encode_frame(serial_no, _delimited(conn, header, req), max_block_bytes)
 
 
@@ -173,10 +189,15 @@ def decode(serial_no: int, payload: bytes) -> Request | Response:
     _parse(rpc_pb2.RequestHeader, parts[1])
     req = _parse(rpc_pb2.RequestBody, parts[2])
     assert isinstance(req, rpc_pb2.RequestBody)
+    auth = None
+    if req.HasField("authInfo"):
+        info = req.authInfo
+        auth = RequestAuth(info.timestamp, info.nonce, info.signature)
     return Request(
         serial_no,
         req.method,
         req.request,
         max(0, req.timeout),
         bool(conn.flag & FLAG_ONEWAY),
+        auth,
     )

@@ -107,6 +107,28 @@ class Unauthorized(RpcError, PermissionError):
     code = 209
 
 
+class TlsError(BrokerUnavailable):
+    """TLS could not be set up with the peer: a failed handshake or certificate check.
+
+    Not retriable: another attempt with the same settings fails the same way."""
+
+    code = 210
+    retriable = False
+
+
+class TlsClosedEarly(ConnectionClosed):
+    """A TLS server closed the connection right after the handshake, before any answer:
+    with TLS 1.3 that is all a client sees of a refused client certificate (or of a
+    server that died just then, hence retriable).  Local only."""
+
+
+class TlsMismatch(TlsError):
+    """One side speaks TLS and the other does not; the message says which and what to
+    pass.  A TLS listener answers a plaintext request with this error, in plaintext."""
+
+    code = 211
+
+
 # --- cluster semantics -----------------------------------------------------
 
 
@@ -142,7 +164,34 @@ class SlaveAckTimeout(HaError):
 
 
 class SignatureInvalid(Unauthorized):
+    """A control-plane request between cluster members (or an HA handshake) is
+    unsigned, wrongly signed, or its timestamp is outside the replay window, while the
+    cluster has a secret.  Nothing was changed."""
+
     code = 304
+
+
+class ReplayedRequest(SignatureInvalid):
+    """A correctly signed request whose nonce was already seen within the replay
+    window: a copy of an earlier request.  Nothing was changed."""
+
+    code = 310
+
+
+class RegistrationConflict(Unauthorized):
+    """Open mode (no cluster secret): a registration change for a broker address, or
+    for a broker id, that a live broker holds through another connection.  Refused
+    until that broker unregisters, its connection closes or its registration
+    expires."""
+
+    code = 311
+
+
+class AddressMismatch(Unauthorized):
+    """Open mode (no cluster secret): a broker registered an address whose host is
+    not the host its connection comes from (``open_mode_check_peer_host``)."""
+
+    code = 312
 
 
 class NotRegistered(HaError):

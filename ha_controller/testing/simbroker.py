@@ -1,6 +1,10 @@
 """A simulated broker that speaks the nameserver protocol (register,
 heartbeat, QUERY_DATA_VERSION, min-id notifications) without a store.
 
+With a ``secret`` its requests are signed as a real broker's are
+(:class:`ha_controller.auth.ClusterAuth`); ``register(secret=...)`` signs one
+registration with another secret ("" = unsigned).
+
 Used by nameserver tests and by ``bench/nameserver.py`` to stand in for
 many brokers; real brokers live in ``broker_agent``.
 """
@@ -129,9 +133,15 @@ class SimulatedBroker:
             )
         return req
 
+    def _sign_with(self, secret: str | None) -> None:
+        """Sign what goes out on our connection with ``secret`` (None: ours)."""
+        secret = secret if secret is not None else self.secret
+        self.conn.signer = auth.ClusterAuth(secret).sign if secret else None
+
     async def register(self, secret: str | None = None) -> nameserver_pb2.RegisterBrokerResponse:
         if self._conn is None or self._conn.closed:
             await self.connect()
+        self._sign_with(secret)
         return await self.conn.call_pb(
             RequestCode.REGISTER_BROKER,
             self.register_request(secret),
@@ -146,9 +156,11 @@ class SimulatedBroker:
             req.max_offset = self.max_offset
         if self.store_writable is not None:
             req.store_writable = self.store_writable
+        self._sign_with(None)
         self.conn.oneway(RequestCode.BROKER_HEARTBEAT, req.SerializeToString())
 
     async def query_data_version(self) -> nameserver_pb2.QueryDataVersionResponse:
+        self._sign_with(None)
         return await self.conn.call_pb(
             RequestCode.QUERY_DATA_VERSION,
             nameserver_pb2.QueryDataVersionRequest(
