@@ -1,5 +1,5 @@
-"""``hactl drill`` and ``hactl analyze``: run a failover drill, judge a drill's history
-with PySpark.
+"""``hactl drill`` and ``hactl analyze``: run a failover drill or a campaign of generated
+drills, judge a drill's (or a whole campaign's) histories with PySpark.
 
 Dependencies point one way: this module imports :mod:`ha_controller.drills` (the runner,
 its scenarios and their checker options) and :mod:`ha_controller.pipeline`; neither
@@ -38,6 +38,7 @@ SCENARIO_NAMES = (
     "transactions-acting",
     "pop-acting",
     "strict-lock",
+    "generated",
 )
 
 
@@ -48,9 +49,17 @@ def add_commands(sub: Any) -> None:
         "drill",
         help="run a failover drill and judge its history (exit 0 only when ok)",
         description="Start a cluster, run workloads, inject faults, heal, drain and check. "
-        "Writes DIR/history.jsonl, DIR/verdict.json, DIR/report.html and DIR/logs/.",
+        "Writes DIR/history.jsonl, DIR/verdict.json, DIR/report.html and DIR/logs/.  "
+        "'hactl drill campaign --faults N' runs generated drills (one cluster each) until "
+        "every fault family had N faults and writes DIR/<drill>/... for each, "
+        "DIR/campaign.json and DIR/campaign.html; it exits 0 only when the campaign is ok.",
     )
-    dr.add_argument("scenario", metavar="SCENARIO", help="one of: " + ", ".join(SCENARIO_NAMES))
+    dr.add_argument(
+        "scenario",
+        metavar="SCENARIO",
+        help="one of: " + ", ".join(SCENARIO_NAMES) + "; or 'campaign': generated drills "
+        "until --faults faults of every family were injected (DIR/campaign.json)",
+    )
     dr.add_argument(
         "--duration", type=float_above(0), default=60.0, metavar="S", help="seconds of faults"
     )
@@ -71,9 +80,8 @@ def add_commands(sub: Any) -> None:
     dr.add_argument(
         "--rate",
         type=float_above(0),
-        default=100.0,
         metavar="MSGS_PER_S",
-        help="messages per second",
+        help="messages per second of the main producer (default 100; campaign: 30)",
     )
     dr.add_argument(
         "--fault-seconds",
@@ -99,18 +107,53 @@ def add_commands(sub: Any) -> None:
         help="strict-lock: brokers lock queues without strict mode (documents the double "
         "grant risk; the verdict is expected to fail)",
     )
+    dr.add_argument(
+        "--faults",
+        type=int_range(1),
+        metavar="N",
+        help="campaign: faults to inject per family (required); generated: faults in the "
+        "schedule (default 8)",
+    )
+    dr.add_argument(
+        "--families",
+        metavar="F,F",
+        help="campaign/generated: fault families (default: all; partition and loss need "
+        "--netns): kill,pause,pause-past-expiry,partition,loss,disk-full,slave,nameserver",
+    )
+    dr.add_argument(
+        "--faults-per-drill",
+        type=int_range(1),
+        default=8,
+        metavar="K",
+        help="campaign: faults in each drill's generated schedule (one cluster per drill)",
+    )
+    dr.add_argument(
+        "--max-drills",
+        type=int_range(1),
+        metavar="N",
+        help="campaign: stop after N drills (default: 4x what the quota needs)",
+    )
+    dr.add_argument(
+        "--schedule",
+        type=Path,
+        metavar="FILE",
+        help="generated: run this schedule.json (a campaign drill's, to reproduce it)",
+    )
     dr.add_argument("-v", "--verbose", action="store_true", help="log client warnings")
     dr.set_defaults(func=cmd_drill)
 
     an = add_parser(
         sub,
         "analyze",
-        help="compute DIR/verdict.spark.json from DIR/history.jsonl with PySpark",
-        description="Judge DIR/history*.jsonl on Spark as the drill judged it and write "
-        "DIR/verdict.spark.json; exit 0 only when the verdict is ok.  Spark logs only "
+        help="compute DIR/verdict.spark.json (or a campaign's campaign.spark.json) with PySpark",
+        description="Judge DIR/history*.jsonl on Spark as the drill judged it, write "
+        "DIR/verdict.spark.json and compare it whole with DIR/verdict.json.  On a campaign "
+        "directory (DIR/campaign.json) every drill is judged in one Spark job and "
+        "DIR/campaign.spark.json is written and compared with campaign.json.  Exit 0 only "
+        "when the verdict (campaign) is ok and equals the recorded one.  Spark logs only "
         "errors (log4j at ERROR).",
     )
-    an.add_argument("dir", type=Path, metavar="DIR", help="a drill output directory")
+    an.add_argument("dir", type=Path, metavar="DIR", help="a drill or campaign output directory")
     an.add_argument("--master", help="Spark master URL or sc:// address (default local[*])")
     an.add_argument("--scenario", help="scenario name (default: from DIR/verdict.json)")
     an.add_argument("--no-progress", action="store_true", help="no progress on stderr")
@@ -124,6 +167,8 @@ def cmd_drill(args: argparse.Namespace) -> int:
         level=logging.WARNING if args.verbose else logging.CRITICAL,
         format="    (%(name)s: %(message)s)",
     )
+    if args.scenario == "campaign":
+        return cmd_campaign(args)
     if args.scenario not in SCENARIOS:
         print(
             f"hactl drill: unknown scenario {args.scenario!r}; known: {', '.join(SCENARIOS)}",
@@ -146,22 +191,69 @@ def cmd_drill(args: argparse.Namespace) -> int:
             netns=args.netns,
             replication=args.replication,
             skip_pre_online=args.skip_pre_online,
-            rate=args.rate,
+            rate=args.rate or 100.0,
             fault_s=args.fault_seconds,
             drain_timeout_s=args.drain_timeout,
             fifo=not args.no_fifo,
             send_attempts=args.send_attempts,
             strict_locks=not args.no_strict,
+            **_generated_options(args),
         )
         result = run_drill_sync(options)
         all_ok = all_ok and result.ok
     return 0 if all_ok else 1
 
 
+def _generated_options(args: argparse.Namespace) -> dict[str, Any]:
+    """DrillOptions fields of the ``generated`` scenario from the command line."""
+    out: dict[str, Any] = {}
+    if args.families:
+        from ha_controller.drills.generator import parse_families
+
+        out["families"] = parse_families(args.families)
+    if args.faults is not None:
+        out["faults"] = args.faults
+    if args.schedule is not None:
+        from ha_controller.drills.generator import Schedule
+
+        out["schedule"] = Schedule.from_dict(json.loads(args.schedule.read_text(encoding="utf-8")))
+    return out
+
+
+def cmd_campaign(args: argparse.Namespace) -> int:
+    """``hactl drill campaign --faults N ...``: exit 0 only when the campaign is ok."""
+    from ha_controller.drills.campaign import CampaignOptions, run_campaign_sync
+    from ha_controller.drills.generator import FAMILIES, parse_families
+
+    if args.faults is None:
+        print("hactl drill campaign: --faults N is required", file=sys.stderr)
+        return 2
+    try:
+        families = parse_families(args.families) if args.families else FAMILIES
+    except ValueError as exc:
+        print(f"hactl drill campaign: {exc}", file=sys.stderr)
+        return 2
+    options = CampaignOptions(
+        faults=args.faults,
+        families=families,
+        seed=args.seed,
+        out=args.out,
+        netns=args.netns,
+        faults_per_drill=args.faults_per_drill,
+        rate=args.rate or 30.0,
+        drain_timeout_s=args.drain_timeout,
+        max_drills=args.max_drills,
+        verbose=args.verbose,
+    )
+    return 0 if run_campaign_sync(options).ok else 1
+
+
 def cmd_analyze(args: argparse.Namespace) -> int:
     """Judge ``DIR`` on Spark (``DIR/verdict.spark.json``) as the drill judged it: with the
     scenario's checker options (e.g. ``pop-acting``'s ``redelivery="after_ack"``)."""
     directory: Path = args.dir
+    if (directory / "campaign.json").is_file():
+        return _analyze_campaign(args)
     history = directory / "history.jsonl"
     if not history.is_file():
         print(f"hactl analyze: {history} not found", file=sys.stderr)
@@ -198,16 +290,72 @@ def cmd_analyze(args: argparse.Namespace) -> int:
         bar.close()
     print(f"analyzed in {time.monotonic() - started:.1f} s", file=sys.stderr)
     print(verdict.to_json())
+    differ: list[str] = []
     if local.is_file():
         from ha_controller.drills.checker import Verdict
 
-        same = Verdict.from_dict(json.loads(local.read_text(encoding="utf-8"))).to_dict()
-        match = same["counts"] == verdict.to_dict()["counts"]
-        print(
-            f"counts {'equal' if match else 'DIFFER from'} {local}",
-            file=sys.stderr,
-        )
-    return 0 if verdict.ok else 1
+        recorded = Verdict.from_dict(json.loads(local.read_text(encoding="utf-8")))
+        differ = verdict.mismatches(recorded)
+        _print_mismatches(differ, local)
+    return 0 if verdict.ok and not differ else 1
+
+
+def _print_mismatches(differ: list[str], recorded: Path, what: str = "verdict") -> None:
+    if not differ:
+        print(f"{what} equals {recorded} (counts, faults, windows, availability)", file=sys.stderr)
+        return
+    print(f"{what} DIFFERS from {recorded} (Spark != recorded):", file=sys.stderr)
+    for line in differ[:50]:
+        print(f"  {line}", file=sys.stderr)
+    if len(differ) > 50:
+        print(f"  ... {len(differ) - 50} more", file=sys.stderr)
+
+
+def _analyze_campaign(args: argparse.Namespace) -> int:
+    """``hactl analyze DIR`` on a campaign: every drill in one Spark job."""
+    directory: Path = args.dir
+    from ha_controller.cli.progress import reporter
+
+    master = args.master or "local[*]"
+    bar = reporter(
+        f"analyze campaign {directory} on {master}",
+        unit="",
+        enabled=not args.no_progress,
+        interval_s=10,
+    )
+    started = time.monotonic()
+    try:
+        try:
+            from ha_controller.pipeline.campaign import SPARK_FILE, analyze_campaign
+            from ha_controller.pipeline.session import build_session
+        except ImportError as exc:
+            print(f"hactl analyze: the pipeline needs pyspark ({exc})", file=sys.stderr)
+            return 2
+        bar.update(0, "starting Spark")
+        spark = build_session(args.master, log_level="ERROR")
+        try:
+            bar.update(0, "judging every drill")
+            result = analyze_campaign(spark, directory, options_for=scenario_options)
+        finally:
+            spark.stop()
+        bar.update(0, "done")
+    finally:
+        bar.close()
+    from ha_controller.drills.campaign import table_lines
+
+    print(
+        f"analyzed {len(result.verdicts)} drills in {time.monotonic() - started:.1f} s",
+        file=sys.stderr,
+    )
+    for line in table_lines(result.document):
+        print(line)
+    print(f"campaign {'OK' if result.ok else 'FAILED'}: {directory / SPARK_FILE}")
+    _print_mismatches(
+        result.mismatches,
+        directory / "campaign.json",
+        "the Spark summary (and every drill's verdict)",
+    )
+    return 0 if result.ok and not result.mismatches else 1
 
 
 def scenario_options(scenario: str) -> CheckOptions | None:

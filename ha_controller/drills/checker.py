@@ -29,7 +29,10 @@ Counts (Jepsen's queue categories plus the RIP-32 checks):
     with ``redelivery="strict"`` (default): for every (consumer group, key), deliveries
     beyond the first.  With ``redelivery="after_ack"``: only deliveries strictly after
     the group's first ``ack`` ok of that key (re-delivering an un-acked message is
-    at-least-once behaviour, not a defect).  Keys counted as unexpected are excluded.
+    at-least-once behaviour, not a defect).  ``after_ack_groups`` judges the consumer
+    groups it names with ``after_ack`` and the others with ``redelivery`` (a drill
+    that runs a POP consumer beside pull consumers, which record no acks).  Keys
+    counted as unexpected are excluded.
 ``unexpected``
     deliveries of keys never sent, or rolled back.
 ``recovered``
@@ -182,6 +185,12 @@ class CheckOptions:
     level_tolerance_ms: int = 4_000
     early_tolerance_ms: int = 0
     redelivery: Redelivery = "strict"
+    #: consumer groups judged with ``redelivery="after_ack"`` whatever ``redelivery`` says
+    after_ack_groups: frozenset[str] = frozenset()
+
+    def after_ack(self, consumer_group: str) -> bool:
+        """Whether ``consumer_group``'s duplicates count only after its first ack."""
+        return self.redelivery == "after_ack" or consumer_group in self.after_ack_groups
 
     def __post_init__(self) -> None:
         for name in ("lock_lease_ms", "timer_tolerance_ms", "level_tolerance_ms"):
@@ -541,7 +550,7 @@ def check(
     for (cg, key), times in per_pair.items():
         if unexpected_key(key):
             continue
-        if opts.redelivery == "strict":
+        if not opts.after_ack(cg):
             duplicated += len(times) - 1
         else:
             ack_t = first_ack.get((cg, key))

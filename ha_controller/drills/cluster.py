@@ -10,10 +10,19 @@ Two placements (DESIGN.md §10):
   bridge, listening on the default ports of that address and advertising it
   (``HAC_BROKER_IP1``); partitions and netem faults become possible and real.
 
-Targets are named ``"nameserver"`` and ``"<group>/<id>"`` (``"broker-a/0"``).  Slaves
-start before their master so that the master's pre-online finds them.  :meth:`close`
-(idempotent, also on errors and interrupts) kills every process, removes the network
-and the temporary stores; logs are kept in ``log_dir`` when one is given.
+Targets are named ``"nameserver"`` (``"nameserver-1"`` for a second one,
+``ClusterSpec.nameservers=2``) and ``"<group>/<id>"`` (``"broker-a/0"``).  Every broker
+and every client is given every nameserver.  Slaves start before their master so that
+the master's pre-online finds them.  :meth:`close` (idempotent, also on errors and
+interrupts) kills every process, removes the network and the temporary stores; logs are
+kept in ``log_dir`` when one is given.
+
+Disk faults (``ClusterSpec.tmpfs_store_mb``): each broker's store directory
+(``<workdir>/store/<group>-<id>``) is a tmpfs of that size, mounted before the broker
+first starts and unmounted by :meth:`close`.  :meth:`fill_disk` fills it with a filler
+file (``.drill-disk-filler``) that leaves ``keep_free_pct`` of it free — below the
+store's hard reserve, so the store is full — and :meth:`free_disk` deletes the filler.
+Mounting needs root (CAP_SYS_ADMIN); :func:`tmpfs_available` says why not otherwise.
 """
 
 from __future__ import annotations
@@ -22,28 +31,35 @@ import contextlib
 import logging
 import os
 import shutil
+import subprocess
 import tempfile
 from collections.abc import Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Literal
 
-from ha_controller.drills.netns import Host, Network, NetworkError
+from ha_controller.drills.netns import Direction, Host, Network, NetworkError
 from ha_controller.protocol.errors import HaError
 from ha_controller.testing import FAST_ENV, ProcessHandle, hactl_argv
 
 __all__ = [
+    "FILLER",
     "NAMESERVER",
     "ClusterSpec",
     "DrillCluster",
     "FaultUnsupported",
     "broker_target",
+    "is_nameserver",
+    "nameserver_target",
     "parse_target",
+    "tmpfs_available",
 ]
 
 log = logging.getLogger(__name__)
 
 NAMESERVER = "nameserver"
+#: the filler file that makes a tmpfs store full
+FILLER = ".drill-disk-filler"
 
 Replication = Literal["sync", "async"]
 
@@ -54,6 +70,52 @@ class FaultUnsupported(HaError, RuntimeError):
 
 def broker_target(group: str, broker_id: int) -> str:
     return f"{group}/{broker_id}"
+
+
+def nameserver_target(index: int) -> str:
+    """``0`` -> ``"nameserver"``, ``1`` -> ``"nameserver-1"``."""
+    return NAMESERVER if index == 0 else f"{NAMESERVER}-{index}"
+
+
+def is_nameserver(target: str) -> bool:
+    return target == NAMESERVER or target.startswith(NAMESERVER + "-")
+
+
+def tmpfs_available() -> str | None:
+    """``None`` when this process may mount a tmpfs, else the reason why not."""
+    if shutil.which("mount") is None or shutil.which("umount") is None:
+        return "mount/umount are not installed"
+    if os.geteuid() != 0:
+        return "mounting a tmpfs store needs root (CAP_SYS_ADMIN)"
+    probe = Path(tempfile.mkdtemp(prefix="hacd-tmpfs-probe-"))
+    try:
+        done = _mount_tmpfs(probe, 1)
+        if done is not None:
+            return f"cannot mount a tmpfs here: {done}"
+        _umount(probe)
+    finally:
+        shutil.rmtree(probe, ignore_errors=True)
+    return None
+
+
+def _mount_tmpfs(path: Path, size_mb: int) -> str | None:
+    """Mount a tmpfs of ``size_mb`` on ``path``; the error text, or None."""
+    try:
+        proc = subprocess.run(
+            ["mount", "-t", "tmpfs", "-o", f"size={size_mb}m,mode=0755", "tmpfs", str(path)],
+            capture_output=True,
+            text=True,
+            timeout=15,
+            check=False,
+        )
+    except (OSError, subprocess.TimeoutExpired) as exc:
+        return str(exc)
+    return None if proc.returncode == 0 else (proc.stderr.strip() or f"exit {proc.returncode}")
+
+
+def _umount(path: Path) -> None:
+    with contextlib.suppress(OSError, subprocess.TimeoutExpired):
+        subprocess.run(["umount", "-l", str(path)], capture_output=True, timeout=15, check=False)
 
 
 def parse_target(target: str) -> tuple[str, int]:
@@ -76,10 +138,18 @@ class ClusterSpec:
     netns: bool = False
     env: Mapping[str, str] = field(default_factory=dict)
     broker_env: Mapping[str, Mapping[str, str]] = field(default_factory=dict)
+    #: nameservers to run (1 or 2); every broker registers with all of them
+    nameservers: int = 1
+    #: each broker's store on its own tmpfs of this many MiB (disk-full faults); None: no
+    tmpfs_store_mb: int | None = None
 
     def __post_init__(self) -> None:
         if not self.groups:
             raise ValueError("a drill cluster needs at least one broker group")
+        if self.nameservers not in (1, 2):
+            raise ValueError(f"nameservers must be 1 or 2, got {self.nameservers}")
+        if self.tmpfs_store_mb is not None and self.tmpfs_store_mb < 32:
+            raise ValueError(f"tmpfs_store_mb must be >= 32, got {self.tmpfs_store_mb}")
         if self.replicas < 1:
             raise ValueError(f"replicas must be >= 1, got {self.replicas}")
         if self.replication not in ("sync", "async"):
@@ -128,17 +198,27 @@ class DrillCluster:
         self.network: Network | None = Network() if spec.netns else None
         self.env = spec.common_env()
         self._procs: dict[str, _Proc] = {}
+        self._mounts: list[Path] = []
         self._closed = False
 
     # ---- addresses ---------------------------------------------------------------
 
     @property
     def namesrv(self) -> str:
-        return self._procs[NAMESERVER].handle.rpc
+        """Every nameserver's address, comma-separated (as brokers and clients take it)."""
+        return ",".join(self.namesrv_addrs)
+
+    @property
+    def namesrv_addrs(self) -> list[str]:
+        return [self._procs[t].handle.rpc for t in self.nameserver_targets()]
 
     @property
     def namesrv_http(self) -> str:
+        """The first nameserver's admin HTTP address."""
         return self._procs[NAMESERVER].handle.http
+
+    def nameserver_targets(self) -> list[str]:
+        return [t for t in self._procs if is_nameserver(t)]
 
     def targets(self) -> list[str]:
         return list(self._procs)
@@ -147,8 +227,13 @@ class DrillCluster:
         return [
             t
             for t in self._procs
-            if t != NAMESERVER and (group is None or t.startswith(group + "/"))
+            if not is_nameserver(t) and (group is None or t.startswith(group + "/"))
         ]
+
+    def store_dir(self, target: str) -> Path:
+        """The store directory of broker ``target`` (a tmpfs with ``tmpfs_store_mb``)."""
+        parse_target(target)
+        return self.workdir / "store" / target.replace("/", "-")
 
     def handle(self, target: str) -> ProcessHandle:
         return self._procs[target].handle
@@ -166,7 +251,8 @@ class DrillCluster:
         try:
             if self.network is not None:
                 self.network.up()
-            self._start(NAMESERVER)
+            for i in range(self.spec.nameservers):
+                self._start(nameserver_target(i))
             for group in self.spec.groups:
                 for bid in [*range(1, self.spec.replicas), 0]:
                     self._start(broker_target(group, bid))
@@ -176,8 +262,8 @@ class DrillCluster:
         return self
 
     def _host_name(self, target: str) -> str:
-        if target == NAMESERVER:
-            return "ns"
+        if is_nameserver(target):
+            return "ns" + target.removeprefix(NAMESERVER).removeprefix("-")
         group, bid = parse_target(target)
         return f"{group.removeprefix('broker-')[:6]}{bid}"
 
@@ -191,7 +277,7 @@ class DrillCluster:
         env.update(self.env)
         env["PYTHONUNBUFFERED"] = "1"
         ip = "127.0.0.1" if host is None else host.ip
-        if target == NAMESERVER:
+        if is_nameserver(target):
             port_rpc, port_http = ("0", "0") if host is None else ("9876", "9877")
             args = ["nameserver", "--listen", f"{ip}:{port_rpc}", "--http", f"{ip}:{port_http}"]
         else:
@@ -200,6 +286,9 @@ class DrillCluster:
             if host is not None:
                 env["HAC_BROKER_IP1"] = host.ip
             ports = ("0", "0", "0") if host is None else ("10911", "10912", "10913")
+            store = self.store_dir(target)
+            if self.spec.tmpfs_store_mb is not None:
+                self._mount_store(store, self.spec.tmpfs_store_mb)
             args = [
                 "broker",
                 "--cluster",
@@ -217,7 +306,7 @@ class DrillCluster:
                 "--http",
                 f"{ip}:{ports[2]}",
                 "--store-dir",
-                str(self.workdir / "store" / name),
+                str(store),
             ]
         argv = hactl_argv(*args, "--ready-file", str(ready))
         if host is not None:
@@ -235,9 +324,24 @@ class DrillCluster:
     def _start(self, target: str) -> ProcessHandle:
         proc = self._make(target)
         self._procs[target] = proc
-        proc.handle.start(timeout=30.0)
-        log.info("started %s (pid %d, rpc %s)", target, proc.handle.pid, proc.handle.rpc)
-        return proc.handle
+        handle = proc.handle
+        handle.start(timeout=30.0)
+        if is_nameserver(target) and proc.host is None:
+            # a restarted nameserver must come back where brokers and clients know it:
+            # the ports bound on the first start are kept (the listeners reuse addresses)
+            argv = handle.argv
+            argv[argv.index("--listen") + 1] = handle.rpc
+            argv[argv.index("--http") + 1] = handle.http
+        log.info("started %s (pid %d, rpc %s)", target, handle.pid, handle.rpc)
+        return handle
+
+    def _mount_store(self, store: Path, size_mb: int) -> None:
+        store.mkdir(parents=True, exist_ok=True)
+        error = _mount_tmpfs(store, size_mb)
+        if error is not None:
+            raise FaultUnsupported(f"cannot mount a tmpfs store on {store}: {error}")
+        self._mounts.append(store)
+        log.info("store %s is a tmpfs of %d MiB", store, size_mb)
 
     def set_broker_env(self, target: str, env: Mapping[str, str]) -> None:
         """Environment for the next (re)start of ``target`` (e.g. skip pre-online)."""
@@ -271,9 +375,15 @@ class DrillCluster:
             raise FaultUnsupported(f"{what} needs hosts in network namespaces (--netns)")
         return self.network, proc.host
 
-    def partition(self, target: str) -> None:
+    def partition(self, target: str, direction: Direction = "both") -> None:
+        """Cut ``target`` off; ``direction`` ``in``/``out`` cuts one way only."""
         net, host = self._host(target, "a network partition")
-        net.partition(host.name)
+        try:
+            net.partition(host.name, direction)
+        except NetworkError as exc:
+            if direction == "both":
+                raise
+            raise FaultUnsupported(f"no one-way partition here: {exc}") from exc
 
     def heal_partition(self, target: str) -> None:
         net, host = self._host(target, "a network partition")
@@ -292,7 +402,13 @@ class DrillCluster:
             try:
                 net.set_loss(host.name, loss_pct)
             except NetworkError as exc2:
-                raise FaultUnsupported(f"no way to drop packets here: {exc2}") from exc2
+                try:
+                    net.start_blackouts(host.name, loss_pct)
+                except NetworkError as exc3:
+                    raise FaultUnsupported(
+                        f"no way to drop packets here: {exc}; {exc2}; {exc3}"
+                    ) from exc3
+                return "blackouts"
             return "iptables"
         return "netem"
 
@@ -300,6 +416,33 @@ class DrillCluster:
         net, host = self._host(target, "netem")
         net.clear_netem(host.name)
         net.clear_loss(host.name)
+
+    # ---- disk faults ---------------------------------------------------------------
+
+    def _tmpfs_store(self, target: str) -> Path:
+        store = self.store_dir(target)
+        if store not in self._mounts:
+            raise FaultUnsupported(
+                "a disk-full fault needs the brokers' stores on tmpfs (tmpfs_store_mb)"
+            )
+        return store
+
+    def fill_disk(self, target: str, *, keep_free_pct: float = 1.0) -> int:
+        """Fill ``target``'s tmpfs store until ``keep_free_pct`` % of it is free; returns
+        the bytes the filler file took."""
+        store = self._tmpfs_store(target)
+        st = os.statvfs(store)
+        free = st.f_bavail * st.f_frsize
+        keep = int(st.f_blocks * st.f_frsize * keep_free_pct / 100)
+        size = max(free - keep, 0) // 4096 * 4096
+        with (store / FILLER).open("ab") as fh:
+            if size:
+                os.posix_fallocate(fh.fileno(), fh.tell(), size)
+        return size
+
+    def free_disk(self, target: str) -> None:
+        """Delete the filler file of ``target``'s store (idempotent)."""
+        (self._tmpfs_store(target) / FILLER).unlink(missing_ok=True)
 
     # ---- teardown ----------------------------------------------------------------
 
@@ -317,6 +460,9 @@ class DrillCluster:
                 self.network.close()
             except NetworkError as exc:
                 log.warning("network cleanup: %s", exc)
+        for store in self._mounts:  # a tmpfs store goes with its mount, keep_store or not
+            _umount(store)
+        self._mounts.clear()
         if not self.keep_store:
             shutil.rmtree(self._tmp, ignore_errors=True)
 

@@ -58,10 +58,14 @@ Value schemas, per ``f`` (``?`` marks an optional key):
     ok ``{"consumer_group", "mq", "offset", "broker"?}``: the offset a broker reported
     for the group (read after a master returns, to detect rollbacks).
 ``fault``
-    info ``{"kind", "target", "detail"?}`` when the fault takes effect (start), ok
-    ``{"kind", "target"}`` when it is healed; ``kind`` is ``kill`` | ``pause`` |
-    ``partition`` | ``netem``; ``target`` names a broker (``"broker-a/0"``: group/id),
-    a nameserver or a link.  invoke/fail of ``fault`` are ignored.
+    info ``{"kind", "target", "detail"?, "family"?}`` when the fault takes effect
+    (start), ok ``{"kind", "target", "family"?}`` when it is healed; ``kind`` is
+    ``kill`` | ``pause`` | ``partition`` | ``netem`` | ``disk``; ``target`` names a
+    broker (``"broker-a/0"``: group/id), a nameserver (``"nameserver"``,
+    ``"nameserver-1"``) or a link; ``family`` is the fault family of a generated
+    schedule (``kill``, ``pause``, ``pause-past-expiry``, ``partition``, ``loss``,
+    ``disk-full``, ``slave``, ``nameserver``; campaigns count faults by it).
+    invoke/fail of ``fault`` are ignored.
 ``role``
     info ``{"group", "broker_id", "role"}`` with ``role`` in ``master`` | ``acting`` |
     ``slave`` | ``isolated``: a broker's role as observed by the drill.
@@ -248,6 +252,7 @@ class Fault(_Value):
     kind: str
     target: str
     detail: str | None = None
+    family: str | None = None
 
 
 @dataclass(frozen=True, slots=True)

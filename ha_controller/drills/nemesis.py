@@ -4,23 +4,27 @@
 fault — the current master of a group (the broker the nameserver lists as id 0), a
 slave, the nameserver or an explicit ``"group/id"`` — and heals it:
 
-========== =============================== ===================================
-kind       inject                          heal
-========== =============================== ===================================
-kill       kill -9                         restart on the same store
-pause      SIGSTOP                         SIGCONT
-partition  host's link down (netns)        link up
-netem      tc netem delay/loss (netns)     qdisc removed
-========== =============================== ===================================
+========== ======================================= ===================================
+kind       inject                                  heal
+========== ======================================= ===================================
+kill       kill -9                                 restart on the same store
+pause      SIGSTOP                                 SIGCONT
+partition  host's link down, or one way (netns)    link up / drop queue removed
+netem      tc netem delay/loss (netns; iptables    qdisc / rule removed, blackouts
+           or periodic blackouts without netem)    stopped
+disk       fill the broker's tmpfs store           filler deleted
+========== ======================================= ===================================
 
 :data:`HEAL_ACTIONS` names each heal by what it does (``restart``, ``resume``, ``heal
 partition``, ``clear loss``; ``free disk`` for a disk-full fault); the terminal and the
 report label heals with it.
 
 Each fault is recorded in the history as ``fault`` info when it takes effect and
-``fault`` ok when it is healed (history module schema).  :class:`RoleObserver` polls the
-nameserver's ``/api/v1/groups`` and every broker's ``/api/v1/status`` and records a
-``role`` info event whenever a broker's observed role changes.
+``fault`` ok when it is healed (history module schema); a fault injected for a generated
+schedule also records its ``family`` (:mod:`ha_controller.drills.generator`).
+:class:`RoleObserver` polls a nameserver's ``/api/v1/groups`` (the one that answered
+last, then the others) and every broker's ``/api/v1/status`` and records a ``role`` info
+event whenever a broker's observed role changes.
 """
 
 from __future__ import annotations
@@ -36,6 +40,7 @@ import aiohttp
 
 from ha_controller.drills.cluster import NAMESERVER, DrillCluster, broker_target, parse_target
 from ha_controller.drills.history import Fault, HistoryWriter, Role
+from ha_controller.drills.netns import Direction
 
 __all__ = [
     "HEAL_ACTIONS",
@@ -49,7 +54,7 @@ __all__ = [
 
 log = logging.getLogger(__name__)
 
-FaultKind = Literal["kill", "pause", "partition", "netem"]
+FaultKind = Literal["kill", "pause", "partition", "netem", "disk"]
 TargetRole = Literal["master", "slave", "nameserver"]
 
 PROCESS = "nemesis"
@@ -77,6 +82,7 @@ class ActiveFault:
     start_ms: int
     restart: bool = True
     healed: bool = False
+    family: str | None = None
 
 
 class RoleObserver:
@@ -97,6 +103,7 @@ class RoleObserver:
         self.groups: dict[str, dict[str, Any]] = {}
         self._on_change = on_change
         self._session: aiohttp.ClientSession | None = None
+        self._ns_first = 0  # the nameserver that answered last
 
     async def __aenter__(self) -> RoleObserver:
         self._session = aiohttp.ClientSession(timeout=aiohttp.ClientTimeout(total=1.0))
@@ -117,8 +124,22 @@ class RoleObserver:
         except (aiohttp.ClientError, TimeoutError, ValueError):
             return None
 
+    async def _groups(self) -> Any:
+        """``/api/v1/groups`` of the nameserver that answered last, else of another."""
+        nameservers = self.cluster.nameserver_targets()
+        for i in range(len(nameservers)):
+            k = (self._ns_first + i) % len(nameservers)
+            target = nameservers[k]
+            if not self.cluster.alive(target):
+                continue
+            groups = await self._get(self.cluster.http(target), "/api/v1/groups")
+            if isinstance(groups, list):
+                self._ns_first = k
+                return groups
+        return None
+
     async def poll_once(self) -> None:
-        groups = await self._get(self.cluster.namesrv_http, "/api/v1/groups")
+        groups = await self._groups()
         if isinstance(groups, list):
             self.groups = {str(g.get("brokerName")): g for g in groups if isinstance(g, dict)}
         targets = self.cluster.broker_targets()
@@ -196,6 +217,8 @@ class Nemesis:
         nameserver, else the configured master), ``slave`` its lowest live slave."""
         if role == "nameserver":
             return NAMESERVER
+        if role.startswith(NAMESERVER + "-"):
+            return role
         if role == "master":
             return broker_target(group, 0)
         if role == "slave":
@@ -220,9 +243,12 @@ class Nemesis:
         jitter_ms: int = 0,
         loss_pct: float = 0,
         restart: bool = True,
+        direction: Direction = "both",
+        family: str | None = None,
     ) -> ActiveFault:
         """Apply the fault now; ``restart=False`` makes a kill permanent (heal does nothing
-        and no ``fault`` ok is recorded: the host is gone)."""
+        and no ``fault`` ok is recorded: the host is gone); ``direction`` makes a partition
+        one-way; ``family`` is recorded with the fault (generated schedules)."""
         detail: str = kind
         if kind == "kill":
             await asyncio.to_thread(self.cluster.kill, target)
@@ -231,8 +257,12 @@ class Nemesis:
             await asyncio.to_thread(self.cluster.pause, target)
             detail = "SIGSTOP"
         elif kind == "partition":
-            await asyncio.to_thread(self.cluster.partition, target)
-            detail = "link down"
+            await asyncio.to_thread(self.cluster.partition, target, direction)
+            detail = {
+                "both": "link down",
+                "in": "one way: the host hears nothing",
+                "out": "one way: the host sends nothing",
+            }[direction]
         elif kind == "netem":
             how = await asyncio.to_thread(
                 self.cluster.netem,
@@ -242,10 +272,15 @@ class Nemesis:
                 loss_pct=loss_pct,
             )
             detail = f"{how} delay {delay_ms}ms jitter {jitter_ms}ms loss {loss_pct}%"
+        elif kind == "disk":
+            size = await asyncio.to_thread(self.cluster.fill_disk, target)
+            detail = f"store filled ({size // (1024 * 1024)} MiB filler)"
         else:
             raise ValueError(f"unknown fault kind {kind!r}")
-        ev = self.history.record(PROCESS, "info", Fault(kind=kind, target=target, detail=detail))
-        fault = ActiveFault(kind, target, detail, ev.t_ms, restart=restart)
+        ev = self.history.record(
+            PROCESS, "info", Fault(kind=kind, target=target, detail=detail, family=family)
+        )
+        fault = ActiveFault(kind, target, detail, ev.t_ms, restart=restart, family=family)
         self.active.append(fault)
         self.say(f"fault: {kind} {target} ({detail})")
         return fault
@@ -266,7 +301,11 @@ class Nemesis:
             await asyncio.to_thread(self.cluster.heal_partition, fault.target)
         elif fault.kind == "netem":
             await asyncio.to_thread(self.cluster.clear_netem, fault.target)
-        self.history.record(PROCESS, "ok", Fault(kind=fault.kind, target=fault.target))
+        elif fault.kind == "disk":
+            await asyncio.to_thread(self.cluster.free_disk, fault.target)
+        self.history.record(
+            PROCESS, "ok", Fault(kind=fault.kind, target=fault.target, family=fault.family)
+        )
         with contextlib.suppress(ValueError):
             self.active.remove(fault)
         self.done.append(fault)

@@ -13,11 +13,18 @@ killed drill left behind (namespaces, veths, bridge, guard route) without touchi
 resources of a drill that is still running.
 
 Faults on a host: :meth:`Network.partition` takes the root side of its veth down (the
-host can reach no one and no one reaches it; its processes keep running);
+host can reach no one and no one reaches it; its processes keep running), or, one way
+only, puts a ``pfifo limit 0`` queue (it drops every packet) on one direction of the
+link: ``direction="in"`` on the root side of the veth (the host hears nothing, what it
+sends still arrives), ``"out"`` on the host's ``eth0`` (it sends nothing, it still
+hears).  ``pfifo`` is in every kernel that has ``tc`` at all, unlike netem.
 :meth:`Network.set_netem` adds ``tc netem`` delay/loss on both directions of its link
 when the kernel has ``sch_netem``; :meth:`Network.set_loss` falls back to an iptables
 ``statistic`` DROP rule inside the host namespace (OpenChaos's loss fault) when netem is
-missing.  Every command is run with a timeout and logged.
+missing; :meth:`Network.start_blackouts` is the last resort when neither exists: both
+directions of the link drop everything (``pfifo limit 0``) for ``loss_pct`` % of every
+``period_ms`` — burst loss of the same average rate, not independent per-packet loss.
+Every command is run with a timeout and logged.
 """
 
 from __future__ import annotations
@@ -28,13 +35,15 @@ import os
 import re
 import shutil
 import subprocess
+import threading
 from dataclasses import dataclass, field
-from typing import Final
+from typing import Final, Literal
 
 from ha_controller.protocol.errors import HaError
 
 __all__ = [
     "NS_PREFIX",
+    "Direction",
     "Host",
     "Network",
     "NetworkError",
@@ -48,6 +57,11 @@ NS_PREFIX: Final = "hacd-"
 _LINK_PREFIX: Final = "hd"
 _GUARD_METRIC: Final = 4242
 _CMD_TIMEOUT_S: Final = 15.0
+
+#: which way a partition cuts: ``both``, ``in`` (the host hears nothing) or ``out`` (it
+#: sends nothing)
+Direction = Literal["both", "in", "out"]
+DIRECTIONS: Final[tuple[Direction, ...]] = ("both", "in", "out")
 
 
 class NetworkError(HaError, RuntimeError):
@@ -147,8 +161,11 @@ class Host:
     ip: str
     veth: str  # root-side end, on the bridge
     partitioned: bool = False
+    #: the one-way partition in place (``in``/``out``), None when none
+    one_way: Literal["in", "out"] | None = None
     shaped: bool = False
     loss_rule: list[str] | None = None
+    blackout: _Blackouts | None = None
 
     def exec_prefix(self) -> list[str]:
         return ["ip", "netns", "exec", self.netns]
@@ -225,14 +242,24 @@ class Network:
 
     # ---- faults ------------------------------------------------------------------
 
-    def partition(self, name: str) -> None:
-        """Cut ``name`` off from every other host (and from the drill's clients)."""
+    def partition(self, name: str, direction: Direction = "both") -> None:
+        """Cut ``name`` off from every other host (and from the drill's clients); one way
+        only with ``direction`` ``in`` or ``out`` (module docstring)."""
         host = self.hosts[name]
-        _run("ip", "link", "set", host.veth, "down")
-        host.partitioned = True
+        if direction == "both":
+            _run("ip", "link", "set", host.veth, "down")
+            host.partitioned = True
+        elif direction == "in" or direction == "out":
+            _drop_all(host, direction, on=True)
+            host.one_way = direction
+        else:
+            raise ValueError(f"direction must be one of {DIRECTIONS}, got {direction!r}")
 
     def heal_partition(self, name: str) -> None:
         host = self.hosts[name]
+        if host.one_way is not None:
+            _drop_all(host, host.one_way, on=False)
+            host.one_way = None
         _run("ip", "link", "set", host.veth, "up")
         host.partitioned = False
 
@@ -314,6 +341,22 @@ class Network:
         if host.loss_rule is not None:
             _run("ip", "netns", "exec", host.netns, "iptables", "-D", *host.loss_rule, check=False)
             host.loss_rule = None
+        if host.blackout is not None:
+            host.blackout.stop()
+            host.blackout = None
+
+    def start_blackouts(self, name: str, loss_pct: float, *, period_ms: int = 1000) -> None:
+        """Drop everything on both directions of the host's link for ``loss_pct`` % of each
+        ``period_ms`` (needs only ``tc`` with ``pfifo``); :meth:`clear_loss` stops it."""
+        host = self.hosts[name]
+        if not 0 < loss_pct < 100:
+            raise ValueError(f"loss_pct must be in (0, 100), got {loss_pct}")
+        if host.blackout is not None:
+            host.blackout.stop()
+        _drop_all(host, "in", on=True)  # fails here, not in the thread, without tc/pfifo
+        _drop_all(host, "in", on=False)
+        host.blackout = _Blackouts(host, loss_pct / 100, period_ms / 1000)
+        host.blackout.start()
 
     # ---- teardown ----------------------------------------------------------------
 
@@ -323,6 +366,9 @@ class Network:
         Call it only once the processes inside the namespaces are gone.
         """
         for host in list(self.hosts.values()):
+            if host.blackout is not None:
+                host.blackout.stop()
+                host.blackout = None
             _run("ip", "netns", "del", host.netns, check=False)
             _run("ip", "link", "del", host.veth, check=False)
         self.hosts.clear()
@@ -349,3 +395,52 @@ class Network:
     def __exit__(self, *exc: object) -> None:
         with contextlib.suppress(NetworkError):
             self.close()
+
+
+def _drop_all(host: Host, direction: Literal["in", "out"], *, on: bool) -> None:
+    """Put (``on``) or remove a ``pfifo limit 0`` root queue, which drops every packet,
+    on one direction of ``host``'s link: ``in`` on the root side of the veth (traffic to
+    the host), ``out`` on its ``eth0`` (traffic from it)."""
+    if direction == "in":
+        where = ["tc", "qdisc", "replace" if on else "del", "dev", host.veth, "root"]
+    else:
+        where = [*host.exec_prefix(), "tc", "qdisc", "replace" if on else "del", "dev", "eth0"]
+        where.append("root")
+    _run(*where, *(["pfifo", "limit", "0"] if on else []), check=on)
+
+
+class _Blackouts:
+    """A thread that cuts both directions of a link for ``share`` of every ``period_s``."""
+
+    def __init__(self, host: Host, share: float, period_s: float) -> None:
+        self.host = host
+        self.share = share
+        self.period_s = period_s
+        self._stop = threading.Event()
+        self._thread = threading.Thread(
+            target=self._run, name=f"blackouts-{host.name}", daemon=True
+        )
+
+    def start(self) -> None:
+        self._thread.start()
+
+    def _run(self) -> None:
+        while not self._stop.is_set():
+            try:
+                _drop_all(self.host, "in", on=True)
+                _drop_all(self.host, "out", on=True)
+                self._stop.wait(self.period_s * self.share)
+            except NetworkError as exc:
+                log.warning("blackout on %s: %s", self.host.name, exc)
+            finally:
+                _drop_all(self.host, "in", on=False)
+                _drop_all(self.host, "out", on=False)
+            self._stop.wait(self.period_s * (1 - self.share))
+
+    def stop(self) -> None:
+        """Stop and leave the link open (idempotent)."""
+        self._stop.set()
+        if self._thread.is_alive():
+            self._thread.join(timeout=_CMD_TIMEOUT_S * 3)
+        _drop_all(self.host, "in", on=False)
+        _drop_all(self.host, "out", on=False)

@@ -39,9 +39,11 @@ from ha_controller.drills.nemesis import heal_action
 
 __all__ = [
     "COUNT_DEFINITIONS",
+    "FAMILY_COLOURS",
     "LANE_COLOURS",
     "ROLE_COLOURS",
     "render_report",
+    "timeline_strip",
     "timeline_svg",
     "write_report",
 ]
@@ -71,6 +73,17 @@ LANE_MEANING: Final = {
     "unknown": "restarted; no role observed yet",
 }
 FAULT_COLOUR: Final = "#e53935"
+#: fault family -> colour of its bars in the campaign strips
+FAMILY_COLOURS: Final = {
+    "kill": "#c62828",
+    "pause": "#ef6c00",
+    "pause-past-expiry": "#8e24aa",
+    "partition": "#6d4c41",
+    "loss": "#00897b",
+    "disk-full": "#3949ab",
+    "slave": "#7cb342",
+    "nameserver": "#546e7a",
+}
 W: Final = 1000
 LEFT: Final = 70
 RIGHT: Final = 20
@@ -139,6 +152,7 @@ class _Fault:
     target: str
     start: float
     end: float | None
+    family: str | None = None
 
 
 @dataclass(slots=True)
@@ -201,11 +215,14 @@ def _collect(events: Sequence[Event], start_ms: int) -> _Timeline:
             k = (str(v.get("kind")), str(v.get("target")))
             if e.type == "info":
                 open_faults[k].append(len(d.faults))
-                d.faults.append(_Fault(k[0], k[1], t, None))
+                family = v.get("family")
+                d.faults.append(
+                    _Fault(k[0], k[1], t, None, family if isinstance(family, str) else None)
+                )
             elif e.type == "ok" and open_faults[k]:
                 i = open_faults[k].pop(0)
                 f = d.faults[i]
-                d.faults[i] = _Fault(f.kind, f.target, f.start, t)
+                d.faults[i] = _Fault(f.kind, f.target, f.start, t, f.family)
         elif e.f == "role" and e.type == "info":
             lane = f"{v.get('group')}/{v.get('broker_id')}"
             roles[lane].append((t, str(v.get("role"))))
@@ -392,6 +409,70 @@ def timeline_svg(events: Sequence[Event], *, start_ms: int | None = None) -> str
     out.append(
         f'<rect x="{lx}" y="{legend_y - 9}" width="10" height="10" fill="{FAULT_COLOUR}" '
         f'fill-opacity="0.3"/><text x="{lx + 14}" y="{legend_y}">fault</text>'
+    )
+    out.append("</svg>")
+    return "\n".join(out)
+
+
+def timeline_strip(events: Sequence[Event], *, start_ms: int | None = None, width: int = W) -> str:
+    """A one-line timeline of a drill for the campaign page (an ``<svg>``): acknowledged
+    sends per second as a line, failed or unknown sends as red ticks, and one bar per
+    fault (a lane per target, coloured by its family, :data:`FAMILY_COLOURS`); the same
+    clock and collection as :func:`timeline_svg`."""
+    if not events:
+        return (
+            f'<svg xmlns="http://www.w3.org/2000/svg" width="{width}" height="20">'
+            '<text x="4" y="14" font-size="11">empty history</text></svg>'
+        )
+    d = _collect(events, min(e.t_ms for e in events) if start_ms is None else start_ms)
+    span = d.span
+    left, right = 110, 10
+    plot_w = width - left - right
+
+    def x(t: float) -> float:
+        return left + plot_w * max(0.0, min(t - d.lo, span)) / span
+
+    lanes = sorted({f.target for f in d.faults})
+    lane_h, tp_h = 9, 28
+    height = tp_h + 6 + max(len(lanes), 1) * (lane_h + 2) + 14
+    out = [
+        f'<svg xmlns="http://www.w3.org/2000/svg" width="{width}" height="{height}" '
+        f'viewBox="0 0 {width} {height}" font-family="sans-serif" font-size="9">',
+        f'<rect x="{left}" y="0" width="{plot_w}" height="{tp_h}" fill="#fafafa" stroke="#ccc"/>',
+        f'<text x="{left - 4}" y="{tp_h - 8}" text-anchor="end">acked/s</text>',
+    ]
+    n_buckets = int(span) + 1
+    acks = _per_second(d.acks, d.lo, n_buckets)
+    peak = max([*acks, 1])
+    pts = " ".join(
+        f"{x(d.lo + i + 0.5):.1f},{tp_h - 2 - (tp_h - 4) * v / peak:.1f}"
+        for i, v in enumerate(acks)
+    )
+    out.append(f'<polyline points="{pts}" fill="none" stroke="#1565c0" stroke-width="1"/>')
+    out.extend(
+        f'<line x1="{x(t):.1f}" x2="{x(t):.1f}" y1="0" y2="5" stroke="{FAULT_COLOUR}"/>'
+        for t in d.lat_bad
+    )
+    for i, lane in enumerate(lanes):
+        y0 = tp_h + 6 + i * (lane_h + 2)
+        out.append(f'<text x="{left - 4}" y="{y0 + 8}" text-anchor="end">{_esc(lane)}</text>')
+        for f in d.faults:
+            if f.target != lane:
+                continue
+            x0, x1 = x(f.start), x(f.end if f.end is not None else d.hi)
+            colour = FAMILY_COLOURS.get(f.family or "", FAULT_COLOUR)
+            label = f.family or f.kind
+            out.append(
+                f'<rect x="{x0:.1f}" y="{y0}" width="{max(x1 - x0, 1.5):.1f}" '
+                f'height="{lane_h}" fill="{colour}"><title>{_esc(label)}: {_esc(f.kind)} '
+                f"{_esc(f.target)} from {f.start:.1f} s"
+                f"{'' if f.end is None else f' to {f.end:.1f} s'}</title></rect>"
+            )
+    axis_y = height - 3
+    tick = max(1, int(span / 10) or 1)
+    out.extend(
+        f'<text x="{x(float(s)):.1f}" y="{axis_y}" text-anchor="middle">{s}s</text>'
+        for s in range(math.ceil(d.lo / tick) * tick, int(d.hi) + 1, tick)
     )
     out.append("</svg>")
     return "\n".join(out)

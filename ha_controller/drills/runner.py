@@ -49,6 +49,17 @@ the acting slave itself:
     a SimpleConsumer (POP) receives and acks through the acting slave; a share of
     messages is deliberately not acked and comes back through the retry topic (judged
     with ``redelivery="after_ack"``).
+``generated``
+    a generated schedule (:mod:`ha_controller.drills.generator`: kill, pause,
+    pause-past-expiry, partition, loss, disk-full, slave and nameserver faults, some
+    overlapping on two groups) against every workload at once: the plain, FIFO, pull
+    (with offset commits), delayed, transactional, POP and two orderly consumers with
+    strict locks.  After each step the drill waits for every group's master and probes
+    the pull group's committed offsets.  The schedule comes from ``options.schedule``
+    or is drawn from ``seed``, ``families`` and ``faults``; the cluster gets a second
+    nameserver and tmpfs stores when the schedule needs them.  A fault this cluster
+    cannot inject is recorded as a ``fault`` fail event (with the reason) and skipped.
+    Judged with :data:`GENERATED_CHECK` (campaigns, :mod:`~ha_controller.drills.campaign`).
 ``strict-lock``
     two orderly consumers of one group on a FIFO topic with broker lock strict mode on
     (``--no-strict``: off).  Consumer A holds every queue; the master of ``broker-a`` is
@@ -77,7 +88,15 @@ from typing import Final, Protocol
 from ha_controller.client.admin import NameserverClient
 from ha_controller.drills.checker import CheckOptions, FaultWindow, Verdict, check
 from ha_controller.drills.cluster import ClusterSpec, DrillCluster, FaultUnsupported, Replication
-from ha_controller.drills.history import Event, HistoryWriter, read_history
+from ha_controller.drills.generator import (
+    FAMILIES,
+    GeneratorSpec,
+    PlannedFault,
+    Schedule,
+    ScheduleGenerator,
+    Step,
+)
+from ha_controller.drills.history import Event, Fault, HistoryWriter, read_history
 from ha_controller.drills.nemesis import (
     ActiveFault,
     FaultKind,
@@ -103,6 +122,7 @@ from ha_controller.testing import EventuallyTimeout, eventually
 
 __all__ = [
     "DELAY_LEVELS_S",
+    "GENERATED_CHECK",
     "SCENARIOS",
     "DrillOptions",
     "DrillResult",
@@ -140,6 +160,23 @@ POP_QUIESCE_S: Final = 0.0
 ORDERLY_IDS: Final = {"orderly-a": "drill-orderly-2-a", "orderly-b": "drill-orderly-1-b"}
 #: queues of every drill topic in every group
 QUEUES: Final = 4
+#: the brokers' not-active timeout in drills (FAST_ENV), which ``pause`` stays below
+#: and ``pause-past-expiry`` goes past
+NOT_ACTIVE_TIMEOUT_MS: Final = 2000
+#: size of each broker's tmpfs store when a schedule fills disks
+TMPFS_STORE_MB: Final = 64
+#: ``generated``: how late a delayed message may be.  A master frozen or cut off holds
+#: its due messages until it is expired (not-active timeout 2 s, scan 0.5 s) and a
+#: slave acts; 5 s covers that budget with room, a later delivery is a finding.
+GENERATED_LATE_TOLERANCE_MS: Final = 5_000
+#: the checker options of ``generated`` drills (and so of campaigns): the POP group's
+#: duplicates count after its first ack (un-acked POP messages come back by design);
+#: every other group's count strictly
+GENERATED_CHECK: Final = CheckOptions(
+    timer_tolerance_ms=GENERATED_LATE_TOLERANCE_MS,
+    level_tolerance_ms=GENERATED_LATE_TOLERANCE_MS,
+    after_ack_groups=frozenset({POP_GROUP}),
+)
 
 
 @dataclass(frozen=True, slots=True)
@@ -166,6 +203,17 @@ class DrillOptions:
     quiet: bool = False
     #: ``strict-lock``: brokers lock queues in strict mode (``--no-strict``: False)
     strict_locks: bool = True
+    #: nameservers to run (1 or 2)
+    nameservers: int = 1
+    #: each broker's store on a tmpfs of this many MiB (disk-full faults)
+    tmpfs_store_mb: int | None = None
+    #: ``generated``: the schedule to run (None: drawn from ``seed``, ``families``,
+    #: ``faults``)
+    schedule: Schedule | None = None
+    families: tuple[str, ...] = ()
+    faults: int = 8
+    #: ``generated``: the generator's spec (None: the defaults for this cluster)
+    generator: GeneratorSpec | None = None
 
 
 @dataclass(slots=True)
@@ -248,6 +296,8 @@ class Drill:
                 self.cluster.namesrv, TOPIC, PULL_GROUP, self.history, process="prober"
             )
             self.say(f"offset probe: {len(found)} queues read")
+        except (HaError, OSError) as exc:  # e.g. a nameserver that lost its routes
+            self.say(f"WARNING: offset probe failed: {type(exc).__name__}: {exc}")
         finally:
             self.puller.resume()
 
@@ -562,6 +612,123 @@ async def _strict_lock(d: Drill) -> None:
         await asyncio.sleep(d.remaining())
 
 
+async def _setup_orderly(d: Drill, stack: contextlib.AsyncExitStack) -> None:
+    """Two orderly consumers of one group, both running throughout (``generated``)."""
+    o = d.options
+    for process in ORDERLY_IDS:
+        workload = _orderly(d, process)
+        stack.push_async_callback(workload.aclose)
+        d.consumers.append(workload)
+        await workload.start()
+    d.producers.append(
+        await stack.enter_async_context(
+            ProducerWorkload(
+                d.cluster.namesrv,
+                ORDERLY_TOPIC,
+                d.history,
+                process="orderly-producer",
+                rate=_special_rate(o),
+                concurrency=1,
+                message_groups=8,
+                max_attempts=o.send_attempts,
+            )
+        )
+    )
+
+
+async def _setup_everything(d: Drill, stack: contextlib.AsyncExitStack) -> None:
+    """Every special workload besides the standard ones (``generated``)."""
+    await _setup_delayed(d, stack)
+    await _setup_transactions(d, stack)
+    await _setup_pop(d, stack)
+    await _setup_orderly(d, stack)
+
+
+def _generated_env(o: DrillOptions) -> Mapping[str, str]:
+    return {
+        "HAC_DELAY_LEVELS": " ".join(f"{s}s" for s in DELAY_LEVELS_S),
+        "HAC_TRANSACTION_CHECK_INTERVAL_MS": "500",
+        "HAC_TRANSACTION_TIMEOUT_MS": "2000",
+        "HAC_TRANSACTION_CHECK_MAX": "1000",
+        "HAC_POP_REVIVE_INTERVAL_MS": "200",
+        "HAC_LOCK_IN_STRICT_MODE": "true" if o.strict_locks else "false",
+        "HAC_BROKER_NOT_ACTIVE_TIMEOUT_MS": str(NOT_ACTIVE_TIMEOUT_MS),
+    }
+
+
+def generator_spec(o: DrillOptions) -> GeneratorSpec:
+    """The generator spec for ``o``'s cluster (``o.generator`` when given)."""
+    if o.generator is not None:
+        return o.generator
+    return GeneratorSpec(
+        groups=o.groups, replicas=o.replicas, not_active_timeout_ms=NOT_ACTIVE_TIMEOUT_MS
+    )
+
+
+def _generated_spec(o: DrillOptions) -> DrillOptions:
+    """Draw the schedule (unless given) and size the cluster and the duration for it."""
+    schedule = o.schedule
+    if schedule is None:
+        families = o.families or tuple(
+            f for f in FAMILIES if o.netns or f not in ("partition", "loss")
+        )
+        schedule = ScheduleGenerator(o.seed, generator_spec(o)).generate(families, o.faults)
+    return replace(
+        o,
+        schedule=schedule,
+        nameservers=max(o.nameservers, schedule.nameservers),
+        tmpfs_store_mb=o.tmpfs_store_mb or (TMPFS_STORE_MB if schedule.needs_tmpfs else None),
+        duration_s=schedule.estimated_s(),
+    )
+
+
+async def _generated(d: Drill) -> None:
+    """Run ``d.options.schedule`` step by step (module docstring, ``generated``)."""
+    schedule = d.options.schedule
+    assert schedule is not None, "the generated scenario needs a schedule"
+    for line in schedule.describe():
+        d.say("  " + line)
+    await asyncio.sleep(2.0)
+    for i, step in enumerate(schedule.steps):
+        d.say(f"step {i + 1}/{len(schedule.steps)}")
+        await _run_step(d, step)
+        for g in d.options.groups:
+            waited = await d.wait_master(g)
+            if waited > 0.5:
+                d.say(f"master of {g} online {waited:.1f} s after the step")
+        await d.probe()
+        await asyncio.sleep(step.gap_s)
+
+
+async def _run_step(d: Drill, step: Step) -> None:
+    async def one(planned: PlannedFault) -> None:
+        await asyncio.sleep(planned.offset_s)
+        try:
+            fault = await d.nemesis.inject(
+                planned.kind,
+                planned.target,
+                loss_pct=planned.loss_pct,
+                direction=planned.direction,
+                family=planned.family,
+            )
+        except FaultUnsupported as exc:
+            d.history.record(
+                "nemesis",
+                "fail",
+                Fault(
+                    kind=planned.kind, target=planned.target, detail=str(exc), family=planned.family
+                ),
+            )
+            d.say(f"skipped {planned.describe()}: {exc}")
+            return
+        await asyncio.sleep(planned.duration_s)
+        await d.nemesis.heal(fault)
+
+    async with asyncio.TaskGroup() as tg:
+        for planned in step.faults:
+            tg.create_task(one(planned))
+
+
 SCENARIOS: Final[dict[str, Scenario]] = {
     s.name: s
     for s in (
@@ -637,6 +804,16 @@ SCENARIOS: Final[dict[str, Scenario]] = {
             setup=_setup_pop,
         ),
         Scenario(
+            "generated",
+            "a generated fault schedule (--seed, --families, --faults) against every workload",
+            _generated,
+            spec=_generated_spec,
+            check=GENERATED_CHECK,
+            env=_generated_env,
+            topics=(DELAY_TOPIC, TX_TOPIC, POP_TOPIC, ORDERLY_TOPIC),
+            setup=_setup_everything,
+        ),
+        Scenario(
             "strict-lock",
             "two orderly consumers; one joins while the slave acts; strict locks (--no-strict)",
             _strict_lock,
@@ -687,6 +864,8 @@ async def run_drill(options: DrillOptions) -> DrillResult:
         skip_pre_online=options.skip_pre_online,
         netns=options.netns,
         env=dict(scenario.env(options)),
+        nameservers=options.nameservers,
+        tmpfs_store_mb=options.tmpfs_store_mb,
     )
     shutil.rmtree(out / "logs", ignore_errors=True)
     cluster = DrillCluster(spec, log_dir=out / "logs")
@@ -763,7 +942,7 @@ async def _with_workloads(d: Drill, scenario: Scenario) -> bool:
     o = d.options
     await eventually(lambda: all(d.observer.master_online(g) for g in o.groups), 60, 0.1)
     topics = [TOPIC, *([FIFO_TOPIC] if o.fifo else []), *scenario.topics]
-    async with NameserverClient([d.cluster.namesrv]) as ns:
+    async with NameserverClient(d.cluster.namesrv_addrs) as ns:
         for topic in topics:
             await ns.create_topic(topic, queues=QUEUES)
 

@@ -14,7 +14,9 @@ to open the windows, successes with the broadcast openings to close them.  The
 the checker.
 
 :func:`compute_verdicts` judges many histories in the same jobs (a ``hid`` column keys
-every grouping and join), which keeps a campaign of small drills, or the tests, cheap.
+every grouping and join), which keeps a campaign of small drills, or the tests, cheap;
+:func:`read_drills` reads a campaign's histories in one scan with that column taken from
+each file's drill directory, and :func:`verdicts_of` judges such a frame.
 """
 
 from __future__ import annotations
@@ -46,8 +48,11 @@ __all__ = [
     "compute_dir_verdict",
     "compute_verdict",
     "compute_verdicts",
+    "fault_families",
     "main",
+    "read_drills",
     "read_events",
+    "verdicts_of",
 ]
 
 _VALUE_FIELDS: tuple[tuple[str, Any], ...] = (
@@ -74,6 +79,7 @@ _VALUE_FIELDS: tuple[tuple[str, Any], ...] = (
     ("role", StringType()),
     ("reason", StringType()),
     ("error", StringType()),
+    ("family", StringType()),
 )
 
 #: ``value`` of every event kind the checkers read (history module docstring).
@@ -143,7 +149,6 @@ def compute_verdicts(
     Each history is judged on its own, exactly as :func:`compute_verdict` would; sharing
     the Spark jobs makes many small histories (a drill campaign, the tests) cheap.
     """
-    opts = options if options is not None else CheckOptions()
     if not histories:
         return {}
     frames = [
@@ -153,17 +158,70 @@ def compute_verdicts(
         for name, src in histories.items()
     ]
     events = reduce(lambda a, b: a.unionByName(b), frames)
+    return verdicts_of(spark, events, list(histories), options=options)
+
+
+def read_drills(spark: SparkSession, files: Mapping[str, Sequence[Path]]) -> DataFrame:
+    """The histories of many drills (drill -> its ``history*.jsonl`` files) read in one
+    scan, with a ``hid`` column naming each event's drill (the name of the directory
+    its file is in, which must be the drill's name) and partitioned by it."""
+    for drill, paths in files.items():
+        for path in paths:
+            if Path(path).parent.name != drill:
+                raise ValueError(f"{path}: a history of drill {drill!r} must be in {drill}/")
+    everything = [p for paths in files.values() for p in paths]
+    return (
+        read_events(spark, everything)
+        .withColumn("hid", F.regexp_extract(F.input_file_name(), r"([^/]+)/[^/]+$", 1))
+        .repartition("hid")
+    )
+
+
+def verdicts_of(
+    spark: SparkSession,
+    events: DataFrame,
+    names: Sequence[str],
+    *,
+    options: CheckOptions | None = None,
+) -> dict[str, Verdict]:
+    """The verdict of every history in ``events`` (:data:`EVENT_SCHEMA`'s columns plus
+    ``hid``, the history's name), judged on its own, in one pass; ``names`` lists the
+    histories (one without events gets an empty verdict)."""
+    opts = options if options is not None else CheckOptions()
     ev = _flat(events).persist(StorageLevel.MEMORY_AND_DISK)
     try:
-        hids = spark.createDataFrame([(name,) for name in histories], "hid string")
+        hids = spark.createDataFrame([(name,) for name in names], "hid string")
         counts = _counts(ev, hids, opts)
         faults = _faults(ev)
     finally:
         ev.unpersist()
     return {
         name: Verdict(scenario=name, counts=counts[name], faults=faults.get(name, ()))
-        for name in histories
+        for name in names
     }
+
+
+def fault_families(events: DataFrame) -> dict[str, dict[tuple[int, str, str], list[str | None]]]:
+    """hid -> ``(start_ms, kind, target)`` -> families, from the ``fault`` info events
+    (as :func:`ha_controller.drills.campaign.fault_families` reads one history)."""
+    col = F.col
+    rows = (
+        events.where(
+            (col("f") == "fault")
+            & (col("type") == "info")
+            & col("t_ms").isNotNull()
+            & col("value.kind").isNotNull()
+            & col("value.target").isNotNull()
+        )
+        .select("hid", "t_ms", col("value.kind").alias("kind"), "value.target", "value.family")
+        .collect()  # one row per fault
+    )
+    out: dict[str, dict[tuple[int, str, str], list[str | None]]] = {}
+    for r in rows:
+        key = (int(r["t_ms"]), str(r["kind"]), str(r["target"]))
+        family = None if r["family"] is None else str(r["family"])
+        out.setdefault(str(r["hid"]), {}).setdefault(key, []).append(family)
+    return out
 
 
 def _counts(ev: DataFrame, hids: DataFrame, opts: CheckOptions) -> dict[str, dict[str, int]]:
@@ -263,7 +321,7 @@ def _counts(ev: DataFrame, hids: DataFrame, opts: CheckOptions) -> dict[str, dic
     )
     pair_aggs = [F.count(F.lit(1)).alias("n"), F.min("t_ms").alias("first_t")]
     rec_acks = rec
-    if opts.redelivery == "after_ack":
+    if opts.redelivery == "after_ack" or opts.after_ack_groups:
         acks = (
             ev.where(
                 (col("f") == "ack")
@@ -281,7 +339,14 @@ def _counts(ev: DataFrame, hids: DataFrame, opts: CheckOptions) -> dict[str, dic
         .agg(*pair_aggs)
         .join(keys.where(~col("unexpected")), ["hid", "key"], "inner")
     )
-    redelivered = col("n") - 1 if opts.redelivery == "strict" else col("after_ack")
+    if opts.redelivery == "after_ack":
+        redelivered = col("after_ack")
+    elif opts.after_ack_groups:
+        redelivered = F.when(
+            col("cg").isin(*sorted(opts.after_ack_groups)), col("after_ack")
+        ).otherwise(col("n") - 1)
+    else:
+        redelivered = col("n") - 1
     pair_counts = pairs.groupBy("hid").agg(
         total("duplicated", redelivered),
         total(

@@ -380,6 +380,18 @@ CASES: dict[str, Case] = {
         counts(acknowledged=2, delivered=6, duplicated=1),
         options=CheckOptions(redelivery="after_ack"),
     ),
+    # G2 takes a second k0 without acking it: a duplicate strictly, not after acks; G
+    # is judged strictly (2), G2 after its acks (0): after_ack_groups is per group
+    "duplicated-after-ack-groups": Case(
+        lambda: (
+            case_duplicated()
+            .recv(16, "k0", cg="G2")
+            .add(11, "c1", "ok", Ack("k0", "c1", "G"))
+            .add(14, "c1", "ok", Ack("k1", "c1", "G2"))
+        ),
+        counts(acknowledged=2, delivered=7, duplicated=2),
+        options=CheckOptions(after_ack_groups=frozenset({"G2"})),
+    ),
     "unexpected": Case(case_unexpected, counts(acknowledged=1, delivered=3, unexpected=2)),
     "recovered": Case(case_recovered, counts(delivered=3, recovered=3)),
     "order": Case(
@@ -685,3 +697,22 @@ def test_read_history_keeps_unknown_f(tmp_path: Path) -> None:
     path = tmp_path / "h.jsonl"
     path.write_text('{"t_ms": 1, "process": "p", "type": "info", "f": "pop_revive"}\n')
     assert read_history(path) == [Event(1, "p", "info", "pop_revive", {})]
+
+
+def test_after_ack_groups_differ_from_strict_and_from_all_after_ack() -> None:
+    def history() -> H:
+        return (
+            case_duplicated()
+            .recv(16, "k0", cg="G2")
+            .add(11, "c1", "ok", Ack("k0", "c1", "G"))
+            .add(14, "c1", "ok", Ack("k1", "c1", "G2"))
+        )
+
+    def dup(options: CheckOptions) -> int:
+        return check(history().events, scenario="x", options=options).counts["duplicated"]
+
+    assert dup(CheckOptions()) == 3
+    assert dup(CheckOptions(redelivery="after_ack")) == 1
+    assert dup(CheckOptions(after_ack_groups=frozenset({"G2"}))) == 2
+    assert dup(CheckOptions(after_ack_groups=frozenset({"G"}))) == 2  # G: only t=12
+    assert CheckOptions(after_ack_groups=frozenset({"G"})).after_ack("G")

@@ -1,0 +1,614 @@
+"""Fault campaigns: generated drills until every fault family had ``N`` faults.
+
+``hactl drill campaign --faults N [--families ...] [--seed S] [--out DIR] [--netns]``
+runs drills of the ``generated`` scenario (:mod:`ha_controller.drills.runner`), one
+cluster and one generated schedule (:mod:`ha_controller.drills.generator`) of up to
+``faults_per_drill`` faults per drill, until ``N`` faults of every family were injected,
+and writes::
+
+    DIR/<drill>/history.jsonl, verdict.json, report.html, schedule.json, strip.svg, logs/
+    DIR/campaign.json
+    DIR/campaign.html
+
+Drill ``i`` (``drill-000``, ``drill-001``, ...) has the seed ``S * 1000 + i`` and a quota
+of the families still short of ``N``: one fault of each in turn (starting at a family
+that rotates with ``i``) until ``faults_per_drill``.  ``DIR/<drill>/schedule.json``
+reproduces it: ``hactl drill generated --schedule DIR/<drill>/schedule.json``.
+
+Families are counted from the history, not from the plan: a fault counts once its
+``fault`` info event (with its ``family``) is recorded.  A family this machine cannot
+fault at all (partition and loss without ``--netns`` or network namespaces, disk-full
+without tmpfs mounts) is skipped up front with the reason; one whose faults a drill
+had to skip (a ``fault`` fail event) is skipped from then on with the drill's reason.
+
+Attribution (``campaign.json`` ``families``), per family F:
+
+``faults``
+    faults of family F in all drills;
+``drills``
+    drills holding at least one fault of F;
+``lost`` ... ``offset_rollbacks``
+    the sum of those drills' counts: a drill's counts are attributed whole to every
+    family that had a fault in it (a drill cannot tell which of its faults caused a
+    lost message), so a drill with a kill and a partition adds its lost messages to
+    both, and the families' sums may exceed the campaign's;
+``write_unavailable_ms`` / ``read_unavailable_ms``
+    ``p50``, ``p99`` (nearest rank) and ``max`` over the faults of F of each fault's
+    worst window (its largest group or cluster window, as in a verdict's
+    ``availability``), and ``unrecovered``: the faults of F with a window that never
+    closed;
+``errors``
+    drills holding a fault of F that ended in an error (no complete verdict).
+
+``ok`` is true when every drill's verdict is ok, no drill ended in an error and every
+family that was not skipped got its ``N`` faults.  After ``max_broken_in_a_row`` drills
+in a row that broke before injecting anything (a cluster that does not start) the
+campaign gives up (``gave_up`` says why).  ``failing_seeds`` lists the seeds of
+the drills that were not ok.  The same summary is computed from Spark verdicts by
+``hactl analyze DIR`` (``campaign.spark.json``), through :func:`campaign_document`.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import html
+import json
+import logging
+import signal
+import tempfile
+import time
+from collections import Counter, defaultdict
+from collections.abc import Awaitable, Callable, Iterable, Mapping, Sequence
+from dataclasses import dataclass, field, replace
+from pathlib import Path
+from typing import TYPE_CHECKING, Any, Final
+
+from ha_controller.drills.checker import (
+    FAILING_COUNTS,
+    FaultWindow,
+    Verdict,
+    availability_summary,
+    check,
+)
+from ha_controller.drills.cluster import tmpfs_available
+from ha_controller.drills.generator import (
+    DISK_FAMILIES,
+    FAMILIES,
+    NETNS_FAMILIES,
+    GeneratorSpec,
+    Schedule,
+    ScheduleGenerator,
+)
+from ha_controller.drills.history import Event, iter_history
+from ha_controller.drills.netns import netns_available
+from ha_controller.drills.report import FAMILY_COLOURS, timeline_strip, write_report
+
+if TYPE_CHECKING:  # the runner (and the client SDK) only when a campaign runs
+    from ha_controller.drills.runner import DrillOptions, DrillResult
+
+__all__ = [
+    "CAMPAIGN_FILE",
+    "WINDOW_KEYS",
+    "CampaignOptions",
+    "CampaignResult",
+    "DrillOutcome",
+    "align_families",
+    "campaign_document",
+    "drill_quota",
+    "fault_families",
+    "family_summary",
+    "render_campaign",
+    "run_campaign",
+    "run_campaign_sync",
+    "unavailable_families",
+]
+
+log = logging.getLogger(__name__)
+
+CAMPAIGN_FILE: Final = "campaign.json"
+#: the keys of a family's ``write_unavailable_ms`` / ``read_unavailable_ms``
+WINDOW_KEYS: Final[tuple[str, ...]] = ("p50", "p99", "max", "unrecovered")
+SCENARIO: Final = "generated"
+
+FaultKey = tuple[int, str, str]  # (start_ms, kind, target)
+
+
+@dataclass(frozen=True, slots=True)
+class CampaignOptions:
+    #: faults to inject per family
+    faults: int
+    families: tuple[str, ...] = FAMILIES
+    seed: int = 0
+    out: Path | None = None
+    netns: bool = False
+    faults_per_drill: int = 8
+    rate: float = 30.0
+    drain_timeout_s: float = 30.0
+    #: stop after this many drills even if some family is short (None: 4x the drills
+    #: the quota needs)
+    max_drills: int | None = None
+    #: give up after this many drills in a row that broke before injecting any fault
+    #: (the cluster does not start: running on would only repeat that)
+    max_broken_in_a_row: int = 3
+    #: print each drill's own lines (else one line per drill)
+    verbose: bool = False
+    quiet: bool = False
+    generator: GeneratorSpec | None = None
+
+    def __post_init__(self) -> None:
+        if self.faults < 1:
+            raise ValueError(f"faults must be >= 1, got {self.faults}")
+        if self.faults_per_drill < 1:
+            raise ValueError(f"faults_per_drill must be >= 1, got {self.faults_per_drill}")
+        if not self.families:
+            raise ValueError("a campaign needs at least one family")
+
+    def drill_seed(self, index: int) -> int:
+        return self.seed * 1000 + index
+
+
+@dataclass(frozen=True, slots=True)
+class DrillOutcome:
+    """One drill as the campaign summary sees it."""
+
+    drill: str
+    seed: int
+    verdict: Verdict
+    #: the family of each of ``verdict.faults`` (None: a fault without one)
+    families: tuple[str | None, ...]
+    error: str | None = None
+
+    @property
+    def ok(self) -> bool:
+        return self.verdict.ok and self.error is None
+
+    def family_counts(self) -> Counter[str]:
+        return Counter(f for f in self.families if f is not None)
+
+
+@dataclass(slots=True)
+class CampaignResult:
+    out: Path
+    document: dict[str, Any]
+    outcomes: list[DrillOutcome] = field(default_factory=list)
+
+    @property
+    def ok(self) -> bool:
+        return bool(self.document["ok"])
+
+
+# ---- attribution (shared with the Spark analysis) --------------------------------------
+
+
+def fault_families(events: Iterable[Event]) -> dict[FaultKey, list[str | None]]:
+    """``(start_ms, kind, target)`` -> the families of the faults that started so, from
+    the ``fault`` info events of a history."""
+    out: dict[FaultKey, list[str | None]] = defaultdict(list)
+    for e in events:
+        if e.f != "fault" or e.type != "info":
+            continue
+        kind, target, family = (e.value.get(k) for k in ("kind", "target", "family"))
+        if isinstance(kind, str) and isinstance(target, str):
+            out[(e.t_ms, kind, target)].append(family if isinstance(family, str) else None)
+    return out
+
+
+def align_families(
+    faults: Sequence[FaultWindow], families: Mapping[FaultKey, Sequence[str | None]]
+) -> tuple[str | None, ...]:
+    """The family of each fault of a verdict (faults with one key take theirs in turn)."""
+    taken: Counter[FaultKey] = Counter()
+    out: list[str | None] = []
+    for fw in faults:
+        key = (fw.start_ms, fw.kind, fw.target)
+        found = sorted(families.get(key, ()), key=lambda f: f or "")
+        i = taken[key]
+        out.append(found[i] if i < len(found) else None)
+        taken[key] += 1
+    return tuple(out)
+
+
+def _windows(faults: Sequence[FaultWindow]) -> dict[str, dict[str, int | None]]:
+    summary = availability_summary(faults)
+    return {
+        kind: {k: summary[kind][k] for k in WINDOW_KEYS}
+        for kind in ("write_unavailable_ms", "read_unavailable_ms")
+    }
+
+
+def family_summary(
+    outcomes: Sequence[DrillOutcome], families: Sequence[str]
+) -> dict[str, dict[str, Any]]:
+    """``campaign.json``'s ``families`` (the attribution rule: module docstring)."""
+    out: dict[str, dict[str, Any]] = {}
+    for family in families:
+        drills = [o for o in outcomes if family in o.families]
+        faults = [
+            fw
+            for o in outcomes
+            for fw, f in zip(o.verdict.faults, o.families, strict=True)
+            if f == family
+        ]
+        entry: dict[str, Any] = {"faults": len(faults), "drills": len(drills)}
+        for name in FAILING_COUNTS:
+            entry[name] = sum(int(o.verdict.counts.get(name, 0)) for o in drills)
+        entry.update(_windows(faults))
+        entry["errors"] = sum(1 for o in drills if o.error is not None)
+        out[family] = entry
+    return out
+
+
+def campaign_document(
+    outcomes: Sequence[DrillOutcome],
+    *,
+    families: Sequence[str],
+    faults_per_family: int,
+    seed: int,
+    skipped: Mapping[str, str],
+    extra: Mapping[str, Any] | None = None,
+) -> dict[str, Any]:
+    """``campaign.json``: ``{"ok", "families", "failing_seeds", ...}`` (module docstring)."""
+    summary = family_summary(outcomes, families)
+    complete = all(summary[f]["faults"] >= faults_per_family for f in families if f not in skipped)
+    return {
+        "ok": complete and all(o.ok for o in outcomes),
+        "families": summary,
+        "failing_seeds": sorted({o.seed for o in outcomes if not o.ok}),
+        "complete": complete,
+        "faults_per_family": faults_per_family,
+        "seed": seed,
+        "skipped_families": dict(skipped),
+        "drills": [
+            {
+                "drill": o.drill,
+                "seed": o.seed,
+                "ok": o.ok,
+                "error": o.error,
+                "faults": dict(sorted(o.family_counts().items())),
+                "failing_counts": {
+                    k: int(o.verdict.counts[k]) for k in FAILING_COUNTS if o.verdict.counts.get(k)
+                },
+            }
+            for o in outcomes
+        ],
+        **(extra or {}),
+    }
+
+
+# ---- planning ------------------------------------------------------------------------
+
+
+def unavailable_families(families: Iterable[str], *, netns: bool) -> dict[str, str]:
+    """family -> why this machine cannot fault it (families that can are left out)."""
+    out: dict[str, str] = {}
+    wanted = set(families)
+    if wanted & NETNS_FAMILIES:
+        reason = "needs --netns (hosts in network namespaces)" if not netns else netns_available()
+        if reason is not None:
+            out.update(dict.fromkeys(sorted(wanted & NETNS_FAMILIES), reason))
+    if wanted & DISK_FAMILIES:
+        reason = tmpfs_available()
+        if reason is not None:
+            out.update(dict.fromkeys(sorted(wanted & DISK_FAMILIES), f"needs tmpfs: {reason}"))
+    return {f: out[f] for f in FAMILIES if f in out}
+
+
+def drill_quota(remaining: Mapping[str, int], faults: int, rotate: int = 0) -> dict[str, int]:
+    """Up to ``faults`` faults over the families with some ``remaining``: one of each in
+    turn, in :data:`FAMILIES` order rotated by ``rotate``."""
+    short = [f for f in FAMILIES if remaining.get(f, 0) > 0]
+    if not short:
+        return {}
+    k = rotate % len(short)
+    order = short[k:] + short[:k]
+    left = {f: remaining[f] for f in order}
+    quota: Counter[str] = Counter()
+    n = 0
+    while n < faults and any(left.values()):
+        for f in order:
+            if n >= faults:
+                break
+            if left[f] > 0:
+                quota[f] += 1
+                left[f] -= 1
+                n += 1
+    return dict(quota)
+
+
+# ---- running ------------------------------------------------------------------------------
+
+
+async def run_campaign(
+    options: CampaignOptions, *, say: Callable[[str], None] | None = None
+) -> CampaignResult:
+    """Run drills until every family had its faults (module docstring)."""
+    from ha_controller.drills.runner import DrillOptions, generator_spec, run_drill
+
+    out = options.out or Path(tempfile.mkdtemp(prefix="campaign-"))
+    out.mkdir(parents=True, exist_ok=True)
+    started = time.monotonic()
+    tell: Callable[[str], None] = say if say is not None else _print
+    if options.quiet:
+        tell = _silent
+    skipped = unavailable_families(options.families, netns=options.netns)
+    for family, reason in skipped.items():
+        tell(f"family {family} skipped: {reason}")
+    families = options.families
+    remaining = {f: options.faults for f in families if f not in skipped}
+    per_drill = options.faults_per_drill
+    max_drills = options.max_drills
+    if max_drills is None:
+        max_drills = 4 * -(-sum(remaining.values()) // per_drill) + 1
+    result = CampaignResult(out, {})
+    index = 0
+    broken_in_a_row = 0
+    gave_up: str | None = None
+
+    def write() -> None:
+        result.document = campaign_document(
+            result.outcomes,
+            families=families,
+            faults_per_family=options.faults,
+            seed=options.seed,
+            skipped=skipped,
+            extra={
+                "netns": options.netns,
+                "faults_per_drill": per_drill,
+                "elapsed_s": round(time.monotonic() - started, 1),
+                "gave_up": gave_up,
+            },
+        )
+        (out / CAMPAIGN_FILE).write_text(
+            json.dumps(result.document, indent=2) + "\n", encoding="utf-8"
+        )
+        (out / "campaign.html").write_text(render_campaign(out, result.document), "utf-8")
+
+    try:
+        while any(n > 0 for n in remaining.values()) and index < max_drills:
+            name = f"drill-{index:03d}"
+            seed = options.drill_seed(index)
+            quota = drill_quota(remaining, per_drill, rotate=index)
+            base = DrillOptions(
+                scenario=SCENARIO,
+                seed=seed,
+                out=out / name,
+                netns=options.netns,
+                rate=options.rate,
+                drain_timeout_s=options.drain_timeout_s,
+                quiet=not options.verbose,
+                generator=options.generator,
+            )
+            schedule = ScheduleGenerator(seed, generator_spec(base)).generate_quota(quota)
+            (out / name).mkdir(parents=True, exist_ok=True)
+            (out / name / "schedule.json").write_text(schedule.to_json() + "\n", "utf-8")
+            plan = ", ".join(f"{f} x{n}" for f, n in sorted(schedule.family_counts().items()))
+            tell(f"{name} (seed {seed}): {len(schedule.steps)} steps: {plan}")
+            outcome = await _run_one(base, name, schedule, run_drill, tell)
+            result.outcomes.append(outcome)
+            injected = outcome.family_counts()
+            for family, n in injected.items():
+                if family in remaining:
+                    remaining[family] = max(remaining[family] - n, 0)
+            for family, reason in _skipped_in(out / name / "history.jsonl").items():
+                if family in remaining and not injected.get(family):
+                    skipped[family] = reason
+                    remaining.pop(family)
+                    tell(f"family {family} skipped from now on: {reason}")
+            _write_strip(out / name)
+            bad = {k: v for k, v in outcome.verdict.counts.items() if k in FAILING_COUNTS and v}
+            status = "OK" if outcome.ok else f"FAILED {bad or ''} {outcome.error or ''}".strip()
+            left = sum(remaining.values())
+            tell(f"{name}: {status}; {left} faults still to inject")
+            index += 1
+            broken_in_a_row = broken_in_a_row + 1 if outcome.error and not injected else 0
+            if broken_in_a_row >= options.max_broken_in_a_row:
+                gave_up = (
+                    f"{broken_in_a_row} drills in a row broke before any fault "
+                    f"(last: {outcome.error})"
+                )
+                tell(f"giving up: {gave_up}")
+                break
+            write()
+    finally:
+        write()
+    _print_table(result.document, tell)
+    status = "OK" if result.ok else "FAILED"
+    tell(f"campaign {status}: {out / CAMPAIGN_FILE}  {out / 'campaign.html'}")
+    return result
+
+
+def _print(text: str) -> None:
+    print(text, flush=True)
+
+
+def _silent(_text: str) -> None:
+    pass
+
+
+async def _run_one(
+    base: DrillOptions,
+    name: str,
+    schedule: Schedule,
+    run_drill: Callable[[DrillOptions], Awaitable[DrillResult]],
+    tell: Callable[[str], None],
+) -> DrillOutcome:
+    from ha_controller.drills.runner import SCENARIOS
+
+    assert base.out is not None
+    options = replace(base, schedule=schedule)
+    error: str | None = None
+    verdict: Verdict | None = None
+    try:
+        verdict = (await run_drill(options)).verdict
+    except asyncio.CancelledError:
+        raise
+    except Exception as exc:  # a drill that breaks is a finding, not the end of the campaign
+        error = f"{type(exc).__name__}: {exc}"
+        log.warning("%s failed", name, exc_info=True)
+        tell(f"{name}: ERROR {error}")
+    history = base.out / "history.jsonl"
+    if verdict is None:  # judge what the broken drill recorded
+        verdict = check(history, scenario=SCENARIO, options=SCENARIOS[SCENARIO].check)
+        (base.out / "verdict.json").write_text(verdict.to_json() + "\n", encoding="utf-8")
+        with contextlib.suppress(OSError):
+            write_report(base.out / "report.html", list(iter_history(history)), verdict)
+    families = align_families(verdict.faults, fault_families(iter_history(history)))
+    return DrillOutcome(name, base.seed, verdict, families, error)
+
+
+def _skipped_in(history: Path) -> dict[str, str]:
+    """family -> reason of the faults a drill recorded as skipped (``fault`` fail)."""
+    out: dict[str, str] = {}
+    if not history.is_file():
+        return out
+    for e in iter_history(history):
+        if e.f == "fault" and e.type == "fail":
+            family, detail = e.value.get("family"), e.value.get("detail")
+            if isinstance(family, str):
+                out.setdefault(family, str(detail or "skipped"))
+    return out
+
+
+def _write_strip(drill_dir: Path) -> None:
+    history = drill_dir / "history.jsonl"
+    if history.is_file():
+        svg = timeline_strip(list(iter_history(history)), width=900)
+        (drill_dir / "strip.svg").write_text(svg + "\n", encoding="utf-8")
+
+
+# ---- output ------------------------------------------------------------------------------
+
+
+def _fmt(v: object) -> str:
+    return "-" if v is None else str(v)
+
+
+def table_lines(document: Mapping[str, Any]) -> list[str]:
+    """The per-family table as text lines."""
+    counts = list(FAILING_COUNTS)
+    short = {
+        "order_violations": "order",
+        "late_delayed": "late",
+        "unresolved_transactions": "unres_tx",
+        "double_lock_grants": "dbl_lock",
+        "offset_rollbacks": "off_rb",
+    }
+    head = ["family", "faults", "drills", *(short.get(c, c) for c in counts)]
+    head += ["write p50/p99/max ms", "read p50/p99/max ms"]
+    rows = [head]
+    for family, e in document["families"].items():
+        w, r = e["write_unavailable_ms"], e["read_unavailable_ms"]
+        rows.append(
+            [
+                family,
+                str(e["faults"]),
+                str(e["drills"]),
+                *(str(e[c]) for c in counts),
+                "/".join(_fmt(w[k]) for k in ("p50", "p99", "max")),
+                "/".join(_fmt(r[k]) for k in ("p50", "p99", "max")),
+            ]
+        )
+    widths = [max(len(row[i]) for row in rows) for i in range(len(head))]
+    return ["  ".join(c.ljust(w) for c, w in zip(row, widths, strict=True)) for row in rows]
+
+
+def _print_table(document: Mapping[str, Any], tell: Callable[[str], None]) -> None:
+    for line in table_lines(document):
+        tell(line)
+    for family, reason in document.get("skipped_families", {}).items():
+        tell(f"skipped {family}: {reason}")
+
+
+def _esc(text: object) -> str:
+    return html.escape(str(text), quote=True)
+
+
+def render_campaign(out: Path, document: Mapping[str, Any]) -> str:
+    """``campaign.html``: the per-family table and one timeline strip per drill."""
+    ok = bool(document["ok"])
+    colour = "#2e7d32" if ok else "#c62828"
+    heads = "".join(f"<th>{_esc(c)}</th>" for c in FAILING_COUNTS)
+    fam_rows = []
+    for family, e in document["families"].items():
+        swatch = FAMILY_COLOURS.get(family, "#999")
+        cells = "".join(
+            f"<td class='n{' bad' if e[c] else ''}'>{e[c]}</td>" for c in FAILING_COUNTS
+        )
+        windows = "".join(
+            f"<td class='n'>{'/'.join(_fmt(e[kind][k]) for k in ('p50', 'p99', 'max'))}"
+            f"{' (' + str(e[kind]['unrecovered']) + ' never)' if e[kind]['unrecovered'] else ''}"
+            "</td>"
+            for kind in ("write_unavailable_ms", "read_unavailable_ms")
+        )
+        fam_rows.append(
+            f"<tr><td><span class='sw' style='background:{swatch}'></span>{_esc(family)}</td>"
+            f"<td class='n'>{e['faults']}</td><td class='n'>{e['drills']}</td>{cells}"
+            f"{windows}<td class='n'>{e.get('errors', 0)}</td></tr>"
+        )
+    drill_rows = []
+    for d in document.get("drills", []):
+        strip_path = out / str(d["drill"]) / "strip.svg"
+        strip = strip_path.read_text(encoding="utf-8") if strip_path.is_file() else ""
+        status = "OK" if d["ok"] else "FAILED"
+        detail = ", ".join(f"{k}={v}" for k, v in d.get("failing_counts", {}).items())
+        if d.get("error"):
+            detail = f"{detail} error: {d['error']}".strip()
+        faults = ", ".join(f"{k} x{v}" for k, v in d.get("faults", {}).items())
+        drill_rows.append(
+            f"<tr><td><a href='{_esc(d['drill'])}/report.html'>{_esc(d['drill'])}</a><br>"
+            f"seed {d['seed']}<br><b class='{'ok' if d['ok'] else 'bad'}'>{status}</b>"
+            f"<br><small>{_esc(faults)}</small><br><small>{_esc(detail)}</small></td>"
+            f"<td>{strip}</td></tr>"
+        )
+    skipped = "".join(
+        f"<li>{_esc(f)}: {_esc(r)}</li>" for f, r in document.get("skipped_families", {}).items()
+    )
+    return f"""<!DOCTYPE html>
+<html lang="en"><head><meta charset="utf-8">
+<title>campaign: {"OK" if ok else "FAILED"}</title>
+<style>
+body {{ font-family: sans-serif; margin: 24px; color: #222; }}
+h1 span {{ color: {colour}; }}
+table {{ border-collapse: collapse; margin: 8px 0 16px 0; }}
+td, th {{ border: 1px solid #ccc; padding: 3px 8px; vertical-align: top; }}
+td.n {{ text-align: right; font-variant-numeric: tabular-nums; }}
+td.bad, b.bad {{ color: #c62828; font-weight: bold; }}
+b.ok {{ color: #2e7d32; }}
+span.sw {{ display: inline-block; width: 10px; height: 10px; margin-right: 6px; }}
+</style></head><body>
+<h1>campaign: <span>{"OK" if ok else "FAILED"}</span></h1>
+<p>{len(document.get("drills", []))} drills, {document.get("faults_per_family")} faults
+per family wanted, seed {document.get("seed")}; failing seeds:
+{_esc(document.get("failing_seeds") or "none")}.  A drill's counts are attributed to every
+family that had a fault in it; windows are each fault's worst (largest group or cluster)
+window, p50/p99/max in ms over the family's faults.</p>
+<table><tr><th>family</th><th>faults</th><th>drills</th>{heads}
+<th>write unavailable ms<br>p50/p99/max</th><th>read unavailable ms<br>p50/p99/max</th>
+<th>errors</th></tr>{"".join(fam_rows)}</table>
+{f"<p>Skipped families:</p><ul>{skipped}</ul>" if skipped else ""}
+<h2>Drills</h2>
+<p>Each strip: acknowledged sends per second, failed or unknown sends as red ticks at the
+top, and one bar per fault in its target's lane, coloured by family (table above).</p>
+<table>{"".join(drill_rows)}</table>
+</body></html>
+"""
+
+
+def run_campaign_sync(options: CampaignOptions) -> CampaignResult:
+    """Run a campaign from synchronous code; SIGTERM cancels it like Ctrl-C (the drill in
+    progress is cleaned up, campaign.json keeps what was done)."""
+
+    async def main() -> CampaignResult:
+        loop = asyncio.get_running_loop()
+        task = asyncio.current_task()
+        assert task is not None
+        with contextlib.suppress(NotImplementedError, RuntimeError):
+            loop.add_signal_handler(signal.SIGTERM, task.cancel)
+        try:
+            return await run_campaign(options)
+        finally:
+            with contextlib.suppress(NotImplementedError, RuntimeError):
+                loop.remove_signal_handler(signal.SIGTERM)
+
+    return asyncio.run(main())

@@ -1,0 +1,362 @@
+"""Generated fault schedules (a Jepsen-style nemesis generator, without I/O).
+
+:class:`ScheduleGenerator` is a plain object seeded by an int: the same seed, spec and
+quota give the same :class:`Schedule`, fault for fault (targets, durations, offsets,
+gaps), so a failing drill is reproduced from its seed.  Nothing here starts a process;
+:mod:`ha_controller.drills.runner` (scenario ``generated``) executes a schedule and
+:mod:`ha_controller.drills.campaign` runs many.
+
+Fault families (:data:`FAMILIES`), each a kind of fault on a kind of target:
+
+=================== ========================================= ===========================
+family              fault                                     target
+=================== ========================================= ===========================
+kill                kill -9, restart on the same store        a group's master (id 0)
+pause               SIGSTOP, SIGCONT before the not-active    a group's master
+                    timeout (0.15-0.5 of it)
+pause-past-expiry   SIGSTOP longer than the not-active        a group's master
+                    timeout (at least 1.5 of it): the master
+                    is expired, fences itself and must come
+                    back through pre-online
+partition           the host cut off (netns); one in three    a group's master
+                    one-way (``in``: it hears nothing,
+                    ``out``: it sends nothing)
+loss                20-40 % packet loss (netns)               a group's master
+disk-full           its tmpfs store filled, then freed        a master (3 in 4) or slave
+slave               kill -9 + restart, or SIGSTOP + SIGCONT   a group's slave
+nameserver          kill -9 + restart, or SIGSTOP + SIGCONT   one of the two nameservers
+=================== ========================================= ===========================
+
+A schedule is a sequence of :class:`Step`: one fault, or — with probability
+``overlap_ratio`` — two overlapping faults (the second starts while the first is in
+effect), then a quiet gap.  Rules the generator keeps, which the unit tests check:
+
+- never two faults on the same target at once, and never two on the same broker group
+  at once: the two faults of a step are on two different groups, or one is on a
+  nameserver;
+- never both nameservers at once (a step holds at most one nameserver fault);
+- the executor heals every fault of a step, waits for every group's master and probes
+  the committed offsets before the gap: steps never overlap each other.
+
+The quota (family -> number of faults) decides how many faults of each family the
+schedule holds; their order is a seeded shuffle.
+"""
+
+from __future__ import annotations
+
+import json
+import random
+from collections import Counter
+from collections.abc import Mapping, Sequence
+from dataclasses import asdict, dataclass
+from typing import Any, Final, cast
+
+from ha_controller.drills.cluster import broker_target, nameserver_target, parse_target
+from ha_controller.drills.nemesis import FaultKind
+from ha_controller.drills.netns import Direction
+
+__all__ = [
+    "DISK_FAMILIES",
+    "FAMILIES",
+    "NETNS_FAMILIES",
+    "GeneratorSpec",
+    "PlannedFault",
+    "Schedule",
+    "ScheduleGenerator",
+    "Step",
+    "parse_families",
+    "target_group_of",
+]
+
+FAMILIES: Final[tuple[str, ...]] = (
+    "kill",
+    "pause",
+    "pause-past-expiry",
+    "partition",
+    "loss",
+    "disk-full",
+    "slave",
+    "nameserver",
+)
+#: families that need hosts in network namespaces
+NETNS_FAMILIES: Final = frozenset({"partition", "loss"})
+#: families that need tmpfs stores
+DISK_FAMILIES: Final = frozenset({"disk-full"})
+#: families whose target is a group's master
+_MASTER_FAMILIES: Final = frozenset({"kill", "pause", "pause-past-expiry", "partition", "loss"})
+
+
+def parse_families(text: str | Sequence[str]) -> tuple[str, ...]:
+    """``"kill,pause"`` (or a list) -> known families in :data:`FAMILIES` order."""
+    items = text.split(",") if isinstance(text, str) else list(text)
+    names = [n.strip() for n in items if n.strip()]
+    unknown = [n for n in names if n not in FAMILIES]
+    if unknown:
+        raise ValueError(f"unknown fault families {unknown}; known: {', '.join(FAMILIES)}")
+    if not names:
+        raise ValueError("at least one fault family is needed")
+    return tuple(f for f in FAMILIES if f in names)
+
+
+def target_group_of(target: str) -> str | None:
+    """The broker group of a target, None for a nameserver."""
+    try:
+        return parse_target(target)[0]
+    except ValueError:
+        return None
+
+
+@dataclass(frozen=True, slots=True)
+class PlannedFault:
+    """One fault of a step: injected ``offset_s`` after the step starts, healed
+    ``duration_s`` later."""
+
+    family: str
+    kind: FaultKind
+    target: str
+    offset_s: float
+    duration_s: float
+    direction: Direction = "both"
+    loss_pct: float = 0.0
+
+    @property
+    def end_s(self) -> float:
+        return self.offset_s + self.duration_s
+
+    def describe(self) -> str:
+        extra = ""
+        if self.kind == "partition" and self.direction != "both":
+            extra = f" one-way {self.direction}"
+        if self.loss_pct:
+            extra = f" {self.loss_pct:g}%"
+        return (
+            f"{self.family}: {self.kind}{extra} {self.target} at +{self.offset_s:.1f} s "
+            f"for {self.duration_s:.1f} s"
+        )
+
+
+@dataclass(frozen=True, slots=True)
+class Step:
+    faults: tuple[PlannedFault, ...]
+    #: quiet seconds after the faults are healed and the masters are back
+    gap_s: float
+
+    @property
+    def span_s(self) -> float:
+        return max(f.end_s for f in self.faults)
+
+
+@dataclass(frozen=True, slots=True)
+class Schedule:
+    seed: int
+    steps: tuple[Step, ...]
+
+    def faults(self) -> list[PlannedFault]:
+        return [f for step in self.steps for f in step.faults]
+
+    def family_counts(self) -> Counter[str]:
+        return Counter(f.family for f in self.faults())
+
+    @property
+    def families(self) -> tuple[str, ...]:
+        present = {f.family for f in self.faults()}
+        return tuple(f for f in FAMILIES if f in present)
+
+    @property
+    def needs_netns(self) -> bool:
+        return any(f in NETNS_FAMILIES for f in self.families)
+
+    @property
+    def needs_tmpfs(self) -> bool:
+        return any(f in DISK_FAMILIES for f in self.families)
+
+    @property
+    def nameservers(self) -> int:
+        """Nameservers the cluster must run: two when a nameserver is faulted."""
+        return 2 if "nameserver" in self.families else 1
+
+    def estimated_s(self, settle_s: float = 2.0) -> float:
+        """Seconds the executor needs: fault spans, gaps, ``settle_s`` per step."""
+        return sum(step.span_s + step.gap_s + settle_s for step in self.steps)
+
+    def to_dict(self) -> dict[str, Any]:
+        return {
+            "seed": self.seed,
+            "steps": [
+                {"gap_s": step.gap_s, "faults": [asdict(f) for f in step.faults]}
+                for step in self.steps
+            ],
+        }
+
+    def to_json(self) -> str:
+        return json.dumps(self.to_dict(), indent=2)
+
+    @classmethod
+    def from_dict(cls, obj: Mapping[str, Any]) -> Schedule:
+        steps = tuple(
+            Step(
+                tuple(
+                    PlannedFault(
+                        str(f["family"]),
+                        cast(FaultKind, str(f["kind"])),
+                        str(f["target"]),
+                        float(f["offset_s"]),
+                        float(f["duration_s"]),
+                        cast(Direction, str(f.get("direction", "both"))),
+                        float(f.get("loss_pct", 0.0)),
+                    )
+                    for f in step["faults"]
+                ),
+                float(step["gap_s"]),
+            )
+            for step in obj["steps"]
+        )
+        return cls(int(obj["seed"]), steps)
+
+    def describe(self) -> list[str]:
+        out: list[str] = []
+        for i, step in enumerate(self.steps):
+            faults = "; ".join(f.describe() for f in step.faults)
+            out.append(f"step {i + 1}: {faults}; then {step.gap_s:.1f} s quiet")
+        return out
+
+
+@dataclass(frozen=True, slots=True)
+class GeneratorSpec:
+    """What the generator may aim at and how long faults last (seconds)."""
+
+    groups: tuple[str, ...] = ("broker-a", "broker-b")
+    replicas: int = 3
+    #: the brokers' not-active timeout: ``pause`` stays below it, ``pause-past-expiry``
+    #: goes well past it
+    not_active_timeout_ms: int = 2000
+    #: probability that a step holds two overlapping faults
+    overlap_ratio: float = 0.3
+    #: how long kill/partition/loss/disk/slave/nameserver faults last
+    fault_s: tuple[float, float] = (3.0, 8.0)
+    #: quiet time between steps
+    gap_s: tuple[float, float] = (2.0, 5.0)
+    loss_pct: tuple[float, float] = (20.0, 40.0)
+    #: share of partitions that are one-way (``in`` or ``out``)
+    one_way_ratio: float = 1 / 3
+    #: share of disk-full faults aimed at a master (the rest at a slave)
+    disk_master_ratio: float = 0.75
+
+    def __post_init__(self) -> None:
+        if not self.groups:
+            raise ValueError("the generator needs at least one broker group")
+        if self.replicas < 2:
+            raise ValueError("slave faults need replicas >= 2")
+        for name in ("fault_s", "gap_s", "loss_pct"):
+            lo, hi = getattr(self, name)
+            if not 0 < lo <= hi:
+                raise ValueError(f"{name} must be 0 < low <= high, got {(lo, hi)}")
+        for name in ("overlap_ratio", "one_way_ratio", "disk_master_ratio"):
+            if not 0 <= getattr(self, name) <= 1:
+                raise ValueError(f"{name} must be within [0, 1]")
+
+
+def _r(x: float) -> float:
+    return round(x, 1)
+
+
+class ScheduleGenerator:
+    """Draws schedules from ``random.Random(seed)``; see the module docstring."""
+
+    def __init__(self, seed: int, spec: GeneratorSpec | None = None) -> None:
+        self.seed = seed
+        self.spec = spec if spec is not None else GeneratorSpec()
+        self._rng = random.Random(seed)
+
+    def generate(self, families: Sequence[str], faults: int) -> Schedule:
+        """``faults`` faults spread over ``families`` as evenly as possible."""
+        if faults < 1:
+            raise ValueError(f"faults must be >= 1, got {faults}")
+        order = list(parse_families(families))
+        self._rng.shuffle(order)
+        quota: Counter[str] = Counter()
+        for i in range(faults):
+            quota[order[i % len(order)]] += 1
+        return self.generate_quota(quota)
+
+    def generate_quota(self, quota: Mapping[str, int]) -> Schedule:
+        """Exactly ``quota[family]`` faults of each family, in a seeded order."""
+        parse_families([f for f, n in quota.items() if n > 0] or list(FAMILIES))
+        tokens = [f for f in FAMILIES for _ in range(max(quota.get(f, 0), 0))]
+        if not tokens:
+            raise ValueError("the quota holds no fault")
+        rng = self._rng
+        rng.shuffle(tokens)
+        steps: list[Step] = []
+        while tokens:
+            first = self._fault(tokens.pop(0), offset_s=0.0, avoid=frozenset())
+            faults = [first]
+            if tokens and rng.random() < self.spec.overlap_ratio:
+                partner = self._partner(tokens, first)
+                if partner is not None:
+                    family = tokens.pop(partner)
+                    offset = _r(first.duration_s * rng.uniform(0.2, 0.8))
+                    faults.append(self._fault(family, offset_s=offset, avoid=self._held(first)))
+            steps.append(Step(tuple(faults), _r(rng.uniform(*self.spec.gap_s))))
+        return Schedule(self.seed, tuple(steps))
+
+    @staticmethod
+    def _held(fault: PlannedFault) -> frozenset[str]:
+        """What a fault holds: its group, or ``"nameserver"``."""
+        return frozenset({target_group_of(fault.target) or "nameserver"})
+
+    def _partner(self, tokens: list[str], first: PlannedFault) -> int | None:
+        """Index of the first token that can overlap ``first`` (another group, or not two
+        nameservers), None when none can."""
+        for i, family in enumerate(tokens):
+            if family == "nameserver" and first.family == "nameserver":
+                continue
+            if family != "nameserver" and len(self.spec.groups) < 2:
+                if target_group_of(first.target) is not None:
+                    continue
+            return i
+        return None
+
+    def _group(self, avoid: frozenset[str]) -> str:
+        choices = [g for g in self.spec.groups if g not in avoid]
+        return self._rng.choice(choices or list(self.spec.groups))
+
+    def _slave(self, group: str) -> str:
+        return broker_target(group, self._rng.randrange(1, self.spec.replicas))
+
+    def _fault(self, family: str, *, offset_s: float, avoid: frozenset[str]) -> PlannedFault:
+        """One fault of ``family`` on a target outside ``avoid`` (groups / nameserver)."""
+        rng = self._rng
+        spec = self.spec
+        timeout_s = spec.not_active_timeout_ms / 1000
+        duration = _r(rng.uniform(*spec.fault_s))
+        if family == "nameserver":
+            kind: FaultKind = rng.choice(("kill", "pause"))
+            target = nameserver_target(rng.randrange(2))
+            return PlannedFault(family, kind, target, offset_s, duration)
+        group = self._group(avoid)
+        master = broker_target(group, 0)
+        if family == "kill":
+            return PlannedFault(family, "kill", master, offset_s, duration)
+        if family == "pause":
+            short = _r(max(rng.uniform(0.15, 0.5) * timeout_s, 0.1))
+            return PlannedFault(family, "pause", master, offset_s, short)
+        if family == "pause-past-expiry":
+            lo = max(spec.fault_s[0], 1.5 * timeout_s)
+            hi = max(spec.fault_s[1], 2 * timeout_s)
+            return PlannedFault(family, "pause", master, offset_s, _r(rng.uniform(lo, hi)))
+        if family == "partition":
+            direction: Direction = "both"
+            if rng.random() < spec.one_way_ratio:
+                direction = rng.choice(("in", "out"))
+            return PlannedFault(family, "partition", master, offset_s, duration, direction)
+        if family == "loss":
+            pct = float(round(rng.uniform(*spec.loss_pct)))
+            return PlannedFault(family, "netem", master, offset_s, duration, loss_pct=pct)
+        if family == "disk-full":
+            target = master if rng.random() < spec.disk_master_ratio else self._slave(group)
+            return PlannedFault(family, "disk", target, offset_s, duration)
+        if family == "slave":
+            kind = rng.choice(("kill", "pause"))
+            return PlannedFault(family, kind, self._slave(group), offset_s, duration)
+        raise ValueError(f"unknown fault family {family!r}")

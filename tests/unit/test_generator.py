@@ -1,0 +1,175 @@
+"""The schedule generator as a plain object: determinism, coverage and its rules."""
+
+from __future__ import annotations
+
+import json
+from collections import Counter, defaultdict
+
+import pytest
+
+from ha_controller.drills.generator import (
+    FAMILIES,
+    GeneratorSpec,
+    PlannedFault,
+    Schedule,
+    ScheduleGenerator,
+    parse_families,
+    target_group_of,
+)
+
+SEEDS = range(200)
+TIMEOUT_S = GeneratorSpec().not_active_timeout_ms / 1000
+
+
+def every_family(seed: int, per_family: int = 3) -> Schedule:
+    return ScheduleGenerator(seed).generate_quota(dict.fromkeys(FAMILIES, per_family))
+
+
+def test_same_seed_same_schedule() -> None:
+    for seed in (0, 1, 42, 2**31 - 1):
+        a = every_family(seed)
+        b = every_family(seed)
+        assert a == b
+        assert a.to_json() == b.to_json()
+        assert ScheduleGenerator(seed).generate(FAMILIES, 11) == ScheduleGenerator(seed).generate(
+            FAMILIES, 11
+        )
+
+
+def test_different_seeds_differ() -> None:
+    schedules = {every_family(seed).to_json() for seed in range(20)}
+    assert len(schedules) == 20
+
+
+def test_json_round_trip() -> None:
+    schedule = every_family(7)
+    again = Schedule.from_dict(json.loads(schedule.to_json()))
+    assert again == schedule
+
+
+@pytest.mark.parametrize("seed", range(20))
+def test_quota_is_exact(seed: int) -> None:
+    quota = {"kill": 2, "pause": 1, "partition": 3, "nameserver": 2, "disk-full": 1}
+    schedule = ScheduleGenerator(seed).generate_quota(quota)
+    assert schedule.family_counts() == Counter(quota)
+    assert schedule.families == tuple(f for f in FAMILIES if f in quota)
+
+
+def test_generate_spreads_faults_over_families() -> None:
+    for seed in range(30):
+        counts = ScheduleGenerator(seed).generate(FAMILIES, 16).family_counts()
+        assert counts == Counter(dict.fromkeys(FAMILIES, 2))
+        uneven = ScheduleGenerator(seed).generate(("kill", "slave", "loss"), 7).family_counts()
+        assert sorted(uneven.values()) == [2, 2, 3]
+
+
+def test_every_family_covered_and_shaped() -> None:
+    """Each family gets its kind of fault on its kind of target."""
+    seen: dict[str, set[str]] = defaultdict(set)
+    for seed in SEEDS:
+        for f in every_family(seed).faults():
+            seen[f.family].add(f.kind)
+            check_shape(f)
+    assert set(seen) == set(FAMILIES)
+    assert seen["kill"] == {"kill"}
+    assert seen["pause"] == seen["pause-past-expiry"] == {"pause"}
+    assert seen["partition"] == {"partition"}
+    assert seen["loss"] == {"netem"}
+    assert seen["disk-full"] == {"disk"}
+    assert seen["slave"] == seen["nameserver"] == {"kill", "pause"}
+
+
+def check_shape(f: PlannedFault) -> None:
+    group = target_group_of(f.target)
+    if f.family == "nameserver":
+        assert f.target in ("nameserver", "nameserver-1")
+        return
+    assert group in GeneratorSpec().groups
+    bid = int(f.target.rpartition("/")[2])
+    if f.family == "slave":
+        assert bid in (1, 2)
+    elif f.family != "disk-full":
+        assert bid == 0
+    if f.family == "pause":
+        assert 0 < f.duration_s < 0.6 * TIMEOUT_S, f  # well below the not-active timeout
+    if f.family == "pause-past-expiry":
+        assert f.duration_s >= 1.5 * TIMEOUT_S, f
+    if f.family == "loss":
+        assert 20 <= f.loss_pct <= 40
+    else:
+        assert f.loss_pct == 0
+    if f.family != "partition":
+        assert f.direction == "both"
+
+
+def test_one_way_partitions_and_disk_on_slaves_occur() -> None:
+    directions: Counter[str] = Counter()
+    disk_targets: Counter[str] = Counter()
+    for seed in SEEDS:
+        for f in every_family(seed).faults():
+            if f.family == "partition":
+                directions[f.direction] += 1
+            if f.family == "disk-full":
+                disk_targets["master" if f.target.endswith("/0") else "slave"] += 1
+    assert set(directions) == {"both", "in", "out"}
+    assert directions["both"] > directions["in"] + directions["out"] > 0
+    assert disk_targets["master"] > disk_targets["slave"] > 0
+
+
+def test_no_overlap_on_one_target_or_group_and_never_both_nameservers() -> None:
+    overlapped = 0
+    for seed in SEEDS:
+        schedule = every_family(seed)
+        for step in schedule.steps:
+            assert 1 <= len(step.faults) <= 2
+            assert step.gap_s > 0
+            if len(step.faults) == 1:
+                assert step.faults[0].offset_s == 0
+                continue
+            overlapped += 1
+            a, b = step.faults
+            # the second starts while the first is in effect: they overlap, intentionally
+            assert a.offset_s == 0 < b.offset_s < a.end_s
+            assert a.target != b.target
+            held = [target_group_of(f.target) or "nameserver" for f in step.faults]
+            assert held[0] != held[1], step  # two groups, or a group and a nameserver
+    assert overlapped > len(SEEDS)  # overlap_ratio 0.3 of ~20 steps per schedule
+
+
+def test_single_group_overlaps_only_with_a_nameserver() -> None:
+    spec = GeneratorSpec(groups=("broker-a",), overlap_ratio=1.0)
+    for seed in range(50):
+        schedule = ScheduleGenerator(seed, spec).generate_quota(dict.fromkeys(FAMILIES, 2))
+        for step in schedule.steps:
+            if len(step.faults) == 2:
+                assert {target_group_of(f.target) for f in step.faults} == {"broker-a", None}
+
+
+def test_no_overlap_without_overlap_ratio() -> None:
+    spec = GeneratorSpec(overlap_ratio=0.0)
+    schedule = ScheduleGenerator(3, spec).generate_quota(dict.fromkeys(FAMILIES, 3))
+    assert all(len(step.faults) == 1 for step in schedule.steps)
+    assert len(schedule.steps) == 3 * len(FAMILIES)
+
+
+def test_cluster_needs() -> None:
+    schedule = ScheduleGenerator(1).generate_quota({"kill": 1, "pause": 1})
+    assert (schedule.nameservers, schedule.needs_tmpfs, schedule.needs_netns) == (1, False, False)
+    schedule = ScheduleGenerator(1).generate_quota({"nameserver": 1, "disk-full": 1, "loss": 1})
+    assert (schedule.nameservers, schedule.needs_tmpfs, schedule.needs_netns) == (2, True, True)
+    assert schedule.estimated_s() > sum(s.gap_s for s in schedule.steps)
+    assert len(schedule.describe()) == len(schedule.steps)
+
+
+def test_parse_families_and_bad_input() -> None:
+    assert parse_families("slave, kill") == ("kill", "slave")
+    with pytest.raises(ValueError, match="unknown fault families"):
+        parse_families("kill,meteor")
+    with pytest.raises(ValueError, match="at least one"):
+        parse_families(" , ")
+    with pytest.raises(ValueError, match="no fault"):
+        ScheduleGenerator(0).generate_quota({"kill": 0})
+    with pytest.raises(ValueError, match="fault_s"):
+        GeneratorSpec(fault_s=(5.0, 1.0))
+    with pytest.raises(ValueError, match="replicas"):
+        GeneratorSpec(replicas=1)
