@@ -51,6 +51,7 @@ METRICS: dict[str, frozenset[str]] = {
     "hac_lock_requests_total": IDENTITY | {"mode", "result"},
     "hac_preonline_syncs_total": IDENTITY | {"result"},
     "hac_pull_held_requests": IDENTITY,
+    "hac_store_writable": IDENTITY,
 }
 TARGET_LABELS = frozenset({"instance", "job", "namespace", "pod", "service", "container"})
 DATASOURCE = {"type": "prometheus", "uid": "${datasource}"}
@@ -269,6 +270,7 @@ def test_alert_rules() -> None:
         "HacReplicationLagHigh": ("hac_replication_lag_bytes", None),
         "HacEscapeFailures": ("hac_escape_messages_total", None),
         "HacBrokerHeartbeatStale": ("hac_broker_heartbeat_age_seconds", None),
+        "HacStoreNotWritable": ("hac_store_writable", "1m"),
     }
     assert expected.keys() <= by_name.keys()
     for name, (metric, duration) in expected.items():
@@ -352,3 +354,18 @@ def test_promtool_parses_every_dashboard_query(tmp_path: Path) -> None:
     )
     result = run(tool, "check", "rules", "queries.yml", cwd=tmp_path)
     assert result.returncode == 0, result.stdout + result.stderr
+
+
+def test_every_alert_links_to_its_runbook_section() -> None:
+    """Each alert's `runbook` annotation names a section of docs/runbook.md that exists
+    (GitHub's anchor rule: the heading lower-cased, spaces to dashes)."""
+    runbook = ALERTS.parents[1] / "docs" / "runbook.md"
+    anchors = {
+        line.lstrip("#").strip().lower().replace(" ", "-")
+        for line in runbook.read_text().splitlines()
+        if line.startswith("## ")
+    }
+    for name, rule in rules().items():
+        link = rule["annotations"].get("runbook", "")
+        assert link == f"docs/runbook.md#{name.lower()}", name
+        assert name.lower() in anchors, f"docs/runbook.md has no section for {name}"
