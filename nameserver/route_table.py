@@ -59,6 +59,9 @@ log = logging.getLogger(__name__)
 
 #: Heartbeat timeout of a broker that did not send one (old broker), as in RocketMQ.
 DEFAULT_BROKER_CHANNEL_EXPIRED_TIME_MS: Final = 120_000
+#: A scan that runs this much later than its interval (at least) means the nameserver
+#: itself stalled (SIGSTOP, a VM or GC pause): the silence it measured is its own.
+STALL_MARGIN_MIN_MS: Final = 1000.0
 MASTER_ID: Final = 0
 
 # Queue data of the compatibility member-group topic, as brokers create it.
@@ -213,8 +216,14 @@ class RouteTable:
         *,
         support_acting_master: bool = True,
         notify_min_broker_id_changed: bool = True,
+        scan_interval_ms: float | None = None,
     ) -> None:
         self._clock = clock
+        #: the scanner's period; with it, a late scan is recognised as our own stall
+        self.scan_interval_ms = scan_interval_ms
+        self._last_scan_ms: float | None = None
+        #: scans that found the nameserver itself had stalled (and expired nobody)
+        self.stalls = 0
         self.support_acting_master = support_acting_master
         self.notify_min_broker_id_changed = notify_min_broker_id_changed
         self._cluster_addr: dict[str, set[str]] = {}
@@ -515,9 +524,49 @@ class RouteTable:
         self.heartbeat(cluster, broker_addr)
         return changed
 
+    def stall_margin_ms(self) -> float | None:
+        """How much later than its interval a scan may run before it counts as a stall
+        of the nameserver itself (None: the interval is not known, no detection)."""
+        if self.scan_interval_ms is None:
+            return None
+        return max(STALL_MARGIN_MIN_MS, self.scan_interval_ms / 2)
+
+    def _stalled(self, now: float) -> float | None:
+        """The length of our own stall when this scan ran late, else None."""
+        last, self._last_scan_ms = self._last_scan_ms, now
+        margin = self.stall_margin_ms()
+        if last is None or margin is None or self.scan_interval_ms is None:
+            return None
+        late = now - last - self.scan_interval_ms
+        return late if late > margin else None
+
     def scan_not_active(self) -> tuple[list[ExpiredBroker], list[MinIdChange]]:
-        """Expire every broker silent longer than its heartbeat timeout (§1.4)."""
+        """Expire every broker silent longer than its heartbeat timeout (§1.4).
+
+        Unless this scan ran late (see :meth:`stall_margin_ms`): then the nameserver
+        itself was frozen, the brokers' heartbeats waited in its sockets (or were
+        dropped as too old), and the silence it would measure is its own.  Expiring
+        them would tell every group's slaves that their master is gone while it lives,
+        and serve clients routes without brokers.  Instead every broker gets a fresh
+        grace period (one heartbeat timeout from now) and nothing expires this round."""
         now = self._clock()
+        stall = self._stalled(now)
+        if stall is not None:
+            self.stalls += 1
+            for live in self._live.values():
+                live.last_update_ms = max(live.last_update_ms, now)
+            for group in self._groups.values():
+                if group.masterless_since is not None:
+                    # a settling choice waits for reports made after the stall too
+                    group.masterless_since = max(group.masterless_since, now)
+            log.warning(
+                "nameserver stalled: this scan ran %.0f ms late (interval %.0f ms); "
+                "every broker (%d) gets a fresh heartbeat grace period instead of expiring",
+                stall,
+                self.scan_interval_ms or 0,
+                len(self._live),
+            )
+            return [], []
         expired: list[ExpiredBroker] = []
         for (cluster, addr), live in sorted(self._live.items(), key=lambda kv: kv[0]):
             if live.last_update_ms + live.heartbeat_timeout_ms < now:
@@ -809,6 +858,14 @@ class RouteTable:
                     group.broker_name,
                 )
         old = group.acting_id
+        if new is not None and old is not None and new != old and self._keeps_acting(group, old):
+            log.debug(
+                "group %s: slave %d is further now, slave %d keeps acting",
+                group.broker_name,
+                new,
+                old,
+            )
+            new = old
         if new == old:
             return
         group.acting_id = new
@@ -832,6 +889,33 @@ class RouteTable:
             "" if old is None else f", was {report(old)}",
             ", ".join(report(b) for b in sorted(group.addrs)),
         )
+
+    def _keeps_acting(self, group: _Group, acting_id: int) -> bool:
+        """Whether the acting slave keeps acting although another slave now reports a
+        higher position.
+
+        Early on a higher position is news: a report made before the master left
+        missed bytes already on their way, so the choice follows it.  Half a heartbeat
+        timeout after the master left, every byte the old master wrote before it lost
+        its lease has arrived; a slave that gets further now is being fed by the
+        returning master (its pre-online re-attaches the slaves).  Moving the group's
+        special services to that slave then would make it deliver again what the
+        acting one delivered: acting slaves do not share their progress.  A slave that
+        reports it cannot write is still replaced."""
+        addr = group.addrs.get(acting_id)
+        info = None if addr is None else self._live.get((group.cluster, addr))
+        since = group.masterless_since
+        if info is None or not info.store_writable or since is None:
+            return False
+        timeout_ms = max(
+            (
+                i.heartbeat_timeout_ms
+                for a in group.addrs.values()
+                if (i := self._live.get((group.cluster, a)))
+            ),
+            default=info.heartbeat_timeout_ms,
+        )
+        return self._clock() >= since + timeout_ms / 2
 
     # ---------------------------------------------------------------- reads
 

@@ -4,6 +4,7 @@ and the offset records that arrive in the replicated commit log."""
 from __future__ import annotations
 
 import asyncio
+import functools
 import logging
 from collections.abc import Awaitable, Callable, Sequence
 
@@ -64,6 +65,8 @@ class MetadataSync:
             except HaError as exc:
                 log.debug("slave sync from %s failed: %s", master, exc)
                 continue
+            if not self._still_wanted(master):
+                continue  # acting now, or the master left, while the fetch was in flight
             changed = False
             for pb in topics.topics:
                 changed |= core.topics.upsert(topic_config_from_pb(pb))
@@ -71,7 +74,18 @@ class MetadataSync:
                 core.topics.data_version.assign(data_version_from_pb(topics.data_version))
                 core.topics.persist()
                 await self._register()
-            await forward_sync(self.tables, core.pool, master)
+            await forward_sync(
+                self.tables,
+                core.pool,
+                master,
+                still_wanted=functools.partial(self._still_wanted, master),
+            )
+
+    def _still_wanted(self, master: str) -> bool:
+        """Whether what ``master`` answered may still be taken: this slave does not act,
+        and ``master`` is still its online master."""
+        acting = self.core.acting
+        return not acting.acting and acting.master_online and acting.master_addr == master
 
     # ---- offsets carried by the commit log ---------------------------------------------
 

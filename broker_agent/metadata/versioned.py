@@ -14,7 +14,7 @@ Each table says how it is fetched, assigned and adopted (:class:`VersionedTable`
 from __future__ import annotations
 
 import logging
-from collections.abc import Iterable
+from collections.abc import Callable, Iterable
 from typing import Any, Protocol, TypeVar
 
 from google.protobuf.message import Message
@@ -63,15 +63,28 @@ class VersionedTable(Protocol):
         ...
 
 
-async def forward_sync(tables: Iterable[VersionedTable], pool: ConnectionPool, master: str) -> None:
+async def forward_sync(
+    tables: Iterable[VersionedTable],
+    pool: ConnectionPool,
+    master: str,
+    still_wanted: Callable[[], bool] = lambda: True,
+) -> None:
     """Assign each table from the master; a table that cannot be fetched waits for
-    the next round."""
+    the next round.
+
+    ``still_wanted`` is asked right before each assignment (nothing awaits between
+    the two): a fetch can take seconds (a frozen master answers when it resumes), and
+    a slave that started acting meanwhile must keep its own tables, or the returning
+    master's pre-online would find the acting slave's progress gone."""
     for table in tables:
         try:
             snapshot = await table.fetch(pool, master)
         except HaError as exc:
             log.debug("%s sync from %s failed: %s", table.name, master, exc)
             continue
+        if not still_wanted():
+            log.info("forward sync from %s dropped: this slave acts or its master left", master)
+            return
         if not table.busy():
             table.assign(snapshot)
 

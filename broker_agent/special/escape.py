@@ -47,6 +47,7 @@ from ha_controller.protocol.errors import (
     BadRequest,
     EscapeFailed,
     HaError,
+    NotWritable,
     TopicNotFound,
 )
 from ha_controller.protocol.properties import PROPERTY_PRODUCER_GROUP
@@ -260,6 +261,23 @@ class EscapeBridge:
                 "escape is off (enable_slave_acting_master and enable_remote_escape)"
             )
 
+    def _check_still_serving(self, kind: str) -> None:
+        """A master's special service hands a message on only while the master serves:
+        not fenced, not in pre-online, and still holding its lease on id 0.  (An acting
+        slave's services stop when it stops acting; its puts go elsewhere anyway.)
+
+        A master resumed after a freeze, or reconnected after a partition, wakes its
+        timer and revive loops at the same moment as its heartbeat loop; whichever runs
+        first must not deliver what the acting slave delivered meanwhile.  The check
+        fences such a master (core.check_online) and refuses; the put that follows it
+        appends without yielding, so no fence can slip in between."""
+        if not self.core.acting.is_master:
+            return
+        try:
+            self.core.check_master_only(f"{kind} delivery")
+        except HaError as exc:
+            raise EscapeFailed(f"{kind} not handed on: {exc}") from exc
+
     # ---- put --------------------------------------------------------------
 
     async def put_message(
@@ -279,22 +297,40 @@ class EscapeBridge:
 
         ``progress`` (a progress record of this broker's special service) travels with
         the message when this broker is the master that stores it (WritePath.put);
-        elsewhere it is dropped: an acting slave's progress is its own."""
+        elsewhere it is dropped: an acting slave's progress is its own.
+
+        A master whose own store refuses appends (full disk) escapes remotely too, like
+        an acting slave: its slaves then learn the progress from the metadata sync."""
+        self._check_still_serving(kind)
         master = self.local_master()
         if master is not None:
             own = master[0] is self.core
-            return await self._put_local(
-                master,
-                topic,
-                body,
-                properties,
-                kind,
-                queue_id,
-                flags,
-                born_ts_ms,
-                progress if own else None,
-            )
-        self._check_remote_allowed(kind)
+            try:
+                return await self._put_local(
+                    master,
+                    topic,
+                    body,
+                    properties,
+                    kind,
+                    queue_id,
+                    flags,
+                    born_ts_ms,
+                    progress if own else None,
+                )
+            except EscapeFailed as exc:
+                if not (own and isinstance(exc.__cause__, NotWritable)):
+                    raise
+                # our own store takes no appends (disk full): nothing was stored, and
+                # no slave acts for a live master, so the message would wait for the
+                # disk; it goes to another group's master as an acting slave's would
+                self._check_remote_allowed(kind)
+                log.info(
+                    "%s message for %s: own store takes no writes; escaping it to another group",
+                    kind,
+                    topic,
+                )
+        else:
+            self._check_remote_allowed(kind)
 
         def choose(queues: list[RemoteQueue], failed: set[str]) -> RemoteQueue:
             now = time.monotonic()
@@ -326,6 +362,7 @@ class EscapeBridge:
         so every call of this broker for ``topic`` reaches the same master and queue
         (as long as the set of live masters does not change)."""
         key = stable_hash(topic + self.core.addr)
+        self._check_still_serving(kind)
         master = self.local_master()
         if master is not None:
             try:

@@ -322,6 +322,11 @@ class TransactionService:
         self.progress.version.next_version()
         self._dirty = True
 
+    @property
+    def active(self) -> bool:
+        """Whether this broker checks (a master) or escapes (an acting slave) now."""
+        return self._active
+
     # ---- wiring called by the service ----------------------------------------
 
     def set_active(self, active: bool) -> None:
@@ -475,6 +480,10 @@ class TransactionService:
                     if self._active and core.acting.serves_master_only_ops:
                         if now - last_check >= interval_s or not core.acting.is_master:
                             last_check = now
+                            # a master resumed after a freeze fences itself here (lease
+                            # lost) before it asks any producer about a half message the
+                            # acting slave may have escaped meanwhile
+                            core.check_master_only("transaction check")
                             await self.check_once()
                 except HaError as exc:
                     log.warning("transaction check pass failed: %s", exc)
@@ -695,4 +704,5 @@ class TransactionProgressSync:
         )
 
     def busy(self) -> bool:
-        return False
+        # checking or escaping (master, acting slave): the progress is this broker's own
+        return self.service.active

@@ -10,7 +10,12 @@ Terms.  A key is *sent* when any ``send`` event names it; its topic and message 
 come from its earliest ``send`` invoke (topic ``""`` when there is none; a key should
 be invoked once, ties are broken arbitrarily).  A key is
 *committed* when an ``end_tx`` ok with ``commit: true`` names it and *rolled back* when an
-``end_tx`` ok with ``commit: false`` does and none with ``commit: true`` does.  A
+``end_tx`` ok or info (outcome unknown) with ``commit: false`` does and no ``end_tx`` ok
+with ``commit: true`` does.  (A rollback whose outcome the client never learnt was
+either applied, and then the broker has nothing to check back, or lost, and then the
+check back rolls it back too: either way the message must never be delivered, and the
+history cannot show more.  An unknown *commit* stays unresolved until the check back
+commits it.)  A
 *delivery* is one ``receive`` ok event.  A consumer group *subscribes* a topic when a
 ``subscribe`` event says so or when it received a message of that topic.
 
@@ -490,9 +495,10 @@ def check(
         elif f == "end_tx":
             key = _s(v, "key")
             commit = _b(v, "commit")
-            if ev.type != "ok" or key is None or commit is None:
+            if key is None or commit is None:
                 continue
-            (commit_keys if commit else rollback_keys).add(key)
+            if ev.type == "ok" or (ev.type == "info" and not commit):
+                (commit_keys if commit else rollback_keys).add(key)
         elif f in ("lock", "unlock"):
             cg = _s(v, "consumer_group")
             consumer = _s(v, "consumer")

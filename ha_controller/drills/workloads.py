@@ -12,6 +12,11 @@
   :class:`~ha_controller.client.PullConsumer` and commits offsets itself after each
   batch (``commit_offset`` invoke/ok/fail), so consumer-offset rollbacks after a master
   returns are visible; it can be paused (no pulls, no commits) around an offset probe.
+  A pull that fails is a ``receive`` fail naming the queue's ``broker`` (no ``key``); the
+  first pull of that queue that works again is a ``receive`` ok (no ``key`` when it
+  found nothing): the read-unavailable windows of the checkers are measured from them
+  (:func:`record_read_outcome`).  :class:`PopWorkload` records its failed receives the
+  same way, without a broker (the client chooses it).
 - :func:`offset_probe` reads the group's committed offsets from the brokers
   (``offset_probe`` ok, timed at the request's start so that commits acknowledged
   before it are strictly earlier).
@@ -385,6 +390,37 @@ def record_receive(
     delivered.last_ms = ev.t_ms
 
 
+def record_read_outcome(
+    history: HistoryWriter,
+    process: str,
+    consumer_group: str,
+    topic: str,
+    *,
+    ok: bool,
+    broker: str | None,
+    error: str | None = None,
+    t_ms: int | None = None,
+) -> Event:
+    """A poll that delivered nothing: ``receive`` fail (it failed: the group was not
+    readable for this client) or ``receive`` ok without ``key`` (it worked and found
+    nothing).  The checkers count both as read operations of ``broker``'s group (see
+    :mod:`ha_controller.drills.checker`, "Availability"); neither is a delivery."""
+    value: dict[str, Any] = {
+        "key": None,
+        "broker": broker,
+        "consumer": process,
+        "consumer_group": consumer_group,
+        "topic": topic,
+    }
+    if error is not None:
+        value["error"] = error
+    event = Event(
+        now_ms() if t_ms is None else t_ms, process, "ok" if ok else "fail", "receive", value
+    )
+    history.write(event)
+    return event
+
+
 class _RecordingConsumer:
     """What every consumer workload records: its subscription (``subscribe`` info when
     it starts) and each delivery (``receive`` ok, counted in :attr:`delivered`)."""
@@ -405,6 +441,17 @@ class _RecordingConsumer:
 
     def _record_receive(self, m: ReceivedMessage, t_ms: int | None = None) -> None:
         record_receive(self.history, self.process, self.consumer_group, m, self.delivered, t_ms)
+
+    def _record_read(self, *, ok: bool, broker: str | None, error: str | None = None) -> None:
+        record_read_outcome(
+            self.history,
+            self.process,
+            self.consumer_group,
+            self.topic,
+            ok=ok,
+            broker=broker,
+            error=error,
+        )
 
     async def _subscribe_and_start(self) -> None:
         self.history.record(
@@ -519,7 +566,11 @@ class PullWorkload(_ConsumerLoop):
         self.suspend_timeout_ms = suspend_timeout_ms
         self.batch = batch
         self.requeue_interval_s = requeue_interval_s
-        self.consumer: PullConsumer = PullConsumer(namesrv, consumer_group, request_timeout_ms=3000)
+        # one attempt per pull: a failed attempt is a failed read in the history (the
+        # loop below tries again), not hidden in a slow pull (as sends use 1 attempt)
+        self.consumer: PullConsumer = PullConsumer(
+            namesrv, consumer_group, request_timeout_ms=3000, call_attempts=1
+        )
         self._queues: dict[MessageQueue, asyncio.Task[None]] = {}
 
     async def _run(self) -> None:
@@ -539,6 +590,7 @@ class PullWorkload(_ConsumerLoop):
         offset: int | None = None
         committed: int | None = None
         name = mq_name(mq)
+        failing = False  # the last pull of this queue failed (recorded)
         while True:
             async with self._working():
                 try:
@@ -551,8 +603,14 @@ class PullWorkload(_ConsumerLoop):
                 except (HaError, OSError) as exc:
                     log.debug("pull of %s failed: %s", mq, exc)
                     result = None
+                    failing = True
+                    self._record_read(ok=False, broker=mq.broker_name, error=type(exc).__name__)
                 if result is not None:
                     now = now_ms()
+                    if failing and not result.messages:
+                        # readable again, nothing new: the success that closes the window
+                        self._record_read(ok=True, broker=mq.broker_name)
+                    failing = False
                     for m in result.messages:
                         self._record_receive(m, now)
                     if result.status is PullStatus.OFFSET_ILLEGAL or result.messages:
@@ -810,6 +868,7 @@ class PopWorkload(_ConsumerLoop):
             namesrv, consumer_group, [topic], invisible_duration_s=invisible_s
         )
         self._rng = random.Random(seed)
+        self._failing = False  # the last receive failed (recorded)
 
     def pending(self) -> set[str]:
         """Delivered keys not acked yet (the deliberately skipped ones among them)."""
@@ -825,8 +884,13 @@ class PopWorkload(_ConsumerLoop):
             messages = await self.consumer.receive(self.batch, wait_s=1.0)
         except (HaError, OSError) as exc:
             log.debug("receive from %s failed: %s", self.topic, exc)
+            self._failing = True
+            self._record_read(ok=False, broker=None, error=type(exc).__name__)
             await asyncio.sleep(0.3)
             return
+        if self._failing and not messages:
+            self._record_read(ok=True, broker=None)
+        self._failing = False
         now = now_ms()
         for m in messages:
             self._record_receive(m, now)

@@ -456,3 +456,107 @@ async def _full_slave(cluster: Cluster, mnt: Path, filler: Path) -> None:
 
 async def _writable(ns: NameserverClient) -> bool:
     return Perm.is_writeable(await perm_of(ns, "broker-a"))
+
+
+# ---------------------------------------------------------------------------- C
+
+DELAYED_TOPIC = "DelayedOnFull"
+DELAYED = 20
+DELAY_LEVEL = 2  # 5 s
+
+
+async def _delayed_on(pool: ConnectionPool, addrs: list[str]) -> dict[str, list[int]]:
+    """Store times of every message of DELAYED_TOPIC on these brokers, by key."""
+    seen: dict[str, list[int]] = {}
+    for addr in addrs:
+        for q in range(2):
+            offset = 0
+            while True:
+                resp = await pool.call_pb(
+                    addr,
+                    RequestCode.PULL_MESSAGE,
+                    broker_pb2.PullMessageRequest(
+                        consumer_group="CG",
+                        topic=DELAYED_TOPIC,
+                        queue_id=q,
+                        queue_offset=offset,
+                        max_msg_nums=64,
+                        commit_offset=-1,
+                    ),
+                    broker_pb2.PullMessageResponse,
+                    3000,
+                )
+                if resp.status != broker_pb2.FOUND:
+                    break
+                for m in resp.messages:
+                    seen.setdefault(m.properties["UNIQ_KEY"], []).append(m.store_ts_ms)
+                offset = resp.next_begin_offset
+    return seen
+
+
+async def test_delayed_messages_of_a_full_master_fall_due_on_time(tmp_path: Path) -> None:
+    """Issue 17, defect C: the master's disk fills up after delayed messages were
+    stored on it.  It cannot write the deliveries and no slave acts for a live master:
+    the due messages go to the other group's master through the escape bridge, on
+    time, and once space returns nothing is delivered a second time."""
+    with tmpfs(store_dir(tmp_path, "broker-a", 0), 8) as mnt:
+        cluster = run_cluster(("broker-a", "broker-b"), 2, workdir=tmp_path)
+        master_a, master_b = cluster.broker("broker-a", 0), cluster.broker("broker-b", 0)
+        pool = ConnectionPool()
+        try:
+            async with NameserverClient([cluster.namesrv]) as ns:
+                await wait_groups(ns, 2)
+                await ns.create_topic(DELAYED_TOPIC, queues=2)
+            due: dict[str, int] = {}
+            for i in range(DELAYED):
+                key = f"due-{i}"
+                resp = await pool.call_pb(
+                    master_a.rpc,
+                    RequestCode.SEND_MESSAGE,
+                    broker_pb2.SendMessageRequest(
+                        producer_group="raw",
+                        topic=DELAYED_TOPIC,
+                        queue_id=i % 2,
+                        entries=[
+                            broker_pb2.SendEntry(
+                                body=b"d", properties={"UNIQ_KEY": key, "DELAY": str(DELAY_LEVEL)}
+                            )
+                        ],
+                    ),
+                    broker_pb2.SendMessageResponse,
+                    3000,
+                )
+                assert resp.results
+                due[key] = int(time.time() * 1000) + 5_000
+            # the disk fills up past the hard reserve: the master stores nothing more
+            free, total = free_bytes(mnt)
+            fill(mnt / "filler", max(0, free - int(total * 0.05) + 256 * 1024))
+
+            async def refuses() -> bool:
+                return (await status_of(master_a))["storeWritable"] is False
+
+            await eventually(refuses, timeout=5)
+
+            async def all_delivered() -> bool:
+                got = await _delayed_on(pool, [master_a.rpc, master_b.rpc])
+                return set(due) <= set(got)
+
+            await eventually(all_delivered, timeout=15, interval=0.2)
+            got = await _delayed_on(pool, [master_a.rpc, master_b.rpc])
+            late = {k: t[0] - due[k] for k, t in got.items() if t[0] - due[k] > 2_000}
+            assert not late, f"late by ms: {late}"
+            assert not (await _delayed_on(pool, [master_a.rpc])), "stored on the full master?"
+            # space returns: the master writes again and delivers nothing a second time
+            (mnt / "filler").unlink()
+
+            async def writable() -> bool:
+                return (await status_of(master_a))["storeWritable"] is True
+
+            await eventually(writable, timeout=5)
+            await asyncio.sleep(2.0)
+            got = await _delayed_on(pool, [master_a.rpc, master_b.rpc])
+            twice = {k: len(t) for k, t in got.items() if len(t) > 1}
+            assert not twice, f"delivered more than once: {twice}"
+        finally:
+            await pool.aclose()
+            cluster.stop()

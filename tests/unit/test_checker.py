@@ -44,6 +44,7 @@ from ha_controller.drills.history import (
     Unlock,
     read_history,
 )
+from ha_controller.drills.workloads import record_read_outcome
 
 
 @dataclass
@@ -192,6 +193,22 @@ def case_transactions() -> H:
     h.add(12, "producer", "ok", EndTx("commit-lost", True, via="check"))
     h.add(13, "producer", "info", EndTx("unended", True))  # unknown outcome: not resolved
     h.recv(20, "commit").recv(21, "rollback").recv(22, "unended-delivered")
+    return h
+
+
+def case_rollback_unknown() -> H:
+    """Issue 17: a rollback whose END_TRANSACTION outcome the client never learnt (the
+    broker had applied it, so it never checked back) is rolled back, not unresolved;
+    an unknown commit still is unresolved, and a delivery after an unknown rollback is
+    unexpected."""
+    h = H()
+    for key in ("rb-unknown", "commit-unknown", "rb-unknown-delivered"):
+        h.send(0, key, tx=True)
+    h.add(10, "producer", "invoke", EndTx("rb-unknown", False))
+    h.add(11, "producer", "info", EndTx("rb-unknown", False))
+    h.add(12, "producer", "info", EndTx("commit-unknown", True))
+    h.add(13, "producer", "info", EndTx("rb-unknown-delivered", False))
+    h.recv(20, "rb-unknown-delivered")
     return h
 
 
@@ -404,6 +421,9 @@ CASES: dict[str, Case] = {
     "transactions": Case(
         case_transactions,
         counts(acknowledged=2, delivered=3, lost=1, unexpected=1, unresolved_transactions=1),
+    ),
+    "rollback_unknown": Case(
+        case_rollback_unknown, counts(delivered=1, unexpected=1, unresolved_transactions=1)
     ),
     "double_lock": Case(case_double_lock, counts(double_lock_grants=1)),
     "double_lock-short-lease": Case(
@@ -716,3 +736,57 @@ def test_after_ack_groups_differ_from_strict_and_from_all_after_ack() -> None:
     assert dup(CheckOptions(after_ack_groups=frozenset({"G2"}))) == 2
     assert dup(CheckOptions(after_ack_groups=frozenset({"G"}))) == 2  # G: only t=12
     assert CheckOptions(after_ack_groups=frozenset({"G"})).after_ack("G")
+
+
+# --- failed reads as the drill workloads record them ------------------------------------
+
+
+def _pull_history(path: Path, *, recovered_poll: bool) -> None:
+    """broker-a is partitioned 2000-5000: every pull of it fails (a ``receive`` fail,
+    recorded by :func:`record_read_outcome` as PullWorkload does), and the first pull
+    after the heal works but finds nothing; broker-b delivers throughout."""
+    with HistoryWriter(path) as writer:
+        writer.write(Event.of(0, "puller-0", "info", Subscribe("puller-0", "G", "T")))
+        writer.write(Event.of(2_000, "nemesis", "info", Fault("partition", "broker-a/0")))
+        writer.write(Event.of(5_000, "nemesis", "ok", Fault("partition", "broker-a/0")))
+        for t in range(2_000, 5_000, 300):
+            record_read_outcome(
+                writer, "puller-0", "G", "T", ok=False, broker="broker-a", error="timeout", t_ms=t
+            )
+        if recovered_poll:
+            record_read_outcome(
+                writer, "puller-0", "G", "T", ok=True, broker="broker-a", t_ms=5_000
+            )
+        for i, t in enumerate(range(0, 6_000, 100)):
+            key = f"b{i}"
+            writer.write(Event.of(t, "producer", "invoke", SendInvoke(key, "T")))
+            writer.write(
+                Event.of(t + 5, "producer", "ok", SendOk(key, f"ID-{key}", "broker-b", 0, i))
+            )
+            writer.write(
+                Event.of(
+                    t + 20,
+                    "puller-0",
+                    "ok",
+                    Receive(key, f"ID-{key}", "broker-b", 0, i, "puller-0", "G"),
+                )
+            )
+
+
+def test_failed_pulls_make_the_read_window_and_an_empty_poll_closes_it(tmp_path: Path) -> None:
+    path = tmp_path / "history.jsonl"
+    _pull_history(path, recovered_poll=True)
+    verdict = check(path, scenario="partition-master")
+    (fault,) = verdict.faults
+    assert fault.read_unavailable_ms == {"broker-a": 3_000, "broker-b": 0}
+    assert fault.cluster_read_unavailable_ms == 20  # broker-b delivered right away
+    # neither a failed nor an empty poll is a delivery, or a duplicate, or unexpected
+    assert verdict.counts["delivered"] == 60
+    assert verdict.counts["unexpected"] == verdict.counts["duplicated"] == 0
+    assert verdict.ok
+    assert verdict.to_dict()["availability"]["read_unavailable_ms"]["max"] == 3_000
+    # without the poll that worked again, the window never closes (null)
+    path = tmp_path / "unrecovered.jsonl"
+    _pull_history(path, recovered_poll=False)
+    (fault,) = check(path, scenario="partition-master").faults
+    assert fault.read_unavailable_ms["broker-a"] is None
