@@ -22,6 +22,7 @@ venv: $(STAMP)
 # registry the helm tests skip and say why.
 tools: $(STAMP)
 	@bash tools/install-helm.sh $(BIN) || echo "make tools: helm not installed; the helm tests will skip"
+	@bash tools/install-node-sdk.sh $(VENV)/sdk-node || echo "make tools: Node.js SDK not installed; its tests will skip"
 
 demo: $(STAMP)
 	$(BIN)/hactl demo

@@ -76,7 +76,7 @@ class BrokerService:
         self.transactions = TransactionService(core, self.write_path, self.escape)
         self.pop = PopService(core, self.write_path, self.escape)
         self.locks = LockService(self)
-        special_tables = [*self.schedule.tables(), self.transactions.table()]
+        special_tables = [*self.schedule.tables(), self.transactions.table(), *self.pop.tables()]
         self.metadata_sync = MetadataSync(
             core,
             special_tables,

@@ -24,6 +24,18 @@ reads the bodies back from this group.  CKs the lost master wrote before it died
 are in the slave's replicated revive queue: the acting slave revives those itself,
 and an ack of such a message (``ck_local`` in its handle) is applied to that
 in-memory state.
+
+Orderly POP (RocketMQ's ``order=true``; a request's ``order`` or the group's
+``consume_orderly``): a queue of the group is given to one batch at a time.  No CK is
+written: :class:`OrderLocks` holds the batch (which offsets, until when) until every
+message of it is acked — then the group's offset moves past it and the next batch can
+be popped — or its invisible time is over — then the same messages are popped again
+from the group's offset (reconsume times + 1), never a later one first.  The lock is in
+memory, as RocketMQ's ConsumerOrderInfoManager.  An acting slave taking over has none:
+it gives a queue with unconsumed messages to nobody for one invisible time first, so
+a batch still in a consumer's hands is popped again only once its invisible time is
+over, in order.  A restarted master starts without locks: a batch in flight before
+the restart can be handed out again at once (a duplicate, in order).
 """
 
 from __future__ import annotations
@@ -37,10 +49,15 @@ from dataclasses import dataclass, field
 from typing import Final
 
 from broker_agent.convert import message_to_pb
+from broker_agent.metadata.subscriptions import (
+    SubscriptionGroupConfig,
+    SubscriptionGroupManager,
+    SubscriptionGroupSync,
+)
 from broker_agent.special.ports import CorePort, EscapePort, WritePort
 from broker_agent.store.message_store import GetMessageStatus
 from ha_controller.client.routes import DEFAULT_TOPIC_QUEUE_NUMS
-from ha_controller.proto import broker_pb2
+from ha_controller.proto import broker_pb2, common_pb2
 from ha_controller.protocol.codes import RequestCode
 from ha_controller.protocol.errors import (
     BadRequest,
@@ -67,6 +84,7 @@ from ha_controller.rpc import RequestContext
 __all__ = [
     "REVIVE_GROUP",
     "Checkpoint",
+    "OrderLocks",
     "PopService",
     "ReceiptHandle",
     "ReviveState",
@@ -116,9 +134,10 @@ def revive_topic(cluster: str) -> str:
 class ReceiptHandle:
     """Where a popped message came from and where its CK went.
 
-    Text form: ``ck_offset pop_time_ms invisible_ms revive_qid L|R broker_name queue_id
-    offset`` (RocketMQ ExtraInfoUtil order, with L/R: CK in this group's own revive
-    queue, or escaped to a remote master).
+    Text form: ``ck_offset pop_time_ms invisible_ms revive_qid L|R|O broker_name
+    queue_id offset`` (RocketMQ ExtraInfoUtil order, with L/R: CK in this group's own
+    revive queue, or escaped to a remote master; O: an orderly pop, no CK — the batch
+    starting at ``ck_offset`` popped at ``pop_time_ms``).
     """
 
     ck_offset: int
@@ -129,6 +148,7 @@ class ReceiptHandle:
     broker_name: str
     queue_id: int
     offset: int
+    orderly: bool = False
 
     def encode(self) -> str:
         return " ".join(
@@ -137,7 +157,7 @@ class ReceiptHandle:
                 str(self.pop_time_ms),
                 str(self.invisible_ms),
                 str(self.revive_qid),
-                "L" if self.ck_local else "R",
+                "O" if self.orderly else "L" if self.ck_local else "R",
                 self.broker_name,
                 str(self.queue_id),
                 str(self.offset),
@@ -147,7 +167,7 @@ class ReceiptHandle:
     @classmethod
     def decode(cls, text: str) -> ReceiptHandle:
         parts = text.split(" ")
-        if len(parts) != 8 or parts[4] not in ("L", "R"):
+        if len(parts) != 8 or parts[4] not in ("L", "R", "O"):
             raise BadRequest(f"invalid receipt handle {text!r}")
         try:
             return cls(
@@ -159,6 +179,7 @@ class ReceiptHandle:
                 broker_name=parts[5],
                 queue_id=int(parts[6]),
                 offset=int(parts[7]),
+                orderly=parts[4] == "O",
             )
         except ValueError as exc:
             raise BadRequest(f"invalid receipt handle {text!r}") from exc
@@ -291,6 +312,73 @@ class ReviveState:
         return min([read, *offs])
 
 
+@dataclass
+class _OrderBatch:
+    offsets: tuple[int, ...]
+    next_offset: int  # the group's offset once the whole batch is acked
+    pop_ms: int
+    until_ms: int
+    attempts: int = 0  # how often these messages were popped before
+    acked: set[int] = field(default_factory=set)
+
+    @property
+    def done(self) -> bool:
+        return all(o in self.acked for o in self.offsets)
+
+
+OrderKey = tuple[str, str, int]  # group, topic, queue id
+
+
+class OrderLocks:
+    """The batch each (group, topic, queue) of orderly consumers holds.  Plain object."""
+
+    def __init__(self) -> None:
+        self._batches: dict[OrderKey, _OrderBatch] = {}
+        #: set when this broker starts serving: queues wait one invisible time
+        self.started_ms = 0
+
+    def __len__(self) -> int:
+        return len(self._batches)
+
+    def reset(self, now: int) -> None:
+        self._batches.clear()
+        self.started_ms = now
+
+    def get(self, key: OrderKey) -> _OrderBatch | None:
+        return self._batches.get(key)
+
+    def locked(self, key: OrderKey, now: int) -> bool:
+        b = self._batches.get(key)
+        return b is not None and not b.done and b.until_ms > now
+
+    def lock(self, key: OrderKey, batch: _OrderBatch) -> None:
+        self._batches[key] = batch
+
+    def release(self, key: OrderKey) -> None:
+        self._batches.pop(key, None)
+
+    def ack(self, key: OrderKey, pop_ms: int, offset: int) -> int | None:
+        """One message of the batch popped at ``pop_ms`` is done; the offset to commit
+        when that finished the batch (the queue is then free), else None.  An ack of an
+        older pop of the queue (its batch was popped again since) changes nothing."""
+        b = self._batches.get(key)
+        if b is None or b.pop_ms != pop_ms or offset not in b.offsets:
+            return None
+        b.acked.add(offset)
+        if not b.done:
+            return None
+        del self._batches[key]
+        return b.next_offset
+
+    def extend(self, key: OrderKey, pop_ms: int, until_ms: int) -> bool:
+        """Change-invisible-time of an orderly message: the batch stays locked until then."""
+        b = self._batches.get(key)
+        if b is None or b.pop_ms != pop_ms:
+            return False
+        b.until_ms = until_ms
+        return True
+
+
 # --- the service ------------------------------------------------------------------
 
 
@@ -303,6 +391,10 @@ class PopService:
         self.escape = escape
         self.revive_topic = revive_topic(core.cfg.cluster)
         self.state = ReviveState()
+        self.order = OrderLocks()
+        self._order_wake = asyncio.Event()
+        self.subscriptions = SubscriptionGroupManager(core.store_dir / "subscriptions.json")
+        self.subscriptions.load()
         self._active = False  # the service turns special services on (master online, acting)
         self._reset = True
         self._wake = asyncio.Event()
@@ -316,6 +408,14 @@ class PopService:
             RequestCode.CHANGE_MESSAGE_INVISIBLETIME,
             broker_pb2.AckMessageRequest,
             self._change_invisible,
+        )
+        core.dispatcher.add(
+            RequestCode.UPDATE_AND_CREATE_SUBSCRIPTIONGROUP,
+            broker_pb2.UpdateSubscriptionGroupRequest,
+            self._update_group,
+        )
+        core.dispatcher.add(
+            RequestCode.GET_ALL_SUBSCRIPTIONGROUP_CONFIG, common_pb2.Empty, self._get_groups
         )
         core.add_special_service(self.set_active)
         if core.acting.is_master and core.topics.get(self.revive_topic) is None:
@@ -337,6 +437,11 @@ class PopService:
         """Special-service hook: the revive service runs on the master and an acting slave."""
         if active != self._active:
             log.info("pop revive service %s", "started" if active else "stopped")
+            if active:
+                # an acting slave does not know the orderly batches the lost master
+                # handed out: its queues wait one invisible time (a master starts
+                # with no lock: a batch in flight before its restart may come again)
+                self.order.reset(0 if self.core.acting.is_master else now_ms())
         self._active = active
         self._reset = True
         self._wake.set()
@@ -401,6 +506,8 @@ class PopService:
         tags = {tag_hash(t) for t in req.tags if t and t != "*"} or None
         max_msgs = max(1, min(req.max_msg_nums or MAX_POP_BATCH, MAX_POP_BATCH))
         invisible = max(MIN_INVISIBLE_MS, req.invisible_time_ms)
+        orderly = req.order or self.subscriptions.orderly(req.consumer_group)
+        pop_queue = self._pop_queue_orderly if orderly else self._pop_queue
         resp = broker_pb2.PopMessageResponse(invisible_time_ms=invisible)
         deadline = time.monotonic() + max(0, req.poll_time_ms) / 1000
         while True:
@@ -410,7 +517,7 @@ class PopService:
                 if len(resp.messages) >= max_msgs:
                     break
                 resp.messages.extend(
-                    await self._pop_queue(
+                    await pop_queue(
                         req.consumer_group,
                         req.topic,
                         qid,
@@ -423,14 +530,27 @@ class PopService:
             remaining_ms = int((deadline - time.monotonic()) * 1000)
             if resp.messages or remaining_ms <= 0 or not core.acting.serves_master_only_ops:
                 return resp
-            await self._hold(req.consumer_group, req.topic, qids, remaining_ms, tags)
+            await self._hold(
+                req.consumer_group, req.topic, qids, remaining_ms, tags, orderly=orderly
+            )
 
     async def _hold(
-        self, group: str, topic: str, qids: list[int], timeout_ms: int, tags: set[int] | None
+        self,
+        group: str,
+        topic: str,
+        qids: list[int],
+        timeout_ms: int,
+        tags: set[int] | None,
+        *,
+        orderly: bool = False,
     ) -> None:
-        """Wait (long polling) until one of the queues gets a message, or the timeout."""
+        """Wait (long polling) until one of the queues gets a message, or the timeout;
+        orderly: also until an orderly batch is done, or a second (a lock may expire)."""
         core = self.core
-        waits = []
+        waits: list[asyncio.Future[object]] = []
+        if orderly:
+            timeout_ms = min(timeout_ms, 1000)
+            waits.append(asyncio.ensure_future(self._order_wake.wait()))
         for qid in qids:
             offset = core.offsets.query(group, topic, qid)
             if offset < 0:
@@ -503,6 +623,114 @@ class PopService:
         )
         return out
 
+    async def _pop_queue_orderly(
+        self,
+        group: str,
+        topic: str,
+        qid: int,
+        max_msgs: int,
+        tags: set[int] | None,
+        pop_ms: int,
+        invisible_ms: int,
+    ) -> list[broker_pb2.Message]:
+        """One batch of one queue for an orderly group, unless a batch holds the queue."""
+        core = self.core
+        key = (group, topic, qid)
+        lock = self._locks.setdefault(key, asyncio.Lock())
+        async with lock:
+            now = now_ms()
+            if self.order.locked(key, now):
+                return []
+            start = core.offsets.query(group, topic, qid)
+            if start < 0:
+                start = core.store.min_offset(topic, qid)
+            previous = self.order.get(key)
+            if (
+                previous is None
+                and now < self.order.started_ms + invisible_ms
+                and start < core.store.max_offset(topic, qid)
+            ):
+                return []  # just started serving: a batch may be in flight elsewhere
+            got = core.store.get_messages(topic, qid, start, max_msgs, tag_filter=tags)
+            if got.status is GetMessageStatus.OFFSET_TOO_SMALL:
+                start = got.next_begin_offset
+                got = core.store.get_messages(topic, qid, start, max_msgs, tag_filter=tags)
+            if not got.messages:
+                self.order.release(key)
+                if got.next_begin_offset > start and got.status in (
+                    GetMessageStatus.NO_MATCHED_MESSAGE,
+                    GetMessageStatus.OFFSET_FOUND_NULL,
+                ):
+                    self.write_path.commit_offset(group, topic, qid, got.next_begin_offset)
+                return []
+            # an expired batch comes again from the group's offset; what of it was
+            # acked already is not handed out twice
+            acked = previous.acked if previous is not None else set()
+            attempts = previous.attempts + 1 if previous is not None else 0
+            batch = _OrderBatch(
+                offsets=tuple(m.queue_offset for m in got.messages),
+                next_offset=got.next_begin_offset,
+                pop_ms=pop_ms,
+                until_ms=pop_ms + invisible_ms,
+                attempts=attempts,
+                acked={o for o in acked if any(m.queue_offset == o for m in got.messages)},
+            )
+            if batch.done:  # everything acked: the group's offset moves on
+                self.write_path.commit_offset(group, topic, qid, batch.next_offset)
+                self.order.release(key)
+                return []
+            self.order.lock(key, batch)
+        out = []
+        for m in got.messages:
+            if m.queue_offset in batch.acked:
+                continue
+            handle = ReceiptHandle(
+                start,
+                pop_ms,
+                invisible_ms,
+                -1,
+                False,
+                core.cfg.broker_name,
+                qid,
+                m.queue_offset,
+                orderly=True,
+            )
+            pb = self._to_pb(m, handle.encode())
+            pb.reconsume_times += attempts
+            out.append(pb)
+        core.metrics.messages_out.labels(**core.metrics.ident, topic=topic, group=group).inc(
+            len(out)
+        )
+        return out
+
+    def _order_done(self, group: str, topic: str, handle: ReceiptHandle) -> None:
+        key = (group, topic, handle.queue_id)
+        next_offset = self.order.ack(key, handle.pop_time_ms, handle.offset)
+        if next_offset is None:
+            return
+        self.write_path.commit_offset(group, topic, handle.queue_id, next_offset)
+        wake, self._order_wake = self._order_wake, asyncio.Event()
+        wake.set()
+
+    # ---- subscription groups ------------------------------------------------------
+
+    async def _update_group(
+        self, ctx: RequestContext, req: broker_pb2.UpdateSubscriptionGroupRequest
+    ) -> common_pb2.Empty:
+        self.core.check_master_only("UPDATE_AND_CREATE_SUBSCRIPTIONGROUP")
+        config = SubscriptionGroupConfig.from_pb(req.config)
+        self.subscriptions.upsert(config)
+        return common_pb2.Empty()
+
+    async def _get_groups(
+        self, ctx: RequestContext, req: common_pb2.Empty
+    ) -> broker_pb2.SubscriptionGroupTable:
+        return self.subscriptions.table_pb()
+
+    def tables(self) -> list[SubscriptionGroupSync]:
+        """The subscription groups, for forward and reverse sync."""
+        return [SubscriptionGroupSync(self.subscriptions)]
+
     def _handle_of(self, req: broker_pb2.AckMessageRequest) -> ReceiptHandle:
         if not req.consumer_group or not req.topic:
             raise BadRequest("an ack needs a consumer group and a topic")
@@ -525,6 +753,9 @@ class PopService:
     ) -> broker_pb2.AckMessageResponse:
         self.core.check_master_only("ACK_MESSAGE")
         handle = self._handle_of(req)
+        if handle.orderly:
+            self._order_done(req.consumer_group, req.topic, handle)
+            return broker_pb2.AckMessageResponse()
         await self._write_ack(handle, handle.ck_key(req.consumer_group, req.topic))
         return broker_pb2.AckMessageResponse()
 
@@ -535,6 +766,11 @@ class PopService:
         self.core.check_master_only("CHANGE_MESSAGE_INVISIBLETIME")
         handle = self._handle_of(req)
         invisible = max(MIN_INVISIBLE_MS, req.invisible_time_ms)
+        if handle.orderly:
+            # the batch keeps its queue until then; the handle stays valid for the ack
+            key = (req.consumer_group, req.topic, handle.queue_id)
+            self.order.extend(key, handle.pop_time_ms, now_ms() + invisible)
+            return broker_pb2.AckMessageResponse(receipt_handle=handle.encode())
         pop_ms = self._pop_time()
         ck = Checkpoint(
             broker_name=handle.broker_name,

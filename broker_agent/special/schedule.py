@@ -25,6 +25,17 @@ Both are persisted (JSON, atomic), served (GET_ALL_DELAY_OFFSET,
 GET_TIMER_CHECK_POINT), forward-synced to slaves while the master is online,
 and reverse-synced by a returning master in pre-online when a slave's version
 is >= its own, so it delivers nothing again (issue #7601 is that bug).
+
+Recall (RocketMQ 5.3 RECALL_MESSAGE): a timer message still waiting for its
+delivery time can be recalled by its UNIQ_KEY; the schedule service skips a
+recalled message when it comes due.  The recall is kept in :class:`RecallTable`
+(persisted, forward-synced to slaves, reverse-synced in pre-online) and, on a
+master, also written as a marker record into the timer queue itself
+(``TIMER_DEL_UNIQKEY``, RocketMQ's way) through the write path and confirmed by
+the replicas before the recall is acknowledged: a slave that takes over reads
+the marker from its replicated timer queue, so a failover right after a recall
+cannot deliver the message.  An acting slave cannot write its store: it keeps
+the recall in its table, which the returning master adopts in pre-online.
 """
 
 from __future__ import annotations
@@ -45,14 +56,22 @@ from ha_controller.config import BrokerConfig
 from ha_controller.dataversion import DataVersion, SteppedVersion
 from ha_controller.proto import broker_pb2, common_pb2
 from ha_controller.protocol.codes import RequestCode
-from ha_controller.protocol.errors import BadRequest, EscapeFailed
+from ha_controller.protocol.errors import (
+    BadRequest,
+    EscapeFailed,
+    NotMaster,
+    NotRecallable,
+    NotWritable,
+)
 from ha_controller.protocol.properties import (
     DELAY_OFFSET_GROUP,
     PROPERTY_DELAY,
     PROPERTY_DUE_MS,
     PROPERTY_REAL_QID,
     PROPERTY_REAL_TOPIC,
+    PROPERTY_TIMER_DEL_UNIQKEY,
     PROPERTY_TIMER_DELIVER_MS,
+    PROPERTY_UNIQ_KEY,
     SCHEDULE_TOPIC,
     TIMER_CHECKPOINT_GROUP,
     TIMER_TOPIC,
@@ -80,6 +99,8 @@ SCHEDULE_PROPERTIES: Final = frozenset(
 #: Poll granularity for due items (RocketMQ DELAY_FOR_A_WHILE is 100 ms).
 POLL_S: Final = 0.1
 PERSIST_INTERVAL_S: Final = 1.0
+#: Recalled ids kept at most; the ones due earliest are forgotten first.
+MAX_RECALLS: Final = 100_000
 
 
 # ---- send side ---------------------------------------------------------------
@@ -350,6 +371,86 @@ class TimerCheckpointFile:
         return True
 
 
+class RecallTable:
+    """Recalled scheduled messages: UNIQ_KEY -> (due ms, topic), with a DataVersion
+    that moves on every change.  Only grows (a recall is never undone); entries
+    whose due time is older than the store's retention are forgotten, and at most
+    :data:`MAX_RECALLS` are kept."""
+
+    def __init__(self, path: Path | None, retention_ms: int = 72 * 3600 * 1000) -> None:
+        self.path = path
+        self.retention_ms = retention_ms
+        self.entries: dict[str, tuple[int, str]] = {}
+        self.data_version = DataVersion()
+        self._dirty = False
+
+    def __contains__(self, uniq_key: object) -> bool:
+        return uniq_key in self.entries
+
+    def __len__(self) -> int:
+        return len(self.entries)
+
+    def load(self) -> None:
+        if self.path is None or not self.path.exists():
+            return
+        data = json.loads(self.path.read_text())
+        self.entries = {
+            str(k): (int(v["due"]), str(v.get("topic", ""))) for k, v in data["recalls"].items()
+        }
+        self.data_version.assign(DataVersion.from_dict(data["dataVersion"]))
+
+    def persist(self) -> None:
+        if self.path is None or not self._dirty:
+            return
+        self._dirty = False
+        write_json_atomic(
+            self.path,
+            {
+                "recalls": {k: {"due": d, "topic": t} for k, (d, t) in self.entries.items()},
+                "dataVersion": self.data_version.to_dict(),
+            },
+        )
+
+    def add(self, uniq_key: str, due: int, topic: str = "") -> bool:
+        """Record one recall; False when it was known already."""
+        if uniq_key in self.entries:
+            return False
+        self.entries[uniq_key] = (due, topic)
+        self._prune()
+        self.data_version.next_version()
+        self._dirty = True
+        return True
+
+    def _prune(self, now: int | None = None) -> None:
+        now = now_ms() if now is None else now
+        old = [k for k, (d, _) in self.entries.items() if d < now - self.retention_ms]
+        for k in old:
+            del self.entries[k]
+        if len(self.entries) > MAX_RECALLS:
+            by_due = sorted(self.entries, key=lambda k: self.entries[k][0])
+            for k in by_due[: len(self.entries) - MAX_RECALLS]:
+                del self.entries[k]
+
+    def merge(self, entries: Mapping[str, tuple[int, str]], version: DataVersion) -> bool:
+        """Take another broker's recalls (a union: a recall anywhere holds
+        everywhere) and the newer of the two versions.  True when anything changed."""
+        new = {k: v for k, v in entries.items() if k not in self.entries}
+        newer = self.data_version.compare(version) < 0
+        if not new and not newer:
+            return False
+        self.entries.update(new)
+        self._prune()
+        if newer:
+            self.data_version.assign(version)
+        self._dirty = True
+        return True
+
+    def bump(self) -> None:
+        """An acting slave taking over: its table is the group's truth from now on."""
+        self.data_version.take_over()
+        self._dirty = True
+
+
 class TimerIndex:
     """The undelivered timer entries read so far, by due time (a heap)."""
 
@@ -357,19 +458,30 @@ class TimerIndex:
         self._heap: list[tuple[int, int]] = []  # (due ms, queue offset)
         self.read_offset = 0
         self.max_delivered_due = 0
+        #: UNIQ_KEY -> (due ms, real topic) of the entries in the heap (what a recall
+        #: may name)
+        self.due_of: dict[str, tuple[int, str]] = {}
+        self._uniq_at: dict[int, str] = {}
 
     def __len__(self) -> int:
         return len(self._heap)
 
-    def add(self, due: int, offset: int) -> None:
+    def add(self, due: int, offset: int, uniq_key: str = "", topic: str = "") -> None:
         heapq.heappush(self._heap, (due, offset))
+        if uniq_key:
+            self.due_of[uniq_key] = (due, topic)
+            self._uniq_at[offset] = uniq_key
 
     def peek(self) -> tuple[int, int] | None:
         return self._heap[0] if self._heap else None
 
     def pop(self) -> None:
-        due, _ = heapq.heappop(self._heap)
+        due, offset = heapq.heappop(self._heap)
         self.max_delivered_due = max(self.max_delivered_due, due)
+        uniq = self._uniq_at.pop(offset, None)
+        entry = self.due_of.get(uniq) if uniq is not None else None
+        if uniq is not None and entry is not None and entry[0] == due:
+            del self.due_of[uniq]
 
     def checkpoint_after_head(self) -> tuple[int, int]:
         """:meth:`checkpoint` as it will be once the head entry is popped."""
@@ -404,6 +516,11 @@ class ScheduleService:
         self.delay_offsets.load()
         self.timer = TimerCheckpointFile(core.store_dir / "timer_checkpoint.json")
         self.timer.load()
+        self.recalls = RecallTable(core.store_dir / "recalls.json", self.cfg.file_reserved_time_ms)
+        self.recalls.load()
+        #: the timer entries read and not delivered yet, while the timer loop runs
+        self._index: TimerIndex | None = None
+        self.recalled_skipped = 0
         self._want_run = asyncio.Event()
         self._want_stop = asyncio.Event()
         self.running = False
@@ -411,6 +528,8 @@ class ScheduleService:
         add = core.dispatcher.add
         add(RequestCode.GET_ALL_DELAY_OFFSET, common_pb2.Empty, self._get_delay_offsets)
         add(RequestCode.GET_TIMER_CHECK_POINT, common_pb2.Empty, self._get_timer_checkpoint)
+        add(RequestCode.RECALL_MESSAGE, broker_pb2.RecallMessageRequest, self._recall)
+        add(RequestCode.GET_RECALL_TABLE, common_pb2.Empty, self._get_recall_table)
 
     # ---- control ----------------------------------------------------------
 
@@ -440,6 +559,7 @@ class ScheduleService:
                 # an acting slave: its tables are the group's truth from now on
                 self.delay_offsets.bump()
                 self.timer.bump()
+                self.recalls.bump()
             log.info("schedule service started (%s)", self.core.acting.role)
             self.running = True
             try:
@@ -463,8 +583,14 @@ class ScheduleService:
             await asyncio.to_thread(self.persist)
 
     def persist(self) -> None:
-        self.delay_offsets.persist()
-        self.timer.persist()
+        for table in (self.delay_offsets, self.timer, self.recalls):
+            try:
+                table.persist()
+            except OSError as exc:
+                # a full disk (a master then escapes its deliveries, see EscapeBridge):
+                # the table stays dirty and is written once there is room again
+                table._dirty = True
+                log.warning("cannot persist %s: %s; retrying", type(table).__name__, exc)
 
     # ---- delivery -----------------------------------------------------------
 
@@ -528,6 +654,10 @@ class ScheduleService:
                 "Q": str(level),
                 "O": str(offset + 1),
             }
+            if self._is_recalled(msg):
+                self.delay_offsets.update(level, offset + 1)
+                self.write_path.replicate_record(progress)
+                continue
             if await self._deliver(msg, "delay", progress):
                 self.delay_offsets.update(level, offset + 1)
             else:
@@ -544,13 +674,30 @@ class ScheduleService:
             if msg is None:
                 continue
             due = due_ms(self.cfg, msg)
+            recalled = msg.properties.get(PROPERTY_TIMER_DEL_UNIQKEY)
+            if recalled:  # a recall marker: never delivered itself
+                if self.recalls.add(recalled, due, msg.properties.get(PROPERTY_REAL_TOPIC, "")):
+                    log.info("timer message %s recalled (marker at %d)", recalled, offset)
+                continue
             if offset < cp.master_timer_queue_offset and due <= cp.last_read_time_ms:
                 continue  # delivered before the checkpoint was taken
-            index.add(due, offset)
+            index.add(
+                due,
+                offset,
+                msg.properties.get(PROPERTY_UNIQ_KEY, ""),
+                msg.properties.get(PROPERTY_REAL_TOPIC, ""),
+            )
 
     async def _timer_loop(self) -> None:
-        store = self.core.store
         index = TimerIndex()
+        self._index = index
+        try:
+            await self._timer_deliveries(index)
+        finally:
+            self._index = None
+
+    async def _timer_deliveries(self, index: TimerIndex) -> None:
+        store = self.core.store
         index.read_offset = store.min_offset(TIMER_TOPIC, TIMER_QUEUE_ID)
         index.max_delivered_due = self.timer.cp.last_read_time_ms
         while True:
@@ -565,6 +712,10 @@ class ScheduleService:
             offset = head[1]
             msg = store.get_message_at(TIMER_TOPIC, TIMER_QUEUE_ID, offset)
             if msg is None:
+                index.pop()
+                self._checkpoint(index)
+                continue
+            if self._is_recalled(msg):
                 index.pop()
                 self._checkpoint(index)
                 continue
@@ -585,6 +736,90 @@ class ScheduleService:
             self.write_path.replicate_record(
                 {"G": TIMER_CHECKPOINT_GROUP, "L": str(last), "O": str(offset)}
             )
+
+    # ---- recall ---------------------------------------------------------------------
+
+    def _is_recalled(self, msg: StoredMessage) -> bool:
+        uniq = msg.properties.get(PROPERTY_UNIQ_KEY)
+        if not uniq or uniq not in self.recalls:
+            return False
+        self.recalled_skipped += 1
+        log.info(
+            "recalled message %s for %s not delivered",
+            uniq,
+            msg.properties.get(PROPERTY_REAL_TOPIC, "?"),
+        )
+        return True
+
+    async def _recall(
+        self, ctx: RequestContext, req: broker_pb2.RecallMessageRequest
+    ) -> broker_pb2.RecallMessageResponse:
+        """RECALL_MESSAGE: the timer message ``uniq_key`` of ``topic`` is never delivered.
+
+        Answered only while it still waits (known to the timer index, due later than
+        now); a repeated recall of the same id succeeds again.  On a master the recall
+        is a marker record in the timer queue, confirmed by the replicas first."""
+        core = self.core
+        core.check_master_only("RECALL_MESSAGE")
+        if not req.topic or not req.uniq_key or req.deliver_ms <= 0:
+            raise BadRequest("RECALL_MESSAGE needs a topic, a message id and a delivery time")
+        if req.broker_name and req.broker_name != core.cfg.broker_name:
+            raise BadRequest(f"recall of a message of {req.broker_name} sent to {core.name}")
+        known = self.recalls.entries.get(req.uniq_key)
+        if known is not None and known[1] in ("", req.topic):
+            return broker_pb2.RecallMessageResponse(msg_id=req.uniq_key)
+        index = self._index
+        if index is None:
+            raise NotMaster(f"RECALL_MESSAGE: the schedule service of {core.name} is not running")
+        self._read_timer_queue(index)  # what was stored since the loop last looked
+        entry = index.due_of.get(req.uniq_key)
+        now = now_ms()
+        if entry is None or entry[1] != req.topic:
+            if req.deliver_ms <= now:
+                raise NotRecallable(
+                    f"message {req.uniq_key} was due at {req.deliver_ms}: already delivered"
+                )
+            raise NotRecallable(f"no scheduled message {req.uniq_key} of {req.topic} here")
+        due = entry[0]
+        if due <= now:
+            raise NotRecallable(f"message {req.uniq_key} is due now: being delivered")
+        # before the first await: a delivery that starts from now on skips it
+        self.recalls.add(req.uniq_key, due, req.topic)
+        if core.acting.is_master:
+            await self._write_recall_marker(req, due)
+        await asyncio.to_thread(self.recalls.persist)
+        log.info("recalled timer message %s of %s (due %d)", req.uniq_key, req.topic, due)
+        return broker_pb2.RecallMessageResponse(msg_id=req.uniq_key)
+
+    async def _write_recall_marker(self, req: broker_pb2.RecallMessageRequest, due: int) -> None:
+        props = {
+            PROPERTY_TIMER_DEL_UNIQKEY: req.uniq_key,
+            PROPERTY_REAL_TOPIC: req.topic,
+            PROPERTY_DUE_MS: str(due),
+        }
+        try:
+            result = self.write_path.append_local(TIMER_TOPIC, TIMER_QUEUE_ID, b"0", props)
+        except NotWritable:
+            del self.recalls.entries[req.uniq_key]  # nothing stored: not recalled
+            raise
+        if not await self.write_path.confirm(result.physical_offset + result.size):
+            # stored here, so recalled here; a slave may not have it yet (the forward
+            # sync of the recall table catches up), as a send's SlaveAckTimeout
+            log.warning("recall marker of %s not confirmed by the slaves in time", req.uniq_key)
+
+    def recall_table_pb(self) -> broker_pb2.RecallTable:
+        return broker_pb2.RecallTable(
+            entries=[
+                broker_pb2.RecallEntry(uniq_key=k, due_ms=d, topic=t)
+                for k, (d, t) in self.recalls.entries.items()
+            ],
+            data_version=data_version_to_pb(self.recalls.data_version),
+        )
+
+    async def _get_recall_table(
+        self, ctx: RequestContext, req: common_pb2.Empty
+    ) -> broker_pb2.RecallTable:
+        return self.recall_table_pb()
 
     # ---- metadata RPCs and sync ------------------------------------------------
 
@@ -614,7 +849,7 @@ class ScheduleService:
 
     def tables(self) -> list[VersionedTable]:
         """Delay offsets and the timer checkpoint, for forward and reverse sync."""
-        return [DelayOffsetSync(self), TimerCheckpointSync(self)]
+        return [DelayOffsetSync(self), TimerCheckpointSync(self), RecallSync(self)]
 
 
 def timer_from_pb(pb: broker_pb2.TimerCheckpoint) -> TimerCheckpoint:
@@ -683,3 +918,38 @@ class TimerCheckpointSync:
 
     def busy(self) -> bool:
         return self.service.running
+
+
+class RecallSync:
+    """The recall table as a versioned table (GET_RECALL_TABLE).  Both directions
+    merge (a union), so a recall made anywhere in the group holds everywhere."""
+
+    name = "recalls"
+
+    def __init__(self, service: ScheduleService) -> None:
+        self.service = service
+
+    async def fetch(self, pool: ConnectionPool, addr: str) -> broker_pb2.RecallTable:
+        return await fetch_table(pool, addr, RequestCode.GET_RECALL_TABLE, broker_pb2.RecallTable)
+
+    @staticmethod
+    def _entries(snapshot: broker_pb2.RecallTable) -> dict[str, tuple[int, str]]:
+        return {e.uniq_key: (e.due_ms, e.topic) for e in snapshot.entries if e.uniq_key}
+
+    def assign(self, snapshot: broker_pb2.RecallTable) -> None:
+        self.service.recalls.merge(
+            self._entries(snapshot), data_version_from_pb(snapshot.data_version)
+        )
+
+    def adopt_if_newer(self, snapshot: broker_pb2.RecallTable) -> bool:
+        changed = self.service.recalls.merge(
+            self._entries(snapshot), data_version_from_pb(snapshot.data_version)
+        )
+        self.service.recalls.persist()
+        return changed
+
+    def describe(self, snapshot: broker_pb2.RecallTable) -> str:
+        return f"{len(snapshot.entries)} recalled"
+
+    def busy(self) -> bool:
+        return False  # a merge never loses a recall, so it may run at any time

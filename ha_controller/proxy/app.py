@@ -18,6 +18,7 @@ from ha_controller import config
 from ha_controller.admin_http import build_admin_app, start_http
 from ha_controller.config import load_proxy_config, parse_host_port
 from ha_controller.proto.rocketmq.v2 import service_pb2_grpc
+from ha_controller.proxy.auth import AuthInterceptor
 from ha_controller.proxy.service import Gateway
 from ha_controller.readyfile import format_addr, write_ready_file
 
@@ -78,7 +79,7 @@ async def serve(
     cfg: config.ProxyConfig, stop: asyncio.Event, ready_file: str | Path | None
 ) -> None:
     gateway = Gateway(cfg)
-    server = grpc.aio.server(options=GRPC_OPTIONS)
+    server = grpc.aio.server(options=GRPC_OPTIONS, interceptors=[AuthInterceptor(gateway.auth)])
     service_pb2_grpc.add_MessagingServiceServicer_to_server(gateway, server)  # type: ignore[no-untyped-call]
     host, port = parse_host_port(cfg.listen)
     target = f"[{host}]:{port}" if ":" in host else f"{host}:{port}"

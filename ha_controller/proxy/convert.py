@@ -6,7 +6,7 @@ works with the results.  Property names are RocketMQ's, as our brokers use them.
 
 from __future__ import annotations
 
-import zlib
+import hashlib
 from collections.abc import Iterable, Mapping
 from dataclasses import dataclass
 from typing import Final
@@ -27,6 +27,7 @@ from ha_controller.protocol.errors import (
     HaError,
     InSyncReplicasNotEnough,
     NotMaster,
+    NotRecallable,
     NotWritable,
     Overloaded,
     RequestTimeout,
@@ -121,6 +122,8 @@ def code_for(exc: BaseException) -> int:
         return v2.INVALID_RECEIPT_HANDLE
     if isinstance(exc, TopicNotFound):
         return v2.TOPIC_NOT_FOUND
+    if isinstance(exc, NotRecallable):
+        return v2.NOT_FOUND
     if isinstance(exc, Overloaded):
         return v2.TOO_MANY_REQUESTS
     if isinstance(exc, InSyncReplicasNotEnough):
@@ -351,6 +354,11 @@ def _received_type(props: Mapping[str, str]) -> int:
     return v2.NORMAL
 
 
+def _md5_hex(body: bytes) -> str:
+    """A body digest for corruption checks, not security."""
+    return hashlib.md5(body, usedforsecurity=False).hexdigest().upper()
+
+
 def message_to_v2(
     m: broker_pb2.Message,
     *,
@@ -362,7 +370,9 @@ def message_to_v2(
     props = dict(m.properties)
     sp = v2.SystemProperties(
         message_id=props.get(PROPERTY_UNIQ_KEY) or m.msg_id,
-        body_digest=v2.Digest(type=v2.CRC32, checksum=f"{zlib.crc32(m.body) & 0xFFFFFFFF:08X}"),
+        # MD5 as RocketMQ's proxy sends it: the SDKs disagree on CRC32's text form
+        # (Java/Python hex, Node.js 1.0.8 decimal) but all read MD5 as upper-case hex
+        body_digest=v2.Digest(type=v2.MD5, checksum=_md5_hex(m.body)),
         body_encoding=v2.IDENTITY,
         message_type=_received_type(props),  # type: ignore[arg-type]
         born_timestamp=timestamp_of_ms(m.born_ts_ms),

@@ -1,5 +1,5 @@
-"""What the gateway hands to v2 clients and gets back: receipt handles and
-transaction ids, plus the gateway-side FIFO queue locks.  Plain objects, no I/O.
+"""What the gateway hands to v2 clients and gets back: receipt handles,
+transaction ids, recall handles.  Plain objects, no I/O.
 
 A v2 client sends back only opaque strings (``receipt_handle``,
 ``transaction_id``) and never a broker address, so each string carries what the
@@ -12,17 +12,15 @@ from __future__ import annotations
 import base64
 import binascii
 import json
-from collections.abc import Callable
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from typing import Final
 
 from ha_controller.protocol.errors import BadRequest
-from ha_controller.protocol.properties import now_ms
 
 __all__ = [
-    "FifoLocks",
     "GatewayHandle",
     "InvalidHandle",
+    "RecallHandle",
     "TransactionId",
 ]
 
@@ -127,60 +125,34 @@ class TransactionId:
             raise InvalidHandle("malformed transaction id") from exc
 
 
-@dataclass(slots=True)
-class _Lock:
-    outstanding: set[int] = field(default_factory=set)
-    until_ms: int = 0
+@dataclass(frozen=True, slots=True)
+class RecallHandle:
+    """RocketMQ 5.3's recall handle (RecallMessageHandle.HandleV1): URL-safe base64
+    of ``v1 topic brokerName deliverMs messageId``, so a handle issued by a RocketMQ
+    proxy and ours read the same."""
 
+    topic: str
+    broker_name: str
+    deliver_ms: int
+    message_id: str
 
-class FifoLocks:
-    """Gateway-side ordered consumption for FIFO consumer groups.
+    def encode(self) -> str:
+        raw = " ".join(["v1", self.topic, self.broker_name, str(self.deliver_ms), self.message_id])
+        return base64.urlsafe_b64encode(raw.encode()).decode()
 
-    Our broker's POP has no "orderly" mode, so the gateway gives a (group, broker,
-    topic, queue) to one receive at a time: a queue is locked from the pop of a
-    batch until every message of it is acked (or forwarded to the DLQ), or until
-    its invisible time is over (then the broker's revive re-delivers through the
-    retry topic, and order is not kept for those messages).
-    """
-
-    def __init__(self, clock_ms: Callable[[], int] | None = None) -> None:
-        self._clock = clock_ms or now_ms
-        self._locks: dict[tuple[str, str, str, int], _Lock] = {}
-
-    def locked(self, group: str, broker: str, topic: str, queue_id: int) -> bool:
-        key = (group, broker, topic, queue_id)
-        lock = self._locks.get(key)
-        if lock is None:
-            return False
-        if not lock.outstanding or lock.until_ms <= self._clock():
-            del self._locks[key]
-            return False
-        return True
-
-    def lock(
-        self, group: str, broker: str, topic: str, queue_id: int, offsets: list[int], until_ms: int
-    ) -> None:
-        if offsets:
-            self._locks[(group, broker, topic, queue_id)] = _Lock(set(offsets), until_ms)
-
-    def extend(
-        self, group: str, broker: str, topic: str, queue_id: int, offset: int, until_ms: int
-    ) -> None:
-        lock = self._locks.get((group, broker, topic, queue_id))
-        if lock is not None and offset in lock.outstanding:
-            lock.until_ms = max(lock.until_ms, until_ms)
-
-    def release(self, group: str, broker: str, topic: str, queue_id: int, offset: int) -> bool:
-        """One message is done; returns True when that unlocked the queue."""
-        key = (group, broker, topic, queue_id)
-        lock = self._locks.get(key)
-        if lock is None:
-            return False
-        lock.outstanding.discard(offset)
-        if lock.outstanding:
-            return False
-        del self._locks[key]
-        return True
-
-    def __len__(self) -> int:
-        return len(self._locks)
+    @classmethod
+    def decode(cls, text: str) -> RecallHandle:
+        if not text:
+            raise InvalidHandle("the recall handle is empty")
+        try:
+            raw = base64.urlsafe_b64decode(text + "=" * (-len(text) % 4)).decode()
+        except (binascii.Error, ValueError) as exc:
+            raise InvalidHandle("undecodable recall handle") from exc
+        items = raw.split(" ")
+        if len(items) < 5 or items[0] != "v1" or not all(items[1:5]):
+            raise InvalidHandle(f"not a v1 recall handle: {raw[:60]!r}")
+        try:
+            deliver_ms = int(items[3])
+        except ValueError as exc:
+            raise InvalidHandle(f"recall handle with a bad timestamp {items[3][:20]!r}") from exc
+        return cls(items[1], items[2], deliver_ms, items[4])

@@ -36,3 +36,14 @@ class ProxyMetrics:
             "ReceiveMessage calls waiting (long polling)",
             registry=self.registry,
         )
+        self.renewals = Counter(
+            "hac_proxy_renewals_total",
+            "invisible-time renewals for push consumers, by outcome (ok|failed|dropped)",
+            ["result"],
+            registry=self.registry,
+        )
+        self.renewing = Gauge(
+            "hac_proxy_renewing_messages",
+            "messages handed to push consumers whose invisible time the gateway renews",
+            registry=self.registry,
+        )

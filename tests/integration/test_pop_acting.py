@@ -20,6 +20,9 @@ from special_helpers import acting, create_topic_on, masters_online
 from ha_controller.client.message import Message
 from ha_controller.client.producer import Producer
 from ha_controller.client.simple_consumer import SimpleConsumer
+from ha_controller.proto import broker_pb2, common_pb2
+from ha_controller.protocol.codes import RequestCode
+from ha_controller.rpc import ConnectionPool
 from ha_controller.testing import (
     Cluster,
     ContainerHandle,
@@ -180,4 +183,84 @@ async def test_remote_acting_no_ack_body_from_local(tmp_path: Path) -> None:
         await scenario(cluster, cluster.broker("popa", 1).rpc, ["popa", "popb"], ack=False)
     finally:
         container.kill()
+        cluster.stop()
+
+
+# ---- orderly POP across a failover ---------------------------------------------------
+
+
+ORDERLY_GROUP = "orderly-group"
+
+
+async def pop_orderly(pool: ConnectionPool, addr: str, invisible_ms: int) -> list[bytes]:
+    resp = await pool.call_pb(
+        addr,
+        RequestCode.POP_MESSAGE,
+        broker_pb2.PopMessageRequest(
+            consumer_group=ORDERLY_GROUP,
+            topic=TOPIC,
+            queue_id=0,
+            max_msg_nums=4,
+            invisible_time_ms=invisible_ms,
+        ),
+        broker_pb2.PopMessageResponse,
+    )
+    return [m.body for m in resp.messages]
+
+
+async def test_orderly_batch_in_flight_comes_again_from_the_acting_slave_in_order(
+    tmp_path: Path,
+) -> None:
+    """An orderly group (its subscription group config, set on the master, synced to
+    the slave): the master gives queue 0 to one batch; the master dies with the batch
+    un-acked.  The acting slave knows no lock, so it gives the queue to nobody for one
+    invisible time, then the same batch again, first — never a later message before."""
+    cluster = run_cluster(("popa",), 2, workdir=tmp_path, env=ENV)
+    try:
+        await masters_online(cluster.namesrv, ["popa"])
+        master = cluster.broker("popa", 0).rpc
+        slave = cluster.broker("popa", 1).rpc
+        await create_topic_on(master, TOPIC, queues=1)
+        async with ConnectionPool() as pool:
+            await pool.call_pb(
+                master,
+                RequestCode.UPDATE_AND_CREATE_SUBSCRIPTIONGROUP,
+                broker_pb2.UpdateSubscriptionGroupRequest(
+                    config=broker_pb2.SubscriptionGroupConfig(
+                        group_name=ORDERLY_GROUP, consume_orderly=True
+                    )
+                ),
+                common_pb2.Empty,
+            )
+            async with Producer(cluster.namesrv, "pop-producer", topics=[TOPIC]) as producer:
+                for i in range(6):
+                    await producer.send(Message(TOPIC, f"o-{i}".encode()))
+
+            async def slave_knows_orderly() -> bool:
+                table = await pool.call_pb(
+                    slave,
+                    RequestCode.GET_ALL_SUBSCRIPTIONGROUP_CONFIG,
+                    common_pb2.Empty(),
+                    broker_pb2.SubscriptionGroupTable,
+                )
+                return any(g.consume_orderly for g in table.groups)
+
+            await eventually(slave_knows_orderly, timeout=10, interval=0.2)
+            invisible_ms = 3000
+            first = await pop_orderly(pool, master, invisible_ms)
+            assert first == [b"o-0", b"o-1", b"o-2", b"o-3"]
+            assert await pop_orderly(pool, master, invisible_ms) == []  # held by the batch
+
+            cluster.broker("popa", 0).kill()
+            await acting(cluster.namesrv, "popa", slave, TOPIC)
+            took_over = asyncio.get_running_loop().time()
+
+            async def again() -> list[bytes]:
+                return await pop_orderly(pool, slave, invisible_ms)
+
+            got = await eventually(again, timeout=15, interval=0.2)
+            waited = asyncio.get_running_loop().time() - took_over
+            assert got == first, got  # the same batch, first
+            assert waited >= invisible_ms / 1000 - 1.0, waited
+    finally:
         cluster.stop()

@@ -436,6 +436,10 @@ class FakeWritePath:
             self.replicate_record(progress)
         return Stored(result, qid, self.confirmed)
 
+    async def confirm(self, end: int, needed: int | None = None) -> bool:
+        """No slaves here: ``confirmed``, as ``put`` reports it."""
+        return self.confirmed
+
     def commit_offset(self, group: str, topic: str, queue_id: int, offset: int) -> int | None:
         self.core.offsets.commit(group, topic, queue_id, offset)
         return self.replicate_offset(group, topic, queue_id, offset)

@@ -29,7 +29,7 @@ from broker_agent.special.escape import EscapeBridge, EscapeResult
 from broker_agent.special.pop import Checkpoint, PopService, ReceiptHandle, revive_topic
 from broker_agent.special.ports import CorePort, WritePort
 from ha_controller.config import BrokerConfig
-from ha_controller.proto import broker_pb2
+from ha_controller.proto import broker_pb2, common_pb2
 from ha_controller.protocol.codes import RequestCode
 from ha_controller.protocol.errors import (
     BadRequest,
@@ -227,6 +227,7 @@ async def pop(
     queue_id: int = 0,
     tags: tuple[str, ...] = (),
     topic: str = TOPIC,
+    order: bool = False,
 ) -> broker_pb2.PopMessageResponse:
     request = broker_pb2.PopMessageRequest(
         consumer_group=GROUP,
@@ -235,6 +236,7 @@ async def pop(
         max_msg_nums=max_msgs,
         invisible_time_ms=invisible_ms,
         tags=list(tags),
+        order=order,
     )
     return await call(
         broker.core.dispatcher, RequestCode.POP_MESSAGE, request, broker_pb2.PopMessageResponse
@@ -622,3 +624,114 @@ async def test_run_does_not_revive_while_inactive(tmp_path: Path, clock: Clock) 
         with contextlib.suppress(asyncio.CancelledError):
             await task
     assert broker.escape.puts == []
+
+
+# ---- orderly POP (order=true) -----------------------------------------------------------
+
+
+def bodies(resp: broker_pb2.PopMessageResponse) -> list[bytes]:
+    return [m.body for m in resp.messages]
+
+
+async def test_orderly_pop_holds_the_queue_until_the_batch_is_acked(master: Broker) -> None:
+    produce(master, b"m0", b"m1", b"m2")
+    first = await pop(master, max_msgs=2, order=True)
+    assert bodies(first) == [b"m0", b"m1"]
+    assert bodies(await pop(master, order=True)) == []  # the queue is held
+    await ack(master, first.messages[0].properties[PROPERTY_POP_CK])
+    assert bodies(await pop(master, order=True)) == []  # half the batch is not enough
+    await ack(master, first.messages[1].properties[PROPERTY_POP_CK])
+    assert master.core.offsets.query(GROUP, TOPIC, 0) == 2
+    assert bodies(await pop(master, order=True)) == [b"m2"]
+    assert master.checkpoints() == []  # no CK: the lock is the broker's own state
+
+
+async def test_an_expired_orderly_batch_comes_again_before_anything_later(
+    master: Broker, clock: Clock
+) -> None:
+    produce(master, b"m0", b"m1", b"m2")
+    first = await pop(master, max_msgs=2, invisible_ms=5000, order=True)
+    await ack(master, first.messages[0].properties[PROPERTY_POP_CK])
+    clock.now += 5001
+    again = await pop(master, max_msgs=2, invisible_ms=5000, order=True)
+    # m0 was acked: not handed out twice; m1 comes again (one more attempt), m2 not yet
+    assert bodies(again) == [b"m1"]
+    assert again.messages[0].reconsume_times == 1
+    # the first pop's handle is stale: acking it with it changes nothing
+    await ack(master, first.messages[1].properties[PROPERTY_POP_CK])
+    assert bodies(await pop(master, order=True)) == []
+    await ack(master, again.messages[0].properties[PROPERTY_POP_CK])
+    assert bodies(await pop(master, order=True)) == [b"m2"]
+
+
+async def test_change_invisible_keeps_an_orderly_batch_locked(master: Broker, clock: Clock) -> None:
+    produce(master, b"m0", b"m1")
+    first = await pop(master, max_msgs=1, invisible_ms=2000, order=True)
+    handle = first.messages[0].properties[PROPERTY_POP_CK]
+    assert await change_invisible(master, handle, 10_000) == handle
+    clock.now += 5000
+    assert bodies(await pop(master, order=True)) == []
+    await ack(master, handle)
+    assert bodies(await pop(master, order=True)) == [b"m1"]
+
+
+async def test_a_groups_consume_orderly_setting_makes_its_pop_orderly(
+    master: Broker, tmp_path: Path
+) -> None:
+    await call(
+        master.core.dispatcher,
+        RequestCode.UPDATE_AND_CREATE_SUBSCRIPTIONGROUP,
+        broker_pb2.UpdateSubscriptionGroupRequest(
+            config=broker_pb2.SubscriptionGroupConfig(group_name=GROUP, consume_orderly=True)
+        ),
+        common_pb2.Empty,
+    )
+    produce(master, b"m0", b"m1")
+    assert bodies(await pop(master, max_msgs=1)) == [b"m0"]  # no order flag needed
+    assert bodies(await pop(master)) == []
+    table = await call(
+        master.core.dispatcher,
+        RequestCode.GET_ALL_SUBSCRIPTIONGROUP_CONFIG,
+        common_pb2.Empty(),
+        broker_pb2.SubscriptionGroupTable,
+    )
+    assert [(g.group_name, g.consume_orderly) for g in table.groups] == [(GROUP, True)]
+    restarted = make_broker(tmp_path, config(0))
+    assert restarted.service.subscriptions.orderly(GROUP)
+
+
+@pytest.mark.parametrize("name", ["", "bad/name", "x" * 300, "CID_RMQ_SYS_X"])
+async def test_a_bad_subscription_group_is_refused(master: Broker, name: str) -> None:
+    with pytest.raises(BadRequest):
+        await call(
+            master.core.dispatcher,
+            RequestCode.UPDATE_AND_CREATE_SUBSCRIPTIONGROUP,
+            broker_pb2.UpdateSubscriptionGroupRequest(
+                config=broker_pb2.SubscriptionGroupConfig(group_name=name, consume_orderly=True)
+            ),
+            common_pb2.Empty,
+        )
+    assert master.service.subscriptions.groups == {}
+
+
+async def test_a_broker_taking_over_waits_one_invisible_time_for_orderly_queues(
+    acting: Broker, clock: Clock
+) -> None:
+    """The lost master's batch may still be in a consumer's hands: the acting slave
+    gives the queue to nobody for one invisible time, then the same messages again."""
+    produce(acting, b"m0", b"m1")
+    acting.service.set_active(True)
+    assert bodies(await pop(acting, invisible_ms=5000, order=True)) == []
+    clock.now += 5001
+    got = await pop(acting, invisible_ms=5000, order=True)
+    assert bodies(got) == [b"m0", b"m1"]
+    for m in got.messages:
+        await ack(acting, m.properties[PROPERTY_POP_CK])
+    assert acting.core.offsets.query(GROUP, TOPIC, 0) == 2
+    assert acting.write_path.appends == []  # an acting slave never appends
+
+
+async def test_a_starting_master_hands_out_orderly_batches_at_once(master: Broker) -> None:
+    produce(master, b"m0")
+    master.service.set_active(True)
+    assert bodies(await pop(master, order=True)) == [b"m0"]

@@ -8,7 +8,8 @@ tests/integration/test_grpc_proxy.py).
 
 from __future__ import annotations
 
-import zlib
+import base64
+import hashlib
 from pathlib import Path
 
 import pytest
@@ -21,11 +22,18 @@ from ha_controller.protocol.errors import (
     BrokerUnavailable,
     InSyncReplicasNotEnough,
     NotMaster,
+    NotRecallable,
     Overloaded,
     TopicNotFound,
 )
 from ha_controller.proxy import convert
-from ha_controller.proxy.handles import FifoLocks, GatewayHandle, InvalidHandle, TransactionId
+from ha_controller.proxy.handles import (
+    GatewayHandle,
+    InvalidHandle,
+    RecallHandle,
+    TransactionId,
+)
+from ha_controller.proxy.renewal import MAX_FAILURES, RENEW_MAX_MS, RenewalTable
 from ha_controller.proxy.sessions import PRODUCER, Sessions
 from ha_controller.routing import BrokerData, Perm, QueueData, TopicRouteData
 
@@ -74,26 +82,6 @@ def test_handles_round_trip() -> None:
     with pytest.raises(InvalidHandle):
         TransactionId.decode(h.encode())
     assert isinstance(InvalidHandle("x"), BadRequest)
-
-
-def test_fifo_locks_hold_a_queue_until_its_batch_is_acked() -> None:
-    now = [1000]
-    locks = FifoLocks(lambda: now[0])
-    key = ("g", "broker-a", "T", 1)
-    assert not locks.locked(*key)
-    locks.lock(*key, [5, 6], until_ms=2000)
-    assert locks.locked(*key)
-    assert not locks.release(*key, 5)
-    assert locks.locked(*key)
-    assert locks.release(*key, 6)
-    assert not locks.locked(*key)
-    locks.lock(*key, [7], until_ms=2000)
-    locks.extend(*key, 7, until_ms=5000)
-    now[0] = 3000
-    assert locks.locked(*key)
-    now[0] = 5000  # invisible time over: the revive service owns the message now
-    assert not locks.locked(*key)
-    assert len(locks) == 0
 
 
 def _route(acting_b: bool = False) -> TopicRouteData:
@@ -212,7 +200,9 @@ def test_received_messages_carry_digest_handle_and_attempt() -> None:
     sp = m.system_properties
     assert m.topic.name == "T"
     assert sp.message_id == "01CD"
-    assert sp.body_digest.checksum == f"{zlib.crc32(b'payload') & 0xFFFFFFFF:08X}"
+    # MD5, upper-case hex, as RocketMQ's proxy (Node.js 1.0.8 reads CRC32 as decimal)
+    assert sp.body_digest.type == v2.MD5
+    assert sp.body_digest.checksum == hashlib.md5(b"payload").hexdigest().upper()
     assert sp.delivery_attempt == 3
     assert sp.message_type == v2.FIFO and sp.message_group == "grp"
     assert list(sp.keys) == ["x", "y"] and sp.tag == "B"
@@ -251,3 +241,115 @@ def test_transaction_checks_prefer_the_producer_that_sent_the_half() -> None:
     sessions.wakers["p2"] = lambda: woken.append("p2")
     assert sessions.push(sessions.get("p2"), "cmd")
     assert woken == ["p2"] and sessions.get("p2").outbox == ["cmd"]
+
+
+# ---- recall handles (RocketMQ 5.3 RecallMessageHandle.HandleV1) ---------------------------
+
+
+def test_recall_handle_is_rocketmqs_v1_format() -> None:
+    h = RecallHandle("T", "broker-a", 1_700_000_000_123, "0A0B0C")
+    text = h.encode()
+    # URL-safe base64 of "v1 topic brokerName timestamp messageId", as RocketMQ builds it
+    assert base64.urlsafe_b64decode(text) == b"v1 T broker-a 1700000000123 0A0B0C"
+    assert RecallHandle.decode(text) == h
+    assert RecallHandle.decode(text.rstrip("=")) == h  # padding optional
+
+
+@pytest.mark.parametrize(
+    "text",
+    [
+        "",
+        "%%%not base64",
+        base64.urlsafe_b64encode(b"v2 T b 1 id").decode(),
+        base64.urlsafe_b64encode(b"v1 T b 1").decode(),
+        base64.urlsafe_b64encode(b"v1 T b soon id").decode(),
+        base64.urlsafe_b64encode(b"\xff\xfe").decode(),
+        GatewayHandle("b", "T", 0, 1, "x", 2).encode(),
+    ],
+)
+def test_hostile_recall_handles_are_invalid(text: str) -> None:
+    with pytest.raises(InvalidHandle):
+        RecallHandle.decode(text)
+
+
+def test_not_recallable_maps_to_not_found() -> None:
+    assert convert.code_for(NotRecallable("already delivered")) == v2.NOT_FOUND
+
+
+# ---- invisible-time renewal (push consumers) ------------------------------------------------
+
+
+class Clock:
+    def __init__(self) -> None:
+        self.ms = 1_000_000
+
+    def __call__(self) -> int:
+        return self.ms
+
+
+def _handle(offset: int, until: int, broker_handle: str = "ck0") -> GatewayHandle:
+    return GatewayHandle("broker-a", "T", 1, offset, broker_handle, until)
+
+
+def test_renewal_is_due_shortly_before_the_invisible_time_runs_out() -> None:
+    clock = Clock()
+    table = RenewalTable(clock)
+    table.add("c1", "G", "T", _handle(5, clock.ms + 30_000), 30_000)
+    alive = lambda cid: True  # noqa: E731
+    assert table.due(alive) == []
+    clock.ms += 20_001  # 9.999 s to go: within RENEW_AHEAD_MS
+    [r] = table.due(alive)
+    assert table.due(alive) == []  # in flight: not handed out twice
+    table.renewed(r, _handle(5, clock.ms + 30_000, "ck1"))
+    assert table.due(alive) == []
+    # the ack goes with the newest broker handle, and renewal stops
+    assert table.take("G", _handle(5, 0)).broker_handle == "ck1"
+    assert len(table) == 0
+    assert table.take("G", _handle(5, 0, "mine")).broker_handle == "mine"  # unknown: as given
+
+
+def test_short_invisible_times_renew_at_half_time() -> None:
+    clock = Clock()
+    table = RenewalTable(clock)
+    table.add("c1", "G", "T", _handle(1, clock.ms + 2000), 2000)
+    clock.ms += 900
+    assert table.due(lambda cid: True) == []
+    clock.ms += 101
+    assert len(table.due(lambda cid: True)) == 1
+
+
+def test_renewal_stops_for_a_gone_client_a_bound_and_repeated_failures() -> None:
+    clock = Clock()
+    table = RenewalTable(clock)
+    table.add("dead", "G", "T", _handle(1, clock.ms + 1000), 2000)
+    table.add("live", "G", "T", _handle(2, clock.ms + 1000), 2000)
+    table.add("live", "G", "T", _handle(3, clock.ms + 1000), 2000)
+    [r2, r3] = table.due(lambda cid: cid == "live")
+    assert len(table) == 2  # the dead client's message is left to its invisible time
+    for _ in range(MAX_FAILURES):
+        table.renewed(r2, None)
+        r2.in_flight = True
+    table.renewed(r2, None)
+    table.renewed(r3, _handle(3, clock.ms + RENEW_MAX_MS + 10_000, "ck"))
+    clock.ms += RENEW_MAX_MS  # r3: renewed for the whole bound
+    assert table.due(lambda cid: True) == []
+    assert len(table) == 0
+
+
+def test_an_ack_during_a_renewal_is_not_undone_by_it() -> None:
+    clock = Clock()
+    table = RenewalTable(clock)
+    table.add("c", "G", "T", _handle(1, clock.ms + 1000), 2000)
+    [r] = table.due(lambda cid: True)
+    table.take("G", _handle(1, 0))
+    table.renewed(r, _handle(1, clock.ms + 2000, "ck2"))
+    assert len(table) == 0
+
+
+def test_a_terminated_clients_messages_are_no_longer_renewed() -> None:
+    table = RenewalTable(Clock())
+    table.add("c", "G", "T", _handle(1, 0), 2000)
+    table.add("c", "G", "T", _handle(2, 0), 2000)
+    table.add("d", "G", "T", _handle(3, 0), 2000)
+    assert table.drop_client("c") == 2
+    assert len(table) == 1 and ("G", "broker-a", "T", 1, 3) in table

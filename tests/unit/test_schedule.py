@@ -18,6 +18,7 @@ from special_fakes import FakeBroker, FakeCore, FakeStore
 from broker_agent.metadata.versioned import forward_sync, reverse_sync
 from broker_agent.special.schedule import (
     DelayOffsetTable,
+    RecallTable,
     ScheduleService,
     TimerCheckpoint,
     TimerCheckpointFile,
@@ -27,12 +28,15 @@ from broker_agent.special.schedule import (
 )
 from ha_controller.config import BrokerConfig
 from ha_controller.dataversion import DataVersion
-from ha_controller.protocol.errors import BadRequest
+from ha_controller.proto import broker_pb2
+from ha_controller.protocol.codes import RequestCode
+from ha_controller.protocol.errors import BadRequest, NotRecallable
 from ha_controller.protocol.properties import (
     DELAY_OFFSET_GROUP,
     PROPERTY_DUE_MS,
     PROPERTY_REAL_QID,
     PROPERTY_REAL_TOPIC,
+    PROPERTY_TIMER_DEL_UNIQKEY,
     SCHEDULE_TOPIC,
     TIMER_CHECKPOINT_GROUP,
     TIMER_TOPIC,
@@ -366,3 +370,126 @@ async def test_each_delivery_carries_its_progress_to_the_slaves(nodes: NodeFacto
         master.schedule.timer.cp.last_read_time_ms,
         master.schedule.timer.cp.master_timer_queue_offset,
     )
+
+
+# ---- recall (RocketMQ 5.3 RECALL_MESSAGE) ----------------------------------------------
+
+
+@contextlib.asynccontextmanager
+async def serving(node: Node) -> AsyncIterator[str]:
+    server = RpcServer(node.core.dispatcher, name=node.core.name)
+    host, port = await server.start("127.0.0.1", 0)
+    try:
+        yield f"{host}:{port}"
+    finally:
+        await server.aclose(grace_s=0.5)
+
+
+async def recall(node: Node, addr: str, uniq: str, deliver_ms: int, topic: str = TOPIC) -> str:
+    resp = await node.core.pool.call_pb(
+        addr,
+        RequestCode.RECALL_MESSAGE,
+        broker_pb2.RecallMessageRequest(
+            topic=topic, broker_name="broker-a", deliver_ms=deliver_ms, uniq_key=uniq
+        ),
+        broker_pb2.RecallMessageResponse,
+        3000,
+    )
+    return resp.msg_id
+
+
+async def test_a_recalled_timer_message_is_never_delivered(nodes: NodeFactory) -> None:
+    master = nodes()
+    now = int(time.time() * 1000)
+    for uniq in ("keep", "drop"):
+        put_delayed(master, {"TIMER_DELIVER_MS": str(now + 700), "UNIQ_KEY": uniq})
+    async with serving(master) as addr, running(master):
+        await eventually(lambda: master.schedule._index is not None, 2)
+        assert await recall(master, addr, "drop", now + 700) == "drop"
+        assert await recall(master, addr, "drop", now + 700) == "drop"  # again: same answer
+        await eventually(lambda: delivered(master), 5)
+        await asyncio.sleep(0.4)
+    assert [m.properties["UNIQ_KEY"] for m in delivered(master)] == ["keep"]
+    # the marker went into the timer queue through the write path, once
+    markers = [a for a in master.broker.write_path.appends if a.topic == TIMER_TOPIC]
+    assert [a.properties[PROPERTY_TIMER_DEL_UNIQKEY] for a in markers] == ["drop"]
+    assert master.schedule.recalled_skipped == 1
+
+
+async def test_recall_of_an_unknown_or_delivered_message_is_refused(nodes: NodeFactory) -> None:
+    master = nodes()
+    now = int(time.time() * 1000)
+    put_delayed(master, {"TIMER_DELIVER_MS": str(now + 200), "UNIQ_KEY": "soon"})
+    async with serving(master) as addr, running(master):
+        await eventually(lambda: delivered(master), 5)
+        with pytest.raises(NotRecallable, match="already delivered"):
+            await recall(master, addr, "soon", now + 200)
+        with pytest.raises(NotRecallable, match="no scheduled message"):
+            await recall(master, addr, "never-sent", now + 60_000)
+        with pytest.raises(BadRequest):
+            await recall(master, addr, "", now + 60_000)
+        put_delayed(master, {"TIMER_DELIVER_MS": str(now + 60_000), "UNIQ_KEY": "later"})
+        with pytest.raises(NotRecallable, match="no scheduled message"):  # another topic's
+            await recall(master, addr, "later", now + 60_000, topic="other")
+    assert len(master.schedule.recalls) == 0
+    assert not [a for a in master.broker.write_path.appends if a.topic == TIMER_TOPIC]
+
+
+async def test_the_recall_marker_in_the_timer_queue_alone_keeps_it_undelivered(
+    nodes: NodeFactory, tmp_path: Path
+) -> None:
+    """What a slave taking over has: the replicated timer queue (here: the same store,
+    read by a new broker) without the recall table; the marker is enough."""
+    master = nodes()
+    now = int(time.time() * 1000)
+    put_delayed(master, {"TIMER_DELIVER_MS": str(now + 800), "UNIQ_KEY": "gone"})
+    put_delayed(master, {"TIMER_DELIVER_MS": str(now + 800), "UNIQ_KEY": "stays"})
+    async with serving(master) as addr, running(master):
+        await eventually(lambda: master.schedule._index is not None, 2)
+        await recall(master, addr, "gone", now + 800)
+    await master.broker.aclose()
+    (tmp_path / "a" / "recalls.json").unlink()
+    again = nodes()
+    assert "gone" not in again.schedule.recalls
+    async with running(again):
+        await eventually(lambda: delivered(again), 5)
+        await asyncio.sleep(0.4)
+    assert [m.properties["UNIQ_KEY"] for m in delivered(again)] == ["stays"]
+    assert "gone" in again.schedule.recalls
+
+
+async def test_an_acting_slaves_recall_survives_restart_and_reaches_the_master(
+    nodes: NodeFactory,
+) -> None:
+    slave = nodes(broker_id=1, store="s")
+    slave.core.acting.on_min_broker_change(1, slave.core.addr)
+    now = int(time.time() * 1000)
+    put_delayed(slave, {"TIMER_DELIVER_MS": str(now + 60_000), "UNIQ_KEY": "late"})
+    async with serving(slave) as addr, running(slave):
+        await eventually(lambda: slave.schedule._index is not None, 2)
+        await recall(slave, addr, "late", now + 60_000)
+    assert slave.broker.write_path.appends == []  # a slave never appends to its own store
+    await slave.broker.aclose()
+    again = nodes(broker_id=1, store="s")  # restart: the table is on disk
+    assert "late" in again.schedule.recalls
+    master = nodes(store="m")
+    async with serving(again) as addr:
+        await reverse_sync(master.schedule.tables(), master.core.pool, 1, addr)
+    assert "late" in master.schedule.recalls
+
+
+def test_recall_table_merges_as_a_union_and_forgets_past_retention(tmp_path: Path) -> None:
+    table = RecallTable(tmp_path / "r.json", retention_ms=1000)
+    now = int(time.time() * 1000)
+    assert table.add("a", now + 5000)
+    assert not table.add("a", now + 5000)
+    other = DataVersion()
+    other.next_version()
+    assert table.merge({"b": (now + 1, "T")}, other)
+    assert not table.merge({"a": (now, "T")}, DataVersion())
+    table.add("old", now - 10_000)  # due long before the retention: dropped at once
+    assert set(table.entries) == {"a", "b"}
+    table.persist()
+    loaded = RecallTable(tmp_path / "r.json")
+    loaded.load()
+    assert set(loaded.entries) == {"a", "b"}

@@ -1,0 +1,303 @@
+"""The official RocketMQ Node.js SDK (rocketmq-client-nodejs 1.0.8) against ``hactl
+proxy`` in front of a two-group cluster (master + slave each): normal, FIFO, delayed,
+transactional messages, RocketMQ 5.3's recall of a delayed message, and a kill -9 of a
+master with delayed messages recalled before and after it.
+
+The SDK runs in a node child process (tests/sdk_node/scenarios.js), installed by
+``bash tools/install-node-sdk.sh`` (``make tools``) into .venv/sdk-node; each scenario
+prints one ``RESULT {json}`` line, which the tests check.  Without node or the
+installed SDK the tests skip with the installer's one-line reason.
+"""
+
+from __future__ import annotations
+
+import itertools
+import json
+import os
+import shutil
+import signal
+import subprocess
+import time
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from ha_controller.testing import ProcessHandle, _base_env, hactl_argv, run_cluster
+
+ROOT = Path(__file__).resolve().parents[2]
+SCENARIOS = ROOT / "tests" / "sdk_node" / "scenarios.js"
+SDK_DIR = Path(os.environ.get("HAC_NODE_SDK_DIR", ROOT / ".venv" / "sdk-node"))
+SDK_PACKAGE = SDK_DIR / "node_modules" / "rocketmq-client-nodejs" / "package.json"
+UNAVAILABLE = SDK_DIR.parent / "node-sdk-unavailable"
+
+TOPICS = (
+    "node-normal",
+    "node-fifo",
+    "node-delay",
+    "node-tx",
+    "node-ha",
+    "node-ha-delay",
+    "node-slow",
+    "node-hold",
+    "node-fifo2",
+)
+#: consumer groups set orderly with `hactl group update G --orderly`
+ORDERLY_GROUPS = ("node-g-fifo", "node-g-fifo2")
+#: invisible time of push consumers at the renewal tests' gateway
+SHORT_INVISIBLE_MS = 2000
+
+
+def _why_missing() -> str | None:
+    if shutil.which("node") is None:
+        return "node is not installed (the Node.js SDK tests need node >= 18)"
+    if not SDK_PACKAGE.exists():
+        if UNAVAILABLE.exists():
+            return UNAVAILABLE.read_text().strip()
+        return "rocketmq-client-nodejs is not installed: run `make tools`"
+    return None
+
+
+pytestmark = pytest.mark.skipif(_why_missing() is not None, reason=_why_missing() or "")
+
+
+def run_sdk(scenario: str, timeout: float, **args: Any) -> dict[str, Any]:
+    env = {**os.environ, "NODE_PATH": str(SDK_DIR / "node_modules")}
+    proc = subprocess.run(
+        ["node", str(SCENARIOS), scenario, json.dumps(args)],
+        capture_output=True,
+        text=True,
+        timeout=timeout,
+        check=False,
+        env=env,
+    )
+    for line in proc.stdout.splitlines():
+        if line.startswith("RESULT "):
+            return dict(json.loads(line[len("RESULT ") :]))
+    raise AssertionError(
+        f"node scenario {scenario} exited {proc.returncode} without a result:\n"
+        + proc.stdout[-3000:]
+        + proc.stderr[-3000:]
+    )
+
+
+def start_proxy(cluster: Any, name: str, **env: str) -> ProcessHandle:
+    ready = cluster.workdir / f"{name}.ready.json"
+    proxy = ProcessHandle(
+        name=name,
+        argv=hactl_argv(
+            "proxy",
+            "--namesrv",
+            cluster.namesrv,
+            "--listen",
+            "127.0.0.1:0",
+            "--ready-file",
+            str(ready),
+            "--long-polling-timeout-s",
+            "5",
+        ),
+        env={**_base_env(None), **env},
+        workdir=cluster.workdir,
+        ready_file=ready,
+        log_path=cluster.workdir / f"{name}.log",
+    )
+    return proxy.start()
+
+
+@pytest.fixture(scope="module")
+def node_cluster() -> Iterator[Any]:
+    env = {
+        "HAC_TRANSACTION_TIMEOUT_MS": "1000",
+        "HAC_TRANSACTION_CHECK_INTERVAL_MS": "500",
+    }
+    cluster = run_cluster(("broker-a", "broker-b"), 2, env=env)
+    proxies: list[ProcessHandle] = []
+    try:
+        proxies.append(start_proxy(cluster, "proxy"))
+        # a second gateway on the same cluster, push consumers' invisible time short
+        proxies.append(
+            start_proxy(cluster, "proxy-short", HAC_DEFAULT_INVISIBLE_MS=str(SHORT_INVISIBLE_MS))
+        )
+        for topic in TOPICS:
+            subprocess.run(
+                hactl_argv("topic", "create", topic, "--namesrv", cluster.namesrv, "--queues", "4"),
+                check=True,
+                capture_output=True,
+                timeout=20,
+            )
+        for group in ORDERLY_GROUPS:
+            done = subprocess.run(
+                hactl_argv("group", "update", group, "--orderly", "--namesrv", cluster.namesrv),
+                check=True,
+                capture_output=True,
+                text=True,
+                timeout=20,
+            )
+            assert "broker-a" in done.stdout and "broker-b" in done.stdout, done.stdout
+        yield cluster, proxies[0], proxies[1]
+    finally:
+        for p in proxies:
+            p.stop()
+        cluster.stop()
+
+
+def test_node_sdk_message_types_and_recall(node_cluster: Any) -> None:
+    _, proxy, _ = node_cluster
+    out = run_sdk("types", 100, proxy=proxy.rpc)
+    sent = out["sent"]
+
+    # normal: every message once, tag kept (SimpleConsumer receive / ack)
+    normal = [m for m in out["simple"] if m["topic"] == "node-normal"]
+    assert sorted(m["id"] for m in normal) == sorted(sent["normal"])
+    assert {m["tag"] for m in normal} == {"A"}
+
+    # FIFO: a push consumer of an orderly group (`hactl group update --orderly`; no
+    # gateway flag) is told to consume FIFO and consumes each message group in order
+    assert out["push_fifo_setting"] is True
+    assert sorted(out["push_fifo"]) == sorted(sent["fifo"])
+    for g in ("ga", "gb", "gc"):
+        seqs = [int(b.split(":")[1]) for b in out["push_fifo"] if b.startswith(g + ":")]
+        assert seqs == sorted(seqs), f"message group {g} out of order: {seqs}"
+
+    # transactions: the commit and the checker's commit delivered once, the rollback never
+    tx = sorted(m["body"] for m in out["simple"] if m["topic"] == "node-tx")
+    assert tx == ["tx-checked", "tx-commit"], out["checked"]
+    assert "tx-checked" in out["checked"]
+
+    # recall: the send returned a handle, the recall succeeded (twice: idempotent)
+    assert out["recall_handle"], "no recall handle on a delayed send"
+    assert out["recall"] == {"ok": True, "messageId": sent["recalled"]}
+    assert out["recall_again"]["ok"] is True
+    assert out["recall_wrong_topic"]["ok"] is False
+    assert "BAD_REQUEST" in out["recall_wrong_topic"]["error"] or "40000" in str(
+        out["recall_wrong_topic"]["error"]
+    )
+    assert out["recall_garbage"]["ok"] is False
+
+    # delayed: the kept one arrives at its time (+-1 s), the recalled one never
+    arrivals = out["delay_arrivals"]
+    assert [a["body"] for a in arrivals] == ["kept"], arrivals
+    assert abs(arrivals[0]["at"] - sent["due_ms"]) <= 1000, arrivals[0]["at"] - sent["due_ms"]
+    # a recall after delivery is a clear error, not a success
+    late = out["recall_after_delivery"]
+    assert late["ok"] is False and "already delivered" in late["error"], late
+
+
+def test_node_sdk_survives_master_kill_and_recalls_hold(node_cluster: Any) -> None:
+    cluster, proxy, _ = node_cluster
+    master = cluster.broker("broker-a", 0)
+    out = run_sdk("failover", 110, proxy=proxy.rpc, master_pid=master.pid)
+    master.proc.wait(10)  # reap the killed master
+    assert out["killed_at"] == 80
+    assert out["failed"] == [], out["failed"][:5]
+    assert out["acked"] == 240
+    assert out["missing"] == [], f"{len(out['missing'])} acknowledged messages never consumed"
+
+    # recalls before the kill (the masters) and after it (the acting slave for the
+    # killed group) all succeed, and hold: the acting slave took over delayed delivery
+    # of the killed group and delivered every other message of it, none recalled
+    groups = out["delayed_groups"]
+    recalls = out["recalls"]
+    for when in ("before", "after"):
+        assert all(r["ok"] for r in recalls[when].values()), recalls
+        assert sorted(groups[b] for b in recalls[when]) == ["broker-a", "broker-a", "broker-b"]
+    recalled = set(recalls["before"]) | set(recalls["after"])
+    expected = sorted(set(out["delayed_sent"]) - recalled)
+    assert any(groups[b] == "broker-a" for b in expected)
+    assert sorted(out["delayed_received"]) == expected, out
+    assert out["delayed_early"] == []
+
+
+def test_a_listener_slower_than_the_invisible_time_gets_each_message_once(
+    node_cluster: Any,
+) -> None:
+    """The push consumer asks for auto-renewal: its gateway renews the invisible time
+    (2 s here) while the listener works (3.5 s a message), so nothing comes twice."""
+    _, _, short = node_cluster
+    out = run_sdk("slow", 60, proxy=short.rpc, listener_ms=3500, count=3)
+    assert sorted(out["done"]) == sorted(out["sent"])
+    assert out["calls"] == {body: 1 for body in out["sent"]}, out["calls"]
+
+
+def test_a_dead_consumers_message_is_redelivered(node_cluster: Any) -> None:
+    """A consumer killed -9 in its listener: renewal stops once the gateway sees it is
+    gone, and the message comes back to the group's next consumer."""
+    _, _, short = node_cluster
+    env = {**os.environ, "NODE_PATH": str(SDK_DIR / "node_modules")}
+    holder = subprocess.Popen(
+        ["node", str(SCENARIOS), "hold", json.dumps({"proxy": short.rpc})],
+        stdout=subprocess.PIPE,
+        stderr=subprocess.DEVNULL,
+        text=True,
+        env=env,
+    )
+    try:
+        assert holder.stdout is not None
+        line = holder.stdout.readline()  # bounded by the test timeout
+        assert line.strip() == "HELD held", line
+        held_at = time.time()
+        holder.send_signal(signal.SIGKILL)
+    finally:
+        holder.kill()
+        holder.wait(10)
+        if holder.stdout is not None:
+            holder.stdout.close()
+    out = run_sdk("drain", 60, proxy=short.rpc, timeout_ms=45_000)
+    [got] = out["got"]
+    assert got["body"] == "held"
+    assert got["attempt"] >= 2  # a redelivery, not a second copy
+    # gone after CLIENT_GONE_S (12 s) without stream or request, then at most one
+    # more invisible time (2 s) and the revive pass
+    assert got["at"] / 1000 - held_at < 30, got["at"] / 1000 - held_at
+
+
+def test_an_orderly_group_keeps_order_across_two_gateways(node_cluster: Any) -> None:
+    """Two push consumers of one orderly group, each on its own gateway: the brokers'
+    orderly POP gives each queue to one batch at a time, so every message group is
+    consumed in order and one message at a time, whichever gateway popped it."""
+    _, proxy, short = node_cluster
+    out = run_sdk("fifo2", 80, proxies=[proxy.rpc, short.rpc])
+    assert out["fifo"] == [True, True]
+    consumed = [e["body"] for e in out["events"]]
+    assert sorted(consumed) == sorted(out["sent"]), "lost or duplicated"
+    for g in ("fa", "fb", "fc", "fd"):
+        events = sorted(
+            (e for e in out["events"] if e["body"].startswith(g + ":")), key=lambda e: e["start"]
+        )
+        seqs = [int(e["body"].split(":")[1]) for e in events]
+        assert seqs == list(range(6)), f"message group {g} out of order: {seqs}"
+        for before, after in itertools.pairwise(events):
+            assert after["start"] >= before["end"], f"{g}: {after} began before {before} ended"
+
+
+def test_hactl_group_describes_and_refuses_bad_names(node_cluster: Any) -> None:
+    cluster, _, _ = node_cluster
+    out = subprocess.run(
+        hactl_argv("group", "describe", "node-g-fifo", "--json", "--namesrv", cluster.namesrv),
+        check=True,
+        capture_output=True,
+        text=True,
+        timeout=20,
+    )
+    described = json.loads(out.stdout)
+    assert described["group"] == "node-g-fifo"
+    # every online master (broker-a's is gone once the failover test ran)
+    assert described["orderly"].get("broker-b") is True
+    assert set(described["orderly"].values()) == {True}
+    bad = subprocess.run(
+        hactl_argv("group", "update", "bad/name", "--orderly", "--namesrv", cluster.namesrv),
+        capture_output=True,
+        text=True,
+        timeout=20,
+        check=False,
+    )
+    assert bad.returncode == 2 and "bad/name" in bad.stderr, bad.stderr
+    missing = subprocess.run(
+        hactl_argv("group", "update", "g", "--namesrv", cluster.namesrv),
+        capture_output=True,
+        text=True,
+        timeout=20,
+        check=False,
+    )
+    assert missing.returncode == 2 and "--orderly" in missing.stderr
