@@ -93,7 +93,8 @@ def add_commands(sub: Any) -> None:
     px.add_argument(
         "--fifo-groups",
         metavar="G[,G]",
-        help="consumer groups that consume FIFO (comma separated; default none)",
+        help="consumer groups served in order besides those set with `hactl group update G "
+        "--orderly` (comma separated; default none)",
     )
     px.add_argument(
         "--long-polling-timeout-s",
