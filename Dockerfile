@@ -15,7 +15,7 @@ COPY pyproject.toml README.md ./
 COPY ha_controller/ ha_controller/
 COPY nameserver/ nameserver/
 COPY broker_agent/ broker_agent/
-RUN pip install . \
+RUN pip install '.[uvloop]' \
  && rm -rf /src
 
 # Non-root, fixed ids: the Helm chart runs as 10001 with fsGroup 10001 so the

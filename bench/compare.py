@@ -93,12 +93,21 @@ class Bench:
         self.args = args
         self.workdir = Path(tempfile.mkdtemp(prefix="hac-compare-"))
         self.systems: dict[str, dict[str, Any]] = {
-            s: {"throughput": [], "latency": [], "failover": [], "notes": []}
+            s: {
+                "throughput": [],
+                "latency": [],
+                "pause": [],
+                "failover": [],
+                "peak_rss": {},
+                "notes": [],
+            }
             for s in (OURS, RABBIT, NATS)
             if s in args.systems
         }
         self.clusters: dict[str, Any] = {}
         self.seq = Counter[str]()
+        self.starts = Counter[str]()
+        self.loop = "asyncio"
         # Other work on the machine skews everything; record how busy it was.
         self.loadavg_start = os.getloadavg()
 
@@ -126,39 +135,76 @@ class Bench:
                 except ImportError as exc:
                     self.unavailable(system, f"Python client missing: {exc} (pip install .[bench])")
 
-    async def start(self, system: str) -> None:
+    async def start(self, system: str, *, again: bool = False) -> None:
+        """Start ``system``'s cluster in a fresh directory.  A first start that fails
+        marks the system unavailable; a start ``again`` (for a trial, after an earlier
+        one failed) raises instead, so that the measured rounds stay in the table."""
         t0 = time.monotonic()
+        self.starts[system] += 1
+        suffix = "" if self.starts[system] == 1 else f"-{self.starts[system]}"
         cluster: Any
         if system == RABBIT:
-            cluster = RabbitCluster(self.workdir / "rabbitmq")
+            cluster = RabbitCluster(self.workdir / f"rabbitmq{suffix}")
         elif system == NATS:
-            cluster = NatsCluster(self.workdir / "nats")
+            cluster = NatsCluster(self.workdir / f"nats{suffix}")
         else:
-            cluster = OursCluster(self.workdir / "ours-1g", ("broker-a",))
+            cluster = OursCluster(self.workdir / f"ours-1g{suffix}", ("broker-a",))
         self.clusters[system] = cluster
         try:
             await cluster.start()
         except (Unavailable, RuntimeError, OSError, TimeoutError) as exc:
             await cluster.aclose()
             self.clusters.pop(system)
+            if again:
+                raise
             self.unavailable(system, f"could not start: {exc}".strip()[:500])
             return
         version = getattr(cluster, "version", "")
         self.systems[system]["server_version"] = version
         say(f"{system}: cluster up in {time.monotonic() - t0:.1f} s {version}")
 
+    def record_rss(self, system: str) -> None:
+        """Fold the live server processes' VmHWM into the system's peaks (max per process)."""
+        cluster = self.clusters.get(system)
+        if cluster is None or system not in self.systems:
+            return
+        try:
+            peaks = cluster.peak_rss()
+        except OSError as exc:
+            logging.debug("peak RSS of %s: %r", system, exc)
+            return
+        known = self.systems[system]["peak_rss"]
+        for name, peak in peaks.items():
+            if name not in known or peak["kib"] > known[name]["kib"]:
+                known[name] = peak
+
+    async def close_cluster(self, system: str) -> None:
+        """Record the cluster's peak RSS, then stop it."""
+        self.record_rss(system)
+        cluster = self.clusters.pop(system, None)
+        if cluster is not None:
+            with contextlib.suppress(Exception):
+                await asyncio.wait_for(cluster.aclose(), 60)
+
     async def stop_all(self) -> None:
+        for system in list(self.clusters):
+            self.record_rss(system)
         for system, cluster in list(self.clusters.items()):
             with contextlib.suppress(Exception):
                 await asyncio.wait_for(cluster.aclose(), 60)
             self.clusters.pop(system, None)
 
-    def driver(self, system: str, prefer: int = 0, **kw: Any) -> Driver:
+    def driver(
+        self, system: str, prefer: int = 0, *, keepalive_s: int | None = None, **kw: Any
+    ) -> Driver:
+        """``keepalive_s``: the peers' client liveness checks (AMQP heartbeat, NATS
+        PING period) for the pause trial; ours needs none (adaptive send timeouts)."""
         cluster = self.clusters[system]
         if system == RABBIT:
-            return RabbitDriver(cluster, prefer)
+            return RabbitDriver(cluster, prefer, heartbeat_s=keepalive_s)
         if system == NATS:
-            return NatsDriver(cluster, prefer)
+            return NatsDriver(cluster, prefer, ping_interval_s=keepalive_s)
+        kw.setdefault("coalesce", self.args.coalesce)
         return OursDriver(cluster, prefer, **kw)
 
     def dest(self, workload: str) -> str:
@@ -202,26 +248,57 @@ class Bench:
                 with contextlib.suppress(Exception):
                     await asyncio.wait_for(driver.aclose(), 10)
 
-    async def run_failover(self, system: str) -> None:
+    async def run_failover(self, system: str, fault: str = "kill") -> None:
+        """One trial: ``fault`` = "kill" (kill -9) or "pause" (SIGSTOP, then SIGCONT).
+
+        Ours gets a fresh two-group cluster per trial (a resumed master goes
+        through pre-online before it is a master again).  A peer keeps its
+        cluster after the pause (resumed; the next trial's setup retries until
+        it takes a new queue or stream) and stops it after the kill, which
+        leaves it one node short."""
         if system == OURS:
-            await self.clusters.pop(OURS).aclose()
-            cluster = OursCluster(self.workdir / "ours-2g", ("broker-a", "broker-b"))
+            await self.close_cluster(OURS)
+            cluster = OursCluster(self.workdir / f"ours-2g-{fault}", ("broker-a", "broker-b"))
             self.clusters[OURS] = cluster
             await cluster.start()
-        dest = self.dest("fo")
-        setup = self.driver(system)
-        await setup.open()
-        try:
-            await setup.create(dest)
-            leader = await setup.leader(dest)
-        finally:
-            await setup.aclose()
+        dest = self.dest("fo" if fault == "kill" else "pause")
+        # A peer resumed from the pause trial may refuse new queues/streams for a while.
+        deadline = time.monotonic() + 60
+        while True:
+            setup = self.driver(system)
+            try:
+                await setup.open()
+                await setup.create(dest)
+                leader = await setup.leader(dest)
+                break
+            except Exception:
+                if time.monotonic() > deadline:
+                    raise
+                await asyncio.sleep(1.0)
+            finally:
+                with contextlib.suppress(Exception):
+                    await asyncio.wait_for(setup.aclose(), 10)
+        self.record_rss(system)
         # The stream's client starts attached to the leader it is about to lose.
-        driver = self.driver(system, leader, send_timeout_ms=1000)
+        if fault == "kill":
+            driver = self.driver(system, leader, send_timeout_ms=1000)
+            send_timeout_s, limit_s = 1.0, 60.0
+        else:
+            # A frozen server keeps its sockets open: only timeouts notice it.  Every
+            # client gets a 3 s send timeout and 1 s liveness checks where it has them.
+            driver = self.driver(system, leader, keepalive_s=1, send_timeout_ms=3000)
+            send_timeout_s, limit_s = 3.0, self.args.pause_limit
         await driver.open()
         try:
             res = await workloads.failover(
-                driver, dest, leader, self.args.failover_rate, self.args.size
+                driver,
+                dest,
+                leader,
+                self.args.failover_rate,
+                self.args.size,
+                limit_s=limit_s,
+                send_timeout_s=send_timeout_s,
+                fault=fault,
             )
         finally:
             with contextlib.suppress(Exception):
@@ -231,14 +308,16 @@ class Bench:
             if "acting_slave_read_s" in res
             else ""
         )
+        verb = "killed" if fault == "kill" else "froze"
         say(
-            f"  {system:<15} killed {res['killed']}: next send {res['next_send_s']:.2f} s, "
-            f"next receive {res['next_receive_s']:.2f} s{extra}"
+            f"  {system:<15} {verb} {res['killed']}: next send {res['next_send_s']:.2f} s, "
+            f"next receive {res['next_receive_s']:.2f} s, longest send after it "
+            f"{res['max_send_s']:.2f} s{extra}"
         )
-        self.systems[system]["failover"].append(res)
-        # The cluster is one node short now; stop it to free the cores.
-        with contextlib.suppress(Exception):
-            await asyncio.wait_for(self.clusters.pop(system).aclose(), 60)
+        self.systems[system]["failover" if fault == "kill" else "pause"].append(res)
+        if fault == "kill" or system == OURS:
+            # One node short (ours: a master back through pre-online): free the cores.
+            await self.close_cluster(system)
 
     async def profile(self) -> dict[str, Any]:
         """py-spy on our master, slave and this client process during one throughput run."""
@@ -262,7 +341,8 @@ class Bench:
                     [
                         *(str(spy), "record", "--pid", str(pid), "--rate", "200"),
                         *("--format", "raw", "--output", str(raw)),
-                        *("--duration", "120", "--nonblocking"),
+                        *("--duration", "120"),
+                        *(["--native"] if self.args.native else ["--nonblocking"]),
                     ],
                     stdout=subprocess.DEVNULL,
                     stderr=subprocess.DEVNULL,
@@ -313,14 +393,22 @@ class Bench:
             if self.args.profile:
                 say("profiling ha-controller on the throughput workload (py-spy)")
                 prof = await self.profile()
-            if not self.args.no_failover:
-                say("failover: kill -9 the leader during a steady stream")
-                for system in self.live():
+            for system in self.live():
+                self.record_rss(system)
+            faults = [] if self.args.no_failover else ["kill"]
+            if not self.args.no_pause:
+                faults.insert(0, "pause")
+            for system in self.live():
+                for fault in faults:
+                    say(f"{system}: {fault} the leader during a steady stream")
                     try:
-                        await self.run_failover(system)
+                        if system != OURS and system not in self.clusters:
+                            await self.start(system, again=True)  # lost to an earlier trial
+                        await self.run_failover(system, fault)
                     except Exception as exc:
-                        say(f"  {system} failover FAILED: {exc!r}")
-                        self.systems[system]["notes"].append(f"failover failed: {exc!r}")
+                        say(f"  {system} {fault} trial FAILED: {exc!r}")
+                        self.systems[system]["notes"].append(f"{fault} trial failed: {exc!r}")
+                        await self.close_cluster(system)
         finally:
             say("stopping every process started here")
             await self.stop_all()
@@ -335,6 +423,8 @@ class Bench:
                 "args": vars(self.args),
                 "machine": machine(),
                 "clients": client_versions(),
+                "event_loop": self.loop,
+                "server_event_loop": os.environ.get("HAC_EVENT_LOOP", "auto"),
                 "wall_s": time.monotonic() - t_start,
                 "loadavg_start": self.loadavg_start,
                 "loadavg_end": os.getloadavg(),
@@ -377,6 +467,8 @@ def write_outputs(results: dict[str, Any], out_dir: Path) -> Path:
     stamp = dt.datetime.now(dt.UTC).strftime("%Y%m%dT%H%M%SZ")
     base = out_dir / f"compare-{stamp}"
     table = report.markdown(results)
+    results["summary"] = report.summary(results)
+    results["ratios"] = report.ratios(results)
     problem = report.chart(results, base.with_suffix(".png"))
     if problem:
         results["meta"]["chart"] = problem
@@ -417,8 +509,22 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     p.add_argument("--systems", nargs="+", default=[OURS, RABBIT, NATS])
     p.add_argument("--out", default=str(HERE / "results"))
     p.add_argument("--skip-install", action="store_true", help="do not run apt-get")
-    p.add_argument("--no-failover", action="store_true")
+    p.add_argument("--no-failover", action="store_true", help="skip the kill -9 trial")
+    p.add_argument("--no-pause", action="store_true", help="skip the SIGSTOP trial")
+    p.add_argument(
+        "--coalesce",
+        type=int,
+        default=64,
+        help="our producer's coalesce_max_messages (1 = every send its own request)",
+    )
+    p.add_argument(
+        "--pause-limit",
+        type=float,
+        default=60.0,
+        help="seconds the pause trial waits for the next send and receive",
+    )
     p.add_argument("--profile", action="store_true", help="py-spy our broker and client")
+    p.add_argument("--native", action="store_true", help="with --profile: C frames too")
     p.add_argument("--quick", action="store_true", help="small smoke run")
     args = p.parse_args(argv)
     if args.quick:
@@ -433,7 +539,11 @@ def main(argv: list[str] | None = None) -> int:
     # SIGTERM/SIGHUP become KeyboardInterrupt, so the finally blocks stop every process.
     for sig in (signal.SIGTERM, signal.SIGHUP):
         signal.signal(sig, signal.default_int_handler)
-    results = asyncio.run(bench.run())
+    # uvloop when installed, for this client process as for the servers (HAC_EVENT_LOOP)
+    from ha_controller.process import event_loop_choice, run
+
+    bench.loop = event_loop_choice()
+    results = run(bench.run())
     base = write_outputs(results, Path(args.out))
     print()
     print(base.with_suffix(".md").read_text())

@@ -11,7 +11,9 @@ The workloads (``workloads.py``) see only this small surface:
 - ``subscribe(dest, group, on_body)``: a consumer that hands each body to
   ``on_body`` and acknowledges it (our offset commit, basic.ack, JetStream
   ack), returning an object with ``aclose()``;
-- ``leader(dest)`` / ``kill_leader(index)``: for the failover workload.
+- ``leader(dest)`` / ``kill_leader(index)``: for the failover workload;
+  ``pause_leader(index)`` / ``resume_leader(index)``: SIGSTOP / SIGCONT of the
+  leader for the pause trial.
 
 Clients: ours (``ha_controller.client.Producer`` / ``PushConsumer``),
 aio-pika (RabbitMQ) and nats-py (NATS).  Each connects to its cluster's
@@ -48,6 +50,8 @@ class Driver(Protocol):
     async def subscribe(self, dest: str, group: str, on_body: OnBody) -> Subscription: ...
     async def leader(self, dest: str) -> int: ...
     def kill_leader(self, index: int) -> str: ...
+    def pause_leader(self, index: int) -> str: ...
+    def resume_leader(self, index: int) -> None: ...
 
 
 # ---- ha-controller -------------------------------------------------------------------------
@@ -64,9 +68,16 @@ class _OursSub:
 class OursDriver:
     name = "ha-controller"
 
-    def __init__(self, cluster: OursCluster, prefer: int = 0, send_timeout_ms: int = 3000) -> None:
+    def __init__(
+        self,
+        cluster: OursCluster,
+        prefer: int = 0,
+        send_timeout_ms: int = 3000,
+        coalesce: int = 64,
+    ) -> None:
         self.cluster = cluster
         self.send_timeout_ms = send_timeout_ms
+        self.coalesce = coalesce
         self._producer: Any = None
         self._ns: Any = None
 
@@ -75,7 +86,10 @@ class OursDriver:
 
         self._ns = NameserverClient([self.cluster.namesrv])
         self._producer = Producer(
-            self.cluster.namesrv, group="bench-producer", send_timeout_ms=self.send_timeout_ms
+            self.cluster.namesrv,
+            group="bench-producer",
+            send_timeout_ms=self.send_timeout_ms,
+            coalesce_max_messages=self.coalesce,
         )
         await self._producer.start()
 
@@ -136,8 +150,10 @@ class OursDriver:
         from ha_controller.protocol.errors import HaError
 
         mq = MessageQueue(dest, self.cluster.groups[0], 0)
+        # A reader that wants its reads back quickly: short pulls (the route watch
+        # moves it to the acting slave; a frozen master would hold a long one).
         async with PullConsumer(
-            self.cluster.namesrv, f"{dest}-probe", call_attempts=1, request_timeout_ms=1000
+            self.cluster.namesrv, f"{dest}-probe", call_attempts=1, request_timeout_ms=100
         ) as pull:
             deadline = time.monotonic() + 60
             while time.monotonic() < deadline:
@@ -146,13 +162,25 @@ class OursDriver:
                 except (HaError, OSError):
                     await asyncio.sleep(0.01)
                     continue
-                return {"acting_slave_read_s": (time.perf_counter_ns() - t_kill_ns) / 1e9}
+                return {
+                    "acting_slave_read_s": (time.perf_counter_ns() - t_kill_ns) / 1e9,
+                    "not_active_timeout_s": self.cluster.not_active_timeout_s,
+                }
         return {}
 
     def kill_leader(self, index: int) -> str:
         handle: Any = self.cluster.broker(self.cluster.groups[0], 0)
         handle.kill()
         return f"{self.cluster.groups[0]} master (pid {handle.pid})"
+
+    def pause_leader(self, index: int) -> str:
+        handle: Any = self.cluster.broker(self.cluster.groups[0], 0)
+        handle.pause()
+        return f"{self.cluster.groups[0]} master (pid {handle.pid}, SIGSTOP)"
+
+    def resume_leader(self, index: int) -> None:
+        handle: Any = self.cluster.broker(self.cluster.groups[0], 0)
+        handle.resume()
 
 
 # ---- RabbitMQ (aio-pika) ------------------------------------------------------------------------
@@ -213,10 +241,18 @@ class _RabbitSub:
 class RabbitDriver:
     name = "RabbitMQ"
 
-    def __init__(self, cluster: RabbitCluster, prefer: int = 0, prefetch: int = 256) -> None:
+    def __init__(
+        self,
+        cluster: RabbitCluster,
+        prefer: int = 0,
+        prefetch: int = 256,
+        heartbeat_s: int | None = None,
+    ) -> None:
         self.cluster = cluster
         self._index = prefer
         self.prefetch = prefetch
+        #: AMQP heartbeat asked of the server (None: the client's default, 60 s)
+        self.heartbeat_s = heartbeat_s
         self._conn: Any = None
         self._channel: Any = None
         self._lock = asyncio.Lock()
@@ -232,7 +268,10 @@ class RabbitDriver:
         last: BaseException | None = None
         for _ in range(len(self.cluster.amqp_ports)):
             try:
-                return await aio_pika.connect(self.cluster.url(self._index), timeout=1.0)
+                url = self.cluster.url(self._index)
+                if self.heartbeat_s is not None:
+                    url += f"?heartbeat={self.heartbeat_s}"
+                return await aio_pika.connect(url, timeout=1.0)
             except Exception as exc:
                 last = exc
                 self.rotate()
@@ -300,6 +339,14 @@ class RabbitDriver:
         self.cluster.kill9(index)
         return f"{self.cluster.nodes[index]} (quorum queue leader, pid {pid})"
 
+    def pause_leader(self, index: int) -> str:
+        self.cluster.procs[index].pause()
+        pid = self.cluster.procs[index].pid
+        return f"{self.cluster.nodes[index]} (quorum queue leader, pid {pid}, SIGSTOP)"
+
+    def resume_leader(self, index: int) -> None:
+        self.cluster.procs[index].resume()
+
 
 # ---- NATS JetStream (nats-py) ------------------------------------------------------------
 
@@ -316,11 +363,19 @@ class _NatsSub:
 class NatsDriver:
     name = "NATS JetStream"
 
-    def __init__(self, cluster: NatsCluster, prefer: int = 0, max_ack_pending: int = 1024) -> None:
+    def __init__(
+        self,
+        cluster: NatsCluster,
+        prefer: int = 0,
+        max_ack_pending: int = 1024,
+        ping_interval_s: float | None = None,
+    ) -> None:
         self.cluster = cluster
         n = len(cluster.client_ports)
         self.servers = [cluster.url((prefer + i) % n) for i in range(n)]
         self.max_ack_pending = max_ack_pending
+        #: client PING period (None: nats-py's default, 2 min); 2 unanswered = dead
+        self.ping_interval_s = ping_interval_s
         self._pub: Any = None
         self._sub: Any = None
         self._js: Any = None
@@ -332,6 +387,9 @@ class NatsDriver:
         async def quiet(exc: Exception) -> None:
             log.debug("nats: %r", exc)
 
+        keepalive: dict[str, Any] = {}
+        if self.ping_interval_s is not None:
+            keepalive = {"ping_interval": self.ping_interval_s, "max_outstanding_pings": 2}
         return await nats.connect(
             servers=self.servers,
             dont_randomize=True,
@@ -339,6 +397,7 @@ class NatsDriver:
             reconnect_time_wait=0.1,
             max_reconnect_attempts=-1,
             error_cb=quiet,
+            **keepalive,
         )
 
     async def open(self) -> None:
@@ -392,3 +451,11 @@ class NatsDriver:
         pid = self.cluster.procs[index].pid
         self.cluster.kill9(index)
         return f"{self.cluster.names[index]} (stream leader, pid {pid})"
+
+    def pause_leader(self, index: int) -> str:
+        self.cluster.procs[index].pause()
+        pid = self.cluster.procs[index].pid
+        return f"{self.cluster.names[index]} (stream leader, pid {pid}, SIGSTOP)"
+
+    def resume_leader(self, index: int) -> None:
+        self.cluster.procs[index].resume()

@@ -27,6 +27,7 @@ import subprocess
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
+from typing import Any
 
 RABBIT_BIN = Path("/usr/lib/rabbitmq/bin")
 LOOPBACK = "127.0.0.1"
@@ -90,6 +91,42 @@ def _dpkg_installed(package: str) -> bool:
     return proc.returncode == 0 and "install ok installed" in proc.stdout
 
 
+def vmhwm_kib(pid: int) -> int | None:
+    """Peak resident set (VmHWM) of a live process in KiB; None when it is gone."""
+    with contextlib.suppress(OSError, ValueError):
+        for line in Path(f"/proc/{pid}/status").read_text().splitlines():
+            if line.startswith("VmHWM:"):
+                return int(line.split()[1])
+    return None
+
+
+def session_members(sid: int) -> list[int]:
+    """Pids of the live processes of session ``sid`` (a server and the helpers it forked)."""
+    out = []
+    for entry in Path("/proc").iterdir():
+        if not entry.name.isdigit():
+            continue
+        with contextlib.suppress(OSError, ValueError, IndexError):
+            stat = (entry / "stat").read_text()
+            fields = stat[stat.rindex(")") + 2 :].split()
+            if int(fields[3]) == sid:  # state ppid pgrp session
+                out.append(int(entry.name))
+    return out
+
+
+def peak_rss_of(pids: dict[str, int], *, sessions: bool) -> dict[str, dict[str, int]]:
+    """name -> {"pid", "kib", "processes"}: VmHWM of each server process (with
+    ``sessions``, summed over the processes of its session, e.g. beam.smp and its
+    port programs).  Read from /proc while the processes are alive."""
+    out: dict[str, dict[str, int]] = {}
+    for name, pid in pids.items():
+        members = session_members(pid) if sessions else [pid]
+        peaks = [k for k in (vmhwm_kib(p) for p in members or [pid]) if k is not None]
+        if peaks:
+            out[name] = {"pid": pid, "kib": sum(peaks), "processes": len(peaks)}
+    return out
+
+
 @dataclass
 class Proc:
     """A server process in its own process group."""
@@ -129,9 +166,21 @@ class Proc:
         with contextlib.suppress(subprocess.TimeoutExpired):
             self.popen.wait(10)
 
+    def pause(self) -> None:
+        """SIGSTOP the whole process group (a frozen server: sockets open, no answers)."""
+        if self.popen is not None and self.popen.poll() is None:
+            with contextlib.suppress(ProcessLookupError):
+                os.killpg(self.popen.pid, signal.SIGSTOP)
+
+    def resume(self) -> None:
+        if self.popen is not None and self.popen.poll() is None:
+            with contextlib.suppress(ProcessLookupError):
+                os.killpg(self.popen.pid, signal.SIGCONT)
+
     def stop(self, timeout: float = 10.0) -> None:
         if self.popen is None:
             return
+        self.resume()  # a stopped process would not act on SIGTERM
         if self.popen.poll() is None:
             with contextlib.suppress(ProcessLookupError):
                 os.killpg(self.popen.pid, signal.SIGTERM)
@@ -315,6 +364,12 @@ class RabbitCluster:
     def kill9(self, index: int) -> None:
         self.procs[index].kill9()
 
+    def peak_rss(self) -> dict[str, dict[str, int]]:
+        pids = {p.name: p.pid for p in self.procs if p.alive()}
+        if self.epmd is not None and self.epmd.alive():
+            pids["epmd"] = self.epmd.pid
+        return peak_rss_of(pids, sessions=True)
+
     async def aclose(self) -> None:
         for proc in self.procs:
             await asyncio.to_thread(proc.stop, 15)
@@ -375,6 +430,9 @@ class NatsCluster:
     def kill9(self, index: int) -> None:
         self.procs[index].kill9()
 
+    def peak_rss(self) -> dict[str, dict[str, int]]:
+        return peak_rss_of({p.name: p.pid for p in self.procs if p.alive()}, sessions=True)
+
     async def aclose(self) -> None:
         for proc in self.procs:
             await asyncio.to_thread(proc.stop, 10)
@@ -400,7 +458,16 @@ class OursCluster:
             self.groups,
             2,
             workdir=self.workdir,
-            env={"HAC_REPLICATION_MODE": "sync", "HAC_IN_SYNC_REPLICAS": "2"},
+            env={
+                "HAC_REPLICATION_MODE": "sync",
+                "HAC_IN_SYNC_REPLICAS": "2",
+                # the servers' event loop follows this process's setting (auto: uvloop
+                # when installed); run_cluster passes no other HAC_* variable through
+                "HAC_EVENT_LOOP": os.environ.get("HAC_EVENT_LOOP", "auto"),
+                # expiry checked every 100 ms (the tests' 500 ms would add up to half a
+                # second to the pause trial's read recovery; RocketMQ's default is 5 s)
+                "HAC_SCAN_NOT_ACTIVE_BROKER_INTERVAL_MS": "100",
+            },
         )
         from ha_controller.client.admin import NameserverClient
         from ha_controller.testing import eventually
@@ -421,6 +488,22 @@ class OursCluster:
     def broker(self, name: str, broker_id: int) -> object:
         assert self.cluster is not None
         return self.cluster.broker(name, broker_id)  # type: ignore[attr-defined]
+
+    @property
+    def not_active_timeout_s(self) -> float:
+        """The nameserver's broker heartbeat timeout in this deployment."""
+        env: dict[str, str] = getattr(self.cluster, "env", {})
+        return int(env.get("HAC_BROKER_NOT_ACTIVE_TIMEOUT_MS", "10000")) / 1000
+
+    def peak_rss(self) -> dict[str, dict[str, int]]:
+        c: Any = self.cluster
+        if c is None:
+            return {}
+        pids = {"nameserver": c.nameserver.pid} if c.nameserver.alive() else {}
+        for (name, bid), handle in c.brokers.items():
+            if handle.alive():
+                pids[f"{name}-{bid}"] = handle.pid
+        return peak_rss_of(pids, sessions=False)
 
     async def aclose(self) -> None:
         if self.cluster is not None:

@@ -9,18 +9,43 @@ from typing import Any
 
 OURS = "ha-controller"
 
-# (workload, key, label, higher is better)
-METRICS: list[tuple[str, str, str, bool]] = [
-    ("throughput", "produce_msgs_s", "produce msgs/s (durable, acked)", True),
-    ("throughput", "produce_mb_s", "produce MB/s", True),
-    ("throughput", "consume_msgs_s", "consume msgs/s", True),
-    ("throughput", "consume_mb_s", "consume MB/s", True),
-    ("latency", "p50_ms", "e2e latency p50 ms", False),
-    ("latency", "p99_ms", "e2e latency p99 ms", False),
-    ("latency", "p999_ms", "e2e latency p999 ms", False),
-    ("failover", "next_send_s", "failover: next successful send s", False),
-    ("failover", "next_receive_s", "failover: next successful receive s", False),
+# (workload, key in each run, name in the summary, label, higher is better)
+METRICS: list[tuple[str, str, str, str, bool]] = [
+    ("throughput", "produce_msgs_s", "produce_msgs_s", "produce msgs/s (durable, acked)", True),
+    ("throughput", "produce_mb_s", "produce_mb_s", "produce MB/s", True),
+    ("throughput", "consume_msgs_s", "consume_msgs_s", "consume msgs/s", True),
+    ("throughput", "consume_mb_s", "consume_mb_s", "consume MB/s", True),
+    ("latency", "p50_ms", "p50_ms", "e2e latency p50 ms", False),
+    ("latency", "p99_ms", "p99_ms", "e2e latency p99 ms", False),
+    ("latency", "p999_ms", "p999_ms", "e2e latency p999 ms", False),
+    ("failover", "next_send_s", "next_send_s", "failover (kill -9): next successful send s", False),
+    (
+        "failover",
+        "next_receive_s",
+        "next_receive_s",
+        "failover (kill -9): next successful receive s",
+        False,
+    ),
+    ("pause", "next_send_s", "pause_next_send_s", "pause (SIGSTOP): next successful send s", False),
+    (
+        "pause",
+        "next_receive_s",
+        "pause_next_receive_s",
+        "pause (SIGSTOP): next successful receive s",
+        False,
+    ),
+    ("pause", "max_send_s", "pause_max_send_s", "pause (SIGSTOP): longest send after it s", False),
+    ("rss", "max_mib", "rss_max_mib", "peak RSS, largest server process MiB", False),
+    ("rss", "total_mib", "rss_total_mib", "peak RSS, all server processes MiB", False),
 ]
+
+
+def rss_summary(peaks: dict[str, dict[str, int]]) -> dict[str, float]:
+    """Largest and summed VmHWM (MiB) of a system's server processes."""
+    kib = [p["kib"] for p in peaks.values()]
+    if not kib:
+        return {"max_mib": math.nan, "total_mib": math.nan}
+    return {"max_mib": max(kib) / 1024, "total_mib": sum(kib) / 1024}
 
 
 def median_of(runs: list[dict[str, Any]], key: str) -> float:
@@ -37,9 +62,12 @@ def summary(results: dict[str, Any]) -> dict[str, dict[str, float]]:
         if per.get("unavailable"):
             continue
         row: dict[str, float] = {}
-        for workload, key, _, _ in METRICS:
-            row[key] = median_of(per.get(workload, []), key)
+        runs = {**per, "rss": [rss_summary(per.get("peak_rss", {}))]}
+        for workload, key, name, _, _ in METRICS:
+            row[name] = median_of(runs.get(workload, []), key)
         row["acting_slave_read_s"] = median_of(per.get("failover", []), "acting_slave_read_s")
+        row["pause_acting_slave_read_s"] = median_of(per.get("pause", []), "acting_slave_read_s")
+        row["not_active_timeout_s"] = median_of(per.get("pause", []), "not_active_timeout_s")
         out[system] = row
     return out
 
@@ -54,13 +82,29 @@ def _fmt(value: float) -> str:
     return f"{value:.2f}" if value >= 0.1 else f"{value:.3f}"
 
 
+def ratios(results: dict[str, Any]) -> dict[str, dict[str, float | None]]:
+    """peer -> metric name -> ours / peer (None when either is missing)."""
+    stats = summary(results)
+    ours = stats.get(OURS, {})
+    out: dict[str, dict[str, float | None]] = {}
+    for peer, row in stats.items():
+        if peer == OURS:
+            continue
+        out[peer] = {}
+        for _, _, name, _, _ in METRICS:
+            a, b = ours.get(name, math.nan), row.get(name, math.nan)
+            ok = not (math.isnan(a) or math.isnan(b)) and b != 0
+            out[peer][name] = a / b if ok else None
+    return out
+
+
 def markdown(results: dict[str, Any]) -> str:
     stats = summary(results)
     peers = [s for s in stats if s != OURS]
     systems = [OURS, *peers] if OURS in stats else peers
     head = ["metric", *systems, *(f"ours / {p}" for p in peers)]
     lines = ["| " + " | ".join(head) + " |", "|" + "---|" * len(head)]
-    for _, key, label, higher in METRICS:
+    for _, _, key, label, higher in METRICS:
         cells = [label + (" (higher better)" if higher else " (lower better)")]
         cells += [_fmt(stats[s][key]) for s in systems]
         for p in peers:
@@ -75,6 +119,31 @@ def markdown(results: dict[str, Any]) -> str:
             f"- ha-controller: the killed master's group served reads again through its "
             f"acting slave after {_fmt(acting)} s."
         )
+    paused = stats.get(OURS, {}).get("pause_acting_slave_read_s", math.nan)
+    if not math.isnan(paused):
+        limit = stats[OURS]["not_active_timeout_s"]
+        notes.append(
+            f"- ha-controller: the frozen master's group served reads again through its "
+            f"acting slave after {_fmt(paused)} s (not-active timeout {_fmt(limit)} s; "
+            f"goal: within {_fmt(limit + 0.3)} s)."
+        )
+    for system, per in results["systems"].items():
+        for trial in per.get("pause", []):
+            missing = [k for k in ("next_send_s", "next_receive_s") if math.isnan(trial[k])]
+            if missing:
+                notes.append(
+                    f"- {system}, pause trial: no {' and no '.join(m[5:-2] for m in missing)} "
+                    f"within {trial['limit_s']:.0f} s of the SIGSTOP ({trial['send_errors']} "
+                    f"sends failed meanwhile)."
+                )
+        peaks = per.get("peak_rss") or {}
+        if peaks:
+            listed = ", ".join(
+                f"{name} {p['kib'] / 1024:.0f}"
+                + (f" ({p['processes']} procs)" if p["processes"] > 1 else "")
+                for name, p in sorted(peaks.items())
+            )
+            notes.append(f"- {system} peak RSS per server process (MiB, VmHWM): {listed}.")
     for system, per in results["systems"].items():
         if per.get("unavailable"):
             notes.append(f"- **{system}: unavailable** — {per['unavailable']}")
@@ -98,7 +167,10 @@ def chart(results: dict[str, Any], path: Path) -> str | None:
     panels = [
         ("Throughput (msgs/s, higher is better)", ["produce_msgs_s", "consume_msgs_s"]),
         ("End-to-end latency (ms, lower is better)", ["p50_ms", "p99_ms", "p999_ms"]),
-        ("Failover after kill -9 (s, lower is better)", ["next_send_s", "next_receive_s"]),
+        (
+            "Failover: kill -9 and SIGSTOP (s, lower is better)",
+            ["next_send_s", "next_receive_s", "pause_next_send_s", "pause_next_receive_s"],
+        ),
     ]
     fig, axes = plt.subplots(1, 3, figsize=(16, 5))
     for ax, (title, keys) in zip(axes, panels, strict=True):

@@ -163,6 +163,11 @@ async def latency(
     }
 
 
+def _cancelling() -> bool:
+    task = asyncio.current_task()
+    return task is not None and task.cancelling() > 0
+
+
 async def failover(
     driver: Driver,
     dest: str,
@@ -172,15 +177,22 @@ async def failover(
     before_s: float = 3.0,
     limit_s: float = 60.0,
     send_timeout_s: float = 1.0,
+    fault: str = "kill",
 ) -> dict[str, Any]:
-    """A steady stream of awaited sends; kill -9 the leader; time the next send and receive.
+    """A steady stream of awaited sends; then ``fault`` the leader: ``"kill"`` (kill -9)
+    or ``"pause"`` (SIGSTOP, resumed with SIGCONT once both times are known or the limit
+    passed); time the next send and receive.
 
-    ``next_send_s``: from the kill to the completion of the first successful
-    send that was started after it.  ``next_receive_s``: from the kill to the
-    first delivery of a message whose send started after it.
+    ``next_send_s``: from the fault to the completion of the first successful
+    send that was started after it.  ``next_receive_s``: from the fault to the
+    first delivery of a message whose send started after it.  ``max_send_s``:
+    the longest single awaited send (failed ones included) started after the fault.
     """
+    if fault not in ("kill", "pause"):
+        raise ValueError(f"fault must be 'kill' or 'pause', got {fault!r}")
     state: dict[str, Any] = {"t_kill": None, "send": None, "recv": None}
     received = 0
+    slowest_after = 0.0
 
     def on_body(data: bytes) -> None:
         nonlocal received
@@ -195,14 +207,18 @@ async def failover(
     stop = asyncio.Event()
 
     async def stream() -> None:
-        nonlocal sent, errors
+        nonlocal sent, errors, slowest_after
         period = 1.0 / rate
         seq = 0
         while not stop.is_set():
             started = time.perf_counter_ns()
             try:
                 await driver.send(dest, body(seq, started, size), send_timeout_s)
-            except Exception:
+            except (Exception, asyncio.CancelledError) as exc:
+                # aiormq fails a publish with CancelledError when its connection
+                # dies; only a cancellation of this task itself ends the stream.
+                if isinstance(exc, asyncio.CancelledError) and _cancelling():
+                    raise
                 errors += 1
                 await asyncio.sleep(0.01)
             else:
@@ -210,6 +226,9 @@ async def failover(
                 t_kill = state["t_kill"]
                 if t_kill is not None and started >= t_kill and state["send"] is None:
                     state["send"] = time.perf_counter_ns()
+            t_kill = state["t_kill"]
+            if t_kill is not None and started >= t_kill:
+                slowest_after = max(slowest_after, (time.perf_counter_ns() - started) / 1e9)
             seq += 1
             elapsed = (time.perf_counter_ns() - started) / 1e9
             if elapsed < period:
@@ -218,19 +237,28 @@ async def failover(
     probe = getattr(driver, "probe_after_kill", None)
     extra: dict[str, Any] = {}
     streamer = asyncio.create_task(stream())
+    paused = False
     try:
         await asyncio.sleep(before_s)
         if streamer.done():
             streamer.result()
         sent_before, recv_before = sent, received
         state["t_kill"] = time.perf_counter_ns()
-        killed = driver.kill_leader(leader)
+        if fault == "kill":
+            killed = driver.kill_leader(leader)
+        else:
+            killed = driver.pause_leader(leader)
+            paused = True
         probe_task = asyncio.create_task(probe(dest, state["t_kill"])) if probe else None
         await _wait_for(lambda: state["send"] is not None and state["recv"] is not None, limit_s)
+        # what happened while the fault lasted (a resumed leader may answer afterwards)
+        t_send, t_recv = state["send"], state["recv"]
         if probe_task is not None:
             with contextlib.suppress(TimeoutError):
                 extra = await asyncio.wait_for(probe_task, limit_s)
     finally:
+        if paused:
+            driver.resume_leader(leader)
         stop.set()
         with contextlib.suppress(Exception):
             await asyncio.wait_for(streamer, 10)
@@ -240,6 +268,7 @@ async def failover(
         return math.nan if t is None else (t - state["t_kill"]) / 1e9
 
     return {
+        "fault": fault,
         "rate": rate,
         "killed": killed,
         "sent_before_kill": sent_before,
@@ -247,8 +276,10 @@ async def failover(
         "sent": sent,
         "send_errors": errors,
         "received": received,
-        "next_send_s": since_kill(state["send"]),
-        "next_receive_s": since_kill(state["recv"]),
+        "next_send_s": since_kill(t_send),
+        "next_receive_s": since_kill(t_recv),
+        "max_send_s": slowest_after,
+        "send_timeout_s": send_timeout_s,
         "limit_s": limit_s,
         **extra,
     }

@@ -1,24 +1,81 @@
-"""Running a service process: logging, signals, phased shutdown.
+"""Running a service process: event loop, logging, signals, phased shutdown.
 
 SIGTERM (or SIGINT) asks for a graceful stop; a second one forces exit.
+
+The event loop is uvloop when it is installed (``pip install 'ha-controller[uvloop]'``)
+and the standard asyncio loop otherwise; ``HAC_EVENT_LOOP`` chooses: ``auto``
+(the default), ``uvloop`` (an error when it is missing) or ``asyncio``.
 """
 
 from __future__ import annotations
 
 import asyncio
+import importlib
 import logging
 import os
 import signal
 import time
-from collections.abc import Awaitable, Callable
-from typing import Any
+from collections.abc import Awaitable, Callable, Coroutine
+from typing import Any, Final, TypeVar
 
+from ha_controller.protocol.errors import ConfigError
 from ha_controller.rpc.bounds import Throttle
+
+T = TypeVar("T")
+
+#: the environment variable that chooses the event loop
+EVENT_LOOP_ENV: Final = "HAC_EVENT_LOOP"
+EVENT_LOOPS: Final = ("auto", "uvloop", "asyncio")
 
 log = logging.getLogger(__name__)
 
 #: what asyncio's own accept loop (aiohttp's admin HTTP listener) reports on EMFILE & co.
 _ACCEPT_OUT_OF_RESOURCES = "socket.accept() out of system resource"
+
+
+def event_loop_choice(choice: str | None = None) -> str:
+    """The loop to run: "uvloop" or "asyncio", from ``choice`` or ``HAC_EVENT_LOOP``.
+
+    ``auto`` (or unset) means uvloop when it can be imported.  Raises
+    ``ConfigError`` for an unknown value or for ``uvloop`` when it is not installed.
+    """
+    raw = choice if choice is not None else os.environ.get(EVENT_LOOP_ENV, "auto")
+    value = raw.strip().lower() or "auto"
+    if value not in EVENT_LOOPS:
+        raise ConfigError(f"{EVENT_LOOP_ENV}: {raw!r} is not one of {', '.join(EVENT_LOOPS)}")
+    if value == "asyncio":
+        return value
+    try:
+        importlib.import_module("uvloop")
+    except ImportError as exc:
+        if value == "uvloop":
+            raise ConfigError(
+                f"{EVENT_LOOP_ENV}=uvloop but uvloop is not installed "
+                "(pip install 'ha-controller[uvloop]')"
+            ) from exc
+        return "asyncio"
+    return "uvloop"
+
+
+def loop_factory(choice: str | None = None) -> Callable[[], asyncio.AbstractEventLoop]:
+    """A factory of new event loops of the chosen kind (see :func:`event_loop_choice`)."""
+    if event_loop_choice(choice) == "uvloop":
+        factory: Callable[[], asyncio.AbstractEventLoop] = importlib.import_module(
+            "uvloop"
+        ).new_event_loop
+        return factory
+    return asyncio.new_event_loop
+
+
+def run(main: Coroutine[Any, Any, T], *, choice: str | None = None) -> T:
+    """``asyncio.run(main)`` on the chosen event loop."""
+    try:
+        factory = loop_factory(choice)
+    except ConfigError:
+        main.close()  # never awaited: no "coroutine was never awaited" warning
+        raise
+    with asyncio.Runner(loop_factory=factory) as runner:
+        return runner.run(main)
 
 
 def setup_logging(level: str = "INFO") -> None:
@@ -72,6 +129,7 @@ def run_until_signalled(main: Callable[[asyncio.Event], Awaitable[None]]) -> Non
 
         for sig in (signal.SIGTERM, signal.SIGINT):
             loop.add_signal_handler(sig, on_signal, sig)
+        log.info("event loop: %s", type(loop).__module__.split(".")[0])
         await main(stop)
 
-    asyncio.run(runner())
+    run(runner())

@@ -481,7 +481,9 @@ class HaSlave:
         conn.attrs[_MASTER_PROVED] = True
         return True
 
-    def _report(self) -> None:
+    def _report(self, *, now: bool = False) -> None:
+        """HA_REPORT_OFFSET with our commit-log end; ``now`` writes it at once instead
+        of at the end of this event-loop tick."""
         if self.conn is None or self.conn.closed:
             return
         with contextlib.suppress(ConnectionClosed):
@@ -493,6 +495,8 @@ class HaSlave:
                     broker_id=self.broker_id,
                 ).SerializeToString(),
             )
+            if now:
+                self.conn.flush()
 
     async def _on_transfer(self, ctx: RequestContext, body: bytes) -> None:
         # Runs synchronously up to the first await, so transfers apply in order.
@@ -535,10 +539,14 @@ class HaSlave:
                 )
                 self.transfer_ok.set()
                 return
+            # Acknowledge first: the copy is in our commit log, which is what the
+            # master's SYNC send waits for; building the consume queues (reput) is
+            # local work that recovery redoes from the log (RocketMQ's slave reports
+            # its commit-log offset independently of its reput, too).
+            self._report(now=True)
             dispatched = self.store.reput()
             if dispatched:
                 self._on_dispatched(dispatched)
-            self._report()
         self.transfer_ok.set()
 
     async def aclose(self) -> None:

@@ -28,16 +28,21 @@ import random
 import socket
 import ssl
 import time
+from collections import deque
 from collections.abc import Awaitable, Callable, Collection, Coroutine, Sequence
 from typing import Any, Final
 
+from ha_controller.acl import Credentials
 from ha_controller.client.admin import NameserverClient
 from ha_controller.client.lifecycle import AsyncLifecycle
 from ha_controller.client.message import (
+    DEFAULT_MAX_MESSAGE_BYTES,
     Message,
     MessageQueue,
     ReceivedMessage,
     SendReceipt,
+    check_size,
+    message_size,
     new_client_id,
     new_message_id,
 )
@@ -56,6 +61,7 @@ from ha_controller.protocol.properties import PROPERTY_TRAN_MSG, PROPERTY_UNIQ_K
 from ha_controller.rpc import ConnectionPool, Dispatcher, RequestContext
 
 __all__ = [
+    "AdaptiveTimeout",
     "EndpointIsolation",
     "Producer",
     "QueueSelector",
@@ -184,6 +190,87 @@ class EndpointIsolation:
     def isolated(self) -> set[str]:
         return {addr for addr in list(self._until) if self.is_isolated(addr)}
 
+    def any(self) -> bool:
+        """Whether some endpoint may be isolated (cheap; lapsed entries count until looked at)."""
+        return bool(self._until)
+
+
+class AdaptiveTimeout:
+    """Per-attempt send timeouts from the latency each endpoint showed recently.
+
+    A frozen broker (SIGSTOP, a stuck disk) keeps its TCP connections open and
+    answers nothing, so a producer that waits out the whole send timeout on it
+    stalls for seconds although another group could take the message at once.
+    RocketMQ's latency fault tolerance answers this with per-broker latency;
+    here each endpoint keeps its last ``window`` round-trip times and an
+    attempt that has somewhere else to go gets
+
+        timeout = clamp(factor x p99(recent RTTs), floor_ms, ceiling_ms)
+
+    (the ceiling is the producer's send timeout).  Until ``min_samples``
+    RTTs are known the ceiling applies.  Timed-out attempts are not samples:
+    a silent endpoint must not teach us to wait longer for it.  The p99 is
+    recomputed every ``refresh_every`` samples, not per send.  A plain
+    object: no clock, no I/O.
+    """
+
+    def __init__(
+        self,
+        *,
+        factor: float = 5.0,
+        floor_ms: int = 200,
+        window: int = 256,
+        min_samples: int = 20,
+        refresh_every: int = 16,
+    ) -> None:
+        if factor < 1.0:
+            raise ValueError(f"factor must be >= 1, got {factor}")
+        if floor_ms <= 0:
+            raise ValueError(f"floor_ms must be positive, got {floor_ms}")
+        if window < 1 or not 1 <= min_samples <= window:
+            raise ValueError(f"need 1 <= min_samples ({min_samples}) <= window ({window})")
+        if refresh_every < 1:
+            raise ValueError(f"refresh_every must be >= 1, got {refresh_every}")
+        self.factor = factor
+        self.floor_ms = floor_ms
+        self.window = window
+        self.min_samples = min_samples
+        self.refresh_every = refresh_every
+        self._rtts: dict[str, deque[float]] = {}
+        self._since: dict[str, int] = {}
+        self._p99: dict[str, float] = {}
+
+    def observe(self, addr: str, rtt_ms: float) -> None:
+        """One successful round trip to ``addr`` took ``rtt_ms``."""
+        rtts = self._rtts.get(addr)
+        if rtts is None:
+            rtts = self._rtts[addr] = deque(maxlen=self.window)
+            self._since[addr] = 0
+        rtts.append(rtt_ms)
+        since = self._since[addr] + 1
+        if len(rtts) >= self.min_samples and (addr not in self._p99 or since >= self.refresh_every):
+            ordered = sorted(rtts)
+            self._p99[addr] = ordered[min(len(ordered) - 1, int(0.99 * len(ordered)))]
+            since = 0
+        self._since[addr] = since
+
+    def p99_ms(self, addr: str) -> float | None:
+        """The p99 RTT last computed for ``addr``; None before ``min_samples``."""
+        return self._p99.get(addr)
+
+    def timeout_ms(self, addr: str, ceiling_ms: int) -> int:
+        """The timeout of the next attempt to ``addr``: at most ``ceiling_ms``."""
+        p99 = self._p99.get(addr)
+        if p99 is None:
+            return ceiling_ms
+        return int(min(ceiling_ms, max(self.floor_ms, self.factor * p99)))
+
+    def forget(self, addr: str) -> None:
+        """Drop what is known about ``addr`` (e.g. it left the route)."""
+        self._rtts.pop(addr, None)
+        self._since.pop(addr, None)
+        self._p99.pop(addr, None)
+
 
 class QueueSelector:
     """Round robin over the publish queues (Java ``PublishingLoadBalancer``).
@@ -213,16 +300,17 @@ class QueueSelector:
         if not queues:
             raise ValueError("no queue to pick from")
         n = len(queues)
-        ordered = [queues[(start + i) % n] for i in range(n)]
-        rules: list[Callable[[MessageQueue], bool]] = [
-            lambda mq: mq.broker_name not in tried and not isolated(mq),
-            lambda mq: mq.broker_name not in tried,
-            lambda mq: not isolated(mq),
-        ]
-        for rule in rules:
-            for mq in ordered:
-                if rule(mq):
-                    return mq
+        first = start % n
+        ordered = [*queues[first:], *queues[:first]]
+        for mq in ordered:
+            if mq.broker_name not in tried and not isolated(mq):
+                return mq
+        for mq in ordered:
+            if mq.broker_name not in tried:
+                return mq
+        for mq in ordered:
+            if not isolated(mq):
+                return mq
         return ordered[0]
 
     @staticmethod
@@ -240,6 +328,24 @@ class Producer(AsyncLifecycle):
 
     ``tls``: the ``ssl.SSLContext`` of every connection, to nameservers and brokers
     (:func:`ha_controller.rpc.tls.client_context`); None = plaintext.
+
+    ``adaptive_timeout``: how long an attempt waits for a broker that has been
+    fast so far when another group could take the message instead
+    (:class:`AdaptiveTimeout`; by default 5 x its recent p99 RTT, at least
+    200 ms).  A timed-out attempt isolates the endpoint and the next attempt
+    goes to another group, so a frozen master costs a send a fraction of a
+    second, not ``send_timeout_ms``.  The last attempt, a FIFO send, and an
+    attempt with no other group to go to always get ``send_timeout_ms``.
+
+    Concurrent plain sends coalesce: the ``send()`` calls of one topic made in the
+    same event-loop tick (up to ``coalesce_max_messages`` messages and
+    ``coalesce_max_bytes`` of bodies) travel as one SEND_MESSAGE request, and each
+    caller gets its own receipt once the broker stored them all with the copies the
+    group requires.  Nothing waits for company: a send alone in its tick leaves at
+    the end of that tick, so a low rate adds no latency.  FIFO, delayed and
+    transactional messages, and ``send_batch``, are never merged; a batch that fails
+    fails (or is retried) for every caller in it, as their own send would have.
+    ``coalesce_max_messages=1`` turns coalescing off.
     """
 
     def __init__(
@@ -256,11 +362,25 @@ class Producer(AsyncLifecycle):
         route_watch: bool = True,
         checker: TransactionChecker | None = None,
         tls: ssl.SSLContext | None = None,
+        adaptive_timeout: AdaptiveTimeout | None = None,
+        credentials: Credentials | None = None,
+        max_message_bytes: int = DEFAULT_MAX_MESSAGE_BYTES,
+        coalesce_max_messages: int = 64,
+        coalesce_max_bytes: int = 1024 * 1024,
     ) -> None:
         if max_attempts < 1:
             raise ValueError(f"max_attempts must be >= 1, got {max_attempts}")
         if send_timeout_ms <= 0:
             raise ValueError(f"send_timeout_ms must be positive, got {send_timeout_ms}")
+        if coalesce_max_messages < 1 or coalesce_max_bytes < 1:
+            raise ValueError(
+                "coalesce_max_messages and coalesce_max_bytes must be >= 1, got "
+                f"{coalesce_max_messages} and {coalesce_max_bytes}"
+            )
+        self.coalesce_max_messages = coalesce_max_messages
+        self.coalesce_max_bytes = coalesce_max_bytes
+        #: plain sends waiting for the end of this event-loop tick, by topic
+        self._coalescing: dict[str, list[tuple[Message, int, asyncio.Future[SendReceipt]]]] = {}
         self.group = group
         self.max_attempts = max_attempts
         self.send_timeout_ms = send_timeout_ms
@@ -275,10 +395,22 @@ class Producer(AsyncLifecycle):
             self._on_check_transaction,
         )
         self.tls = tls
-        self._pool = ConnectionPool(dispatcher=dispatcher, ssl_context=tls)
+        #: the ACL user every request is signed as (None: anonymous)
+        self.credentials = credentials
+        #: a message (batch) larger than this is refused before anything is sent
+        self.max_message_bytes = max_message_bytes
+        self._pool = ConnectionPool(
+            dispatcher=dispatcher,
+            ssl_context=tls,
+            signer=credentials.sign if credentials is not None else None,
+        )
         self._nameserver = NameserverClient(parse_namesrv_addrs(namesrv_addrs), self._pool)
         self.routes = RouteCache(self._nameserver, watch=route_watch)
         self.isolation = EndpointIsolation(isolation_s)
+        #: per-attempt timeouts from observed RTTs; used only when the attempt has
+        #: another group to fall back on (else the whole ``send_timeout_ms``)
+        self.adaptive_timeout = adaptive_timeout or AdaptiveTimeout()
+        self._groups_of: tuple[list[MessageQueue], frozenset[str]] = ([], frozenset())
         self._selector = QueueSelector()
         self._born_host = socket.gethostname()
         self._tasks: set[asyncio.Task[None]] = set()
@@ -331,6 +463,12 @@ class Producer(AsyncLifecycle):
         With ``transaction`` the message is stored as a half message that
         consumers see only once the transaction commits."""
         if transaction is None:
+            if (
+                self.coalesce_max_messages > 1
+                and message.message_group is None
+                and not message.is_delayed
+            ):
+                return await self._send_coalesced(message)
             receipts = await self._send([message])
             return receipts[0]
         if transaction._producer is not self:
@@ -342,6 +480,55 @@ class Producer(AsyncLifecycle):
         receipt = (await self._send([message], transactional=True))[0]
         transaction._add_half(receipt)
         return receipt
+
+    def _send_coalesced(self, message: Message) -> asyncio.Future[SendReceipt]:
+        """Queue ``message`` for the batch of its topic that leaves at the end of this tick."""
+        if not self._started or self._closed:
+            raise RuntimeError("producer is not running (use start() or async with)")
+        size = message_size(message)
+        if size > self.max_message_bytes:
+            check_size([message], self.max_message_bytes)  # raises MessageTooLarge
+        loop = asyncio.get_running_loop()
+        fut: asyncio.Future[SendReceipt] = loop.create_future()
+        pending = self._coalescing.get(message.topic)
+        if pending is None:
+            pending = self._coalescing[message.topic] = []
+            loop.call_soon(self._flush_coalesced, message.topic)
+        pending.append((message, size, fut))
+        return fut
+
+    def _flush_coalesced(self, topic: str) -> None:
+        pending = self._coalescing.pop(topic, [])
+        limit = min(self.coalesce_max_bytes, self.max_message_bytes)
+        batch: list[tuple[Message, asyncio.Future[SendReceipt]]] = []
+        total = 0
+        for message, size, fut in pending:
+            if fut.done():  # the caller gave up (cancelled) before it left
+                continue
+            if batch and (len(batch) >= self.coalesce_max_messages or total + size > limit):
+                self._spawn(self._send_for(batch), "producer-send")
+                batch, total = [], 0
+            batch.append((message, fut))
+            total += size
+        if batch:
+            self._spawn(self._send_for(batch), "producer-send")
+
+    async def _send_for(self, batch: list[tuple[Message, asyncio.Future[SendReceipt]]]) -> None:
+        """Send a coalesced batch; each caller's future gets its receipt or the error."""
+        try:
+            receipts = await self._send([m for m, _ in batch])
+        except asyncio.CancelledError:
+            for _, fut in batch:
+                fut.cancel()
+            raise
+        except Exception as exc:  # noqa: BLE001 - not swallowed: every caller gets it
+            for _, fut in batch:
+                if not fut.done():
+                    fut.set_exception(exc)
+            return
+        for (_, fut), receipt in zip(batch, receipts, strict=True):
+            if not fut.done():
+                fut.set_result(receipt)
 
     def begin_transaction(self) -> Transaction:
         """A new transaction; the producer needs a ``checker`` for orphaned ones."""
@@ -366,23 +553,22 @@ class Producer(AsyncLifecycle):
     ) -> list[SendReceipt]:
         if not self._started or self._closed:
             raise RuntimeError("producer is not running (use start() or async with)")
+        check_size(messages, self.max_message_bytes)
         topic = messages[0].topic
         message_group = messages[0].message_group
-        uniq_keys = [m.properties.get(PROPERTY_UNIQ_KEY) or new_message_id() for m in messages]
+        group = self.group
         born_ms = now_ms()
-        extra = {PROPERTY_TRAN_MSG: "true"} if transactional else {}
+        uniq_keys: list[str] = []
+        entries: list[broker_pb2.SendEntry] = []
+        for m in messages:
+            uk = m.properties.get(PROPERTY_UNIQ_KEY) or new_message_id()
+            uniq_keys.append(uk)
+            props = m.wire_properties(uk, group)
+            if transactional:
+                props[PROPERTY_TRAN_MSG] = "true"
+            entries.append(broker_pb2.SendEntry(body=m.body, properties=props, born_ts_ms=born_ms))
         request = broker_pb2.SendMessageRequest(
-            producer_group=self.group,
-            topic=topic,
-            entries=[
-                broker_pb2.SendEntry(
-                    body=m.body,
-                    properties={**m.wire_properties(uk, self.group), **extra},
-                    born_ts_ms=born_ms,
-                )
-                for m, uk in zip(messages, uniq_keys, strict=True)
-            ],
-            born_host=self._born_host,
+            producer_group=group, topic=topic, entries=entries, born_host=self._born_host
         )
         start = self._selector.next_start()
         tried: set[str] = set()
@@ -392,25 +578,33 @@ class Producer(AsyncLifecycle):
             queues = await self._publish_queues(topic)
             if fifo_queue is None and message_group is not None:
                 fifo_queue = QueueSelector.for_message_group(queues, message_group)
-            mq = fifo_queue or QueueSelector.pick(
-                queues,
-                start,
-                isolated=lambda q: self.isolation.is_isolated(
-                    self.routes.broker_addr_for_publish(q.broker_name)
-                ),
-                tried=tried,
-            )
+            if fifo_queue is not None:
+                mq = fifo_queue
+            elif not tried and not self.isolation.any():
+                mq = queues[start % len(queues)]  # what pick() returns when nothing is excluded
+            else:
+                mq = QueueSelector.pick(queues, start, isolated=self._mq_isolated, tried=tried)
             addr = self.routes.broker_addr_for_publish(mq.broker_name)
+            timeout_ms = self.send_timeout_ms
+            if (
+                addr is not None
+                and fifo_queue is None
+                and attempt < self.max_attempts
+                and self.adaptive_timeout.timeout_ms(addr, timeout_ms) < timeout_ms
+                and self._has_other_group(queues, mq.broker_name, tried)
+            ):
+                timeout_ms = self.adaptive_timeout.timeout_ms(addr, timeout_ms)
             try:
                 if addr is None:
                     raise NotMaster(f"group {mq.broker_name} has no master for {topic}")
                 request.queue_id = mq.queue_id
+                sent_at = time.perf_counter()
                 response = await self._pool.call_pb(
                     addr,
                     RequestCode.SEND_MESSAGE,
                     request,
                     broker_pb2.SendMessageResponse,
-                    self.send_timeout_ms,
+                    timeout_ms,
                 )
             except (HaError, OSError) as exc:
                 if isinstance(exc, HaError):
@@ -432,11 +626,29 @@ class Producer(AsyncLifecycle):
                 if isinstance(exc, NotMaster | TopicNotFound):
                     await self.routes.refresh_quietly(topic)
                 continue
-            if addr is not None:
+            assert addr is not None
+            self.adaptive_timeout.observe(addr, (time.perf_counter() - sent_at) * 1000)
+            if self.isolation.any():
                 self.isolation.release(addr)
             return self._receipts(messages, uniq_keys, mq, response)
         assert last is not None
         raise last
+
+    def _mq_isolated(self, mq: MessageQueue) -> bool:
+        return self.isolation.is_isolated(self.routes.broker_addr_for_publish(mq.broker_name))
+
+    def _has_other_group(
+        self, queues: list[MessageQueue], broker_name: str, tried: Collection[str]
+    ) -> bool:
+        """Whether a group other than ``broker_name``, untried and not isolated, has a queue."""
+        if queues is not self._groups_of[0]:  # the route cache hands out one list per version
+            self._groups_of = (queues, frozenset(q.broker_name for q in queues))
+        return any(
+            name != broker_name
+            and name not in tried
+            and not self.isolation.is_isolated(self.routes.broker_addr_for_publish(name))
+            for name in self._groups_of[1]
+        )
 
     async def _publish_queues(self, topic: str) -> list[MessageQueue]:
         await self.routes.route(topic, allow_default=True)

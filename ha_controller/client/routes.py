@@ -137,6 +137,7 @@ class RouteCache(AsyncLifecycle):
         self.watch_max_wait_ms = watch_max_wait_ms
         self._backoff_min_s, self._backoff_max_s = watch_backoff_s
         self._routes: dict[str, TopicRouteData] = {}
+        self._publish: dict[str, list[MessageQueue]] = {}
         self._brokers: dict[str, BrokerData] = {}
         self._versions: dict[str, str] = {}
         self._defaulted: set[str] = set()
@@ -156,9 +157,17 @@ class RouteCache(AsyncLifecycle):
         return sorted(self._routes)
 
     def publish_queues(self, topic: str) -> list[MessageQueue]:
-        """Write queues a producer may use; empty when the route is not known."""
-        route = self._routes.get(topic)
-        return [] if route is None else publish_queues_of(route)
+        """Write queues a producer may use; empty when the route is not known.
+
+        Derived once per route version (``update`` drops it) and shared by every
+        send: callers must not modify the list."""
+        queues = self._publish.get(topic)
+        if queues is None:
+            route = self._routes.get(topic)
+            if route is None:
+                return []
+            queues = self._publish[topic] = publish_queues_of(route)
+        return queues
 
     def subscribe_queues(self, topic: str) -> list[MessageQueue]:
         """Read queues a consumer may pull; empty when the route is not known."""
@@ -217,6 +226,7 @@ class RouteCache(AsyncLifecycle):
         if self._routes.get(topic) == route:
             return False
         self._routes[topic] = route
+        self._publish.pop(topic, None)
         for broker in route.broker_datas:
             self._brokers[broker.broker_name] = broker
         log.debug("route of %s changed: %s", topic, route.to_json())
@@ -247,7 +257,7 @@ class RouteCache(AsyncLifecycle):
             if cached is not None:
                 return cached
             try:
-                route = await self.nameserver.route(topic)
+                route = await self._fetch(topic)
             except TopicNotFound:
                 if not allow_default:
                     raise
@@ -270,11 +280,31 @@ class RouteCache(AsyncLifecycle):
         """Fetch the topic's route now; None (keeping the cached one) when unknown."""
         self._check_open()
         try:
-            route = await self.nameserver.route(topic)
+            route = await self._fetch(topic)
         except TopicNotFound:
             return None
         self.update(route)
         return route
+
+    async def _fetch(self, topic: str) -> TopicRouteData:
+        """The topic's route from the nameservers.  A nameserver that answers "no route"
+        may have just restarted or resumed and not yet heard every broker's next full
+        registration; like RocketMQ's clients, ask each other configured nameserver
+        before believing it (one that times out is skipped already)."""
+        try:
+            return await self.nameserver.route(topic)
+        except TopicNotFound:
+            addrs = self.nameserver.addrs
+            for addr in addrs if len(addrs) > 1 else []:
+                one = NameserverClient([addr], self.nameserver.pool)
+                try:
+                    route = await one.route(topic)
+                except (HaError, OSError) as exc:
+                    log.debug("route of %s from nameserver %s: %s", topic, addr, exc)
+                    continue
+                log.info("route of %s: nameserver %s had it, another did not", topic, addr)
+                return route
+            raise
 
     async def refresh_quietly(self, topic: str) -> None:
         """``refresh`` that logs instead of raising (after a send or pull failed)."""

@@ -41,6 +41,7 @@ IPv4, 56 for IPv6).  A store host that is not an IP literal is encoded as ``0.0.
 from __future__ import annotations
 
 import enum
+import functools
 import ipaddress
 import mmap
 import struct
@@ -402,14 +403,21 @@ def _split_host(host: str) -> tuple[str, int]:
     return addr, port
 
 
-def make_msg_id(store_host: str, physical_offset: int) -> str:
-    """RocketMQ offset message id: hex of ``ip | port u32 | physical offset u64``."""
+@functools.lru_cache(maxsize=256)
+def _msg_id_host(store_host: str) -> tuple[bytes, int]:
+    """``(ip bytes, port)`` of a store host, parsed once per host (a broker has one)."""
     addr, port = _split_host(store_host)
     try:
         ip_bytes = ipaddress.ip_address(addr).packed
     except ValueError:
         ip_bytes = bytes(4)
-    return (ip_bytes + struct.pack(">IQ", port & 0xFFFFFFFF, physical_offset)).hex().upper()
+    return ip_bytes, port & 0xFFFFFFFF
+
+
+def make_msg_id(store_host: str, physical_offset: int) -> str:
+    """RocketMQ offset message id: hex of ``ip | port u32 | physical offset u64``."""
+    ip_bytes, port = _msg_id_host(store_host)
+    return (ip_bytes + struct.pack(">IQ", port, physical_offset)).hex().upper()
 
 
 def parse_msg_id(msg_id: str) -> tuple[str, int]:

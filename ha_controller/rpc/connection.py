@@ -302,6 +302,12 @@ class RpcConnection(asyncio.BufferedProtocol):
             )
         )
 
+    def flush(self) -> None:
+        """Write the frames queued in this tick now instead of at its end (a reply on
+        someone's critical path that should not wait for the work that follows it)."""
+        if self._wbuf:
+            self._flush()
+
     async def drain(self) -> None:
         """Wait until what was written is below the transport's low-water mark."""
         if self._wbuf:
