@@ -27,7 +27,7 @@ RUN groupadd --system --gid 10001 hac \
 USER 10001:10001
 WORKDIR /home/hac
 
-# nameserver RPC / HTTP, broker RPC / HA / HTTP (DESIGN.md section 2)
+# nameserver RPC / HTTP, broker RPC / HA / HTTP (docs/architecture.md, "Processes and ports")
 EXPOSE 9876 9877 10911 10912 10913
 VOLUME ["/data"]
 

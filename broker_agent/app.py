@@ -75,7 +75,9 @@ async def open_listeners(service: BrokerService) -> Listeners:
             return False, why
         return True, core.acting.role
 
-    app = build_admin_app(core.metrics.registry, ready=ready, routes=http_routes(service))
+    app = build_admin_app(
+        core.metrics.registry, ready=ready, routes=http_routes(service), token=cfg.admin_token
+    )
 
     async def refresh(request: web.Request, handler: object) -> web.StreamResponse:
         if request.path == "/metrics":

@@ -30,6 +30,8 @@ from broker_agent.store.diskspace import SpaceLevel
 from broker_agent.store.message_store import MessageStore, StoreConfig
 from broker_agent.store.retention import CleanResult
 from broker_agent.topics import TopicConfigManager
+from ha_controller.acl import Acl
+from ha_controller.acl import guard as acl_guard
 from ha_controller.auth import ClusterAuth
 from ha_controller.config import BrokerConfig
 from ha_controller.protocol.errors import BrokerIsolated, NotMaster, NotWritable
@@ -115,11 +117,15 @@ class BrokerCore:
         self.holds = PullHoldService(cfg.max_held_pulls, now_ms)
         self.consumers = ConsumerRegistry()
         #: cluster authentication: signs our control requests, guards the dispatcher
-        self.auth = ClusterAuth(cfg.cluster_secret, on_refused=self.metrics.auth_refusal)
+        self.auth = ClusterAuth(
+            cfg.cluster_secret, on_refused=self.metrics.auth_refusal, sign_all=cfg.acl.enabled
+        )
         self.pool = ConnectionPool(
             connect_timeout_ms=2000, ssl_context=cfg.tls.client_context(), signer=self.auth.sign
         )
-        self.dispatcher = Dispatcher(guard=self.auth.check)
+        #: the client ACL; the guard also checks group names (ha_controller.acl)
+        self.acl = Acl.from_config(cfg.acl, on_denied=self.metrics.acl_denial)
+        self.dispatcher = Dispatcher(guard=acl_guard(self.auth, self.acl))
         self.addr = ""  # advertised RPC address, set once bound
         self.ha_addr = ""
         self.http_addr = ""

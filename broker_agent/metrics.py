@@ -7,6 +7,7 @@ from collections.abc import Callable, Iterable
 from prometheus_client import CollectorRegistry, Counter, Gauge
 
 from ha_controller.auth import HA_REASONS, RPC_REASONS
+from ha_controller.protocol.codes import method_name
 from ha_controller.rpc.metrics import RpcCollector
 from ha_controller.rpc.server import RpcServer
 
@@ -116,11 +117,22 @@ class BrokerMetrics:
         )
         for reason in (*RPC_REASONS, *HA_REASONS):
             self.auth_refused.labels(**ident, reason=reason)
+        # the client ACL (ha_controller.acl)
+        self.acl_denied = counter(
+            "hac_acl_denied_total",
+            "Client requests refused by the ACL, by request code and reason (anonymous, "
+            "unknown_user, bad_signature, stale, no_permission)",
+            ("code", "reason"),
+        )
 
     def export_rpc(self, servers: Callable[[], Iterable[RpcServer]]) -> None:
         """``hac_rpc_*``: the connection bounds of the broker's listeners (RPC and HA),
         read at scrape time with the broker's identity labels."""
         self.registry.register(RpcCollector(servers, self.ident))
+
+    def acl_denial(self, method: int, reason: str) -> None:
+        """``Acl``'s refusal hook: count it by request code and reason."""
+        self.acl_denied.labels(**self.ident, code=method_name(method), reason=reason).inc()
 
     def auth_refusal(self, reason: str, method: int) -> None:
         """``ClusterAuth``'s refusal hook: count it by reason."""

@@ -56,6 +56,7 @@ __all__ = [
     "GIB",
     "KIB",
     "MIB",
+    "AclConfig",
     "BrokerConfig",
     "ConfigError",
     "FlushMode",
@@ -528,6 +529,42 @@ class TlsConfig(_Validated):
 
 
 @dataclass(frozen=True, kw_only=True)
+class AclConfig(_Validated):
+    """The client ACL (docs/security.md): users with an access key and a secret key and
+    their permissions, read from ``file``; the same table on every nameserver, broker
+    and gateway of a cluster."""
+
+    # Check clients' signatures and permissions (RocketMQ aclEnable).
+    enabled: bool = False
+    # Serve unsigned requests as without an ACL (the demo profile); false = every
+    # client request must be signed by a user of the file.
+    allow_anonymous: bool = True
+    # The users: a TOML file of [[users]] tables (access_key, secret_key, admin,
+    # default_topic_perm, default_group_perm, topic_perms, group_perms), like
+    # RocketMQ's plain_acl.yml; mount it from a secret, it holds the secret keys.
+    file: str | None = _opt(None, check=_not_empty)
+
+    def _rules(self) -> Iterator[tuple[tuple[str, ...], str]]:
+        if self.enabled and self.file is None:
+            yield (("enabled", "file"), "the ACL is enabled but no users file is set")
+        if not self.allow_anonymous and not self.enabled:
+            yield (
+                ("allow_anonymous", "enabled"),
+                "allow_anonymous = false has no effect without enabled = true",
+            )
+        if self.enabled and self.file is not None:
+            if not Path(self.file).is_file():
+                yield ("file",), f"no such file: {self.file!r}"
+                return
+            from ha_controller.acl import load_acl_file  # the users file's own checks
+
+            try:
+                load_acl_file(self.file)
+            except ConfigError as exc:
+                yield ("file",), str(exc)
+
+
+@dataclass(frozen=True, kw_only=True)
 class _RpcLimitsTable(_Validated, RpcLimits):
     """:class:`RpcLimits` as the loaders check it: every problem names its key's source.
 
@@ -563,11 +600,13 @@ class NameserverConfig(_Validated):
     # Open mode only: a broker must register an address on the host it connects from
     # (ports are not compared); off behind NAT.
     open_mode_check_peer_host: bool = True
-    # Bearer token for mutating admin endpoints; unset = no token required.
+    # Bearer token of the admin HTTP API: with it set, every endpoint but /healthz,
+    # /readyz and /metrics answers 401 without "Authorization: Bearer <token>".
     admin_token: str | None = _opt(None, check=_not_empty, secret=True)
     route_watch_max_wait_ms: int = _opt(30_000, le=600_000)
     max_route_watchers: int = _opt(10_000, ge=1)
     tls: TlsConfig = field(default_factory=TlsConfig)
+    acl: AclConfig = field(default_factory=AclConfig)
     limits: RpcLimits = field(default_factory=RpcLimits)
     log_level: LogLevel = "INFO"
 
@@ -575,6 +614,12 @@ class NameserverConfig(_Validated):
         clash = _listener_clash({"listen": self.listen, "http_listen": self.http_listen})
         if clash is not None:
             yield clash
+        if self.acl.enabled and not self.acl.allow_anonymous and self.cluster_secret is None:
+            yield (
+                ("acl.allow_anonymous", "cluster_secret"),
+                "acl.allow_anonymous = false needs a cluster_secret: the cluster's own "
+                "requests are told from clients' by its signature",
+            )
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -593,7 +638,6 @@ class BrokerConfig(_Validated):
     # RocketMQ brokerIP1 / brokerIP2: the host advertised for RPC and for HA when
     # the listener binds a wildcard; unset = the listen host (or the local address).
     broker_ip1: str | None = _opt(None, check=_host_check, per_broker=True)
-    broker_ip2: str | None = _opt(None, check=_host_check, per_broker=True)
     # Unset = ~/store/<broker_name>-<broker_id> (RocketMQ: ~/store), see store_path.
     store_dir: str | None = _opt(None, check=_not_empty, per_broker=True)
 
@@ -681,6 +725,8 @@ class BrokerConfig(_Validated):
 
     # --- auth ---
     cluster_secret: str | None = _opt(None, check=_not_empty, secret=True)
+    # Bearer token of the admin HTTP API: with it set, every endpoint but /healthz,
+    # /readyz and /metrics answers 401 without "Authorization: Bearer <token>".
     admin_token: str | None = _opt(None, check=_not_empty, secret=True)
 
     # --- special services, escape bridge, locks ---
@@ -706,6 +752,7 @@ class BrokerConfig(_Validated):
     transaction_check_max: int = _opt(15, ge=1)
 
     tls: TlsConfig = field(default_factory=TlsConfig)
+    acl: AclConfig = field(default_factory=AclConfig)
     limits: RpcLimits = field(default_factory=RpcLimits)
     log_level: LogLevel = "INFO"
 
@@ -767,6 +814,12 @@ class BrokerConfig(_Validated):
         )
         if clash is not None:
             yield clash
+        if self.acl.enabled and not self.acl.allow_anonymous and self.cluster_secret is None:
+            yield (
+                ("acl.allow_anonymous", "cluster_secret"),
+                "acl.allow_anonymous = false needs a cluster_secret: the cluster's own "
+                "requests are told from clients' by its signature",
+            )
 
     @property
     def is_master(self) -> bool:
@@ -808,7 +861,8 @@ class ProxyConfig(_Validated):
     listen: str = _opt("0.0.0.0:8081", check=_listen_check)
     # Admin HTTP (healthz, readyz, metrics); unset = none.
     http_listen: str | None = _opt(None, check=_listen_check, flag="http")
-    # Consumer groups the gateway serves in order (one receive per queue at a time).
+    # Consumer groups served in order besides those set with `hactl group update G
+    # --orderly` (the gateway pops them with the broker's orderly POP).
     fifo_groups: tuple[str, ...] = ()
     # Push consumers' long polling, sent to them in the settings.
     long_polling_timeout_ms: int = _opt(20_000, ge=1000)
@@ -822,7 +876,12 @@ class ProxyConfig(_Validated):
     heartbeat_broker_interval_ms: int = 5000
     # Timeout of one request to a broker.
     broker_timeout_ms: int = 3000
+    # The cluster's secret: the gateway's own requests (heartbeats, routes) are signed
+    # with it; clients' requests are signed as their ACL user (docs/security.md).
+    cluster_secret: str | None = _opt(None, check=_not_empty, secret=True)
     tls: TlsConfig = field(default_factory=TlsConfig)
+    # The client ACL: the SDKs' Credentials are checked against its users.
+    acl: AclConfig = field(default_factory=AclConfig)
     log_level: LogLevel = "INFO"
 
     def _rules(self) -> Iterator[tuple[tuple[str, ...], str]]:
@@ -830,6 +889,12 @@ class ProxyConfig(_Validated):
             clash = _listener_clash({"listen": self.listen, "http_listen": self.http_listen})
             if clash is not None:
                 yield clash
+        if self.acl.enabled and not self.acl.allow_anonymous and self.cluster_secret is None:
+            yield (
+                ("acl.allow_anonymous", "cluster_secret"),
+                "acl.allow_anonymous = false needs a cluster_secret: the cluster's own "
+                "requests are told from clients' by its signature",
+            )
 
 
 # --- schema ------------------------------------------------------------------------------
@@ -1208,7 +1273,7 @@ def render_toml(
     cfg: NameserverConfig | BrokerConfig | ProxyConfig | Sequence[BrokerConfig],
 ) -> str:
     """A TOML file that the matching loader turns back into ``cfg``."""
-    lines = ["# ha-controller configuration (see DESIGN.md section 9)"]
+    lines = ["# ha-controller configuration (every key: docs/configuration.md)"]
     lines += _toml_table(to_toml_dict(cfg), "")
     return "\n".join(lines) + "\n"
 

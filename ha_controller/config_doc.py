@@ -35,6 +35,7 @@ from pathlib import Path
 from typing import Any, Literal
 
 from ha_controller.config import (
+    AclConfig,
     BrokerConfig,
     NameserverConfig,
     ProxyConfig,
@@ -56,7 +57,11 @@ COMPONENTS: tuple[tuple[str, str, type], ...] = (
     ("proxy", "hactl proxy", ProxyConfig),
 )
 #: nested tables, documented once each
-TABLES: tuple[tuple[str, type], ...] = (("tls", TlsConfig), ("limits", RpcLimits))
+TABLES: tuple[tuple[str, type], ...] = (
+    ("tls", TlsConfig),
+    ("acl", AclConfig),
+    ("limits", RpcLimits),
+)
 
 #: What each field ``check`` function accepts (by function name).
 CHECKS: dict[str, str] = {
@@ -130,8 +135,6 @@ DESCRIPTIONS: dict[tuple[str, str], str] = {
     ("BrokerConfig", "broker_ip1"): "RocketMQ `brokerIP1`: the host advertised for the "
     "RPC and HA ports (in registrations and routes) instead of the bound one; needed "
     "when a listener binds a wildcard. Unset = the bound address.",
-    ("BrokerConfig", "broker_ip2"): "RocketMQ `brokerIP2`. Accepted and checked, but "
-    "not read: the HA address is advertised with `broker_ip1` as well.",
     ("BrokerConfig", "store_dir"): "Store directory (commit log, consume queues, "
     "checkpoint, topic and offset tables). Unset = `~/store/<broker_name>-<broker_id>`.",
     # --- broker: RIP-32 switches
@@ -207,8 +210,9 @@ DESCRIPTIONS: dict[tuple[str, str], str] = {
     "(notices, HA-info exchange, lock votes, pre-online pulls), and its HA port counts "
     "and streams to a slave only after a challenge-response on the secret. Unset = "
     "open mode (see [security](security.md)).",
-    ("BrokerConfig", "admin_token"): "Bearer token for mutating admin endpoints; unset = "
-    "no token required.",
+    ("BrokerConfig", "admin_token"): "Bearer token of the admin HTTP API: with it set, "
+    "every endpoint but `/healthz`, `/readyz` and `/metrics` answers 401 without "
+    "`Authorization: Bearer <token>`. Unset = no token required.",
     ("BrokerConfig", "delay_levels"): "RocketMQ `messageDelayLevel`: the delay of "
     "each level, level 1 first. A level above the last is clamped to the last.",
     ("BrokerConfig", "escape_max_attempts"): "Attempts of one escape (a send to "
@@ -264,10 +268,6 @@ DESCRIPTIONS: dict[tuple[str, str], str] = {
 
 # Facts to add after a key's description: (class name, field) -> text.
 NOTES: dict[tuple[str, str], str] = {
-    ("NameserverConfig", "admin_token"): "Every admin HTTP endpoint is read-only "
-    "today, so nothing asks for this token yet.",
-    ("BrokerConfig", "admin_token"): "Every admin HTTP endpoint is read-only today, "
-    "so nothing asks for this token yet.",
     ("BrokerConfig", "auto_create_topic"): "On by default; "
     "`helm/ha-controller/examples/production.yaml` turns it off, so that a misspelled "
     "topic fails the send instead of quietly becoming a new topic. With it off, create "

@@ -49,7 +49,10 @@ async def serve(cfg: NameserverConfig, stop: asyncio.Event, ready_file: str | Pa
     host, port = parse_host_port(cfg.listen)
     rpc_host, rpc_port = await server.start(host, port)
     app = build_admin_app(
-        service.metrics.registry, ready=lambda: (True, "serving"), routes=http_routes(service)
+        service.metrics.registry,
+        ready=lambda: (True, "serving"),
+        routes=http_routes(service),
+        token=cfg.admin_token,
     )
     http_host, http_port = parse_host_port(cfg.http_listen)
     runner, (hh, hp) = await start_http(app, http_host, http_port, tls)

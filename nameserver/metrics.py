@@ -120,6 +120,13 @@ class NameserverMetrics:
         )
         for reason in (*RPC_REASONS, *OPEN_MODE_REASONS):
             self.auth_refused.labels(reason)
+        self.acl_denied = Counter(
+            "hac_acl_denied_total",
+            "Client requests refused by the ACL, by request code and reason (anonymous, "
+            "unknown_user, bad_signature, stale, no_permission)",
+            ["code", "reason"],
+            registry=self.registry,
+        )
         self.route_watchers = Gauge(
             "hac_route_watchers", "Route watches currently held", registry=self.registry
         )

@@ -21,10 +21,12 @@ import socket
 import time
 from typing import Any
 
+from ha_controller.acl import Acl
+from ha_controller.acl import guard as acl_guard
 from ha_controller.auth import ClusterAuth
 from ha_controller.config import NameserverConfig
 from ha_controller.proto import common_pb2, nameserver_pb2
-from ha_controller.protocol.codes import RequestCode
+from ha_controller.protocol.codes import RequestCode, method_name
 from ha_controller.protocol.errors import (
     AddressMismatch,
     HaError,
@@ -127,6 +129,7 @@ class NameserverService:
         self.table = RouteTable(
             support_acting_master=cfg.support_acting_master,
             notify_min_broker_id_changed=cfg.notify_min_broker_id_changed,
+            scan_interval_ms=cfg.scan_not_active_broker_interval_ms,
         )
         # (cluster, group) -> (acting broker id, unix time it took over)
         self._acting: dict[tuple[str, str], tuple[int, float]] = {}
@@ -134,12 +137,16 @@ class NameserverService:
             self.table.groups_view, lambda: {k: ts for k, (_, ts) in self._acting.items()}
         )
         self.auth = ClusterAuth(cfg.cluster_secret, on_refused=self._auth_refused)
+        self.acl = Acl.from_config(
+            cfg.acl,
+            on_denied=lambda m, why: self.metrics.acl_denied.labels(method_name(m), why).inc(),
+        )
         self.pool = ConnectionPool(
             connect_timeout_ms=cfg.notify_timeout_ms,
             ssl_context=cfg.tls.client_context(),
             signer=self.auth.sign,
         )
-        self.dispatcher = Dispatcher(guard=self.auth.check)
+        self.dispatcher = Dispatcher(guard=acl_guard(self.auth, self.acl))
         self._changed = asyncio.Condition()
         self._watchers = 0
         self._tg: asyncio.TaskGroup | None = None

@@ -1,11 +1,10 @@
 """What every ``hactl`` area shares: the default nameserver, address lists, tables, the
-help formatter, argument types that refuse bad values, the TLS options of every command
-that connects, and running an async command from argparse."""
+help formatter, argument types that refuse bad values, the TLS options and the ACL
+credentials of every command that connects, and running an async command from argparse."""
 
 from __future__ import annotations
 
 import argparse
-import asyncio
 import os
 import textwrap
 from collections.abc import Callable, Coroutine, Mapping, Sequence
@@ -15,12 +14,16 @@ from typing import TYPE_CHECKING, Any
 if TYPE_CHECKING:
     import ssl
 
+    from ha_controller.acl import Credentials
+
 __all__ = [
     "DEFAULT_NAMESRV",
     "LOG_LEVELS",
     "HelpFormatter",
+    "add_credential_arguments",
     "add_parser",
     "add_tls_arguments",
+    "client_credentials",
     "client_tls",
     "comma_list",
     "float_above",
@@ -237,6 +240,47 @@ def client_tls(
         raise ConfigError(f"TLS files ({ca_src}, {cert_src}): cannot be loaded: {exc}") from exc
 
 
+_CREDENTIAL_RULES = (
+    "With the cluster's client ACL on, requests are signed as this user (HMAC over the "
+    "whole request and a timestamp); without, they go anonymous. Prefer HAC_SECRET_KEY "
+    "to --secret-key: a command line is visible to every user of the machine."
+)
+
+
+def add_credential_arguments(parser: argparse.ArgumentParser) -> None:
+    """``--access-key`` and ``--secret-key`` (or ``HAC_ACCESS_KEY``/``HAC_SECRET_KEY``):
+    the ACL user a tool's requests are signed as (:func:`client_credentials`)."""
+    group = parser.add_argument_group("ACL credentials", textwrap.fill(_CREDENTIAL_RULES, 78))
+    group.add_argument(
+        "--access-key", metavar="KEY", help="the ACL user's access key (HAC_ACCESS_KEY)"
+    )
+    group.add_argument(
+        "--secret-key",
+        metavar="SECRET",
+        help="the ACL user's secret key (HAC_SECRET_KEY; safer than this flag)",
+    )
+
+
+def client_credentials(
+    args: argparse.Namespace, env: Mapping[str, str] | None = None
+) -> Credentials | None:
+    """The ACL user of a tool (None: anonymous), from ``--access-key``/``--secret-key``
+    and, for what they leave unset, ``HAC_ACCESS_KEY``/``HAC_SECRET_KEY``.  One without
+    the other is a ``ConfigError`` naming both (never the secret's value)."""
+    from ha_controller.acl import Credentials
+    from ha_controller.protocol.errors import ConfigError
+
+    env = os.environ if env is None else env
+    ak = getattr(args, "access_key", None) or env.get("HAC_ACCESS_KEY") or None
+    sk = getattr(args, "secret_key", None) or env.get("HAC_SECRET_KEY") or None
+    try:
+        return Credentials.maybe(ak, sk)
+    except ValueError as exc:
+        raise ConfigError(
+            f"--access-key/--secret-key (HAC_ACCESS_KEY/HAC_SECRET_KEY): {exc}"
+        ) from None
+
+
 def comma_list(text: str) -> list[str]:
     """``"h1:p1, h2:p2"`` -> ``["h1:p1", "h2:p2"]`` (blanks dropped): addresses, groups."""
     return [a.strip() for a in text.split(",") if a.strip()]
@@ -258,6 +302,8 @@ def run_async(
     """An argparse handler that runs the coroutine handler ``fn`` to its exit code."""
 
     def run(args: argparse.Namespace) -> int:
-        return int(asyncio.run(fn(args)))
+        from ha_controller.process import run as run_on_loop  # uvloop when installed
+
+        return int(run_on_loop(fn(args)))
 
     return run

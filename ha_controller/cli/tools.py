@@ -2,7 +2,9 @@
 ``groups`` and ``route``.
 
 Every tool takes ``--namesrv H:P[,H:P]`` and the TLS options (``--tls-ca``,
-``--tls-cert``, ``--tls-key``, or ``HAC_TLS_*``: :func:`.common.client_tls`);
+``--tls-cert``, ``--tls-key``, or ``HAC_TLS_*``: :func:`.common.client_tls`) and the ACL
+credentials (``--access-key``/``--secret-key`` or ``HAC_ACCESS_KEY``/``HAC_SECRET_KEY``:
+:func:`.common.client_credentials`);
 ``--json`` makes the output machine-readable: ``produce`` and ``consume`` print one
 object per message on stdout and a ``{"summary": ...}`` object last, the others one
 document.  Human-readable
@@ -25,8 +27,10 @@ from typing import TYPE_CHECKING, Any
 
 from ha_controller.cli.common import (
     DEFAULT_NAMESRV,
+    add_credential_arguments,
     add_parser,
     add_tls_arguments,
+    client_credentials,
     client_tls,
     comma_list,
     float_above,
@@ -175,6 +179,7 @@ def add_commands(sub: Any) -> None:
             "--namesrv", default=DEFAULT_NAMESRV, metavar="H:P", help="nameserver(s) H:P[,H:P]"
         )
         add_tls_arguments(t)
+        add_credential_arguments(t)
 
     def tool(name: str, help_text: str, fn: Handler, **kwargs: Any) -> argparse.ArgumentParser:
         t = add_parser(sub, name, help=help_text, description=help_text, **kwargs)
@@ -286,6 +291,55 @@ def add_commands(sub: Any) -> None:
     ts.add_argument("topic", type=any_topic_name, help="the topic to describe")
     ts.add_argument("--json", action="store_true", help="machine-readable output")
 
+    group = add_parser(
+        sub,
+        "group",
+        help="manage consumer groups' settings",
+        description="Manage consumer groups' own settings (RocketMQ subscription group configs).",
+    )
+    group_sub = group.add_subparsers(dest="group_command", required=True, metavar="ACTION")
+    gu = add_parser(
+        group_sub,
+        "update",
+        help="set a consumer group's settings on every master",
+        description=textwrap.fill(
+            "Set a consumer group's settings on every master.  --orderly makes its POP "
+            "orderly (RocketMQ's consumeMessageOrderly): each queue goes to one batch at a "
+            "time, until the batch is acked or its invisible time is over; the gRPC gateway "
+            "then tells the group's SDK clients to consume FIFO."
+        ),
+    )
+    namesrv(gu)
+    gu.add_argument("group", type=group_name, help="the consumer group")
+    gu.add_argument("--cluster", help="only the masters of this cluster (default: all)")
+    orderly = gu.add_mutually_exclusive_group(required=True)
+    orderly.add_argument(
+        "--orderly",
+        dest="orderly",
+        action="store_true",
+        default=argparse.SUPPRESS,
+        help="consume in order",
+    )
+    orderly.add_argument(
+        "--no-orderly",
+        dest="orderly",
+        action="store_false",
+        default=argparse.SUPPRESS,
+        help="consume concurrently",
+    )
+    gu.set_defaults(func=run_async(_group_update))
+    gd = add_parser(
+        group_sub,
+        "describe",
+        help="a consumer group's settings on every broker group",
+        description="A consumer group's settings, as each broker group's master has them.",
+    )
+    namesrv(gd)
+    gd.add_argument("group", type=group_name, help="the consumer group")
+    gd.add_argument("--cluster", help="only the masters of this cluster (default: all)")
+    gd.add_argument("--json", action="store_true", help="machine-readable output")
+    gd.set_defaults(func=run_async(_group_describe))
+
     tool("groups", "show broker groups, their members and acting masters", _groups)
     r = tool("route", "show a topic's route as clients see it", _route)
     r.add_argument("topic", type=any_topic_name, help="the topic whose route to show")
@@ -368,6 +422,7 @@ async def _produce(args: argparse.Namespace) -> int:
         return 2
 
     tls = client_tls(args)  # a bad TLS setting fails before anything is shown
+    credentials = client_credentials(args)
 
     def on_sent(sent: Sent) -> None:
         print(json.dumps(sent_line(sent)), flush=True)
@@ -394,6 +449,7 @@ async def _produce(args: argparse.Namespace) -> int:
             on_sent=on_sent if args.json else None,
             progress=progress,
             tls=tls,
+            credentials=credentials,
         )
     finally:
         bar.close()
@@ -420,6 +476,7 @@ async def _consume(args: argparse.Namespace) -> int:
     from ha_controller.client.tools import ConsumeStats, consume, now_ms
 
     tls = client_tls(args)
+    credentials = client_credentials(args)
 
     def on_message(m: ReceivedMessage) -> None:
         print(json.dumps(received_line(m, now_ms())), flush=True)
@@ -444,6 +501,7 @@ async def _consume(args: argparse.Namespace) -> int:
             on_message=on_message if args.json else None,
             progress=progress,
             tls=tls,
+            credentials=credentials,
         )
     finally:
         bar.close()
@@ -466,7 +524,9 @@ async def _consume(args: argparse.Namespace) -> int:
 async def _create(args: argparse.Namespace) -> int:
     from ha_controller.client.admin import NameserverClient, TopicExists
 
-    async with NameserverClient(comma_list(args.namesrv), tls=client_tls(args)) as ns:
+    async with NameserverClient(
+        comma_list(args.namesrv), tls=client_tls(args), credentials=client_credentials(args)
+    ) as ns:
         try:
             created = await ns.create_topic(
                 args.topic,
@@ -509,7 +569,9 @@ async def _update(args: argparse.Namespace) -> int:
             file=sys.stderr,
         )
         return 2
-    async with NameserverClient(comma_list(args.namesrv), tls=client_tls(args)) as ns:
+    async with NameserverClient(
+        comma_list(args.namesrv), tls=client_tls(args), credentials=client_credentials(args)
+    ) as ns:
         changes = await ns.update_topic(
             args.topic,
             cluster=args.cluster,
@@ -535,7 +597,9 @@ async def _update(args: argparse.Namespace) -> int:
 async def _delete(args: argparse.Namespace) -> int:
     from ha_controller.client.admin import NameserverClient
 
-    async with NameserverClient(comma_list(args.namesrv), tls=client_tls(args)) as ns:
+    async with NameserverClient(
+        comma_list(args.namesrv), tls=client_tls(args), credentials=client_credentials(args)
+    ) as ns:
         result = await ns.delete_topic(args.topic, cluster=args.cluster)
     if result.deleted:
         print(f"topic {args.topic} deleted on {', '.join(result.deleted)}")
@@ -559,7 +623,9 @@ async def _list(args: argparse.Namespace) -> int:
     from ha_controller.client.admin import NameserverClient
     from ha_controller.routing import Perm
 
-    async with NameserverClient(comma_list(args.namesrv), tls=client_tls(args)) as ns:
+    async with NameserverClient(
+        comma_list(args.namesrv), tls=client_tls(args), credentials=client_credentials(args)
+    ) as ns:
         tables = await ns.topic_tables(args.cluster)
     rows = sorted(
         (topic, group, config)
@@ -599,7 +665,9 @@ async def _list(args: argparse.Namespace) -> int:
 async def _describe(args: argparse.Namespace) -> int:
     from ha_controller.client.admin import NameserverClient
 
-    async with NameserverClient(comma_list(args.namesrv), tls=client_tls(args)) as ns:
+    async with NameserverClient(
+        comma_list(args.namesrv), tls=client_tls(args), credentials=client_credentials(args)
+    ) as ns:
         route = await ns.route(args.topic)
         offsets = await ns.queue_offsets(route)
     if args.json:
@@ -637,7 +705,9 @@ async def _describe(args: argparse.Namespace) -> int:
 async def _groups(args: argparse.Namespace) -> int:
     from ha_controller.client.admin import NameserverClient
 
-    async with NameserverClient(comma_list(args.namesrv), tls=client_tls(args)) as ns:
+    async with NameserverClient(
+        comma_list(args.namesrv), tls=client_tls(args), credentials=client_credentials(args)
+    ) as ns:
         groups = await ns.groups()
     if args.json:
         print(
@@ -692,10 +762,60 @@ def _print_route(route: Any) -> None:
 async def _route(args: argparse.Namespace) -> int:
     from ha_controller.client.admin import NameserverClient
 
-    async with NameserverClient(comma_list(args.namesrv), tls=client_tls(args)) as ns:
+    async with NameserverClient(
+        comma_list(args.namesrv), tls=client_tls(args), credentials=client_credentials(args)
+    ) as ns:
         route = await ns.route(args.topic)
     if args.json:
         print(json.dumps(route.to_json()))
         return EXIT_OK
     _print_route(route)
+    return EXIT_OK
+
+
+# ---- consumer group settings ----------------------------------------------------------------
+
+
+def group_name(text: str) -> str:
+    """A consumer group name a client may use (see
+    :func:`ha_controller.protocol.topics.group_name_problem`)."""
+    from ha_controller.protocol.topics import group_name_problem
+
+    problem = group_name_problem(text)
+    if problem is not None:
+        raise argparse.ArgumentTypeError(problem)
+    return text
+
+
+async def _group_update(args: argparse.Namespace) -> int:
+    from ha_controller.client.admin import NameserverClient
+
+    async with NameserverClient(
+        comma_list(args.namesrv), tls=client_tls(args), credentials=client_credentials(args)
+    ) as ns:
+        updated = await ns.update_subscription_group(
+            args.group, orderly=args.orderly, cluster=args.cluster
+        )
+    if not updated:
+        where = f"cluster {args.cluster}" if args.cluster else "the cluster"
+        print(f"hactl group update: no master of {where} is online", file=sys.stderr)
+        return EXIT_FAILED
+    mode = "orderly" if args.orderly else "concurrently"
+    print(f"group {args.group} consumes {mode} on {', '.join(updated)}")
+    return EXIT_OK
+
+
+async def _group_describe(args: argparse.Namespace) -> int:
+    from ha_controller.client.admin import NameserverClient
+
+    async with NameserverClient(
+        comma_list(args.namesrv), tls=client_tls(args), credentials=client_credentials(args)
+    ) as ns:
+        per_group = await ns.subscription_group(args.group, args.cluster)
+    if args.json:
+        print(json.dumps({"group": args.group, "orderly": per_group}))
+    else:
+        for name, orderly in sorted(per_group.items()):
+            state = "not configured" if orderly is None else "orderly" if orderly else "concurrent"
+            print(f"{args.group} on {name}: {state}")
     return EXIT_OK

@@ -1,5 +1,6 @@
 """Asyncio client SDK: producers, consumers, routes and admin (DESIGN.md section 6)."""
 
+from ha_controller.acl import Credentials
 from ha_controller.client.admin import GroupInfo, NameserverClient
 from ha_controller.client.message import (
     Message,
@@ -25,6 +26,7 @@ from ha_controller.client.routes import RouteCache, RouteListener
 from ha_controller.client.simple_consumer import SimpleConsumer
 
 __all__ = [
+    "Credentials",
     "EndpointIsolation",
     "GroupInfo",
     "Message",

@@ -11,6 +11,7 @@ from dataclasses import dataclass, field
 
 from google.protobuf.message import Message
 
+from ha_controller.acl import Credentials
 from ha_controller.client.lifecycle import AsyncLifecycle
 from ha_controller.proto import broker_pb2, common_pb2, nameserver_pb2
 from ha_controller.protocol.codes import RequestCode
@@ -130,7 +131,8 @@ class NameserverClient(AsyncLifecycle):
 
     Its connections (to nameservers, and to brokers for the topic commands) come from
     ``pool``, else from its own pool with ``tls`` (an ``ssl.SSLContext``; None =
-    plaintext).  A :class:`~ha_controller.client.routes.RouteCache` uses the
+    plaintext) whose requests are signed with ``credentials`` (an ACL user; None =
+    anonymous).  A :class:`~ha_controller.client.routes.RouteCache` uses the
     nameserver client it is given, and so its TLS."""
 
     def __init__(
@@ -139,14 +141,19 @@ class NameserverClient(AsyncLifecycle):
         pool: ConnectionPool | None = None,
         *,
         tls: ssl.SSLContext | None = None,
+        credentials: Credentials | None = None,
     ) -> None:
         if not addrs:
             raise ValueError("at least one nameserver address is needed")
-        if pool is not None and tls is not None:
-            raise ValueError("give tls to the ConnectionPool passed as pool, not to both")
+        if pool is not None and (tls is not None or credentials is not None):
+            raise ValueError(
+                "give tls and credentials to the ConnectionPool passed as pool, not to both"
+            )
         self.addrs = list(addrs)
         self._own_pool = pool is None
-        self.pool = pool or ConnectionPool(ssl_context=tls)
+        self.pool = pool or ConnectionPool(
+            ssl_context=tls, signer=credentials.sign if credentials is not None else None
+        )
         self._next = 0
 
     async def _call(
@@ -281,6 +288,44 @@ class NameserverClient(AsyncLifecycle):
         for _, addr in masters:
             await self._upsert(addr, config)
         return [group for group, _ in masters]
+
+    async def subscription_groups(self, addr: str) -> dict[str, bool]:
+        """Consumer group -> consume orderly, of the broker at ``addr``
+        (GET_ALL_SUBSCRIPTIONGROUP_CONFIG)."""
+        pb = await self.pool.call_pb(
+            addr,
+            RequestCode.GET_ALL_SUBSCRIPTIONGROUP_CONFIG,
+            common_pb2.Empty(),
+            broker_pb2.SubscriptionGroupTable,
+            BROKER_ADMIN_TIMEOUT_MS,
+        )
+        return {g.group_name: g.consume_orderly for g in pb.groups}
+
+    async def subscription_group(
+        self, group: str, cluster: str | None = None
+    ) -> dict[str, bool | None]:
+        """Broker group name -> whether consumer group ``group`` consumes orderly there
+        (None: not configured), from every online master (of ``cluster``)."""
+        masters = await self._masters(cluster)
+        tables = await asyncio.gather(*(self.subscription_groups(addr) for _, addr in masters))
+        return {name: table.get(group) for (name, _), table in zip(masters, tables, strict=True)}
+
+    async def update_subscription_group(
+        self, group: str, *, orderly: bool, cluster: str | None = None
+    ) -> list[str]:
+        """Set consumer group ``group``'s config (RocketMQ's consumeMessageOrderly) on
+        every online master (of ``cluster``); returns their group names."""
+        masters = await self._masters(cluster)
+        config = broker_pb2.SubscriptionGroupConfig(group_name=group, consume_orderly=orderly)
+        for _, addr in masters:
+            await self.pool.call_pb(
+                addr,
+                RequestCode.UPDATE_AND_CREATE_SUBSCRIPTIONGROUP,
+                broker_pb2.UpdateSubscriptionGroupRequest(config=config),
+                common_pb2.Empty,
+                BROKER_ADMIN_TIMEOUT_MS,
+            )
+        return [name for name, _ in masters]
 
     async def update_topic(
         self,

@@ -17,6 +17,8 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Final
 
+from ha_controller.protocol.errors import MessageTooLarge
+
 # Re-exported: the property names (and MAX_DELAY_LEVEL) are part of the SDK's API.
 from ha_controller.protocol.properties import (
     MAX_DELAY_LEVEL,
@@ -33,6 +35,7 @@ if TYPE_CHECKING:
     from ha_controller.proto import broker_pb2
 
 __all__ = [
+    "DEFAULT_MAX_MESSAGE_BYTES",
     "PROPERTY_DELAY",
     "PROPERTY_KEYS",
     "PROPERTY_MESSAGE_GROUP",
@@ -47,9 +50,14 @@ __all__ = [
     "MessageQueue",
     "ReceivedMessage",
     "SendReceipt",
+    "check_size",
     "new_client_id",
     "new_message_id",
 ]
+
+#: RocketMQ's ``maxMessageSize`` (the producer's and the broker's ``max_message_bytes``
+#: default): 4 MiB of bodies and properties per send.
+DEFAULT_MAX_MESSAGE_BYTES: Final = 4 * 1024 * 1024
 
 #: Properties the SDK sets from a message's fields; not allowed as user properties.
 RESERVED_PROPERTIES: Final = frozenset(
@@ -307,3 +315,24 @@ def new_client_id() -> str:
     """A client id like the RocketMQ 5 clients': ``hostname@pid@index@random``."""
     rand = uuid.uuid4().hex[:9]
     return f"{socket.gethostname()}@{os.getpid()}@{next(_CLIENT_INDEX)}@{rand}"
+
+
+def message_size(message: Message) -> int:
+    """What a message weighs against the limit: its body and its user properties."""
+    props = sum(len(k.encode()) + len(v.encode()) for k, v in message.properties.items())
+    return len(message.body) + props
+
+
+def check_size(messages: Sequence[Message], max_bytes: int = DEFAULT_MAX_MESSAGE_BYTES) -> None:
+    """Refuse (``MessageTooLarge``, not retriable) a send whose messages weigh more than
+    ``max_bytes`` together, before anything is sent (RocketMQ's ``Validators.checkMessage``:
+    no attempt, no retry, nothing on the wire)."""
+    total = 0
+    for message in messages:
+        total += message_size(message)
+    if total > max_bytes:
+        what = "the message" if len(messages) == 1 else f"the batch of {len(messages)} messages"
+        raise MessageTooLarge(
+            f"{what} to {messages[0].topic!r} has {total} bytes of bodies and properties; the "
+            f"limit is {max_bytes} (the producer's max_message_bytes, RocketMQ's maxMessageSize)"
+        )

@@ -468,6 +468,7 @@ class OrderlyPushConsumer(PushConsumer):
                     topics=(),
                     send_timeout_ms=self.request_timeout_ms,
                     tls=self.tls,
+                    credentials=self.credentials,
                 )
                 await producer.start()
                 self._dlq = producer

@@ -21,6 +21,7 @@ from typing import Final
 
 from google.protobuf.message import Message as PbMessage
 
+from ha_controller.acl import Credentials
 from ha_controller.client.admin import NameserverClient
 from ha_controller.client.lifecycle import AsyncLifecycle
 from ha_controller.client.message import MessageQueue, ReceivedMessage
@@ -113,6 +114,7 @@ class PullConsumer(AsyncLifecycle):
         routes: RouteCache | None = None,
         pool: ConnectionPool | None = None,
         tls: ssl.SSLContext | None = None,
+        credentials: Credentials | None = None,
     ) -> None:
         if not group:
             raise ValueError("consumer group must not be empty")
@@ -122,10 +124,14 @@ class PullConsumer(AsyncLifecycle):
         self.request_timeout_ms = request_timeout_ms
         self.call_attempts = call_attempts
         self.retry_backoff_s = retry_backoff_s
-        if pool is not None and tls is not None:
-            raise ValueError("give tls to the ConnectionPool passed as pool, not to both")
+        if pool is not None and (tls is not None or credentials is not None):
+            raise ValueError(
+                "give tls and credentials to the ConnectionPool passed as pool, not to both"
+            )
         self._own_pool = pool is None
-        self._pool = pool or ConnectionPool(ssl_context=tls)
+        self._pool = pool or ConnectionPool(
+            ssl_context=tls, signer=credentials.sign if credentials is not None else None
+        )
         self._own_routes = routes is None
         if routes is None:
             nameserver = NameserverClient(parse_namesrv_addrs(namesrv_addrs), self._pool)

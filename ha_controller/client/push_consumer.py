@@ -30,6 +30,7 @@ import ssl
 from collections.abc import Awaitable, Callable, Iterable, Sequence
 from typing import TypeVar
 
+from ha_controller.acl import Credentials
 from ha_controller.client.admin import NameserverClient
 from ha_controller.client.lifecycle import AsyncLifecycle
 from ha_controller.client.message import MessageQueue, ReceivedMessage, new_client_id
@@ -151,6 +152,7 @@ class PushConsumer(AsyncLifecycle):
         request_timeout_ms: int = 3000,
         route_watch: bool = True,
         tls: ssl.SSLContext | None = None,
+        credentials: Credentials | None = None,
     ) -> None:
         if batch < 1:
             raise ValueError(f"batch must be >= 1, got {batch}")
@@ -173,7 +175,10 @@ class PushConsumer(AsyncLifecycle):
         self.request_timeout_ms = request_timeout_ms
         self._listener = listener
         self.tls = tls
-        self._pool = ConnectionPool(ssl_context=tls)
+        self.credentials = credentials
+        self._pool = ConnectionPool(
+            ssl_context=tls, signer=credentials.sign if credentials is not None else None
+        )
         self._nameserver = NameserverClient(parse_namesrv_addrs(namesrv_addrs), self._pool)
         self.routes = RouteCache(self._nameserver, watch=route_watch)
         self._pull = PullConsumer(

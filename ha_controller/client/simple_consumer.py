@@ -19,6 +19,7 @@ import time
 from collections.abc import Sequence
 from typing import Final
 
+from ha_controller.acl import Credentials
 from ha_controller.client.admin import NameserverClient
 from ha_controller.client.lifecycle import AsyncLifecycle
 from ha_controller.client.message import ReceivedMessage
@@ -58,6 +59,7 @@ class SimpleConsumer(AsyncLifecycle):
         request_timeout_ms: int = 3000,
         route_watch: bool = True,
         tls: ssl.SSLContext | None = None,
+        credentials: Credentials | None = None,
     ) -> None:
         if not group:
             raise ValueError("consumer group must not be empty")
@@ -69,7 +71,9 @@ class SimpleConsumer(AsyncLifecycle):
         self.topics = [*topics, retry_topic_of(group)]
         self.invisible_duration_s = invisible_duration_s
         self.request_timeout_ms = request_timeout_ms
-        self._pool = ConnectionPool(ssl_context=tls)
+        self._pool = ConnectionPool(
+            ssl_context=tls, signer=credentials.sign if credentials is not None else None
+        )
         self.routes = RouteCache(
             NameserverClient(parse_namesrv_addrs(namesrv_addrs), self._pool), watch=route_watch
         )

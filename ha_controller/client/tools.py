@@ -17,6 +17,7 @@ import uuid
 from collections.abc import Callable
 from dataclasses import dataclass, field
 
+from ha_controller.acl import Credentials
 from ha_controller.client.message import Message, ReceivedMessage, SendReceipt
 from ha_controller.client.producer import Producer
 from ha_controller.client.push_consumer import PushConsumer
@@ -104,6 +105,7 @@ async def produce(
     progress: Callable[[ProduceStats], None] | None = None,
     run_id: str | None = None,
     tls: ssl.SSLContext | None = None,
+    credentials: Credentials | None = None,
 ) -> ProduceStats:
     """Send ``count`` messages keyed ``<run_id>-<n>``; ``on_sent`` gets every outcome,
     ``progress`` the stats after every send.
@@ -115,7 +117,11 @@ async def produce(
     interval = 1.0 / rate if rate else 0.0
     delayed = bool(delay_level) or deliver_ts_ms is not None
     async with Producer(
-        namesrv, group=f"hactl-produce-{run_id}", topics=[topic], tls=tls
+        namesrv,
+        group=f"hactl-produce-{run_id}",
+        topics=[topic],
+        tls=tls,
+        credentials=credentials,
     ) as producer:
         start = time.monotonic()
         for i in range(count):
@@ -171,6 +177,7 @@ async def consume(
     on_message: Callable[[ReceivedMessage], None] | None = None,
     progress: Callable[[ConsumeStats], None] | None = None,
     tls: ssl.SSLContext | None = None,
+    credentials: Credentials | None = None,
 ) -> ConsumeStats:
     """Consume as a push consumer until ``count`` messages were handed out or
     ``timeout_s`` passed; ``on_message`` sees every message handed out.
@@ -202,7 +209,9 @@ async def consume(
         return True
 
     batch = 32 if count is None else max(1, min(32, count))
-    async with PushConsumer(namesrv, group, topic, listener, batch=batch, tls=tls):
+    async with PushConsumer(
+        namesrv, group, topic, listener, batch=batch, tls=tls, credentials=credentials
+    ):
         try:
             async with asyncio.timeout(timeout_s):
                 await done.wait()

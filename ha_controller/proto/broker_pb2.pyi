@@ -401,7 +401,7 @@ class CommitLogRange(_message.Message):
     def __init__(self, from_offset: _Optional[int] = ..., data: _Optional[bytes] = ..., min_offset: _Optional[int] = ..., max_offset: _Optional[int] = ...) -> None: ...
 
 class PopMessageRequest(_message.Message):
-    __slots__ = ("consumer_group", "topic", "queue_id", "max_msg_nums", "invisible_time_ms", "poll_time_ms", "tags")
+    __slots__ = ("consumer_group", "topic", "queue_id", "max_msg_nums", "invisible_time_ms", "poll_time_ms", "tags", "order")
     CONSUMER_GROUP_FIELD_NUMBER: _ClassVar[int]
     TOPIC_FIELD_NUMBER: _ClassVar[int]
     QUEUE_ID_FIELD_NUMBER: _ClassVar[int]
@@ -409,6 +409,7 @@ class PopMessageRequest(_message.Message):
     INVISIBLE_TIME_MS_FIELD_NUMBER: _ClassVar[int]
     POLL_TIME_MS_FIELD_NUMBER: _ClassVar[int]
     TAGS_FIELD_NUMBER: _ClassVar[int]
+    ORDER_FIELD_NUMBER: _ClassVar[int]
     consumer_group: str
     topic: str
     queue_id: int
@@ -416,7 +417,8 @@ class PopMessageRequest(_message.Message):
     invisible_time_ms: int
     poll_time_ms: int
     tags: _containers.RepeatedScalarFieldContainer[str]
-    def __init__(self, consumer_group: _Optional[str] = ..., topic: _Optional[str] = ..., queue_id: _Optional[int] = ..., max_msg_nums: _Optional[int] = ..., invisible_time_ms: _Optional[int] = ..., poll_time_ms: _Optional[int] = ..., tags: _Optional[_Iterable[str]] = ...) -> None: ...
+    order: bool
+    def __init__(self, consumer_group: _Optional[str] = ..., topic: _Optional[str] = ..., queue_id: _Optional[int] = ..., max_msg_nums: _Optional[int] = ..., invisible_time_ms: _Optional[int] = ..., poll_time_ms: _Optional[int] = ..., tags: _Optional[_Iterable[str]] = ..., order: _Optional[bool] = ...) -> None: ...
 
 class PopMessageResponse(_message.Message):
     __slots__ = ("messages", "pop_time_ms", "invisible_time_ms")
@@ -479,3 +481,63 @@ class TransactionOffsets(_message.Message):
     resolved_transaction_ids: _containers.RepeatedScalarFieldContainer[str]
     data_version: _common_pb2.DataVersion
     def __init__(self, half_offset: _Optional[int] = ..., op_offset: _Optional[int] = ..., resolved: _Optional[_Iterable[int]] = ..., resolved_transaction_ids: _Optional[_Iterable[str]] = ..., data_version: _Optional[_Union[_common_pb2.DataVersion, _Mapping]] = ...) -> None: ...
+
+class RecallMessageRequest(_message.Message):
+    __slots__ = ("producer_group", "topic", "broker_name", "deliver_ms", "uniq_key")
+    PRODUCER_GROUP_FIELD_NUMBER: _ClassVar[int]
+    TOPIC_FIELD_NUMBER: _ClassVar[int]
+    BROKER_NAME_FIELD_NUMBER: _ClassVar[int]
+    DELIVER_MS_FIELD_NUMBER: _ClassVar[int]
+    UNIQ_KEY_FIELD_NUMBER: _ClassVar[int]
+    producer_group: str
+    topic: str
+    broker_name: str
+    deliver_ms: int
+    uniq_key: str
+    def __init__(self, producer_group: _Optional[str] = ..., topic: _Optional[str] = ..., broker_name: _Optional[str] = ..., deliver_ms: _Optional[int] = ..., uniq_key: _Optional[str] = ...) -> None: ...
+
+class RecallMessageResponse(_message.Message):
+    __slots__ = ("msg_id",)
+    MSG_ID_FIELD_NUMBER: _ClassVar[int]
+    msg_id: str
+    def __init__(self, msg_id: _Optional[str] = ...) -> None: ...
+
+class RecallEntry(_message.Message):
+    __slots__ = ("uniq_key", "due_ms", "topic")
+    UNIQ_KEY_FIELD_NUMBER: _ClassVar[int]
+    DUE_MS_FIELD_NUMBER: _ClassVar[int]
+    TOPIC_FIELD_NUMBER: _ClassVar[int]
+    uniq_key: str
+    due_ms: int
+    topic: str
+    def __init__(self, uniq_key: _Optional[str] = ..., due_ms: _Optional[int] = ..., topic: _Optional[str] = ...) -> None: ...
+
+class RecallTable(_message.Message):
+    __slots__ = ("entries", "data_version")
+    ENTRIES_FIELD_NUMBER: _ClassVar[int]
+    DATA_VERSION_FIELD_NUMBER: _ClassVar[int]
+    entries: _containers.RepeatedCompositeFieldContainer[RecallEntry]
+    data_version: _common_pb2.DataVersion
+    def __init__(self, entries: _Optional[_Iterable[_Union[RecallEntry, _Mapping]]] = ..., data_version: _Optional[_Union[_common_pb2.DataVersion, _Mapping]] = ...) -> None: ...
+
+class SubscriptionGroupConfig(_message.Message):
+    __slots__ = ("group_name", "consume_orderly")
+    GROUP_NAME_FIELD_NUMBER: _ClassVar[int]
+    CONSUME_ORDERLY_FIELD_NUMBER: _ClassVar[int]
+    group_name: str
+    consume_orderly: bool
+    def __init__(self, group_name: _Optional[str] = ..., consume_orderly: _Optional[bool] = ...) -> None: ...
+
+class UpdateSubscriptionGroupRequest(_message.Message):
+    __slots__ = ("config",)
+    CONFIG_FIELD_NUMBER: _ClassVar[int]
+    config: SubscriptionGroupConfig
+    def __init__(self, config: _Optional[_Union[SubscriptionGroupConfig, _Mapping]] = ...) -> None: ...
+
+class SubscriptionGroupTable(_message.Message):
+    __slots__ = ("groups", "data_version")
+    GROUPS_FIELD_NUMBER: _ClassVar[int]
+    DATA_VERSION_FIELD_NUMBER: _ClassVar[int]
+    groups: _containers.RepeatedCompositeFieldContainer[SubscriptionGroupConfig]
+    data_version: _common_pb2.DataVersion
+    def __init__(self, groups: _Optional[_Iterable[_Union[SubscriptionGroupConfig, _Mapping]]] = ..., data_version: _Optional[_Union[_common_pb2.DataVersion, _Mapping]] = ...) -> None: ...

@@ -34,10 +34,13 @@ class RequestCode(enum.IntEnum):
     UNREGISTER_BROKER = 104
     GET_ROUTEINFO_BY_TOPIC = 105
     GET_BROKER_CLUSTER_INFO = 106
+    UPDATE_AND_CREATE_SUBSCRIPTIONGROUP = 200
+    GET_ALL_SUBSCRIPTIONGROUP_CONFIG = 201
     DELETE_TOPIC_IN_BROKER = 215
     # not served by the nameserver yet: ``hactl topic delete`` asks and reports
     DELETE_TOPIC_IN_NAMESRV = 216
     QUERY_DATA_VERSION = 322
+    RECALL_MESSAGE = 370
     GET_BROKER_MEMBER_GROUP = 901
     BROKER_HEARTBEAT = 904
     NOTIFY_MIN_BROKER_ID_CHANGE = 905
@@ -55,6 +58,7 @@ class RequestCode(enum.IntEnum):
     HA_HELLO = 900013
     HA_AUTH = 900014
     GET_TRANSACTION_OFFSETS = 900020
+    GET_RECALL_TABLE = 900021
 
 
 def method_name(method: int) -> str:

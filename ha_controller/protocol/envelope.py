@@ -30,12 +30,14 @@ STATUS_FATAL = rpc_pb2.ResponseHeader.FATAL
 
 @dataclass(frozen=True, slots=True)
 class RequestAuth:
-    """``RequestBody.authInfo``: a cluster member's signature of one request
-    (made and checked by :mod:`ha_controller.auth`; the codec only carries it)."""
+    """``RequestBody.authInfo``: a cluster member's signature of one request (made and
+    checked by :mod:`ha_controller.auth`), or with ``access_key`` a client's, signed as
+    that ACL user (:mod:`ha_controller.acl`); the codec only carries it."""
 
     timestamp_ms: int
     nonce: bytes
     signature: bytes
+    access_key: str = ""
 
 
 @dataclass(frozen=True, slots=True)
@@ -146,6 +148,8 @@ def encode_request(
         req.authInfo.timestamp = auth.timestamp_ms
         req.authInfo.nonce = auth.nonce
         req.authInfo.signature = auth.signature
+        if auth.access_key:
+            req.authInfo.accessKey = auth.access_key
     return encode_frame(serial_no, _delimited(conn, header, req), max_block_bytes)
 
 
@@ -192,7 +196,7 @@ def decode(serial_no: int, payload: bytes) -> Request | Response:
     auth = None
     if req.HasField("authInfo"):
         info = req.authInfo
-        auth = RequestAuth(info.timestamp, info.nonce, info.signature)
+        auth = RequestAuth(info.timestamp, info.nonce, info.signature, info.accessKey)
     return Request(
         serial_no,
         req.method,

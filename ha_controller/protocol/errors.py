@@ -129,6 +129,20 @@ class TlsMismatch(TlsError):
     code = 211
 
 
+class MessageTooLarge(BadRequest):
+    """A message (or batch) larger than the limit: refused by the client before anything
+    is sent, and by a broker before anything is stored.  Not retriable."""
+
+    code = 212
+
+
+class AccessDenied(Unauthorized):
+    """The client ACL refused a request: no (valid) credentials, or a user without the
+    permission the request needs; the message names it.  Nothing was changed."""
+
+    code = 213
+
+
 # --- cluster semantics -----------------------------------------------------
 
 
@@ -252,6 +266,13 @@ class QuorumNotReached(HaError):
 class EscapeFailed(HaError):
     code = 600
     retriable = True
+
+
+class NotRecallable(HaError, LookupError):
+    """A recall of a message that is not (or no longer) waiting for its delivery
+    time on this group: unknown, already delivered, or due now."""
+
+    code = 601
 
 
 class ConfigError(HaError, ValueError):

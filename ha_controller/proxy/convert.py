@@ -19,6 +19,7 @@ from ha_controller.proto import broker_pb2
 from ha_controller.proto.rocketmq.v2 import definition_pb2 as v2
 from ha_controller.proto.rocketmq.v2 import service_pb2 as v2s
 from ha_controller.protocol.errors import (
+    AccessDenied,
     BadRequest,
     BrokerIsolated,
     BrokerUnavailable,
@@ -136,6 +137,8 @@ def code_for(exc: BaseException) -> int:
         return v2.HA_NOT_AVAILABLE
     if isinstance(exc, ServiceStopping | EscapeFailed):
         return v2.HA_NOT_AVAILABLE
+    if isinstance(exc, AccessDenied):  # the client ACL: the user lacks a permission
+        return v2.FORBIDDEN
     if isinstance(exc, BadRequest):
         return v2.BAD_REQUEST
     if isinstance(exc, HaError):

@@ -51,14 +51,22 @@ from ha_controller.protocol.properties import (
     DELAY_LEVELS_MS,
     PROPERTY_POP_CK,
     PROPERTY_RETRY_TOPIC,
+    PROPERTY_TIMER_DELIVER_MS,
     PROPERTY_UNIQ_KEY,
     dlq_topic,
     now_ms,
     retry_topic,
 )
 from ha_controller.proxy import convert
-from ha_controller.proxy.handles import FifoLocks, GatewayHandle, InvalidHandle, TransactionId
+from ha_controller.proxy.auth import GatewayAuth
+from ha_controller.proxy.handles import (
+    GatewayHandle,
+    InvalidHandle,
+    RecallHandle,
+    TransactionId,
+)
 from ha_controller.proxy.metrics import ProxyMetrics
+from ha_controller.proxy.renewal import CLIENT_GONE_S, Key, Renewal, RenewalTable, key_of
 from ha_controller.proxy.sessions import CONSUMER, PRODUCER, BoundedMap, Sessions
 from ha_controller.routing import TopicRouteData
 from ha_controller.rpc import ConnectionPool, Dispatcher, RequestContext
@@ -70,8 +78,10 @@ R = TypeVar("R", bound=PbMessage)
 #: POP waits at most this long per call, so retry-topic messages and route
 #: changes are seen at least this often during a long poll.
 POLL_SLICE_MS: Final = 5000
-#: How often a FIFO receive re-checks its queues while they are locked or empty.
-FIFO_RECHECK_S: Final = 0.2
+#: How often the gateway looks for push-consumer messages to renew.
+RENEW_SCAN_S: Final = 0.2
+#: Renewals in flight at once at most.
+MAX_CONCURRENT_RENEWALS: Final = 64
 #: A broker that failed a send is avoided this long (or until a send succeeds).
 ISOLATION_S: Final = 5.0
 MAX_BATCH: Final = 32
@@ -123,12 +133,17 @@ class Gateway(service_pb2_grpc.MessagingServiceServicer):
         dispatcher.add_raw(RequestCode.CHECK_TRANSACTION_STATE, self._on_check)
         # the gateway's brokers and nameservers are dialled with the gateway's [tls]
         tls = cfg.tls.client_context()
-        self.pool = ConnectionPool(dispatcher=dispatcher, connect_timeout_ms=2000, ssl_context=tls)
+        # requests are signed as the gRPC call's ACL user (ha_controller.proxy.auth)
+        self.auth = GatewayAuth.from_config(cfg)
+        sign = self.auth.signer
+        self.pool = ConnectionPool(
+            dispatcher=dispatcher, connect_timeout_ms=2000, ssl_context=tls, signer=sign
+        )
         self.ns = NameserverClient(
-            list(cfg.namesrv_addrs), ConnectionPool(connect_timeout_ms=2000, ssl_context=tls)
+            list(cfg.namesrv_addrs),
+            ConnectionPool(connect_timeout_ms=2000, ssl_context=tls, signer=sign),
         )
         self.sessions: Sessions[v2s.TelemetryCommand] = Sessions()
-        self.fifo = FifoLocks()
         self.advertised = ""  # host:port clients use; set once bound
         self._routes: dict[str, tuple[float, TopicRouteData]] = {}
         self._group_addr: dict[str, str] = {}  # broker name -> id-0 address, from any route
@@ -136,14 +151,21 @@ class Gateway(service_pb2_grpc.MessagingServiceServicer):
         self._rr = itertools.count()
         self._tx_owner = BoundedMap(100_000)
         self._heartbeat_seen: dict[str, tuple[int, frozenset[str]]] = {}
-        self._pop_locks: dict[tuple[str, str, str, int], asyncio.Lock] = {}
-        self._fifo_changed = asyncio.Event()
+        self._orderly: dict[str, tuple[float, bool]] = {}  # group -> (until, orderly)
         self._heartbeat_wake = asyncio.Event()
+        self.renewals = RenewalTable()
+        self._renewing: dict[Key, asyncio.Future[None]] = {}
 
     # ---- life cycle ------------------------------------------------------------
 
     async def run(self, stop: asyncio.Event) -> None:
-        """Background work until ``stop``: heartbeats to brokers, session expiry."""
+        """Background work until ``stop``: heartbeats to brokers, session expiry,
+        invisible-time renewal."""
+        async with asyncio.TaskGroup() as tg:
+            tg.create_task(self._renew_loop(stop), name="proxy-renewal")
+            await self._housekeeping(stop)
+
+    async def _housekeeping(self, stop: asyncio.Event) -> None:
         while not stop.is_set():
             try:
                 await self._heartbeat_brokers()
@@ -151,6 +173,7 @@ class Gateway(service_pb2_grpc.MessagingServiceServicer):
                 log.exception("broker heartbeat round failed")
             for cid in self.sessions.expire():
                 log.info("client %s expired", cid)
+                self.renewals.drop_client(cid)
             self.metrics.clients.labels(type=PRODUCER).set(self.sessions.count(PRODUCER))
             self.metrics.clients.labels(type=CONSUMER).set(self.sessions.count(CONSUMER))
             waits = [asyncio.ensure_future(e.wait()) for e in (stop, self._heartbeat_wake)]
@@ -275,7 +298,8 @@ class Gateway(service_pb2_grpc.MessagingServiceServicer):
         cid = _client_id(context)
         if cid:
             self.sessions.remove(cid)
-            log.info("client %s terminated", cid)
+            dropped = self.renewals.drop_client(cid)
+            log.info("client %s terminated (%d messages no longer renewed)", cid, dropped)
         self.metrics.requests.labels(method="NotifyClientTermination", code="OK").inc()
         return v2s.NotifyClientTerminationResponse(status=convert.status())
 
@@ -368,6 +392,13 @@ class Gateway(service_pb2_grpc.MessagingServiceServicer):
                 ).encode()
                 if cid:
                     self._tx_owner.put(uniq, cid)
+            elif plan.message_type == v2.DELAY:
+                entry.recall_handle = RecallHandle(
+                    topic,
+                    resp.broker_name or q.broker_name,
+                    int(plan.entry.properties[PROPERTY_TIMER_DELIVER_MS]),
+                    entry.message_id,
+                ).encode()
             return entry
         if last is not None:
             raise last
@@ -381,9 +412,14 @@ class Gateway(service_pb2_grpc.MessagingServiceServicer):
         messages: list[v2.Message] = []
         code: int = v2.OK
         text = "OK"
+        cid = _client_id(context)
+        if cid:
+            self.sessions.get(cid)  # a push consumer's long polls keep it alive
         self.metrics.held_receives.inc()
         try:
             messages = await self._receive(request, context)
+            if messages and request.auto_renew and cid:
+                self._track_for_renewal(cid, request, messages)
             if not messages:
                 code, text = v2.MESSAGE_NOT_FOUND, "no new message"
         except (HaError, OSError, TimeoutError) as exc:
@@ -397,6 +433,18 @@ class Gateway(service_pb2_grpc.MessagingServiceServicer):
             yield v2s.ReceiveMessageResponse(delivery_timestamp=convert.timestamp_of_ms(now_ms()))
         for m in messages:
             yield v2s.ReceiveMessageResponse(message=m)
+
+    def _track_for_renewal(
+        self, cid: str, request: v2s.ReceiveMessageRequest, messages: list[v2.Message]
+    ) -> None:
+        group = request.group.name
+        for m in messages:
+            sp = m.system_properties
+            handle = GatewayHandle.decode(sp.receipt_handle)
+            invisible_ms = convert.ms_of_duration(sp.invisible_duration)
+            if not self.renewals.add(cid, group, m.topic.name, handle, invisible_ms):
+                self.metrics.renewals.labels(result="dropped").inc()
+        self.metrics.renewing.set(len(self.renewals))
 
     async def _receive(
         self, request: v2s.ReceiveMessageRequest, context: grpc.aio.ServicerContext[Any, Any]
@@ -424,22 +472,15 @@ class Gateway(service_pb2_grpc.MessagingServiceServicer):
             poll_ms = min(poll_ms, int(remaining * 1000) - 1000)
         tags = convert.tags_of(request.filter_expression)
         deadline = time.monotonic() + max(0, poll_ms) / 1000
-        fifo = group in self.cfg.fifo_groups
+        # an orderly (FIFO) group: the broker's order=true POP keeps each queue to one
+        # batch at a time, whichever gateway pops (no lock here)
+        orderly = await self.group_orderly(group, topic)
         while True:
             addr = await self.group_addr(topic, broker)
             got = await self._pop_retry(addr, group, topic, broker, batch, invisible_ms, tags)
             if got:
                 return got
             left_ms = int((deadline - time.monotonic()) * 1000)
-            if fifo:
-                got = await self._pop_fifo(addr, group, topic, broker, batch, invisible_ms, tags)
-                if got or left_ms <= 0:
-                    return got
-                self._fifo_changed.clear()
-                with contextlib.suppress(TimeoutError):
-                    async with asyncio.timeout(min(FIFO_RECHECK_S, left_ms / 1000)):
-                        await self._fifo_changed.wait()
-                continue
             got = await self._pop(
                 addr,
                 group,
@@ -451,9 +492,39 @@ class Gateway(service_pb2_grpc.MessagingServiceServicer):
                 invisible_ms,
                 max(0, min(left_ms, POLL_SLICE_MS)),
                 tags,
+                order=orderly,
             )
             if got or time.monotonic() >= deadline:
                 return got
+
+    async def group_orderly(self, group: str, topic: str) -> bool:
+        """Whether consumer group ``group`` consumes orderly: named in ``fifo_groups``,
+        or its subscription group config (``hactl group update G --orderly``) on a
+        group of ``topic``'s route says so.  Cached for the route TTL (at least 1 s)."""
+        if group in self.cfg.fifo_groups:
+            return True
+        now = time.monotonic()
+        cached = self._orderly.get(group)
+        if cached is not None and now < cached[0]:
+            return cached[1]
+        orderly = cached[1] if cached is not None else False
+        try:
+            route = await self.route(topic)
+            addrs = [a for b in route.broker_datas if (a := b.broker_addrs.get(0)) is not None]
+            for addr in addrs:
+                table = await self.pool.call_pb(
+                    addr,
+                    RequestCode.GET_ALL_SUBSCRIPTIONGROUP_CONFIG,
+                    common_pb2.Empty(),
+                    broker_pb2.SubscriptionGroupTable,
+                    self.cfg.broker_timeout_ms,
+                )
+                orderly = any(g.consume_orderly for g in table.groups if g.group_name == group)
+                break  # every master holds the same table (hactl sets it on all)
+        except (HaError, OSError, TimeoutError) as exc:
+            log.info("subscription group of %s not read (%s): orderly=%s kept", group, exc, orderly)
+        self._orderly[group] = (now + max(1.0, self.cfg.route_ttl_ms / 1000), orderly)
+        return orderly
 
     async def _pop_retry(
         self,
@@ -473,42 +544,6 @@ class Gateway(service_pb2_grpc.MessagingServiceServicer):
         except TopicNotFound:
             return []
 
-    async def _pop_fifo(
-        self,
-        addr: str,
-        group: str,
-        topic: str,
-        broker: str,
-        batch: int,
-        invisible_ms: int,
-        tags: list[str],
-    ) -> list[v2.Message]:
-        """Pop only queues no earlier batch of this group still holds (FifoLocks)."""
-        route = await self.route(topic)
-        qids = [
-            q.queue_id
-            for q in convert.route_queues(route)
-            if q.broker_name == broker and q.readable
-        ]
-        out: list[v2.Message] = []
-        for qid in qids:
-            key = (group, broker, topic, qid)
-            lock = self._pop_locks.setdefault(key, asyncio.Lock())
-            async with lock:
-                if self.fifo.locked(*key):
-                    continue
-                got = await self._pop(
-                    addr, group, topic, topic, broker, qid, batch - len(out), invisible_ms, 0, tags
-                )
-                if got:
-                    until = now_ms() + invisible_ms
-                    offsets = [m.system_properties.queue_offset for m in got]
-                    self.fifo.lock(group, broker, topic, qid, offsets, until)
-                    out.extend(got)
-            if len(out) >= batch:
-                break
-        return out
-
     async def _pop(
         self,
         addr: str,
@@ -521,6 +556,8 @@ class Gateway(service_pb2_grpc.MessagingServiceServicer):
         invisible_ms: int,
         poll_ms: int,
         tags: list[str],
+        *,
+        order: bool = False,
     ) -> list[v2.Message]:
         resp = await self.pool.call_pb(
             addr,
@@ -533,6 +570,7 @@ class Gateway(service_pb2_grpc.MessagingServiceServicer):
                 invisible_time_ms=invisible_ms,
                 poll_time_ms=poll_ms,
                 tags=tags,
+                order=order,
             ),
             broker_pb2.PopMessageResponse,
             poll_ms + self.cfg.broker_timeout_ms,
@@ -585,6 +623,7 @@ class Gateway(service_pb2_grpc.MessagingServiceServicer):
         return await self._answer("AckMessage", v2s.AckMessageResponse, work)
 
     async def _ack(self, group: str, topic: str, h: GatewayHandle) -> None:
+        h = await self._settle(group, h)
         await self._call_group(
             topic,
             h.broker_name,
@@ -594,8 +633,6 @@ class Gateway(service_pb2_grpc.MessagingServiceServicer):
             ),
             broker_pb2.AckMessageResponse,
         )
-        if self.fifo.release(group, h.broker_name, h.pop_topic, h.queue_id, h.queue_offset):
-            self._fifo_changed.set()
 
     async def ChangeInvisibleDuration(
         self,
@@ -608,6 +645,7 @@ class Gateway(service_pb2_grpc.MessagingServiceServicer):
             invisible_ms = convert.ms_of_duration(request.invisible_duration)
             if invisible_ms < MIN_INVISIBLE_MS:
                 raise BadRequest(f"invisible duration must be >= {MIN_INVISIBLE_MS} ms")
+            h = await self._settle(group, h)  # a nack: no more renewals
             resp = await self._call_group(
                 topic,
                 h.broker_name,
@@ -621,7 +659,6 @@ class Gateway(service_pb2_grpc.MessagingServiceServicer):
                 broker_pb2.AckMessageResponse,
             )
             until = now_ms() + invisible_ms
-            self.fifo.extend(group, h.broker_name, h.pop_topic, h.queue_id, h.queue_offset, until)
             new = GatewayHandle(
                 h.broker_name,
                 h.pop_topic,
@@ -707,6 +744,125 @@ class Gateway(service_pb2_grpc.MessagingServiceServicer):
                     raise
                 last = exc
         raise last or NotMaster(f"no writable group for {dlq_topic(group)}")
+
+    # ---- invisible-time renewal (push consumers) -------------------------------------
+
+    def _client_alive(self, cid: str) -> bool:
+        s = self.sessions.find(cid)
+        if s is None:
+            return False
+        return s.reachable or time.monotonic() - s.last_seen < CLIENT_GONE_S
+
+    async def _settle(self, group: str, h: GatewayHandle) -> GatewayHandle:
+        """A message is done (ack, nack, DLQ): after a renewal of it in flight, the
+        newest broker handle, and no renewal any more."""
+        key = key_of(group, h)
+        pending = self._renewing.get(key)
+        if pending is not None:
+            await asyncio.shield(pending)
+        newest = self.renewals.take(group, h)
+        self.metrics.renewing.set(len(self.renewals))
+        return newest
+
+    async def _renew_loop(self, stop: asyncio.Event) -> None:
+        limit = asyncio.Semaphore(MAX_CONCURRENT_RENEWALS)
+        async with asyncio.TaskGroup() as tg:
+            while not stop.is_set():
+                for r in self.renewals.due(self._client_alive):
+                    await limit.acquire()
+                    tg.create_task(self._renew(r, limit), name="proxy-renew")
+                self.metrics.renewing.set(len(self.renewals))
+                with contextlib.suppress(TimeoutError):
+                    async with asyncio.timeout(RENEW_SCAN_S):
+                        await stop.wait()
+
+    async def _renew(self, r: Renewal, limit: asyncio.Semaphore) -> None:
+        key = r.key
+        done: asyncio.Future[None] = asyncio.get_running_loop().create_future()
+        self._renewing[key] = done
+        h = r.handle
+        new: GatewayHandle | None = None
+        try:
+            started = now_ms()
+            resp = await self._call_group(
+                r.topic,
+                h.broker_name,
+                RequestCode.CHANGE_MESSAGE_INVISIBLETIME,
+                broker_pb2.AckMessageRequest(
+                    consumer_group=r.group,
+                    topic=h.pop_topic,
+                    receipt_handle=h.broker_handle,
+                    invisible_time_ms=r.invisible_ms,
+                ),
+                broker_pb2.AckMessageResponse,
+            )
+            until = started + r.invisible_ms
+            new = GatewayHandle(
+                h.broker_name,
+                h.pop_topic,
+                h.queue_id,
+                h.queue_offset,
+                resp.receipt_handle or h.broker_handle,
+                until,
+            )
+            self.metrics.renewals.labels(result="ok").inc()
+        except (HaError, OSError, TimeoutError) as exc:
+            self.metrics.renewals.labels(result="failed").inc()
+            log.info(
+                "renewal of %s#%d offset %d for %s failed: %s",
+                h.pop_topic,
+                h.queue_id,
+                h.queue_offset,
+                r.group,
+                exc,
+            )
+        finally:
+            self.renewals.renewed(r, new)
+            if self._renewing.get(key) is done:
+                del self._renewing[key]
+            done.set_result(None)
+            limit.release()
+
+    # ---- RecallMessage ---------------------------------------------------------------
+
+    async def RecallMessage(
+        self, request: v2s.RecallMessageRequest, context: grpc.aio.ServicerContext[Any, Any]
+    ) -> v2s.RecallMessageResponse:
+        """RocketMQ 5.3 recall of a delayed (timer) message: RECALL_MESSAGE to the
+        id-0 address of the group the handle names (the acting slave in a failover)."""
+
+        async def work() -> v2s.RecallMessageResponse:
+            topic = request.topic.name
+            try:
+                handle = RecallHandle.decode(request.recall_handle)
+            except InvalidHandle as exc:
+                return v2s.RecallMessageResponse(
+                    status=convert.status(v2.BAD_REQUEST, f"recall handle is invalid: {exc}")
+                )
+            if topic != handle.topic:
+                return v2s.RecallMessageResponse(
+                    status=convert.status(
+                        v2.BAD_REQUEST, f"recall handle is for {handle.topic!r}, not {topic!r}"
+                    )
+                )
+            resp = await self._call_group(
+                topic,
+                handle.broker_name,
+                RequestCode.RECALL_MESSAGE,
+                broker_pb2.RecallMessageRequest(
+                    producer_group=topic,
+                    topic=topic,
+                    broker_name=handle.broker_name,
+                    deliver_ms=handle.deliver_ms,
+                    uniq_key=handle.message_id,
+                ),
+                broker_pb2.RecallMessageResponse,
+            )
+            return v2s.RecallMessageResponse(
+                status=convert.status(), message_id=resp.msg_id or handle.message_id
+            )
+
+        return await self._answer("RecallMessage", v2s.RecallMessageResponse, work)
 
     # ---- transactions -----------------------------------------------------------
 
@@ -828,7 +984,7 @@ class Gateway(service_pb2_grpc.MessagingServiceServicer):
         async def reader() -> None:
             try:
                 async for cmd in request_iterator:
-                    reply = self._on_telemetry(cid, cmd)
+                    reply = await self._on_telemetry(cid, cmd)
                     if reply is not None:
                         self.sessions.push(self.sessions.get(cid), reply)
             finally:
@@ -855,7 +1011,9 @@ class Gateway(service_pb2_grpc.MessagingServiceServicer):
                 self.sessions.wakers.pop(cid, None)
             log.info("telemetry stream of %s closed", cid)
 
-    def _on_telemetry(self, cid: str, cmd: v2s.TelemetryCommand) -> v2s.TelemetryCommand | None:
+    async def _on_telemetry(
+        self, cid: str, cmd: v2s.TelemetryCommand
+    ) -> v2s.TelemetryCommand | None:
         which = cmd.WhichOneof("command")
         if which != "settings":
             return None  # thread stack traces, verify results: nothing to do here
@@ -883,7 +1041,11 @@ class Gateway(service_pb2_grpc.MessagingServiceServicer):
             s.kind = CONSUMER
             s.group = settings.subscription.group.name
             sub = out.subscription
-            sub.fifo = s.group in self.cfg.fifo_groups
+            topics = [e.topic.name for e in settings.subscription.subscriptions if e.topic.name]
+            orderly = s.group in self.cfg.fifo_groups
+            if not orderly and topics:
+                orderly = await self.group_orderly(s.group, topics[0])
+            sub.fifo = orderly
             sub.receive_batch_size = MAX_BATCH
             sub.long_polling_timeout.CopyFrom(
                 convert.duration_of_ms(self.cfg.long_polling_timeout_ms)
@@ -919,7 +1081,6 @@ class Gateway(service_pb2_grpc.MessagingServiceServicer):
     UpdateOffset = _not_offered_unary("UpdateOffset", v2s.UpdateOffsetResponse)
     GetOffset = _not_offered_unary("GetOffset", v2s.GetOffsetResponse)
     QueryOffset = _not_offered_unary("QueryOffset", v2s.QueryOffsetResponse)
-    RecallMessage = _not_offered_unary("RecallMessage", v2s.RecallMessageResponse)
     SyncLiteSubscription = _not_offered_unary(
         "SyncLiteSubscription", v2s.SyncLiteSubscriptionResponse
     )

@@ -15,6 +15,7 @@ from hypothesis import strategies as st
 
 from ha_controller.config import (
     MIB,
+    AclConfig,
     BrokerConfig,
     NameserverConfig,
     ProxyConfig,
@@ -369,7 +370,7 @@ def test_every_key_is_settable_from_env(cls: type[NameserverConfig] | type[Broke
         "admin_token",
         "store_dir",
         "broker_ip1",
-        "broker_ip2",
+        "acl.file",
         "warn_free_disk_ratio",
         "tls.cert_file",
         "tls.key_file",
@@ -662,6 +663,7 @@ def test_round_trip_property(
 def _from_doc(doc: dict[str, Any]) -> dict[str, Any]:
     out: dict[str, Any] = dict(doc)
     out["tls"] = TlsConfig(**doc["tls"])
+    out["acl"] = AclConfig(**doc["acl"])
     out["limits"] = RpcLimits(**doc["limits"])
     return out
 
@@ -900,7 +902,14 @@ def test_every_proxy_key_is_settable_from_env() -> None:
         for key, v in flat.items()
     }
     unset = set(config_keys(ProxyConfig)) - set(flat)
-    assert unset == {"http_listen", "tls.cert_file", "tls.key_file", "tls.ca_file"}
+    assert unset == {
+        "http_listen",
+        "cluster_secret",
+        "tls.cert_file",
+        "tls.key_file",
+        "tls.ca_file",
+        "acl.file",
+    }
     for key in unset:
         env[env_var_name(key)] = ""  # empty = unset for optional keys
     env["HAC_NAMESRV_ADDRS"] = "10.0.0.9:9876"

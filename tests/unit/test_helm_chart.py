@@ -474,11 +474,13 @@ def template_config_keys() -> dict[str, set[str]]:
             for var, key in SET_RE.findall(body):
                 sets.setdefault(var, set()).add(key)
     tls = {f"tls.{k}" for k in sets["tls"]}
+    acl = {f"acl.{k}" for k in sets["acl"]}
     assert "tls" in sets["cfg"], "the broker file gets the [tls] table"
     assert "tls" in sets["ns"], "the nameserver file gets the [tls] table"
+    assert "acl" in sets["cfg"] and "acl" in sets["ns"], "both files get the [acl] table"
     return {
-        "broker": (sets["cfg"] - {"tls"}) | tls,
-        "nameserver": (sets["ns"] - {"tls"}) | tls,
+        "broker": (sets["cfg"] - {"tls", "acl"}) | tls | acl,
+        "nameserver": (sets["ns"] - {"tls", "acl"}) | tls | acl,
     }
 
 
@@ -500,14 +502,27 @@ def namesrv_addrs(values: dict[str, Any]) -> list[str]:
 
 
 def tls_table(values: dict[str, Any]) -> dict[str, Any]:
+    # the CA is always there: every outgoing connection verifies its server with it
     table: dict[str, Any] = {
         "enabled": True,
         "cert_file": TLS_DIR + "tls.crt",
         "key_file": TLS_DIR + "tls.key",
+        "ca_file": TLS_DIR + "ca.crt",
     }
     if values["tls"]["requireClientCert"]:
-        table |= {"ca_file": TLS_DIR + "ca.crt", "require_client_cert": True}
+        table |= {"require_client_cert": True}
     return table
+
+
+ACL_DIR = "/etc/ha-controller/acl/"
+
+
+def acl_table(values: dict[str, Any]) -> dict[str, Any]:
+    return {
+        "enabled": True,
+        "allow_anonymous": values["acl"]["allowAnonymous"],
+        "file": ACL_DIR + values["acl"]["key"],
+    }
 
 
 def deep_merge(dst: dict[str, Any], src: dict[str, Any]) -> dict[str, Any]:
@@ -524,6 +539,8 @@ def chart_nameserver_config(values: dict[str, Any]) -> dict[str, Any]:
     cfg: dict[str, Any] = {"listen": "0.0.0.0:9876", "http_listen": "0.0.0.0:9877"}
     if values["tls"]["enabled"]:
         cfg["tls"] = tls_table(values)
+    if values["acl"]["enabled"]:
+        cfg["acl"] = acl_table(values)
     return cfg
 
 
@@ -543,6 +560,8 @@ def chart_broker_config(values: dict[str, Any], group: dict[str, Any]) -> dict[s
     }
     if values["tls"]["enabled"]:
         cfg["tls"] = tls_table(values)
+    if values["acl"]["enabled"]:
+        cfg["acl"] = acl_table(values)
     return cfg
 
 
@@ -574,6 +593,8 @@ def to_toml(table: dict[str, Any], tls_dir: Path) -> str:
     def local(value: Any) -> Any:
         if isinstance(value, str) and value.startswith(TLS_DIR):
             return str(tls_dir / value.removeprefix(TLS_DIR))
+        if isinstance(value, str) and value.startswith(ACL_DIR):  # beside the TLS files
+            return str(tls_dir.parent / "acl" / value.removeprefix(ACL_DIR))
         return value
 
     lines = [
@@ -596,8 +617,8 @@ def test_chart_config_keys_are_real_config_keys() -> None:
     )
     assert keys["nameserver"] <= set(config_keys(NameserverConfig))
     # The file leaves out exactly the per-pod identity: broker_id (--broker-id,
-    # from the pod ordinal) and broker_ip1/2 (HAC_BROKER_IP1/2, the pod DNS name).
-    assert {"broker_id", "broker_ip1", "broker_ip2"}.isdisjoint(keys["broker"])
+    # from the pod ordinal) and broker_ip1 (HAC_BROKER_IP1, the pod DNS name).
+    assert {"broker_id", "broker_ip1"}.isdisjoint(keys["broker"])
     assert {"cluster", "broker_name", "namesrv_addrs", "store_dir"} <= keys["broker"]
 
 
@@ -657,7 +678,6 @@ def broker_env(values: dict[str, Any], group: dict[str, Any], ordinal: int) -> d
     host = f"{pod}.{full}-{group['name']}-headless.{NAMESPACE}.svc.{values['clusterDomain']}"
     return {
         "HAC_BROKER_IP1": host,
-        "HAC_BROKER_IP2": host,
         "HAC_CLUSTER_SECRET": "s3cret",
         "HOSTNAME": pod,
     }
@@ -670,6 +690,11 @@ def test_rendered_config_loads(name: str, override: dict[str, Any], tmp_path: Pa
     tls_dir.mkdir()
     for f in ("tls.crt", "tls.key", "ca.crt"):
         (tls_dir / f).write_text("placeholder\n")
+    acl_dir = tmp_path / "acl"
+    acl_dir.mkdir()
+    (acl_dir / values["acl"]["key"]).write_text(
+        '[[users]]\naccess_key = "ops"\nsecret_key = "0123456789abcdef"\nadmin = true\n'
+    )
 
     ns_table = deep_merge(chart_nameserver_config(values), values["nameserver"]["config"])
     ns_file = tmp_path / "nameserver.toml"
@@ -678,6 +703,8 @@ def test_rendered_config_loads(name: str, override: dict[str, Any], tmp_path: Pa
     assert ns.listen == "0.0.0.0:9876"
     assert ns.http_listen == "0.0.0.0:9877"
     assert ns.tls.enabled is values["tls"]["enabled"]
+    assert ns.acl.enabled is values["acl"]["enabled"]
+    assert ns.acl.allow_anonymous is (values["acl"]["allowAnonymous"] or not ns.acl.enabled)
 
     for group in values["groups"]:
         table = chart_broker_config(values, group)
@@ -726,7 +753,9 @@ def test_environment_variables_in_templates_are_config_keys() -> None:
     text = "\n".join(p.read_text() for p in TEMPLATE_FILES)
     used = set(re.findall(r"\bHAC_[A-Z0-9_]+", text))
     assert {"HAC_CLUSTER_SECRET", "HAC_BROKER_IP1"} <= used
-    assert used <= env_names, used - env_names
+    # hactl's credentials (the helm test pod) are a tool's variables, not config keys
+    tool_env = {"HAC_ACCESS_KEY", "HAC_SECRET_KEY"}
+    assert used - tool_env <= env_names, used - tool_env - env_names
 
 
 def test_config_overrides_cannot_smuggle_secrets_into_the_configmap() -> None:
@@ -881,7 +910,7 @@ def test_notes_explain_how_to_reach_the_cluster() -> None:
 def test_dockerfile() -> None:
     text = (ROOT / "Dockerfile").read_text()
     assert re.search(r"^FROM python:3\.11-slim\b", text, re.M)
-    assert "pip install ." in text
+    assert re.search(r"pip install '?\.(\[[a-z,]+\])?'?", text)
     user = re.findall(r"^USER\s+(\S+)", text, re.M)
     assert user and user[-1].split(":")[0] not in {"root", "0"}
     exposed = {int(p) for line in re.findall(r"^EXPOSE\s+(.+)$", text, re.M) for p in line.split()}

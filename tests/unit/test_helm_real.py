@@ -533,14 +533,23 @@ def tls_mount(pod_spec: dict[str, Any], container: dict[str, Any]) -> str | None
     return None
 
 
+ACL_DIR = "/etc/ha-controller/acl/"
+
+
 def local_config(text: str, tmp: Path) -> Path:
-    """The rendered TOML with the TLS directory moved to a scratch one holding the files."""
+    """The rendered TOML with the TLS and ACL directories moved to scratch ones holding
+    the files (the users file: one admin, as the production profile's Secret would)."""
     tls = tmp / "tls"
     tls.mkdir(exist_ok=True)
     for name in ("tls.crt", "tls.key", "ca.crt"):
         (tls / name).write_text("placeholder\n")
+    acl = tmp / "acl"
+    acl.mkdir(exist_ok=True)
+    (acl / "acl.toml").write_text(
+        '[[users]]\naccess_key = "ops"\nsecret_key = "0123456789abcdef"\nadmin = true\n'
+    )
     path = tmp / f"config-{len(list(tmp.glob('config-*')))}.toml"
-    path.write_text(text.replace(TLS_DIR, f"{tls}/"))
+    path.write_text(text.replace(TLS_DIR, f"{tls}/").replace(ACL_DIR, f"{acl}/"))
     return path
 
 
@@ -624,6 +633,54 @@ def test_production_turns_auto_create_topic_off(helm: Helm) -> None:
     ]
     assert len(brokers) == 3
     assert all(table["auto_create_topic"] is False for table in brokers)
+
+
+def test_production_turns_anonymous_off_and_mounts_the_users_file(helm: Helm) -> None:
+    docs = rendered(helm, CHART / "examples" / "production.yaml")
+    tables = [
+        tomllib.loads(text)
+        for cm in of_kind(docs, "ConfigMap")
+        for name, text in cm.get("data", {}).items()
+        if name.endswith(".toml")
+    ]
+    assert len(tables) == 4  # the nameservers' file and three groups'
+    for table in tables:
+        assert table["acl"] == {
+            "enabled": True,
+            "allow_anonymous": False,
+            "file": ACL_DIR + "acl.toml",
+        }
+    for sts in of_kind(docs, "StatefulSet"):
+        spec = sts["spec"]["template"]["spec"]
+        (container,) = spec["containers"]
+        mounts = {m["mountPath"]: m["name"] for m in container["volumeMounts"]}
+        volume = next(v for v in spec["volumes"] if v["name"] == mounts[ACL_DIR.rstrip("/")])
+        assert volume["secret"]["secretName"] == "hac-acl"
+        names = {e["name"] for e in container["env"]}
+        assert "HAC_ADMIN_TOKEN" in names
+    (pod,) = [d for d in of_kind(docs, "Pod") if "smoke" in d["metadata"]["name"]]
+    env = {e["name"]: e for e in pod["spec"]["containers"][0]["env"]}
+    assert env["HAC_ACCESS_KEY"]["valueFrom"]["secretKeyRef"]["name"] == "hac-acl"
+    assert env["HAC_SECRET_KEY"]["valueFrom"]["secretKeyRef"]["key"] == "test-secret-key"
+
+
+def test_server_only_tls_still_gives_every_client_the_ca(helm: Helm, tmp_path: Path) -> None:
+    """Without mutual TLS the pods still dial each other with TLS: each must verify the
+    server against the release's CA, so ca_file is in every [tls] table."""
+    values = tmp_path / "tls.yaml"
+    values.write_text("tls:\n  enabled: true\n  existingSecret: hac-tls\n")
+    text = helm.template(CHART, "-f", str(values))
+    docs = [d for d in yaml.safe_load_all(text) if d]
+    tables = [
+        tomllib.loads(data)
+        for cm in of_kind(docs, "ConfigMap")
+        for name, data in cm.get("data", {}).items()
+        if name.endswith(".toml")
+    ]
+    assert tables
+    for table in tables:
+        assert table["tls"]["ca_file"] == TLS_DIR + "ca.crt"
+        assert "require_client_cert" not in table["tls"]
 
 
 # --- a typo fails at lint/template time --------------------------------------------------
@@ -853,6 +910,9 @@ def test_docs_make_the_secrets_production_needs(helm: Helm, kubectl: str, tmp_pa
             made[secret["metadata"]["name"]] = secret
     auth = made[values["clusterSecret"]["existingSecret"]]
     assert values["clusterSecret"]["key"] in auth["data"]
+    assert values["adminToken"]["key"] in made[values["adminToken"]["existingSecret"]]["data"]
+    acl = made[values["acl"]["existingSecret"]]
+    assert {"acl.toml", "test-access-key", "test-secret-key"} <= set(acl["data"])
     tls = made[values["tls"]["existingSecret"]]
     assert tls["type"] == "kubernetes.io/tls"
     assert set(tls["data"]) == {"tls.crt", "tls.key", "ca.crt"}

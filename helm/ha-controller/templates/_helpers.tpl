@@ -164,11 +164,23 @@ Environment shared by nameservers and brokers: secrets as HAC_<KEY> variables
 {{- $_ := set $tls "enabled" true }}
 {{- $_ := set $tls "cert_file" "/etc/ha-controller/tls/tls.crt" }}
 {{- $_ := set $tls "key_file" "/etc/ha-controller/tls/tls.key" }}
-{{- if .Values.tls.requireClientCert }}
+{{- /* every outgoing connection (peers, nameservers, the HA master) verifies the
+server against the release's CA, with or without mutual TLS */}}
 {{- $_ := set $tls "ca_file" "/etc/ha-controller/tls/ca.crt" }}
+{{- if .Values.tls.requireClientCert }}
 {{- $_ := set $tls "require_client_cert" true }}
 {{- end }}
 {{- toYaml $tls }}
+{{- end }}
+
+{{/* The [acl] table both components render when the client ACL is on; the users
+file comes from the Secret acl.existingSecret, mounted read-only. Context: $. */}}
+{{- define "ha-controller.aclTable" -}}
+{{- $acl := dict }}
+{{- $_ := set $acl "enabled" true }}
+{{- $_ := set $acl "allow_anonymous" .Values.acl.allowAnonymous }}
+{{- $_ := set $acl "file" (printf "/etc/ha-controller/acl/%s" .Values.acl.key) }}
+{{- toYaml $acl }}
 {{- end }}
 
 {{/*
@@ -228,12 +240,12 @@ listen: the container port 10911
 ha_listen: the container port 10912
 http_listen: the container port 10913 (probes, metrics)
 broker_ip1: the pod DNS name (HAC_BROKER_IP1)
-broker_ip2: the pod DNS name (HAC_BROKER_IP2)
 store_dir: the store volume (/data/store)
 total_replicas: the group's replicas (groups[].replicas)
 cluster_secret: clusterSecret (a Secret, as HAC_CLUSTER_SECRET)
 admin_token: adminToken (a Secret, as HAC_ADMIN_TOKEN)
 tls: the tls values (tls.enabled, tls.existingSecret, tls.requireClientCert)
+acl: the acl values (acl.enabled, acl.allowAnonymous, acl.existingSecret)
 {{- end }}
 
 {{- define "ha-controller.ownedKeys.nameserver" -}}
@@ -242,6 +254,7 @@ http_listen: the container port 9877 (probes, metrics)
 cluster_secret: clusterSecret (a Secret, as HAC_CLUSTER_SECRET)
 admin_token: adminToken (a Secret, as HAC_ADMIN_TOKEN)
 tls: the tls values (tls.enabled, tls.existingSecret, tls.requireClientCert)
+acl: the acl values (acl.enabled, acl.allowAnonymous, acl.existingSecret)
 {{- end }}
 
 {{/* Refuses chart-owned keys in one config map. Context: dict "where" "broker.config" "config" $map "owned" $owned. */}}
@@ -283,7 +296,13 @@ tls: the tls values (tls.enabled, tls.existingSecret, tls.requireClientCert)
 {{- end }}
 {{- end }}
 {{- if and .Values.tls.enabled (not .Values.tls.existingSecret) }}
-{{- fail "tls.enabled needs tls.existingSecret (a kubernetes.io/tls Secret with tls.crt and tls.key)" }}
+{{- fail "tls.enabled needs tls.existingSecret (a kubernetes.io/tls Secret with tls.crt, tls.key and ca.crt)" }}
+{{- end }}
+{{- if and .Values.acl.enabled (not .Values.acl.existingSecret) }}
+{{- fail "acl.enabled needs acl.existingSecret (a Secret whose key acl.key holds the users file)" }}
+{{- end }}
+{{- if and .Values.acl.enabled (not .Values.acl.allowAnonymous) (not .Values.clusterSecret.enabled) }}
+{{- fail "acl.allowAnonymous=false needs clusterSecret.enabled: the cluster's own requests are told from clients' by its signature" }}
 {{- end }}
 {{- end }}
 
@@ -325,6 +344,9 @@ HAC_CLUSTER_SECRET / HAC_ADMIN_TOKEN. Context: $.
 {{- if .Values.tls.enabled }}
 {{- $_ := set $ns "tls" (include "ha-controller.tlsTable" . | fromYaml) }}
 {{- end }}
+{{- if .Values.acl.enabled }}
+{{- $_ := set $ns "acl" (include "ha-controller.aclTable" . | fromYaml) }}
+{{- end }}
 {{- $ns = mergeOverwrite $ns (deepCopy (.Values.nameserver.config | default dict)) }}
 {{- include "ha-controller.toml" $ns }}
 {{- end }}
@@ -333,7 +355,7 @@ HAC_CLUSTER_SECRET / HAC_ADMIN_TOKEN. Context: $.
 broker-<group>.toml. Keys the chart owns are set here; broker.config and then
 the group's config are merged over them (the group wins). Per-pod keys are not
 in the file: the broker id is the pod ordinal (--broker-id) and the advertised
-host the pod DNS name (HAC_BROKER_IP1 / HAC_BROKER_IP2).
+host the pod DNS name (HAC_BROKER_IP1).
 Context: dict "root" $ "group" $group.
 */}}
 {{- define "ha-controller.brokerToml" -}}
@@ -352,6 +374,9 @@ Context: dict "root" $ "group" $group.
 {{- $_ := set $cfg "in_sync_replicas" (min 2 $replicas) }}
 {{- if $root.Values.tls.enabled }}
 {{- $_ := set $cfg "tls" (include "ha-controller.tlsTable" $root | fromYaml) }}
+{{- end }}
+{{- if $root.Values.acl.enabled }}
+{{- $_ := set $cfg "acl" (include "ha-controller.aclTable" $root | fromYaml) }}
 {{- end }}
 {{- $cfg = mergeOverwrite $cfg (deepCopy ($root.Values.broker.config | default dict)) (deepCopy ($group.config | default dict)) }}
 {{- include "ha-controller.toml" $cfg }}
