@@ -94,13 +94,14 @@ def test_produce_exits_0_only_when_every_send_was_acknowledged(cluster: Cluster)
         rf"bytes exceeds max_message(_size)?_bytes={SMALL_GROUP_MAX_BYTES}$", summary[0]
     )
 
-    # too large for every group: nothing acknowledged, the reason named
+    # too large for the client's own limit: refused before anything is sent, the reason named
     none = hactl(
         cluster, "produce", "--topic", "ProduceCodes", "--count", "2", "--size", "10000000"
     )
     assert none.returncode == 1, none.stderr
     assert "sent 2, acknowledged 0, failed 2" in none.stderr
-    assert "2 x BadRequest: message of 10000" in none.stderr
+    assert "2 x MessageTooLarge: the message to 'ProduceCodes' has 100000" in none.stderr
+    assert "the limit is 4194304" in none.stderr
     assert "Traceback" not in none.stderr
 
     # --json: every outcome one line, the errors and their reason in the summary
@@ -117,9 +118,9 @@ def test_produce_exits_0_only_when_every_send_was_acknowledged(cluster: Cluster)
     )
     lines, summary_obj = json_lines(js.stdout)
     assert js.returncode == 1
-    assert [line["error"] for line in lines] == ["BadRequest", "BadRequest"]
-    assert summary_obj["failed"] == 2 and summary_obj["errors"]["BadRequest"]["count"] == 2
-    assert "bytes exceeds" in summary_obj["errors"]["BadRequest"]["reason"]
+    assert [line["error"] for line in lines] == ["MessageTooLarge", "MessageTooLarge"]
+    assert summary_obj["failed"] == 2 and summary_obj["errors"]["MessageTooLarge"]["count"] == 2
+    assert "the limit is 4194304" in summary_obj["errors"]["MessageTooLarge"]["reason"]
 
 
 def test_topic_create_refuses_an_existing_topic_and_update_changes_only_what_is_given(
