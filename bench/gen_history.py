@@ -14,6 +14,9 @@ by one consumer), 8 delayed (timer ``delay_ms``, absolute ``due_ts_ms`` or delay
 injected so that each injection adds exactly one to its count in the verdict (see the
 comments in :func:`generate`); :class:`Expected` holds the resulting counts.
 
+Like a drill's history writer, it also writes the Parquet copy ``OUT.parquet`` that the
+Spark pipeline reads (``--no-columnar``: JSON lines only).
+
 The lines are written with f-strings (no json.dumps) because the scale benchmark writes
 ten million of them; keys and names are plain ASCII.
 """
@@ -318,12 +321,21 @@ def _locks_and_offsets(
             )
 
 
-def write_history(path: Path, operations: int, anomalies: Anomalies, seed: int = 0) -> Expected:
-    """Write a generated history to ``path``; returns the expected counts."""
+def write_history(
+    path: Path, operations: int, anomalies: Anomalies, seed: int = 0, *, columnar: bool = True
+) -> Expected:
+    """Write a generated history to ``path``; returns the expected counts.
+
+    ``columnar``: also write the Parquet copy next to it, as a drill's history writer
+    does when it closes (:func:`ha_controller.drills.history.write_columnar`)."""
     lines, expected = generate(operations, anomalies, seed)
     path.parent.mkdir(parents=True, exist_ok=True)
     with path.open("w", encoding="utf-8", buffering=1 << 20) as fh:
         expected.lines = _write(fh, lines)
+    if columnar:
+        from ha_controller.drills.history import write_columnar
+
+        write_columnar(path)
     return expected
 
 
@@ -347,11 +359,19 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("out", type=Path)
     p.add_argument("--operations", type=int, default=100_000)
     p.add_argument("--seed", type=int, default=0)
+    p.add_argument(
+        "--no-columnar", action="store_true", help="write only the JSON lines (no .parquet copy)"
+    )
     for name in Anomalies.__dataclass_fields__:
         p.add_argument(f"--{name.replace('_', '-')}", type=int, default=0)
     args = p.parse_args(argv)
     anomalies = Anomalies(**{name: getattr(args, name) for name in Anomalies.__dataclass_fields__})
-    expected = write_history(args.out, args.operations, anomalies, args.seed)
+    root = str(Path(__file__).resolve().parents[1])
+    if root not in sys.path:
+        sys.path.insert(0, root)  # ha_controller, for the columnar copy
+    expected = write_history(
+        args.out, args.operations, anomalies, args.seed, columnar=not args.no_columnar
+    )
     print(expected)
     return 0
 

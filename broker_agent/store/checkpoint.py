@@ -4,12 +4,17 @@ A small file with two fixed slots rewritten in place, alternately, with ``pwrite
 ``fdatasync`` (no new file per write, so it still works on a full disk).  Each slot is::
 
     magic u32 | version u16 | flags u16 | sequence u64 | commitlog_offset u64 |
-    dispatched_offset u64 | written_ts_ms u64 | crc32 u32 (of the preceding bytes)
+    dispatched_offset u64 | written_ts_ms u64 | queue_entries u64 |
+    crc32 u32 (of the preceding bytes)
 
 Loading picks the valid slot with the highest sequence, so a torn write of one slot
 falls back to the other.  ``commitlog_offset``: every commit-log byte below it was
 fsynced; ``dispatched_offset``: every record below it has its consume-queue entry
-fsynced.  Recovery verifies from there (see ``message_store``).
+fsynced; ``queue_entries``: the sum of every consume queue's max offset at that point
+(how many entries lie below ``dispatched_offset``), which lets recovery notice a consume
+queue that lost entries there without reading it.  Recovery verifies only the commit
+log past these offsets (see ``message_store``).  Version 1 slots (no ``queue_entries``)
+still load, with ``queue_entries`` None.
 """
 
 from __future__ import annotations
@@ -27,8 +32,9 @@ from .commitlog import pwrite_all, store_error
 logger = logging.getLogger(__name__)
 
 _MAGIC = 0x4841434B  # "HACK"
-_VERSION = 1
-_BODY = struct.Struct(">IHHQQQQ")
+_VERSION = 2
+_BODY_V1 = struct.Struct(">IHHQQQQ")
+_BODY = struct.Struct(">IHHQQQQQ")
 _CRC = struct.Struct(">I")
 _SLOT_STRIDE = 512
 _FLAG_CLEAN = 1
@@ -41,6 +47,8 @@ class Checkpoint:
     clean_shutdown: bool = False
     written_ts_ms: int = 0
     sequence: int = 0
+    #: sum of the consume queues' max offsets at ``dispatched_offset`` (None: version 1)
+    queue_entries: int | None = None
 
 
 class CheckpointFile:
@@ -69,7 +77,9 @@ class CheckpointFile:
         self._last = best
         return best
 
-    def write(self, commitlog_offset: int, dispatched_offset: int, *, clean: bool) -> Checkpoint:
+    def write(
+        self, commitlog_offset: int, dispatched_offset: int, queue_entries: int, *, clean: bool
+    ) -> Checkpoint:
         seq = self._last.sequence + 1 if self._last is not None else 1
         cp = Checkpoint(
             commitlog_offset=commitlog_offset,
@@ -77,6 +87,7 @@ class CheckpointFile:
             clean_shutdown=clean,
             written_ts_ms=int(time.time() * 1000),
             sequence=seq,
+            queue_entries=queue_entries,
         )
         body = _BODY.pack(
             _MAGIC,
@@ -86,6 +97,7 @@ class CheckpointFile:
             commitlog_offset,
             dispatched_offset,
             cp.written_ts_ms,
+            queue_entries,
         )
         try:
             pwrite_all(self._fd, body + _CRC.pack(zlib.crc32(body)), (seq % 2) * _SLOT_STRIDE)
@@ -107,13 +119,16 @@ class CheckpointFile:
 
 
 def _parse(raw: bytes) -> Checkpoint | None:
-    if len(raw) < _BODY.size + _CRC.size:
-        return None
-    body = raw[: _BODY.size]
-    (crc,) = _CRC.unpack_from(raw, _BODY.size)
-    if zlib.crc32(body) != crc:
-        return None
-    magic, version, flags, seq, cl_off, disp_off, ts = _BODY.unpack(body)
-    if magic != _MAGIC or version != _VERSION:
-        return None
-    return Checkpoint(cl_off, disp_off, bool(flags & _FLAG_CLEAN), ts, seq)
+    for layout in (_BODY, _BODY_V1):
+        if len(raw) < layout.size + _CRC.size:
+            continue
+        body = raw[: layout.size]
+        (crc,) = _CRC.unpack_from(raw, layout.size)
+        if zlib.crc32(body) != crc:
+            continue
+        magic, version, flags, seq, cl_off, disp_off, ts, *rest = layout.unpack(body)
+        if magic != _MAGIC or version != (_VERSION if layout is _BODY else 1):
+            continue
+        entries = rest[0] if rest else None
+        return Checkpoint(cl_off, disp_off, bool(flags & _FLAG_CLEAN), ts, seq, entries)
+    return None

@@ -28,12 +28,17 @@ that failed) makes the store read-only: every later write raises
 :class:`StoreReadOnly` until it is reopened.  A refused or failed append never leaves a
 byte behind, so a caller may send the same record elsewhere.
 
-Recovery (:meth:`MessageStore.open`): walk the commit log from the earliest of the
-checkpoint's offsets and the last ``recovery_verify_segments`` segments, verifying every
-record's CRC and re-dispatching it idempotently; truncate at the first record that does
-not verify (dropping every later segment); then trim consume-queue entries that point at
-or past the truncation point.  Reads verify the CRC again, so a record that fails it is
-never served.
+Recovery (:meth:`MessageStore.open`) starts from the checkpoint (RocketMQ's
+``StoreCheckpoint``): it walks the commit log only past the checkpoint's offsets (plus
+``recovery_verify_segments`` segments before them), verifying every record's CRC and
+re-dispatching it idempotently, so a restart costs the tail written since the last flush,
+not the size of the log.  It truncates at the first record that does not verify
+(dropping every later segment), then trims consume-queue entries that point at or past
+the truncation point.  The checkpoint is trusted only when it is inside the log, on a
+record boundary, and the consume queues agree with it (as many entries below it as it
+counts, each queue's last one pointing at its record); otherwise, or without a valid
+checkpoint, recovery walks the whole log.  Reads verify the CRC again, so a record that
+fails it is never served.
 
 Retention (:meth:`MessageStore.clean_expired_files`, run by the broker every
 ``clean_resource_interval_ms``): expired commit-log segments are deleted as ``retention``
@@ -51,6 +56,7 @@ Message ids are RocketMQ offset message ids (store host + physical offset, hex),
 
 from __future__ import annotations
 
+import bisect
 import enum
 import errno
 import fcntl
@@ -86,7 +92,7 @@ from ha_controller.protocol.record import (
     tag_hash,
 )
 
-from .checkpoint import CheckpointFile
+from .checkpoint import Checkpoint, CheckpointFile
 from .commitlog import CommitLog, store_error, unlink_segments
 from .consumequeue import DEFAULT_FILE_ENTRIES, ENTRY_SIZE, ConsumeQueue, unlink_files
 from .diskspace import DiskSpace, SpaceLevel, statvfs_sampler
@@ -98,6 +104,7 @@ from .retention import (
     decide,
     parse_delete_when,
 )
+from .truncate import CutResult, cut_back
 
 logger = logging.getLogger(__name__)
 
@@ -127,7 +134,9 @@ class StoreConfig:
     #: how often free space is sampled while appends go on (statvfs)
     disk_check_interval_ms: int = 1000
     max_message_size_bytes: int = 4 * MiB
-    recovery_verify_segments: int = 3
+    #: segments before the checkpoint that recovery verifies too (0: only the commit
+    #: log past the checkpoint, as RocketMQ's recovery from its StoreCheckpoint)
+    recovery_verify_segments: int = 0
     #: closed segments last modified longer ago than this are expired (RocketMQ
     #: fileReservedTime, 72 h)
     file_reserved_time_ms: int = 72 * _HOUR_MS
@@ -171,9 +180,9 @@ class StoreConfig:
                 f"{self.max_message_size_bytes} + {BLANK_MIN_SIZE} > "
                 f"segment_size_bytes={self.segment_size_bytes}"
             )
-        if self.recovery_verify_segments < 1:
+        if self.recovery_verify_segments < 0:
             raise ConfigError(
-                f"recovery_verify_segments must be >= 1, got {self.recovery_verify_segments}"
+                f"recovery_verify_segments must be >= 0, got {self.recovery_verify_segments}"
             )
         if self.file_reserved_time_ms <= 0:
             raise ConfigError(
@@ -293,6 +302,8 @@ class MessageStore:
         """Reads that found a record failing its CRC or disagreeing with its entry."""
         self.dispatch_gaps = 0
         """Replicated records skipped because their queue offset left a gap."""
+        self.recovered_from = 0
+        """The commit-log offset recovery verified from (the checkpoint's, normally)."""
 
     # --- lifecycle ------------------------------------------------------------------
 
@@ -346,7 +357,10 @@ class MessageStore:
                     cq.sync()
                 if self._checkpoint is not None:
                     self._checkpoint.write(
-                        self._cl.max_offset, self._reput_offset, clean=self._reput_done()
+                        self._cl.max_offset,
+                        self._reput_offset,
+                        self._queue_entries(),
+                        clean=self._reput_done(),
                     )
             except StoreError:
                 logger.exception("store %s: final flush failed; recovery will verify", self._dir)
@@ -375,23 +389,18 @@ class MessageStore:
         self._cl.load()
         self._load_consume_queues()
         cl = self._cl
+        walk_from, why = self._walk_start(cp)
         starts = cl.segment_starts()
-        walk_from = cl.min_offset
-        if starts:
-            verify_from = starts[max(0, len(starts) - self._config.recovery_verify_segments)]
-            if cp is not None:
-                verify_from = min(
-                    verify_from,
-                    cl.segment_start(cp.commitlog_offset),
-                    cl.segment_start(cp.dispatched_offset),
-                )
-            else:
-                verify_from = starts[0]
-            walk_from = max(starts[0], verify_from)
+        extra = self._config.recovery_verify_segments
+        if extra and starts and walk_from > starts[0]:
+            idx = max(0, bisect.bisect_right(starts, walk_from) - 1 - extra)
+            walk_from, why = starts[idx], f"{why}, and {extra} segment(s) before it"
+        self.recovered_from = walk_from
         logger.info(
-            "store %s: recovering from commit log offset %d (checkpoint %s, log [%d, %d))",
+            "store %s: recovering from commit log offset %d (%s; checkpoint %s, log [%d, %d))",
             self._dir,
             walk_from,
+            why,
             cp,
             cl.min_offset,
             cl.max_offset,
@@ -404,7 +413,7 @@ class MessageStore:
                 walk_from,
                 cl.min_offset,
             )
-            walk_from = cl.min_offset
+            walk_from = self.recovered_from = cl.min_offset
             for key in self._recovery_rebased:
                 self._cqs[key].truncate(0)
             end, _ = self._recovery_pass(walk_from)
@@ -430,7 +439,7 @@ class MessageStore:
                 skipped,
                 cl.min_offset,
             )
-        self._checkpoint.write(end, end, clean=False)
+        self._checkpoint.write(end, end, self._queue_entries(), clean=False)
         self._space.refresh()
         logger.info(
             "store %s: recovered, commit log [%d, %d), %d consume queues",
@@ -439,6 +448,72 @@ class MessageStore:
             end,
             len(self._cqs),
         )
+
+    def _walk_start(self, cp: Checkpoint | None) -> tuple[int, str]:
+        """Where recovery starts verifying the commit log, and why (for the log).
+
+        The checkpoint's offsets when it is usable: inside the log, on a record boundary
+        (a segment start, or where the last record some consume queue indexes below it
+        ends), and every consume queue holds exactly the entries it had below it (their
+        count adds up to ``queue_entries`` and each queue's last such entry points at
+        its record).  Otherwise the start of the log: a full walk.
+        """
+        cl = self._cl
+        if cp is None:
+            return cl.min_offset, "no valid checkpoint"
+        start = min(cp.commitlog_offset, cp.dispatched_offset)
+        if not cl.min_offset <= start <= cl.max_offset:
+            return cl.min_offset, "checkpoint outside the log"
+        if cp.queue_entries is None:
+            # a version-1 checkpoint: queues cannot be checked; the last segments too
+            starts = cl.segment_starts()
+            window = starts[max(0, len(starts) - 3)] if starts else start
+            return min(cl.segment_start(start), window), "version-1 checkpoint"
+        entries = 0
+        anchor = cl.min_offset
+        for (topic, queue_id), cq in self._cqs.items():
+            last = cq.entry(cq.max_offset - 1) if len(cq) else None
+            # after a flush every entry lies below the checkpoint: no search needed
+            below = cq.max_offset if last and last[0] < start else cq.first_at_or_after(start)
+            entries += below
+            if below > cq.first_offset:
+                end = self._entry_end(topic, queue_id, below - 1)
+                if end is None:
+                    return cl.min_offset, f"consume queue {topic}/{queue_id} disagrees"
+                anchor = max(anchor, end)
+        if entries != cp.queue_entries:
+            return cl.min_offset, (
+                f"consume queues hold {entries} entries below it, checkpoint {cp.queue_entries}"
+            )
+        if start not in (anchor, cl.segment_start(start)):
+            return cl.min_offset, "checkpoint not at a record boundary"
+        return start, "checkpoint"
+
+    def _entry_end(self, topic: str, queue_id: int, queue_offset: int) -> int | None:
+        """Where the record of a consume-queue entry ends, if the entry points at a
+        verified record that says it is that entry; else None."""
+        entry = self._cqs[(topic, queue_id)].entry(queue_offset)
+        if entry is None:
+            return None
+        phys, size, _ = entry
+        try:
+            record, got = decode_record(self._cl.read_at(phys, size), 0)
+        except (CorruptRecord, StoreError, OffsetOutOfRange):
+            return None
+        if record is BLANK or got != size:
+            return None
+        if (record.topic, record.queue_id, record.queue_offset, record.physical_offset) != (
+            topic,
+            queue_id,
+            queue_offset,
+            phys,
+        ):
+            return None
+        return phys + size
+
+    def _queue_entries(self) -> int:
+        """Sum of every consume queue's max offset (the checkpoint's ``queue_entries``)."""
+        return sum(cq.max_offset for cq in self._cqs.values())
 
     def _load_consume_queues(self) -> None:
         try:
@@ -841,6 +916,7 @@ class MessageStore:
                     return self._cl.flushed_offset
                 target = self._cl.max_offset
                 dispatched = self._reput_offset
+                entries = self._queue_entries()
                 try:
                     fds = self._cl.sync_fds(target)
                 except StoreError as open_failed:
@@ -875,8 +951,16 @@ class MessageStore:
             cp = self._checkpoint
             if cp is not None:
                 last = cp.last
-                wanted = (flushed, min(dispatched, flushed))
-                if last is None or (last.commitlog_offset, last.dispatched_offset) != wanted:
+                wanted = (flushed, min(dispatched, flushed), entries)
+                if (
+                    last is None
+                    or (
+                        last.commitlog_offset,
+                        last.dispatched_offset,
+                        last.queue_entries,
+                    )
+                    != wanted
+                ):
                     cp.write(*wanted, clean=False)
             return flushed
 
@@ -902,6 +986,20 @@ class MessageStore:
         with self._lock:
             self._check_open()
             return self._cl.read(offset, max_bytes)
+
+    def cut_back(self, offset: int) -> CutResult:
+        """Drop the log from ``offset`` (a record boundary) on, with its consume-queue
+        entries; crash-safe, see ``truncate``.  Only with no reader or writer about."""
+        with self._flush_lock, self._lock:
+            self._check_open()
+            result = cut_back(self._dir, self._cl, self._cqs, self._checkpoint_file(), offset)
+            self._reput_offset = min(self._reput_offset, offset)
+            self._pending = [d for d in self._pending if d.physical_offset < offset]
+            return result
+
+    def _checkpoint_file(self) -> CheckpointFile:
+        assert self._checkpoint is not None  # opened by recovery
+        return self._checkpoint
 
     # --- reading --------------------------------------------------------------------------------
 

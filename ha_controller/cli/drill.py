@@ -146,7 +146,9 @@ def add_commands(sub: Any) -> None:
         sub,
         "analyze",
         help="compute DIR/verdict.spark.json (or a campaign's campaign.spark.json) with PySpark",
-        description="Judge DIR/history*.jsonl on Spark as the drill judged it, write "
+        description="Judge DIR/history*.jsonl on Spark as the drill judged it (read from "
+        "the Parquet copy the drill wrote beside each file, history*.parquet, while it is "
+        "current; from the JSON lines otherwise), write "
         "DIR/verdict.spark.json and compare it whole with DIR/verdict.json.  On a campaign "
         "directory (DIR/campaign.json) every drill is judged in one Spark job and "
         "DIR/campaign.spark.json is written and compared with campaign.json.  Exit 0 only "

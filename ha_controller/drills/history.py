@@ -71,12 +71,20 @@ Value schemas, per ``f`` (``?`` marks an optional key):
     ``slave`` | ``isolated``: a broker's role as observed by the drill.
 
 Any other ``f`` is kept by the reader and ignored by the checkers.
+
+Columnar copy: when pyarrow is installed, :class:`HistoryWriter` also writes
+``history.parquet`` next to ``history.jsonl`` when it closes (:func:`write_columnar`):
+the same events with the schema :data:`VALUE_FIELDS` gives ``value``, which Spark reads
+natively (no JSON parsing, only the columns a query needs).  The JSON lines stay the
+reference: the Parquet file records the size and modification time of the file it was
+made from, and :func:`columnar_copy` offers it only while they still match.
 """
 
 from __future__ import annotations
 
 import dataclasses
 import json
+import logging
 import os
 import threading
 from collections.abc import Callable, Iterable, Iterator, Mapping
@@ -108,9 +116,14 @@ __all__ = [
     "SendOutcome",
     "Subscribe",
     "Unlock",
+    "VALUE_FIELDS",
+    "columnar_copy",
     "iter_history",
     "read_history",
+    "write_columnar",
 ]
+
+logger = logging.getLogger(__name__)
 
 EventType: TypeAlias = Literal["invoke", "ok", "fail", "info"]
 EVENT_TYPES: Final[frozenset[str]] = frozenset({"invoke", "ok", "fail", "info"})
@@ -121,6 +134,113 @@ EVENT_TYPES: Final[frozenset[str]] = frozenset({"invoke", "ok", "fail", "info"})
 
 class HistoryError(HaError, ValueError):
     """A history file (or event) that does not follow the format; names file and line."""
+
+
+#: The ``value`` keys the checkers read and their types (``string``, ``long``,
+#: ``boolean``): the schema of the columnar copy and of the Spark pipeline's reader.
+VALUE_FIELDS: Final[tuple[tuple[str, str], ...]] = (
+    ("key", "string"),
+    ("topic", "string"),
+    ("group", "string"),
+    ("delay_level", "long"),
+    ("delay_ms", "long"),
+    ("due_ts_ms", "long"),
+    ("tx", "boolean"),
+    ("msg_id", "string"),
+    ("broker", "string"),
+    ("queue_id", "long"),
+    ("queue_offset", "long"),
+    ("consumer", "string"),
+    ("consumer_group", "string"),
+    ("mq", "string"),
+    ("granted", "boolean"),
+    ("commit", "boolean"),
+    ("offset", "long"),
+    ("kind", "string"),
+    ("target", "string"),
+    ("broker_id", "long"),
+    ("role", "string"),
+    ("reason", "string"),
+    ("error", "string"),
+    ("family", "string"),
+)
+
+_SOURCE_SIZE = b"hac.history.source_size"
+_SOURCE_MTIME = b"hac.history.source_mtime_ns"
+_ROW_GROUP_ROWS = 1 << 19
+
+
+def _columnar_path(path: Path) -> Path:
+    return path.with_suffix(".parquet")
+
+
+def write_columnar(path: str | os.PathLike[str]) -> Path | None:
+    """Write the Parquet copy of the JSON-lines history ``path`` (``history.jsonl`` ->
+    ``history.parquet``, replaced atomically) and return its path.
+
+    Returns None, writing nothing, without pyarrow, or when a line does not fit the
+    schema (then the JSON lines alone are the history, as before; a stale copy is
+    removed).  The copy's metadata names the size and modification time of ``path``.
+    """
+    try:
+        import pyarrow as pa  # type: ignore[import-untyped]
+        import pyarrow.json as pa_json  # type: ignore[import-untyped]
+        import pyarrow.parquet as pq  # type: ignore[import-untyped]
+    except ImportError:
+        return None
+    src = Path(path)
+    out = _columnar_path(src)
+    kinds = {"string": pa.string(), "long": pa.int64(), "boolean": pa.bool_()}
+    value = pa.struct([(name, kinds[kind]) for name, kind in VALUE_FIELDS])
+    schema = pa.schema(
+        [
+            ("t_ms", pa.int64()),
+            ("process", pa.string()),
+            ("type", pa.string()),
+            ("f", pa.string()),
+            ("value", value),
+        ]
+    )
+    try:
+        stat = src.stat()
+        table = pa_json.read_json(
+            src,
+            parse_options=pa_json.ParseOptions(
+                explicit_schema=schema, unexpected_field_behavior="ignore"
+            ),
+        ).select(schema.names)
+        table = table.replace_schema_metadata(
+            {_SOURCE_SIZE: str(stat.st_size), _SOURCE_MTIME: str(stat.st_mtime_ns)}
+        )
+        tmp = out.with_name(f".{out.name}.tmp")
+        pq.write_table(table, tmp, row_group_size=_ROW_GROUP_ROWS)
+        os.replace(tmp, out)
+    except (OSError, pa.ArrowException) as exc:
+        logger.warning("no columnar copy of %s: %s", src, exc)
+        out.unlink(missing_ok=True)
+        return None
+    return out
+
+
+def columnar_copy(path: str | os.PathLike[str]) -> Path | None:
+    """The Parquet copy of ``path`` if it was written from the file as it is now."""
+    src = Path(path)
+    out = _columnar_path(src)
+    if src.suffix != ".jsonl" or not out.exists():
+        return None
+    try:
+        import pyarrow.parquet as pq
+
+        meta = pq.read_schema(out).metadata or {}
+        stat = src.stat()
+    except (ImportError, OSError, ValueError):
+        return None
+    if (
+        meta.get(_SOURCE_SIZE) != str(stat.st_size).encode()
+        or meta.get(_SOURCE_MTIME) != str(stat.st_mtime_ns).encode()
+    ):
+        return None
+    return out
 
 
 # --- typed values ------------------------------------------------------------------
@@ -352,6 +472,8 @@ class HistoryWriter:
     each call writes one complete line and flushes it to the OS, so a crash of the drill
     runner loses no recorded event and readers never see half a line.  ``fsync=True``
     also fdatasyncs every line (slow; for drills that kill the runner's host).
+    ``columnar=True`` (the default) writes the Parquet copy when the writer closes
+    (:func:`write_columnar`; nothing without pyarrow).
     Use as a context manager or call :meth:`close` (idempotent).
     """
 
@@ -361,6 +483,7 @@ class HistoryWriter:
         *,
         fsync: bool = False,
         clock_ms: Callable[[], int] | None = None,
+        columnar: bool = True,
     ) -> None:
         self._path = Path(path)
         self._path.parent.mkdir(parents=True, exist_ok=True)
@@ -368,6 +491,7 @@ class HistoryWriter:
         self._lock = threading.Lock()
         self._fsync = fsync
         self._clock_ms: Callable[[], int] = clock_ms if clock_ms is not None else now_ms
+        self._columnar = columnar
         self.count = 0
 
     @property
@@ -404,9 +528,12 @@ class HistoryWriter:
 
     def close(self) -> None:
         with self._lock:
-            if self._fh is not None:
-                self._fh.close()
-                self._fh = None
+            if self._fh is None:
+                return
+            self._fh.close()
+            self._fh = None
+        if self._columnar:
+            write_columnar(self._path)
 
     def __enter__(self) -> Self:
         return self

@@ -2,14 +2,17 @@
 
 Every definition mirrors :mod:`ha_controller.drills.checker` (read its docstring); the
 two produce the same ``Verdict.to_dict()`` for the same history, which the pipeline tests
-assert.  Several history files are read as one history.
+assert.  Several history files are read as one history; a file with a current Parquet
+copy (written by the drill's history writer) is read from the copy.
 
 Only DataFrame APIs are used (no RDDs, no ``sparkContext``), so the job runs in local
 mode, under ``spark-submit`` and over Spark Connect.  Nothing proportional to the history
 reaches the driver: the counts come back as one row per history, the fault list (small)
 is collected, and the unavailability windows come back as one row per (fault start,
 write/read, group) plus the cluster: failures are joined with the broadcast fault epochs
-to open the windows, successes with the broadcast openings to close them.  The
+to open the windows, successes with the broadcast openings to close them (first only
+successes issued within ``CLOSE_HORIZON_MS`` of an opening, then, for windows still
+open, all of them).  The
 ``availability`` summary is derived from the fault list by :class:`Verdict` itself, as in
 the checker.
 
@@ -29,7 +32,7 @@ from pathlib import Path
 from typing import Any
 
 from pyspark import StorageLevel
-from pyspark.sql import Column, DataFrame, Row, SparkSession, Window
+from pyspark.sql import Column, DataFrame, SparkSession, Window
 from pyspark.sql import functions as F
 from pyspark.sql.types import (
     BooleanType,
@@ -40,7 +43,7 @@ from pyspark.sql.types import (
 )
 
 from ha_controller.drills.checker import TARGET_BROKER_RE, CheckOptions, FaultWindow, Verdict
-from ha_controller.drills.history import DELAY_LEVELS_MS
+from ha_controller.drills.history import DELAY_LEVELS_MS, VALUE_FIELDS, columnar_copy
 
 __all__ = [
     "EVENT_SCHEMA",
@@ -55,31 +58,13 @@ __all__ = [
     "verdicts_of",
 ]
 
-_VALUE_FIELDS: tuple[tuple[str, Any], ...] = (
-    ("key", StringType()),
-    ("topic", StringType()),
-    ("group", StringType()),
-    ("delay_level", LongType()),
-    ("delay_ms", LongType()),
-    ("due_ts_ms", LongType()),
-    ("tx", BooleanType()),
-    ("msg_id", StringType()),
-    ("broker", StringType()),
-    ("queue_id", LongType()),
-    ("queue_offset", LongType()),
-    ("consumer", StringType()),
-    ("consumer_group", StringType()),
-    ("mq", StringType()),
-    ("granted", BooleanType()),
-    ("commit", BooleanType()),
-    ("offset", LongType()),
-    ("kind", StringType()),
-    ("target", StringType()),
-    ("broker_id", LongType()),
-    ("role", StringType()),
-    ("reason", StringType()),
-    ("error", StringType()),
-    ("family", StringType()),
+_SPARK_TYPES: dict[str, Any] = {
+    "string": StringType(),
+    "long": LongType(),
+    "boolean": BooleanType(),
+}
+_VALUE_FIELDS: tuple[tuple[str, Any], ...] = tuple(
+    (name, _SPARK_TYPES[kind]) for name, kind in VALUE_FIELDS
 )
 
 #: ``value`` of every event kind the checkers read (history module docstring).
@@ -98,17 +83,28 @@ EVENT_SCHEMA = StructType(
 
 
 def read_events(spark: SparkSession, paths: str | os.PathLike[str] | Sequence[Any]) -> DataFrame:
-    """Read history files with the explicit schema (FAILFAST).
+    """Read history files with the explicit schema.
 
-    A line that is not JSON, or whose fields do not fit :data:`EVENT_SCHEMA` (a string
-    where a number belongs), fails the job; the in-process reader rejects the first and
-    treats a mistyped value field as missing.
+    A JSON-lines file with a current columnar copy (``history.parquet``, see
+    :func:`ha_controller.drills.history.write_columnar`) is read from the copy: no JSON
+    parsing, and only the columns a query uses.  Otherwise the JSON lines are read
+    (FAILFAST): a line that is not JSON, or whose fields do not fit
+    :data:`EVENT_SCHEMA` (a string where a number belongs), fails the job; the
+    in-process reader rejects the first and treats a mistyped value field as missing.
     """
     if isinstance(paths, str | os.PathLike):
         files = [os.fspath(paths)]
     else:
         files = [os.fspath(p) for p in paths]
-    return spark.read.schema(EVENT_SCHEMA).option("mode", "FAILFAST").json(files)
+    columnar = {f: columnar_copy(f) for f in files}
+    parquet = [os.fspath(c) for c in columnar.values() if c is not None]
+    jsonl = [f for f, c in columnar.items() if c is None]
+    frames = []
+    if parquet:
+        frames.append(spark.read.schema(EVENT_SCHEMA).parquet(*parquet))
+    if jsonl or not frames:
+        frames.append(spark.read.schema(EVENT_SCHEMA).option("mode", "FAILFAST").json(jsonl))
+    return reduce(lambda a, b: a.unionByName(b), frames)
 
 
 def _flat(events: DataFrame) -> DataFrame:
@@ -124,6 +120,10 @@ def _flat(events: DataFrame) -> DataFrame:
 
 
 HistorySource = str | os.PathLike[str] | Sequence[Any] | DataFrame
+
+#: an unavailability window is first closed by a success issued within this long of its
+#: opening; windows still open after that are closed by an unbounded search
+CLOSE_HORIZON_MS = 60_000
 
 
 def compute_verdict(
@@ -186,15 +186,32 @@ def verdicts_of(
 ) -> dict[str, Verdict]:
     """The verdict of every history in ``events`` (:data:`EVENT_SCHEMA`'s columns plus
     ``hid``, the history's name), judged on its own, in one pass; ``names`` lists the
-    histories (one without events gets an empty verdict)."""
+    histories (one without events gets an empty verdict).
+
+    The events that name a key are grouped by (history, key) once (:func:`_keys`, the
+    one shuffle of the whole history); everything per key, per (key, consumer group)
+    and the write operations of the availability windows is derived from those rows
+    (cached), without joining events back.  The other event kinds are small.  Events
+    read from JSON lines are cached once (each further scan would parse the JSON
+    again); Parquet is scanned again instead, column by column.
+    """
     opts = options if options is not None else CheckOptions()
-    ev = _flat(events).persist(StorageLevel.MEMORY_AND_DISK)
+    ev = _flat(events)
+    cache_events = any(not f.endswith(".parquet") for f in events.inputFiles())
+    if cache_events:
+        ev = ev.persist(StorageLevel.MEMORY_AND_DISK)
+    keys = _keys(ev, opts).persist(StorageLevel.MEMORY_AND_DISK)
     try:
+        # build the cache in a job of its own: the jobs below read it from several
+        # stages at once, and each would otherwise compute the rows it finds missing
+        keys.count()
         hids = spark.createDataFrame([(name,) for name in names], "hid string")
-        counts = _counts(ev, hids, opts)
-        faults = _faults(ev)
+        counts = _counts(ev, keys, hids, opts)
+        faults = _faults(ev, keys)
     finally:
-        ev.unpersist()
+        keys.unpersist()
+        if cache_events:
+            ev.unpersist()
     return {
         name: Verdict(scenario=name, counts=counts[name], faults=faults.get(name, ()))
         for name in names
@@ -224,46 +241,83 @@ def fault_families(events: DataFrame) -> dict[str, dict[tuple[int, str, str], li
     return out
 
 
-def _counts(ev: DataFrame, hids: DataFrame, opts: CheckOptions) -> dict[str, dict[str, int]]:
+def _keys(ev: DataFrame, opts: CheckOptions) -> DataFrame:
+    """One row per (history, key) with everything its events say: the send invoke's
+    attributes, send outcomes, transaction resolution, and its receipts (and acks) as
+    arrays; hash-partitioned by (hid, key), which later groupings that include both
+    columns reuse without a shuffle."""
     col = F.col
     is_send = col("f") == "send"
-    is_end = (col("f") == "end_tx") & (col("type") == "ok") & col("commit").isNotNull()
+    is_invoke = is_send & (col("type") == "invoke")
+    is_outcome = is_send & col("type").isin("ok", "fail", "info")
+    is_end = (col("f") == "end_tx") & col("commit").isNotNull()
     is_recv = (col("f") == "receive") & (col("type") == "ok") & col("consumer_group").isNotNull()
+    is_ack = (col("f") == "ack") & (col("type") == "ok") & col("consumer_group").isNotNull()
+    with_acks = opts.redelivery == "after_ack" or bool(opts.after_ack_groups)
+    wanted = is_send | is_end | is_recv
+    if with_acks:
+        wanted = wanted | is_ack
     levels = F.array(*[F.lit(ms) for ms in DELAY_LEVELS_MS])
     level_idx = F.least(col("i.delay_level"), F.lit(len(DELAY_LEVELS_MS))).cast("int")
-
-    # One row per (history, key): everything its send, end_tx and receive events say.
-    per_key = (
-        ev.where(col("key").isNotNull() & (is_send | is_end | is_recv))
-        .groupBy("hid", "key")
-        .agg(
-            F.min_by(
+    aggs = [
+        F.min_by(
+            F.struct(
+                col("t_ms").alias("t_inv"),
+                "topic",
+                "group",
+                "tx",
+                "delay_level",
+                "delay_ms",
+                "due_ts_ms",
+            ),
+            F.when(is_invoke, col("t_ms")),
+        ).alias("i"),
+        # the earliest invoke naming a broker, ties by name
+        F.min(F.when(is_invoke & col("broker").isNotNull(), F.struct("t_ms", "broker"))).alias(
+            "named"
+        ),
+        F.bool_or(is_send).alias("sent"),
+        F.min(F.when(is_send & (col("type") == "ok"), col("t_ms"))).alias("ok_t"),
+        F.coalesce(
+            F.bool_or(F.when(is_end & (col("type") == "ok"), col("commit"))), F.lit(False)
+        ).alias("committed"),
+        F.coalesce(
+            F.bool_or(F.when(is_end & col("type").isin("ok", "info"), ~col("commit"))),
+            F.lit(False),
+        ).alias("has_rb"),
+        F.collect_list(F.when(is_outcome, F.struct("t_ms", "type", "broker"))).alias("outcomes"),
+        F.collect_list(
+            F.when(
+                is_recv,
                 F.struct(
-                    col("t_ms").alias("t_inv"),
-                    "topic",
-                    "group",
-                    "tx",
-                    "delay_level",
-                    "delay_ms",
-                    "due_ts_ms",
+                    col("consumer_group").alias("cg"),
+                    F.coalesce(col("consumer"), F.lit("")).alias("consumer"),
+                    "t_ms",
+                    F.coalesce(col("queue_offset"), F.lit(-1)).alias("qo"),
                 ),
-                F.when(is_send & (col("type") == "invoke"), col("t_ms")),
-            ).alias("i"),
-            F.bool_or(is_send).alias("sent"),
-            F.min(F.when(is_send & (col("type") == "ok"), col("t_ms"))).alias("ok_t"),
-            F.coalesce(F.bool_or(F.when(is_end, col("commit"))), F.lit(False)).alias("committed"),
-            F.coalesce(F.bool_or(F.when(is_end, ~col("commit"))), F.lit(False)).alias("has_rb"),
-            F.count(F.when(is_recv, 1)).alias("n_recv"),
+            )
+        ).alias("receipts"),
+    ]
+    if with_acks:
+        aggs.append(
+            F.collect_list(
+                F.when(is_ack, F.struct(col("consumer_group").alias("cg"), "t_ms"))
+            ).alias("acks")
         )
-    )
-    keys = (
+    per_key = ev.where(col("key").isNotNull() & wanted).groupBy("hid", "key").agg(*aggs)
+    return (
         per_key.select(
             "hid",
             "key",
             "sent",
             "ok_t",
             "committed",
-            "n_recv",
+            "outcomes",
+            "receipts",
+            *(["acks"] if with_acks else []),
+            F.size("receipts").alias("n_recv"),
+            col("i.t_inv").alias("t_inv"),
+            col("named.broker").alias("inv_broker"),
             F.coalesce(col("i.topic"), F.lit("")).alias("topic"),
             col("i.group").alias("group"),
             F.coalesce(col("i.tx"), F.lit(False)).alias("is_tx"),
@@ -282,8 +336,13 @@ def _counts(ev: DataFrame, hids: DataFrame, opts: CheckOptions) -> dict[str, dic
             "acked",
             col("ok_t").isNotNull() & ~col("rolled_back") & (col("committed") | ~col("is_tx")),
         )
-        .persist(StorageLevel.MEMORY_AND_DISK)
     )
+
+
+def _counts(
+    ev: DataFrame, keys: DataFrame, hids: DataFrame, opts: CheckOptions
+) -> dict[str, dict[str, int]]:
+    col = F.col
 
     def total(name: str, expr: Column) -> Column:
         return F.coalesce(F.sum(expr), F.lit(0)).cast("long").alias(name)
@@ -311,34 +370,37 @@ def _counts(ev: DataFrame, hids: DataFrame, opts: CheckOptions) -> dict[str, dic
         ),
     )
 
-    rec = ev.where(col("key").isNotNull() & is_recv).select(
+    # every receipt of a key that is not unexpected, with the key's attributes (no join
+    # with the key rows; grouping the exploded receipts still shuffles them, about one
+    # row per key: computing the pairs inside each key's row with array functions
+    # instead measured slower)
+    with_acks = "acks" in keys.columns
+    rec = keys.where(~col("unexpected") & (col("n_recv") > 0)).select(
         "hid",
-        "t_ms",
-        col("consumer_group").alias("cg"),
-        F.coalesce(col("consumer"), F.lit("")).alias("consumer"),
         "key",
-        F.coalesce(col("queue_offset"), F.lit(-1)).alias("qo"),
+        "topic",
+        "group",
+        "acked",
+        "ok_t",
+        "due",
+        "tol",
+        *(["acks"] if with_acks else []),
+        F.explode("receipts").alias("r"),
     )
-    pair_aggs = [F.count(F.lit(1)).alias("n"), F.min("t_ms").alias("first_t")]
-    rec_acks = rec
-    if opts.redelivery == "after_ack" or opts.after_ack_groups:
-        acks = (
-            ev.where(
-                (col("f") == "ack")
-                & (col("type") == "ok")
-                & col("key").isNotNull()
-                & col("consumer_group").isNotNull()
-            )
-            .groupBy("hid", col("consumer_group").alias("cg"), "key")
-            .agg(F.min("t_ms").alias("ack_t"))
+    pair_aggs = [
+        F.count(F.lit(1)).alias("n"),
+        F.min("r.t_ms").alias("first_t"),
+        F.first("topic").alias("topic"),
+        F.first("acked").alias("acked"),
+        F.first("due").alias("due"),
+        F.first("tol").alias("tol"),
+    ]
+    if with_acks:
+        ack_t = F.array_min(
+            F.transform(F.filter("acks", lambda a: a["cg"] == col("r.cg")), lambda a: a["t_ms"])
         )
-        rec_acks = rec.join(acks, ["hid", "cg", "key"], "left")
-        pair_aggs.append(F.count(F.when(col("t_ms") > col("ack_t"), 1)).alias("after_ack"))
-    pairs = (
-        rec_acks.groupBy("hid", "cg", "key")
-        .agg(*pair_aggs)
-        .join(keys.where(~col("unexpected")), ["hid", "key"], "inner")
-    )
+        pair_aggs.append(F.count(F.when(col("r.t_ms") > ack_t, 1)).alias("after_ack"))
+    pairs = rec.groupBy("hid", "key", col("r.cg").alias("cg")).agg(*pair_aggs)
     if opts.redelivery == "after_ack":
         redelivered = col("after_ack")
     elif opts.after_ack_groups:
@@ -390,10 +452,14 @@ def _counts(ev: DataFrame, hids: DataFrame, opts: CheckOptions) -> dict[str, dic
 
     # FIFO: first receipt per (cg, consumer, key), ranked by send-ok time per stream.
     firsts = (
-        rec.groupBy("hid", "cg", "consumer", "key")
-        .agg(F.min(F.struct("t_ms", "qo")).alias("first"))
-        .select("hid", "cg", "consumer", "key", "first.t_ms", "first.qo")
-        .join(keys.where(col("acked") & col("group").isNotNull()), ["hid", "key"], "inner")
+        rec.where(col("acked") & col("group").isNotNull())
+        .groupBy("hid", "key", col("r.cg").alias("cg"), col("r.consumer").alias("consumer"))
+        .agg(
+            F.min(F.struct(col("r.t_ms").alias("t_ms"), col("r.qo").alias("qo"))).alias("first"),
+            F.first("group").alias("group"),
+            F.first("ok_t").alias("ok_t"),
+        )
+        .select("hid", "cg", "consumer", "key", "group", "ok_t", "first.t_ms", "first.qo")
     )
     stream = (
         Window.partitionBy("hid", "cg", "consumer", "group")
@@ -417,10 +483,7 @@ def _counts(ev: DataFrame, hids: DataFrame, opts: CheckOptions) -> dict[str, dic
         _offset_rollbacks(ev).groupBy("hid").agg(total("offset_rollbacks", F.lit(1))),
     ]
     table = reduce(lambda a, b: a.join(F.broadcast(b), "hid", "left"), aggs, hids)
-    try:
-        rows = table.collect()  # one row per history
-    finally:
-        keys.unpersist()
+    rows = table.collect()  # one row per history
     out: dict[str, dict[str, int]] = {}
     for row in rows:
         d = {k: int(v or 0) for k, v in row.asDict().items() if k != "hid"}
@@ -508,7 +571,7 @@ def _offset_rollbacks(ev: DataFrame) -> DataFrame:
     )
 
 
-def _faults(ev: DataFrame) -> dict[str, tuple[FaultWindow, ...]]:
+def _faults(ev: DataFrame, keys: DataFrame) -> dict[str, tuple[FaultWindow, ...]]:
     col = F.col
     faults = ev.where((col("f") == "fault") & col("kind").isNotNull() & col("target").isNotNull())
     starts = faults.where(col("type") == "info").select(
@@ -537,7 +600,7 @@ def _faults(ev: DataFrame) -> dict[str, tuple[FaultWindow, ...]]:
     rows = ended.orderBy("hid", "start", "kind", "target").collect()  # one row per fault
     if not rows:
         return {}
-    avail = _Availability(_availability(ev, starts))
+    avail = _Availability(_availability(ev, keys, starts))
     out: dict[str, list[FaultWindow]] = {}
     for r in rows:
         hid, start = str(r["hid"]), int(r["start"])
@@ -557,34 +620,23 @@ def _faults(ev: DataFrame) -> dict[str, tuple[FaultWindow, ...]]:
     return {hid: tuple(ws) for hid, ws in out.items()}
 
 
-def _operations(ev: DataFrame) -> DataFrame:
+def _operations(ev: DataFrame, keys: DataFrame) -> DataFrame:
     """Writes and reads as the availability windows see them (checker docstring):
-    ``hid, op ("write"|"read"), ok, t, issued, grp`` (``grp`` null: no group named)."""
+    ``hid, op ("write"|"read"), ok, t, issued, grp`` (``grp`` null: no group named).
+    Writes come from the per-key rows (:func:`_keys`), reads from the events."""
     col = F.col
-    send = (col("f") == "send") & col("key").isNotNull()
-    outcome = col("type").isin("ok", "fail", "info")
-    invokes = (
-        ev.where(send & (col("type") == "invoke"))
-        .groupBy("hid", "key")
-        .agg(
-            F.min("t_ms").alias("t_inv"),
-            # the earliest invoke naming a broker, ties by name
-            F.min(F.when(col("broker").isNotNull(), F.struct("t_ms", "broker"))).alias("named"),
-        )
-        .select("hid", "key", "t_inv", col("named.broker").alias("inv_broker"))
-    )
-    outcomes = ev.where(send & outcome).select("hid", "key", "t_ms", "type", "broker")
-    answered = outcomes.join(invokes, ["hid", "key"], "left").select(
+    sends = keys.where(col("t_inv").isNotNull() | (F.size("outcomes") > 0))
+    answered = sends.select("hid", "t_inv", "inv_broker", F.explode("outcomes").alias("o")).select(
         "hid",
         F.lit("write").alias("op"),
-        (col("type") == "ok").alias("ok"),
-        col("t_ms").alias("t"),
-        F.coalesce(col("t_inv"), col("t_ms")).alias("issued"),
-        F.when(col("type") == "ok", col("broker"))
-        .otherwise(F.coalesce(col("broker"), col("inv_broker")))
+        (col("o.type") == "ok").alias("ok"),
+        col("o.t_ms").alias("t"),
+        F.coalesce(col("t_inv"), col("o.t_ms")).alias("issued"),
+        F.when(col("o.type") == "ok", col("o.broker"))
+        .otherwise(F.coalesce(col("o.broker"), col("inv_broker")))
         .alias("grp"),
     )
-    unanswered = invokes.join(outcomes.select("hid", "key"), ["hid", "key"], "left_anti").select(
+    unanswered = sends.where(F.size("outcomes") == 0).select(
         "hid",
         F.lit("write").alias("op"),
         F.lit(False).alias("ok"),
@@ -592,7 +644,7 @@ def _operations(ev: DataFrame) -> DataFrame:
         col("t_inv").alias("issued"),
         col("inv_broker").alias("grp"),
     )
-    reads = ev.where((col("f") == "receive") & outcome).select(
+    reads = ev.where((col("f") == "receive") & col("type").isin("ok", "fail", "info")).select(
         "hid",
         F.lit("read").alias("op"),
         (col("type") == "ok").alias("ok"),
@@ -603,13 +655,14 @@ def _operations(ev: DataFrame) -> DataFrame:
     return answered.unionByName(unanswered).unionByName(reads)
 
 
-def _availability(ev: DataFrame, starts: DataFrame) -> list[Row]:
+def _availability(ev: DataFrame, keys: DataFrame, starts: DataFrame) -> list[Mapping[str, Any]]:
     """The unavailability windows of every fault start (``starts``: ``hid, start,
     target``), one row per (start, op, scope) that opened a window, plus one row per
     group seen."""
     col = F.col
-    ops = _operations(ev).persist(StorageLevel.MEMORY_AND_DISK)
+    ops = _operations(ev, keys).persist(StorageLevel.MEMORY_AND_DISK)
     try:
+        ops.count()  # once, before several stages read it (see verdicts_of)
         # a fault's epoch ends at the next later fault start of its history
         later = (
             Window.partitionBy("hid").orderBy("start").rangeBetween(1, Window.unboundedFollowing)
@@ -641,16 +694,16 @@ def _availability(ev: DataFrame, starts: DataFrame) -> list[Row]:
             )
             .withColumn("from", F.greatest(col("issued"), col("start")))
         )
-        keys = ["hid", "start", "op"]
+        wkeys = ["hid", "start", "op"]
         windows = (
             opened.where(col("grp").isNotNull())
-            .select(*keys, "grp", "from")
+            .select(*wkeys, "grp", "from")
             .unionByName(targeted)
-            .groupBy(*keys, "grp")
+            .groupBy(*wkeys, "grp")
             .agg(F.min("from").alias("ws"), F.lit(0).cast("long").alias("unattributed"))
             .withColumn("cluster", F.lit(False))
             .unionByName(
-                opened.groupBy(*keys)
+                opened.groupBy(*wkeys)
                 .agg(
                     F.min("from").alias("ws"),
                     F.count(F.when(col("grp").isNull(), 1)).alias("unattributed"),
@@ -667,44 +720,65 @@ def _availability(ev: DataFrame, starts: DataFrame) -> list[Row]:
             col("cluster").alias("w_cluster"),
             col("ws").alias("w_ws"),
         )
-        # the first success of the scope issued (and recorded) at or after the opening
-        closes = (
-            ops.where(col("ok"))
-            .join(
-                F.broadcast(w),
+        # the first success of the scope issued (and recorded) at or after the opening:
+        # first looked for within CLOSE_HORIZON_MS of it (each success meets only the
+        # windows opened shortly before it), then without bound for windows still open
+        successes = ops.where(col("ok"))
+
+        def closes(scope: DataFrame, horizon_ms: int | None) -> dict[tuple[Any, ...], int]:
+            cond = (
                 (col("hid") == col("w_hid"))
                 & (col("op") == col("w_op"))
                 & (col("w_cluster") | (col("grp") == col("w_grp")))
                 & (col("issued") >= col("w_ws"))
-                & (col("t") >= col("w_ws")),
+                & (col("t") >= col("w_ws"))
             )
-            .groupBy("w_hid", "w_start", "w_op", "w_grp")
-            .agg(F.min("t").alias("we"))
-        )
-        measured = windows.join(
-            closes,
-            (col("hid") == col("w_hid"))
-            & (col("start") == col("w_start"))
-            & (col("op") == col("w_op"))
-            & col("grp").eqNullSafe(col("w_grp")),
-            "left",
-        ).select(*keys, "grp", "cluster", "ws", "we", "unattributed")
+            if horizon_ms is not None:
+                cond = cond & (col("issued") < col("w_ws") + F.lit(horizon_ms))
+            found = (
+                successes.join(F.broadcast(scope), cond)
+                .groupBy("w_hid", "w_start", "w_op", "w_grp")
+                .agg(F.min("t").alias("we"))
+                .collect()  # one row per window
+            )
+            return {(r["w_hid"], r["w_start"], r["w_op"], r["w_grp"]): int(r["we"]) for r in found}
+
+        opened_rows = windows.collect()  # faults x groups rows
+        ends = closes(w, CLOSE_HORIZON_MS)
+        still_open = [
+            r for r in opened_rows if (r["hid"], r["start"], r["op"], r["grp"]) not in ends
+        ]
+        if still_open:
+            scope = w.join(
+                F.broadcast(
+                    ev.sparkSession.createDataFrame(
+                        [(r["hid"], r["start"], r["op"], r["grp"]) for r in still_open],
+                        "o_hid string, o_start long, o_op string, o_grp string",
+                    )
+                ),
+                (col("w_hid") == col("o_hid"))
+                & (col("w_start") == col("o_start"))
+                & (col("w_op") == col("o_op"))
+                & col("w_grp").eqNullSafe(col("o_grp")),
+                "left_semi",
+            )
+            ends.update(closes(scope, None))
+        measured: list[Mapping[str, Any]] = [
+            {
+                **r.asDict(),
+                "we": ends.get((r["hid"], r["start"], r["op"], r["grp"])),
+            }
+            for r in opened_rows
+        ]
         seen = (
             ops.where(col("grp").isNotNull())
             .select("hid", "op", "grp")
             .distinct()
-            .select(
-                "hid",
-                F.lit(None).cast("long").alias("start"),
-                "op",
-                "grp",
-                F.lit(None).cast("boolean").alias("cluster"),
-                F.lit(None).cast("long").alias("ws"),
-                F.lit(None).cast("long").alias("we"),
-                F.lit(None).cast("long").alias("unattributed"),
-            )
+            .collect()  # groups
         )
-        return measured.unionByName(seen).collect()  # faults x groups rows
+        return measured + [
+            {"hid": r["hid"], "op": r["op"], "grp": r["grp"], "start": None} for r in seen
+        ]
     finally:
         ops.unpersist()
 
@@ -712,7 +786,7 @@ def _availability(ev: DataFrame, starts: DataFrame) -> list[Row]:
 class _Availability:
     """The collected rows of :func:`_availability`, read as the checker reports them."""
 
-    def __init__(self, rows: list[Row]) -> None:
+    def __init__(self, rows: Sequence[Mapping[str, Any]]) -> None:
         self._groups: dict[tuple[str, str], list[str]] = {}
         self._windows: dict[tuple[str, int, str, str | None], tuple[int, int | None, int]] = {}
         for r in rows:

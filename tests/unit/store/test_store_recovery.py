@@ -4,11 +4,14 @@ from __future__ import annotations
 
 import os
 import shutil
+import struct
+import zlib
 from pathlib import Path
 
 import pytest
 
 from broker_agent.store import GetMessageStatus, MessageStore, PutResult, StoreConfig
+from broker_agent.store.checkpoint import CheckpointFile
 from ha_controller.protocol.record import BLANK, iter_records
 
 SEG = 64 * 1024
@@ -91,7 +94,11 @@ def test_zero_filled_tail_is_dropped(tmp_path: Path) -> None:
 
 
 def test_flipped_byte_in_a_middle_record_truncates_from_it(tmp_path: Path) -> None:
-    results = populate(tmp_path, 400)
+    # the record is below the checkpoint: only a verify window reaching back to it walks it
+    config = StoreConfig(
+        segment_size_bytes=SEG, max_message_size_bytes=16 * 1024, recovery_verify_segments=3
+    )
+    results = populate(tmp_path, 400, config=config)
     victim = results[150]
     assert victim.physical_offset // SEG < results[-1].physical_offset // SEG
     seg = segment_of(tmp_path, victim.physical_offset)
@@ -100,7 +107,7 @@ def test_flipped_byte_in_a_middle_record_truncates_from_it(tmp_path: Path) -> No
         b = f.read(1)
         f.seek(-1, os.SEEK_CUR)
         f.write(bytes([b[0] ^ 0x40]))
-    with MessageStore.open(tmp_path, CFG) as store:
+    with MessageStore.open(tmp_path, config) as store:
         assert store.commitlog_max_offset == victim.physical_offset
         assert store.get_message_at("T", 150 % 3, victim.queue_offset) is None
         assert_consistent(store, expected_of(results, 150))
@@ -171,6 +178,7 @@ def test_broken_checkpoint_falls_back_to_a_full_walk(tmp_path: Path) -> None:
     results = populate(tmp_path, 300)
     (tmp_path / "checkpoint").write_bytes(os.urandom(1100))
     with MessageStore.open(tmp_path, CFG) as store:
+        assert store.recovered_from == 0
         assert_consistent(store, expected_of(results, 300))
 
 
@@ -191,3 +199,102 @@ def test_reopen_many_times_keeps_everything(tmp_path: Path, mode: str) -> None:
                 expected[(i % 3, r.queue_offset)] = body(i)
                 i += 1
             store.flush()
+
+
+def flip_byte(path: Path, offset: int, size: int) -> None:
+    """Flip a byte near the end of the record at ``offset`` (its body: the CRC fails)."""
+    seg = segment_of(path, offset)
+    with seg.open("r+b") as f:
+        f.seek(offset - int(seg.name) + size - 3)
+        b = f.read(1)
+        f.seek(-1, os.SEEK_CUR)
+        f.write(bytes([b[0] ^ 0x40]))
+
+
+def crash_image(tmp_path: Path, flushed: int, tail: int) -> tuple[Path, list[PutResult], int]:
+    """A store as a kill -9 leaves it: ``flushed`` records under a checkpoint, then
+    ``tail`` more written but not flushed; returns (copy, results, checkpoint offset)."""
+    live, image = tmp_path / "live", tmp_path / "image"
+    with MessageStore.open(live, CFG) as store:
+        results = [store.put("T", i % 3, body(i), {"TAGS": "t"}) for i in range(flushed)]
+        checkpoint = store.flush()
+        results += [store.put("T", i % 3, body(i), {"TAGS": "t"}) for i in range(flushed, tail)]
+        shutil.copytree(live, image)  # the files as they are while the process runs
+    return image, results, checkpoint
+
+
+def test_clean_restart_verifies_nothing(tmp_path: Path) -> None:
+    results = populate(tmp_path, 800)
+    with MessageStore.open(tmp_path, CFG) as store:
+        assert store.recovered_from == store.commitlog_max_offset > 3 * SEG
+        assert_consistent(store, expected_of(results, 800))
+
+
+def test_only_the_tail_past_the_checkpoint_is_verified_and_a_corrupt_record_there_cut(
+    tmp_path: Path,
+) -> None:
+    image, results, checkpoint = crash_image(tmp_path, 500, 560)
+    assert checkpoint == results[500].physical_offset and checkpoint // SEG >= 2
+    below, bad = results[450], results[530]  # one under the checkpoint, one past it
+    flip_byte(image, below.physical_offset, below.size)
+    flip_byte(image, bad.physical_offset, bad.size)
+    with MessageStore.open(image, CFG) as store:
+        assert store.recovered_from == checkpoint
+        # the tail is cut at its corrupt record ...
+        assert store.commitlog_max_offset == bad.physical_offset
+        assert store.get_message_at("T", 530 % 3, bad.queue_offset) is None
+        assert store.max_offset("T", 530 % 3) == bad.queue_offset
+        # ... the log under the checkpoint was not walked (a full walk would cut it at
+        # 450), and reads still refuse the record that fails its CRC
+        assert store.get_message_at("T", 450 % 3, below.queue_offset) is None
+        assert store.corrupt_reads == 1
+        for i in (*range(440, 450), *range(451, 530)):
+            msg = store.get_message_at("T", i % 3, results[i].queue_offset)
+            assert msg is not None and msg.body == body(i)
+        assert sum(store.max_offset("T", q) for q in range(3)) == 530
+
+
+def test_torn_record_past_the_checkpoint_is_truncated(tmp_path: Path) -> None:
+    image, results, checkpoint = crash_image(tmp_path, 200, 230)
+    torn = results[220]
+    os.truncate(segment_of(image, torn.physical_offset), torn.physical_offset % SEG + 9)
+    with MessageStore.open(image, CFG) as store:
+        assert store.recovered_from == checkpoint
+        assert store.commitlog_max_offset == torn.physical_offset
+        assert_consistent(store, expected_of(results, 220))
+
+
+@pytest.mark.parametrize("where", ["past-the-end", "mid-record", "wrong-count", "random"])
+def test_stale_or_corrupt_checkpoint_falls_back_to_a_full_walk(tmp_path: Path, where: str) -> None:
+    results = populate(tmp_path, 400)
+    end = results[-1].physical_offset + results[-1].size
+    inside = results[300].physical_offset + 10  # not a record boundary
+    path = tmp_path / "checkpoint"
+    if where == "random":
+        path.write_bytes(os.urandom(1100))
+    else:
+        cp = CheckpointFile(path)
+        last = cp.load()
+        assert last is not None and last.queue_entries == 400
+        offset, entries = {
+            "past-the-end": (end + 4096, 400),
+            "mid-record": (inside, 301),  # as many entries as lie below it
+            "wrong-count": (end, 399),  # a consume queue lost an entry meanwhile
+        }[where]
+        cp.write(offset, offset, entries, clean=True)
+        cp.close()
+    with MessageStore.open(tmp_path, CFG) as store:
+        assert store.recovered_from == 0
+        assert_consistent(store, expected_of(results, 400))
+
+
+def test_version_1_checkpoint_is_read_and_recovers_with_the_old_window(tmp_path: Path) -> None:
+    results = populate(tmp_path, 800)
+    end = results[-1].physical_offset + results[-1].size
+    body_v1 = struct.pack(">IHHQQQQ", 0x4841434B, 1, 1, 99, end, end, 0)
+    (tmp_path / "checkpoint").write_bytes(body_v1 + struct.pack(">I", zlib.crc32(body_v1)))
+    with MessageStore.open(tmp_path, CFG) as store:
+        starts = sorted(int(p.name) for p in (tmp_path / "commitlog").iterdir())
+        assert len(starts) > 3
+        assert store.recovered_from == starts[-3]
+        assert_consistent(store, expected_of(results, 800))
