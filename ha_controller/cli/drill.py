@@ -14,6 +14,7 @@ import json
 import logging
 import sys
 import time
+from collections.abc import Callable
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
@@ -265,31 +266,18 @@ def cmd_analyze(args: argparse.Namespace) -> int:
     if scenario is None and local.is_file():
         scenario = json.loads(local.read_text(encoding="utf-8")).get("scenario")
     scenario = scenario or directory.name
-    from ha_controller.cli.progress import reporter
-
     options = scenario_options(scenario)
-    master = args.master or "local[*]"
-    bar = reporter(
-        f"analyze {directory} on {master}", unit="", enabled=not args.no_progress, interval_s=10
-    )
     started = time.monotonic()
+
+    def judge(spark: Any) -> Any:
+        from ha_controller.pipeline.verdict import compute_dir_verdict
+
+        return compute_dir_verdict(spark, directory, scenario=scenario, options=options)
+
     try:
-        try:
-            from ha_controller.pipeline.session import build_session
-            from ha_controller.pipeline.verdict import compute_dir_verdict
-        except ImportError as exc:
-            print(f"hactl analyze: the pipeline needs pyspark ({exc})", file=sys.stderr)
-            return 2
-        bar.update(0, "starting Spark")
-        spark = build_session(args.master, log_level="ERROR")
-        try:
-            bar.update(0, "judging the history")
-            verdict = compute_dir_verdict(spark, directory, scenario=scenario, options=options)
-        finally:
-            spark.stop()
-        bar.update(0, "done")
-    finally:
-        bar.close()
+        verdict = _on_spark(args, f"analyze {directory}", "judging the history", judge)
+    except _NoSpark:
+        return 2
     print(f"analyzed in {time.monotonic() - started:.1f} s", file=sys.stderr)
     print(verdict.to_json())
     differ: list[str] = []
@@ -300,6 +288,43 @@ def cmd_analyze(args: argparse.Namespace) -> int:
         differ = verdict.mismatches(recorded)
         _print_mismatches(differ, local)
     return 0 if verdict.ok and not differ else 1
+
+
+class _NoSpark(Exception):
+    """The pipeline could not be imported (said on stderr already)."""
+
+
+def _on_spark(args: argparse.Namespace, title: str, step: str, job: Callable[[Any], Any]) -> Any:
+    """Run ``job(spark)`` in a local Spark session with a progress line, and stop it."""
+    from ha_controller.cli.progress import reporter
+
+    bar = reporter(
+        f"{title} on {args.master or 'local[*]'}",
+        unit="",
+        enabled=not args.no_progress,
+        interval_s=10,
+    )
+    try:
+        try:
+            from ha_controller.pipeline.session import build_session
+        except ImportError as exc:
+            print(f"hactl analyze: the pipeline needs pyspark ({exc})", file=sys.stderr)
+            raise _NoSpark from exc
+        bar.update(0, "starting Spark")
+        spark = build_session(args.master, log_level="ERROR")
+        try:
+            bar.update(0, step)
+            try:
+                result = job(spark)
+            except ImportError as exc:
+                print(f"hactl analyze: the pipeline needs pyspark ({exc})", file=sys.stderr)
+                raise _NoSpark from exc
+        finally:
+            spark.stop()
+        bar.update(0, "done")
+        return result
+    finally:
+        bar.close()
 
 
 def _print_mismatches(differ: list[str], recorded: Path, what: str = "verdict") -> None:
@@ -316,34 +341,19 @@ def _print_mismatches(differ: list[str], recorded: Path, what: str = "verdict") 
 def _analyze_campaign(args: argparse.Namespace) -> int:
     """``hactl analyze DIR`` on a campaign: every drill in one Spark job."""
     directory: Path = args.dir
-    from ha_controller.cli.progress import reporter
-
-    master = args.master or "local[*]"
-    bar = reporter(
-        f"analyze campaign {directory} on {master}",
-        unit="",
-        enabled=not args.no_progress,
-        interval_s=10,
-    )
     started = time.monotonic()
+
+    def judge(spark: Any) -> Any:
+        from ha_controller.pipeline.campaign import analyze_campaign
+
+        return analyze_campaign(spark, directory, options_for=scenario_options)
+
     try:
-        try:
-            from ha_controller.pipeline.campaign import SPARK_FILE, analyze_campaign
-            from ha_controller.pipeline.session import build_session
-        except ImportError as exc:
-            print(f"hactl analyze: the pipeline needs pyspark ({exc})", file=sys.stderr)
-            return 2
-        bar.update(0, "starting Spark")
-        spark = build_session(args.master, log_level="ERROR")
-        try:
-            bar.update(0, "judging every drill")
-            result = analyze_campaign(spark, directory, options_for=scenario_options)
-        finally:
-            spark.stop()
-        bar.update(0, "done")
-    finally:
-        bar.close()
+        result = _on_spark(args, f"analyze campaign {directory}", "judging every drill", judge)
+    except _NoSpark:
+        return 2
     from ha_controller.drills.campaign import table_lines
+    from ha_controller.pipeline.campaign import SPARK_FILE
 
     print(
         f"analyzed {len(result.verdicts)} drills in {time.monotonic() - started:.1f} s",

@@ -547,13 +547,8 @@ def _orderly(d: Drill, process: str) -> OrderlyWorkload:
     )
 
 
-async def _setup_strict_lock(d: Drill, stack: contextlib.AsyncExitStack) -> None:
-    o = d.options
-    a, b = (_orderly(d, process) for process in ORDERLY_IDS)
-    for workload in (a, b):  # B starts later, in the scenario
-        stack.push_async_callback(workload.aclose)
-        d.consumers.append(workload)
-    await a.start()
+async def _start_orderly_producer(d: Drill, stack: contextlib.AsyncExitStack) -> None:
+    """The producer of the orderly topic: one sender, eight message groups."""
     d.producers.append(
         await stack.enter_async_context(
             ProducerWorkload(
@@ -561,13 +556,22 @@ async def _setup_strict_lock(d: Drill, stack: contextlib.AsyncExitStack) -> None
                 ORDERLY_TOPIC,
                 d.history,
                 process="orderly-producer",
-                rate=_special_rate(o),
+                rate=_special_rate(d.options),
                 concurrency=1,
                 message_groups=8,
-                max_attempts=o.send_attempts,
+                max_attempts=d.options.send_attempts,
             )
         )
     )
+
+
+async def _setup_strict_lock(d: Drill, stack: contextlib.AsyncExitStack) -> None:
+    a, b = (_orderly(d, process) for process in ORDERLY_IDS)
+    for workload in (a, b):  # B starts later, in the scenario
+        stack.push_async_callback(workload.aclose)
+        d.consumers.append(workload)
+    await a.start()
+    await _start_orderly_producer(d, stack)
 
 
 async def _strict_lock(d: Drill) -> None:
@@ -614,26 +618,12 @@ async def _strict_lock(d: Drill) -> None:
 
 async def _setup_orderly(d: Drill, stack: contextlib.AsyncExitStack) -> None:
     """Two orderly consumers of one group, both running throughout (``generated``)."""
-    o = d.options
     for process in ORDERLY_IDS:
         workload = _orderly(d, process)
         stack.push_async_callback(workload.aclose)
         d.consumers.append(workload)
         await workload.start()
-    d.producers.append(
-        await stack.enter_async_context(
-            ProducerWorkload(
-                d.cluster.namesrv,
-                ORDERLY_TOPIC,
-                d.history,
-                process="orderly-producer",
-                rate=_special_rate(o),
-                concurrency=1,
-                message_groups=8,
-                max_attempts=o.send_attempts,
-            )
-        )
-    )
+    await _start_orderly_producer(d, stack)
 
 
 async def _setup_everything(d: Drill, stack: contextlib.AsyncExitStack) -> None:
