@@ -22,6 +22,8 @@ NODE_MAJOR_MIN=18
 ROOT="$(cd "$(dirname "$0")/.." && pwd)"
 SRC="$ROOT/tests/sdk_node"
 DIR="${1:-$ROOT/.venv/sdk-node}"
+# absolute: node's require() reads a relative path as a package name
+mkdir -p "$DIR" && DIR="$(cd "$DIR" && pwd)"
 CACHE_DIR="${HAC_TOOLS_CACHE:-${XDG_CACHE_HOME:-$HOME/.cache}/ha-controller}"
 MARKER="$(dirname "$DIR")/node-sdk-unavailable"
 
