@@ -40,6 +40,9 @@ class WakeReason(enum.StrEnum):
     """The master came back; the consumer should pull from it (RocketMQ notifyMasterOnline)."""
     CLOSED = "closed"
     """The service is shutting down."""
+    FENCED = "fenced"
+    """This master fenced itself: the pull must be refused, not answered from a log
+    that pre-online may cut back (the broker re-checks that it serves after a hold)."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -221,6 +224,14 @@ class PullHoldService:
         woken = self._wake_all(WakeReason.MASTER_ONLINE)
         if woken:
             logger.info("master online: woke %d held pull(s)", woken)
+        return woken
+
+    def notify_fenced(self) -> int:
+        """This master stopped serving: answer every held pull now, so that clients
+        move on at once and nothing is read from the log while it is isolated."""
+        woken = self._wake_all(WakeReason.FENCED)
+        if woken:
+            logger.info("fenced: woke %d held pull(s)", woken)
         return woken
 
     def close(self) -> int:

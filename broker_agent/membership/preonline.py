@@ -1,9 +1,11 @@
 """Pre-online: stay isolated (unregistered, ``/readyz`` 503) until it is safe to serve.
 
-A master first catches up when its commit log is behind its most advanced slave (a
-lost volume, a lost unflushed tail; see :mod:`broker_agent.replication.catchup`), then
-reverse-syncs the newer metadata of each slave (rip32.md §5), retrying from the slave
-that failed; a slave waits for its HA link to an online master.
+A master first cuts its commit log back to its most advanced slave when a slave acted
+for it and only unacknowledged bytes lie past that (see
+:mod:`broker_agent.membership.truncation`), or catches up when its log is behind (a lost
+volume, a lost unflushed tail; see :mod:`broker_agent.replication.catchup`), then
+reverse-syncs the newer metadata of each slave, retrying from the slave that failed; a
+slave waits for its HA link to an online master.
 """
 
 from __future__ import annotations
@@ -16,8 +18,10 @@ from collections.abc import Sequence
 from broker_agent.core import BrokerCore
 from broker_agent.membership.group import MemberGroupSync
 from broker_agent.membership.registration import Registrar
+from broker_agent.membership.truncation import plan_cut
 from broker_agent.metadata.versioned import FETCH_TIMEOUT_MS, VersionedTable, reverse_sync
-from broker_agent.replication.catchup import CatchUp
+from broker_agent.replication.catchup import CatchUp, SlaveLog
+from broker_agent.store.truncate import pending_cut
 from broker_agent.topics import TopicConfigManager
 from ha_controller.dataversion import DataVersion
 from ha_controller.proto import broker_pb2, common_pb2
@@ -79,6 +83,8 @@ class PreOnline:
         self.registrar = registrar
         self.tables = tables  # every versioned table, consumer offsets first
         self.catchup = catchup
+        #: why this master went back to pre-online (fenced), until it is online again
+        self._fenced_for: str | None = None
 
     def fence(self, why: str) -> None:
         """A master that may have been expired stops serving at once (clients get the
@@ -90,7 +96,9 @@ class PreOnline:
             return
         log.warning("fenced: %s; refusing clients and going back through pre-online", why)
         core.isolated = True
+        self._fenced_for = why
         core.preonline_step = f"fenced: {why}"
+        core.holds.notify_fenced()
         core.lease.reset()
         core.metrics.fenced.labels(**core.metrics.ident).inc()
         core.set_special_services(False)
@@ -117,6 +125,7 @@ class PreOnline:
                 await asyncio.sleep(RETRY_S)
                 continue
             core.isolated = False
+            self._fenced_for = None
             core.preonline_step = "online"
             log.info("pre-online done: registering as %s", core.acting.role)
             if group is not None and not core.acting.is_master:
@@ -137,6 +146,10 @@ class PreOnline:
         """Sync from each slave not synced yet; the reason to wait, or None when done."""
         core = self.core
         slaves = sorted((i, a) for i, a in group.broker_addrs.items() if i != core.cfg.broker_id)
+        if not synced:  # before any slave re-attaches to this master
+            why = await self._cut_back(group, slaves)
+            if why is not None:
+                return why
         # a synced slave's HA link was accepted: it holds no more than we do
         why = await self._catch_up([(i, a) for i, a in slaves if i not in synced])
         if why is not None:
@@ -152,6 +165,92 @@ class PreOnline:
             synced.add(slave_id)
         log.info("pre-online: %d slave(s) synced", len(synced))
         return None
+
+    def _slave_acted(self, group: BrokerMemberGroup) -> str | None:
+        """Why this master believes a slave acted for it, or None."""
+        if self._fenced_for is not None:
+            return f"this master was fenced ({self._fenced_for})"
+        if group.acting_broker_id is not None and group.acting_broker_id > 0:
+            return f"slave {group.acting_broker_id} acting for it"
+        return None
+
+    async def _cut_back(
+        self, group: BrokerMemberGroup, slaves: list[tuple[int, str]]
+    ) -> str | None:
+        """Cut the commit log back to the most advanced slave when a slave acted for
+        this master and no acknowledged message lies past that slave's end (see
+        membership.truncation); the reason to wait, or None.
+
+        The slaves are detached first so that none copies the tail meanwhile, and the
+        source slave's metadata tables replace ours (they advanced with the records cut
+        away: delay offsets, POP and transaction progress); the reverse sync then still
+        adopts any newer one."""
+        core = self.core
+        store = core.store
+        try:
+            pending = pending_cut(store.directory)
+            if pending is not None:
+                log.warning("pre-online: finishing an interrupted cut of the log at %d", pending)
+                store.cut_back(pending)
+        except HaError as exc:
+            return f"interrupted commit-log cut: {exc}"
+        acted = self._slave_acted(group)
+        if acted is None or not slaves:
+            return None
+        ha = core.ha_master
+        if ha is not None and ha.links:
+            core.preonline_step = "detaching the slaves before comparing commit logs"
+            for link in list(ha.links.values()):
+                await link.conn.aclose()
+        core.preonline_step = "asking the slaves for their commit-log ends"
+        try:
+            logs = await self.catchup.probe(slaves)
+        except HaError as exc:
+            return str(exc)
+        plan = plan_cut(
+            store.commitlog_min_offset,
+            store.commitlog_max_offset,
+            logs,
+            expected_slaves=core.cfg.total_replicas - 1,
+            copies_needed=core.copies_needed(),
+            slave_acted=acted,
+            acting_id=group.acting_broker_id,
+        )
+        if plan.target is None or plan.source is None:
+            log.log(logging.WARNING if plan.risky else logging.DEBUG, "pre-online: %s", plan)
+            return None
+        try:
+            snapshots = await self._fetch_tables(plan.source)
+        except HaError as exc:
+            return f"metadata of slave {plan.source.broker_id} at {plan.source.addr}: {exc}"
+        if ha is not None and ha.links:
+            return "a slave attached while the commit logs were compared; comparing again"
+        # no await from here on: nothing reads, writes or streams the log meanwhile
+        log.warning("pre-online: %s", plan)
+        core.preonline_step = f"cutting the commit log at {plan.target}"
+        try:
+            store.cut_back(plan.target)  # logs what it dropped
+        except HaError as exc:
+            log.error("pre-online: cutting the commit log failed: %s", exc)
+            return f"commit-log cut: {exc}"
+        for table, snapshot in snapshots:
+            table.assign(snapshot)
+            log.info(
+                "pre-online: %s of slave %d taken after the cut: %s",
+                table.name,
+                plan.source.broker_id,
+                table.describe(snapshot),
+            )
+        return None
+
+    async def _fetch_tables(self, source: SlaveLog) -> list[tuple[VersionedTable, object]]:
+        out: list[tuple[VersionedTable, object]] = []
+        for table in self.tables:
+            try:
+                out.append((table, await table.fetch(self.core.pool, source.addr)))
+            except UnknownMethod:
+                continue
+        return out
 
     async def _catch_up(self, slaves: list[tuple[int, str]]) -> str | None:
         """Copy what the most advanced slave holds beyond our commit log, with its topics
