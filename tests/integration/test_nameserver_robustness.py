@@ -75,7 +75,14 @@ async def test_malformed_flood(nameserver: ProcessHandle) -> None:
     await broker.start()
     await broker.register()
     try:
-        await flood(port, 50)  # warm up allocator and caches
+        log_start = nameserver.log_path.read_text().count(LOG_MARK)
+        warm = await flood(port, 50)  # warm up allocator and caches
+        # the warm-up's last lines may still be on their way (a loaded machine): count
+        # the flood's lines only once all of them are in
+        await eventually(
+            lambda: nameserver.log_path.read_text().count(LOG_MARK) - log_start >= warm,
+            timeout=10,
+        )
         before = rss_kb(nameserver.pid)
         log_before = nameserver.log_path.read_text().count(LOG_MARK)
 
