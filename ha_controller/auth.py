@@ -94,12 +94,16 @@ SIGNED_CODES: frozenset[int] = frozenset(
         RequestCode.GET_TRANSACTION_OFFSETS,
         RequestCode.GET_ALL_TOPIC_CONFIG,
         RequestCode.GET_COMMITLOG_RANGE,
+        RequestCode.GET_RECALL_TABLE,
+        RequestCode.GET_POP_ACK_TABLE,
+        RequestCode.GET_ALL_SUBSCRIPTIONGROUP_CONFIG,
     }
 )
 
 #: Requests refused unsigned when the receiver has a secret: only cluster members send
-#: them.  GET_BROKER_MEMBER_GROUP and GET_ALL_TOPIC_CONFIG are signed by brokers but
-#: also asked by clients and ``hactl`` (read-only; GET_BROKER_CLUSTER_INFO and the
+#: them.  GET_BROKER_MEMBER_GROUP, GET_ALL_TOPIC_CONFIG and
+#: GET_ALL_SUBSCRIPTIONGROUP_CONFIG are signed by brokers but also asked by clients,
+#: the gateway and ``hactl`` (read-only; GET_BROKER_CLUSTER_INFO and the
 #: routes tell the same): unsigned, they are answered as any client's request.
 REQUIRED_CODES: frozenset[int] = frozenset(
     {
@@ -114,6 +118,8 @@ REQUIRED_CODES: frozenset[int] = frozenset(
         RequestCode.GET_TIMER_CHECK_POINT,
         RequestCode.GET_TRANSACTION_OFFSETS,
         RequestCode.GET_COMMITLOG_RANGE,
+        RequestCode.GET_RECALL_TABLE,
+        RequestCode.GET_POP_ACK_TABLE,
     }
 )
 

@@ -22,8 +22,12 @@ with ``put_message_to_specific_queue``, which sends every record of this slave f
 the revive topic to the same live master and queue; that master revives them and
 reads the bodies back from this group.  CKs the lost master wrote before it died
 are in the slave's replicated revive queue: the acting slave revives those itself,
-and an ack of such a message (``ck_local`` in its handle) is applied to that
-in-memory state.
+and an ack of such a message (``ck_local`` in its handle) has no record to go to:
+it is kept in the POP ack table (:mod:`broker_agent.metadata.pop_acks`), as is every
+CK revived, with how far each revive queue is finished.  The table is versioned,
+persisted and synced like the other metadata tables: the returning master adopts it
+in pre-online (and the slave reloads it after a restart), and its revive loop starts
+again from the synced state, so an acked message is never revived.
 
 Orderly POP (RocketMQ's ``order=true``; a request's ``order`` or the group's
 ``consume_orderly``): a queue of the group is given to one batch at a time.  No CK is
@@ -49,11 +53,14 @@ from dataclasses import dataclass, field
 from typing import Final
 
 from broker_agent.convert import message_to_pb
+from broker_agent.metadata.offsets import write_json_atomic
+from broker_agent.metadata.pop_acks import PopAckSnapshot, PopAckTable
 from broker_agent.metadata.subscriptions import (
     SubscriptionGroupConfig,
     SubscriptionGroupManager,
     SubscriptionGroupSync,
 )
+from broker_agent.metadata.versioned import VersionedTable, fetch_table
 from broker_agent.special.ports import CorePort, EscapePort, WritePort
 from broker_agent.store.message_store import GetMessageStatus
 from ha_controller.client.routes import DEFAULT_TOPIC_QUEUE_NUMS
@@ -79,12 +86,13 @@ from ha_controller.protocol.properties import (
 )
 from ha_controller.protocol.record import StoredMessage, make_msg_id, tag_hash
 from ha_controller.routing import Perm, TopicConfig
-from ha_controller.rpc import RequestContext
+from ha_controller.rpc import ConnectionPool, RequestContext
 
 __all__ = [
     "REVIVE_GROUP",
     "Checkpoint",
     "OrderLocks",
+    "PopAckSync",
     "PopService",
     "ReceiptHandle",
     "ReviveState",
@@ -395,6 +403,10 @@ class PopService:
         self._order_wake = asyncio.Event()
         self.subscriptions = SubscriptionGroupManager(core.store_dir / "subscriptions.json")
         self.subscriptions.load()
+        self.acks = PopAckTable(core.store_dir / "pop_acks.json")
+        self.acks.load()
+        self._clamp_finished()
+        self.restart_state()
         self._active = False  # the service turns special services on (master online, acting)
         self._reset = True
         self._wake = asyncio.Event()
@@ -417,6 +429,7 @@ class PopService:
         core.dispatcher.add(
             RequestCode.GET_ALL_SUBSCRIPTIONGROUP_CONFIG, common_pb2.Empty, self._get_groups
         )
+        core.dispatcher.add(RequestCode.GET_POP_ACK_TABLE, common_pb2.Empty, self._get_acks)
         core.add_special_service(self.set_active)
         if core.acting.is_master and core.topics.get(self.revive_topic) is None:
             core.topics.upsert(
@@ -433,6 +446,11 @@ class PopService:
         self._last_pop_ms = max(now_ms(), self._last_pop_ms + 1)
         return self._last_pop_ms
 
+    @property
+    def active(self) -> bool:
+        """The revive service runs here (master online, acting slave)."""
+        return self._active
+
     def set_active(self, active: bool) -> None:
         """Special-service hook: the revive service runs on the master and an acting slave."""
         if active != self._active:
@@ -442,6 +460,7 @@ class PopService:
                 # handed out: its queues wait one invisible time (a master starts
                 # with no lock: a batch in flight before its restart may come again)
                 self.order.reset(0 if self.core.acting.is_master else now_ms())
+                self._clamp_finished()
         self._active = active
         self._reset = True
         self._wake.set()
@@ -727,9 +746,18 @@ class PopService:
     ) -> broker_pb2.SubscriptionGroupTable:
         return self.subscriptions.table_pb()
 
-    def tables(self) -> list[SubscriptionGroupSync]:
-        """The subscription groups, for forward and reverse sync."""
-        return [SubscriptionGroupSync(self.subscriptions)]
+    async def _get_acks(self, ctx: RequestContext, req: common_pb2.Empty) -> broker_pb2.PopAckTable:
+        return self.acks.to_pb()
+
+    def tables(self) -> list[VersionedTable]:
+        """The subscription groups and the POP ack table, for forward and reverse sync."""
+        return [SubscriptionGroupSync(self.subscriptions), PopAckSync(self)]
+
+    def acks_adopted(self) -> None:
+        """A reverse sync merged a slave's acks: revive from the synced state."""
+        self.acks.persist()
+        self._reset = True
+        self._wake.set()
 
     def _handle_of(self, req: broker_pb2.AckMessageRequest) -> ReceiptHandle:
         if not req.consumer_group or not req.topic:
@@ -743,8 +771,12 @@ class PopService:
     async def _write_ack(self, handle: ReceiptHandle, key: str) -> None:
         core = self.core
         if handle.ck_local and not core.acting.is_master:
-            # the CK sits in our replicated revive queue: our revive loop owns it
+            # the CK sits in our replicated revive queue: our revive loop owns it, and
+            # the ack table carries the ack to the returning master
             self.state.ack(key, handle.offset)
+            p = self.state.pending.get(key)
+            where = None if p is None else (p.revive_qid, p.revive_offset)
+            self.acks.record(key, {handle.offset}, where)
             return
         await self._write_record(ack_body(key, handle.offset), TAG_ACK, key, "pop_ack")
 
@@ -803,20 +835,46 @@ class PopService:
         """Forever: while active (master / acting slave, not isolated), revive."""
         core = self.core
         interval_s = core.cfg.pop_revive_interval_ms / 1000
-        while True:
-            with contextlib.suppress(TimeoutError):
-                async with asyncio.timeout(interval_s):
-                    await self._wake.wait()
-            self._wake.clear()
-            if self._reset:
-                self._reset = False
-                self.state.reset()
-            if core.isolated or not self._active or not core.acting.serves_master_only_ops:
-                continue
-            try:
-                await self.revive_once()
-            except HaError as exc:
-                log.warning("pop revive pass failed: %s", exc)
+        try:
+            while True:
+                with contextlib.suppress(TimeoutError):
+                    async with asyncio.timeout(interval_s):
+                        await self._wake.wait()
+                self._wake.clear()
+                if self._reset:
+                    self._reset = False
+                    self.restart_state()
+                if core.isolated or not self._active or not core.acting.serves_master_only_ops:
+                    continue
+                try:
+                    # a master resumed after a freeze fences itself here (lease lost)
+                    # before it revives from a state its acting slave has moved past
+                    core.check_master_only("pop revive")
+                    await self.revive_once()
+                except HaError as exc:
+                    log.warning("pop revive pass failed: %s", exc)
+                payload = self.acks.file_payload()
+                if payload is not None and self.acks.path is not None:
+                    await asyncio.to_thread(write_json_atomic, self.acks.path, payload)
+        finally:
+            with contextlib.suppress(OSError):
+                self.acks.persist()
+
+    def _clamp_finished(self) -> None:
+        """Before anything is written (starting, or becoming active after pre-online
+        and its cut): the ack table's revive offsets stop at each queue's end, or the
+        records written from there on would never be read."""
+        store = self.core.store
+        for rq in {*self._revive_queues(), *self.acks.revive_offsets}:
+            self.acks.clamp(rq, max(0, store.max_offset(self.revive_topic, rq)))
+
+    def restart_state(self) -> None:
+        """Forget what was read from the revive queues; the ack table's acks apply to
+        the CKs read again (as on a restart)."""
+        self.state.reset()
+        for key, entry in self.acks.entries.items():
+            for offset in entry.offsets:
+                self.state.ack(key, offset)
 
     def _revive_queues(self) -> list[int]:
         return self.core.store.topics_and_queues().get(self.revive_topic, [])
@@ -829,6 +887,8 @@ class PopService:
             offset = core.offsets.query(REVIVE_GROUP, self.revive_topic, rq)
             if offset < 0:
                 offset = core.store.min_offset(self.revive_topic, rq)
+            # CKs below the ack table's offset are finished, their entries dropped
+            offset = max(offset, self.acks.start_offset(rq))
         while True:
             got = core.store.get_messages(self.revive_topic, rq, offset, 256)
             if not got.messages:
@@ -843,7 +903,9 @@ class PopService:
                 tag = rec.properties.get(PROPERTY_TAGS)
                 try:
                     if tag == TAG_CK:
-                        state.add_ck(Checkpoint.from_json(rec.body), rq, rec.queue_offset)
+                        ck = Checkpoint.from_json(rec.body)
+                        state.add_ck(ck, rq, rec.queue_offset)
+                        self.acks.locate(ck.key, rq, rec.queue_offset)
                     elif tag == TAG_ACK:
                         d = json.loads(rec.body)
                         state.ack(str(d["k"]), int(d["o"]))
@@ -860,10 +922,15 @@ class PopService:
         for p in self.state.due(now_ms()):
             if await self._revive(p):
                 self.state.pending.pop(p.ck.key, None)
+                # revived offsets are done: whoever reads this CK again skips them
+                # (a re-put CK keeps the key, its failed offsets stay to do)
+                done = {o for o in p.ck.offsets if o in p.acked}
+                self.acks.record(p.ck.key, done, (p.revive_qid, p.revive_offset))
         for rq in queues:
             offset = self.state.commit_offset(rq)
             if offset != core.offsets.query(REVIVE_GROUP, self.revive_topic, rq):
                 self.write_path.commit_offset(REVIVE_GROUP, self.revive_topic, rq, offset)
+            self.acks.finished(rq, offset)
 
     async def _revive(self, p: _Pending) -> bool:
         """Write the un-acked messages of an expired CK to the retry topic; on failure
@@ -933,3 +1000,42 @@ class PopService:
             PROPERTY_ORIGIN_MESSAGE_ID, make_msg_id(msg.store_host, msg.physical_offset)
         )
         return props
+
+
+class PopAckSync:
+    """The POP ack table as a versioned table (GET_POP_ACK_TABLE).  Forward: a slave
+    takes the master's table; reverse: a returning master merges the slave's acks (an
+    ack is never undone) and revives from the synced state."""
+
+    name = "pop acks"
+
+    def __init__(self, service: PopService) -> None:
+        self.service = service
+
+    async def fetch(self, pool: ConnectionPool, addr: str) -> PopAckSnapshot:
+        pb = await fetch_table(pool, addr, RequestCode.GET_POP_ACK_TABLE, broker_pb2.PopAckTable)
+        return PopAckSnapshot.from_pb(pb)
+
+    def assign(self, snapshot: PopAckSnapshot) -> None:
+        if self.service.acks.assign(snapshot):
+            self.service.acks.persist()
+
+    def adopt_if_newer(self, snapshot: PopAckSnapshot) -> bool:
+        """Merged whatever the version; True (for the log) when the slave's table was
+        at least as new as ours or added anything."""
+        newer = snapshot.version.compare(self.service.acks.data_version) >= 0
+        changed = self.service.acks.merge(snapshot)
+        if changed:
+            self.service.acks_adopted()
+        return newer or changed
+
+    def describe(self, snapshot: PopAckSnapshot) -> str:
+        acked = sum(len(e.offsets) for e in snapshot.entries.values())
+        return (
+            f"{acked} offsets of {len(snapshot.entries)} checkpoints, "
+            f"revive offsets {snapshot.revive_offsets}"
+        )
+
+    def busy(self) -> bool:
+        # reviving (master, acting slave): the table is this broker's own
+        return self.service.active

@@ -520,6 +520,35 @@ class RecallTable(_message.Message):
     data_version: _common_pb2.DataVersion
     def __init__(self, entries: _Optional[_Iterable[_Union[RecallEntry, _Mapping]]] = ..., data_version: _Optional[_Union[_common_pb2.DataVersion, _Mapping]] = ...) -> None: ...
 
+class PopAckEntry(_message.Message):
+    __slots__ = ("ck_key", "revive_queue_id", "revive_offset", "offsets")
+    CK_KEY_FIELD_NUMBER: _ClassVar[int]
+    REVIVE_QUEUE_ID_FIELD_NUMBER: _ClassVar[int]
+    REVIVE_OFFSET_FIELD_NUMBER: _ClassVar[int]
+    OFFSETS_FIELD_NUMBER: _ClassVar[int]
+    ck_key: str
+    revive_queue_id: int
+    revive_offset: int
+    offsets: _containers.RepeatedScalarFieldContainer[int]
+    def __init__(self, ck_key: _Optional[str] = ..., revive_queue_id: _Optional[int] = ..., revive_offset: _Optional[int] = ..., offsets: _Optional[_Iterable[int]] = ...) -> None: ...
+
+class PopAckTable(_message.Message):
+    __slots__ = ("entries", "revive_offsets", "data_version")
+    class ReviveOffsetsEntry(_message.Message):
+        __slots__ = ("key", "value")
+        KEY_FIELD_NUMBER: _ClassVar[int]
+        VALUE_FIELD_NUMBER: _ClassVar[int]
+        key: int
+        value: int
+        def __init__(self, key: _Optional[int] = ..., value: _Optional[int] = ...) -> None: ...
+    ENTRIES_FIELD_NUMBER: _ClassVar[int]
+    REVIVE_OFFSETS_FIELD_NUMBER: _ClassVar[int]
+    DATA_VERSION_FIELD_NUMBER: _ClassVar[int]
+    entries: _containers.RepeatedCompositeFieldContainer[PopAckEntry]
+    revive_offsets: _containers.ScalarMap[int, int]
+    data_version: _common_pb2.DataVersion
+    def __init__(self, entries: _Optional[_Iterable[_Union[PopAckEntry, _Mapping]]] = ..., revive_offsets: _Optional[_Mapping[int, int]] = ..., data_version: _Optional[_Union[_common_pb2.DataVersion, _Mapping]] = ...) -> None: ...
+
 class SubscriptionGroupConfig(_message.Message):
     __slots__ = ("group_name", "consume_orderly")
     GROUP_NAME_FIELD_NUMBER: _ClassVar[int]

@@ -59,6 +59,7 @@ class RequestCode(enum.IntEnum):
     HA_AUTH = 900014
     GET_TRANSACTION_OFFSETS = 900020
     GET_RECALL_TABLE = 900021
+    GET_POP_ACK_TABLE = 900022
 
 
 def method_name(method: int) -> str:

@@ -15,13 +15,15 @@ import asyncio
 import urllib.request
 from pathlib import Path
 
+import pytest
 from special_helpers import acting, create_topic_on, masters_online
 
-from ha_controller.client.message import Message
+from ha_controller.client.message import Message, ReceivedMessage
 from ha_controller.client.producer import Producer
 from ha_controller.client.simple_consumer import SimpleConsumer
 from ha_controller.proto import broker_pb2, common_pb2
 from ha_controller.protocol.codes import RequestCode
+from ha_controller.protocol.properties import PROPERTY_POP_CK
 from ha_controller.rpc import ConnectionPool
 from ha_controller.testing import (
     Cluster,
@@ -263,4 +265,84 @@ async def test_orderly_batch_in_flight_comes_again_from_the_acting_slave_in_orde
             assert got == first, got  # the same batch, first
             assert waited >= invisible_ms / 1000 - 1.0, waited
     finally:
+        cluster.stop()
+
+
+# ---- acks taken by the acting slave reach the returning master -------------------------
+
+#: Long enough that the master is back before any checkpoint of the test is due.
+RETURN_INVISIBLE_S = 12.0
+
+
+@pytest.mark.parametrize("fault", ["killed", "frozen"])
+async def test_acks_on_the_acting_slave_are_never_revived_by_the_returning_master(
+    tmp_path: Path, fault: str
+) -> None:
+    """The master pops 16 messages (its checkpoints in its revive queue, replicated)
+    and is killed (or frozen past expiry); the consumer acks 12 of them on the acting
+    slave.  The master comes back (restarted, or resumed: it fences itself) before the
+    checkpoints are due: it takes the slave's POP ack table in pre-online, so within
+    two invisible times only the 4 un-acked messages come again."""
+    cluster = two_groups(tmp_path)
+    old_master = cluster.broker("popa", 0)
+    try:
+        bodies = await prepare(cluster, ["popa", "popb"])
+        slave = cluster.broker("popa", 1).rpc
+        async with (
+            SimpleConsumer(
+                cluster.namesrv, GROUP, [TOPIC], invisible_duration_s=RETURN_INVISIBLE_S
+            ) as consumer,
+            ConnectionPool() as pool,
+        ):
+            popped: list[ReceivedMessage] = []
+            first_pop = asyncio.get_running_loop().time()
+
+            async def all_popped() -> bool:
+                popped.extend(await consumer.receive(N, wait_s=0.5))
+                return len(popped) >= N
+
+            await eventually(all_popped, timeout=20, interval=0.05)
+            assert {m.body for m in popped} == bodies
+            unacked = {m.body for m in popped[::4]}  # the first checkpoint keeps one
+            acked = bodies - unacked
+
+            if fault == "killed":
+                old_master.kill()
+            else:
+                old_master.pause()
+            await acting(cluster.namesrv, "popa", slave, TOPIC)
+            for m in popped:
+                if m.body in acked:
+                    await pool.call_pb(
+                        slave,
+                        RequestCode.ACK_MESSAGE,
+                        broker_pb2.AckMessageRequest(
+                            consumer_group=GROUP,
+                            topic=m.topic,
+                            receipt_handle=m.properties[PROPERTY_POP_CK],
+                        ),
+                        broker_pb2.AckMessageResponse,
+                    )
+
+            if fault == "killed":
+                await asyncio.to_thread(cluster.restart, "popa", 0)
+            else:
+                old_master.resume()
+            master = cluster.broker("popa", 0).rpc
+            await acting(cluster.namesrv, "popa", master, TOPIC)
+            returned = asyncio.get_running_loop().time()
+            assert returned - first_pop < RETURN_INVISIBLE_S, "master back too late"
+
+            again: list[bytes] = []
+            deadline = returned + 2 * RETURN_INVISIBLE_S
+            while asyncio.get_running_loop().time() < deadline:
+                for m in await consumer.receive(N, wait_s=0.5):
+                    again.append(m.body)
+                    await consumer.ack(m)
+            assert not acked & set(again), sorted(acked & set(again))
+            assert sorted(again) == sorted(unacked)
+        log = cluster.broker("popa", 0).log_path.read_text()
+        assert "pre-online: pop acks of slave 1 adopted" in log
+    finally:
+        old_master.resume()
         cluster.stop()

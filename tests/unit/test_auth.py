@@ -327,3 +327,26 @@ def test_brokers_registered_without_a_connection_bind_nothing() -> None:
 )
 async def test_host_matches_peer(host: str, peer: str, ok: bool) -> None:
     assert await host_matches_peer(host, peer) is ok
+
+
+def test_every_table_a_broker_pulls_from_a_peer_is_signed() -> None:
+    """A new versioned table (pre-online and forward sync pull it with ``fetch_table``)
+    must not travel unsigned: its request code belongs in SIGNED_CODES, and in
+    REQUIRED_CODES unless clients ask it too."""
+    import re
+    from pathlib import Path
+
+    from ha_controller.auth import REQUIRED_CODES, SIGNED_CODES
+    from ha_controller.protocol.codes import RequestCode
+
+    root = Path(__file__).resolve().parents[2] / "broker_agent"
+    pulled = set()
+    for path in root.rglob("*.py"):
+        text = path.read_text()
+        for m in re.finditer(r"fetch_table\(\s*\w+,\s*\w+,\s*RequestCode\.(\w+)", text):
+            pulled.add(RequestCode[m.group(1)])
+    assert len(pulled) >= 6, pulled  # the regex still finds the pulls
+    assert pulled <= SIGNED_CODES, sorted(c.name for c in pulled - SIGNED_CODES)
+    client_readable = {RequestCode.GET_ALL_SUBSCRIPTIONGROUP_CONFIG}
+    missing = pulled - REQUIRED_CODES - client_readable
+    assert not missing, sorted(c.name for c in missing)

@@ -24,6 +24,8 @@ import pytest
 from google.protobuf.message import Message
 from special_fakes import Appended, FakeCore, FakeStore, FakeWritePath
 
+from broker_agent.metadata import pop_acks as pop_acks_module
+from broker_agent.metadata.pop_acks import PopAckSnapshot, PopAckTable
 from broker_agent.special import pop as pop_module
 from broker_agent.special.escape import EscapeBridge, EscapeResult
 from broker_agent.special.pop import Checkpoint, PopService, ReceiptHandle, revive_topic
@@ -590,6 +592,184 @@ async def test_acting_slave_revives_the_lost_masters_ck_minus_local_acks(
     [retry] = acting.escape.puts
     assert (retry.kind, retry.topic, retry.body) == ("pop_retry", retry_topic(GROUP), b"m1")
     assert acting.core.offsets.query(REVIVE_GROUP, REVIVE, 0) == 1
+
+
+# ---- the POP ack table (an acting slave's acks reach the returning master) ----------
+
+
+def replicate_revive_queue(master: Broker, slave: Broker) -> None:
+    """The slave's copy of the master's revive queue 0, as replication stores it."""
+    have = len(slave.core.store.messages(REVIVE, 0))
+    for m in master.core.store.messages(REVIVE, 0)[have:]:
+        slave.core.store.put(REVIVE, 0, m.body, dict(m.properties))
+
+
+async def pop_on_master_then_ack_on_acting(
+    tmp_path: Path, *, interval_ms: int = 20
+) -> tuple[Broker, Broker, list[broker_pb2.Message]]:
+    """The master pops m0..m2 (one CK in its revive queue, replicated) and dies; the
+    consumer acks m0 and m1 on the acting slave, which read the CK already."""
+    master = make_broker(tmp_path / "m", config(0, pop_revive_interval_ms=interval_ms))
+    acting = make_broker(tmp_path / "s", config(1, pop_revive_interval_ms=interval_ms), acting=True)
+    for b in (master, acting):
+        produce(b, b"m0", b"m1", b"m2")
+    resp = await pop(master, invisible_ms=10_000)
+    assert bodies(resp) == [b"m0", b"m1", b"m2"]
+    await master.service.revive_once()  # the master's revive loop knows the CK
+    replicate_revive_queue(master, acting)
+
+    await acting.service.revive_once()
+    for m in resp.messages[:2]:
+        await ack(acting, m.properties[PROPERTY_POP_CK])
+    assert acting.escape.puts == []  # no record escaped for these acks
+    return master, acting, list(resp.messages)
+
+
+async def run_for(broker: Broker, predicate: Any, *, timeout: float = 5) -> None:
+    """The service's revive loop, until ``predicate()`` holds and two passes later."""
+    task = asyncio.create_task(broker.service.run())
+    try:
+        await eventually(predicate, timeout=timeout)
+        await asyncio.sleep(0.1)  # more passes: nothing else may be revived
+    finally:
+        task.cancel()
+        with contextlib.suppress(asyncio.CancelledError):
+            await task
+
+
+async def test_returning_master_adopts_the_acting_slaves_acks_and_never_revives_them(
+    tmp_path: Path, clock: Clock
+) -> None:
+    master, acting, _ = await pop_on_master_then_ack_on_acting(tmp_path)
+
+    # pre-online of the returning master: the ack table over the wire, then merged
+    [sync] = [t for t in master.service.tables() if t.name == "pop acks"]
+    table = await call(
+        acting.core.dispatcher,
+        RequestCode.GET_POP_ACK_TABLE,
+        common_pb2.Empty(),
+        broker_pb2.PopAckTable,
+    )
+    assert sync.adopt_if_newer(PopAckSnapshot.from_pb(table))
+    assert (master.core.store_dir / "pop_acks.json").exists()
+
+    clock.now = T0 + 10_000
+    master.service.set_active(True)
+    await run_for(master, lambda: master.retried() != [])
+    assert [p.body for p in master.retried()] == [b"m2"]
+
+    clock.now = T0 + 100_000
+    await master.service.revive_once()
+    assert [p.body for p in master.retried()] == [b"m2"]
+
+
+async def test_acting_slaves_acks_survive_its_restart(tmp_path: Path, clock: Clock) -> None:
+    _, acting, _ = await pop_on_master_then_ack_on_acting(tmp_path)
+    acting.service.set_active(True)
+    path = acting.core.store_dir / "pop_acks.json"
+    await run_for(acting, path.exists)  # the loop writes the table
+
+    restarted = make_broker(tmp_path / "s", config(1), acting=True)
+    for m in acting.core.store.messages(TOPIC, 0):
+        restarted.core.store.put(TOPIC, 0, m.body, dict(m.properties), flags=m.flags)
+    replicate_revive_queue(acting, restarted)
+    clock.now = T0 + 10_000
+    await restarted.service.revive_once()
+    assert [p.body for p in restarted.retried()] == [b"m2"]
+
+
+async def test_ack_table_entries_go_once_the_revive_offset_passed_their_ck(
+    tmp_path: Path, clock: Clock
+) -> None:
+    """Bound: the CK finished (acked, the rest revived), the revive queue's offset
+    moves past it and its entry is dropped; the offset travels in the table."""
+    _, acting, _ = await pop_on_master_then_ack_on_acting(tmp_path)
+    assert list(acting.service.acks.entries) != []
+
+    clock.now = T0 + 10_000
+    await acting.service.revive_once()
+    assert [p.body for p in acting.retried()] == [b"m2"]
+    assert acting.service.acks.entries == {}
+    assert acting.service.acks.to_pb().revive_offsets == {0: 1}
+    version = acting.service.acks.data_version.copy()
+
+    clock.now = T0 + 100_000
+    await acting.service.revive_once()
+    assert [p.body for p in acting.retried()] == [b"m2"]
+    assert acting.service.acks.data_version.compare(version) == 0
+
+
+async def test_a_returning_master_starts_reading_past_what_the_table_finished(
+    tmp_path: Path, clock: Clock
+) -> None:
+    """The consumer offsets can be synced before the slave finished a CK and dropped
+    its entry: the table's own revive offset keeps the master from reading it."""
+    master, acting, _ = await pop_on_master_then_ack_on_acting(tmp_path)
+    clock.now = T0 + 10_000
+    await acting.service.revive_once()  # m2 revived, the CK finished and dropped
+    table = acting.service.acks.to_pb()
+    assert list(table.entries) == []
+
+    [sync] = [t for t in master.service.tables() if t.name == "pop acks"]
+    sync.adopt_if_newer(PopAckSnapshot.from_pb(table))  # master's REVIVE_GROUP offset: 0
+    master.service.restart_state()
+    await master.service.revive_once()
+    assert master.retried() == []
+
+
+async def test_a_plain_slave_takes_the_masters_ack_table(tmp_path: Path, clock: Clock) -> None:
+    master, acting, _ = await pop_on_master_then_ack_on_acting(tmp_path)
+    [sync] = [t for t in master.service.tables() if t.name == "pop acks"]
+    snapshot = PopAckSnapshot.from_pb(acting.service.acks.to_pb())
+    sync.adopt_if_newer(snapshot)
+    slave = make_broker(tmp_path / "p", config(2))
+    [slave_sync] = [t for t in slave.service.tables() if t.name == "pop acks"]
+    assert not slave_sync.busy()
+    slave_sync.assign(PopAckSnapshot.from_pb(master.service.acks.to_pb()))
+    assert slave.service.acks.entries == master.service.acks.entries
+    assert slave.service.acks.data_version.compare(master.service.acks.data_version) == 0
+    master.service.set_active(True)
+    assert sync.busy()  # the master's table is its own
+
+
+async def test_a_cut_revive_queue_is_read_from_its_end_not_from_the_tables_offset(
+    master: Broker, clock: Clock
+) -> None:
+    """A table finished further than the revive queue now reaches (its log was cut
+    back): new checkpoints are still read and revived."""
+    master.service.acks.finished(0, 50)
+    master.service.set_active(True)
+    produce(master, b"m0")
+    await pop(master, invisible_ms=10_000)
+    clock.now = T0 + 10_000
+    await master.service.revive_once()
+    assert [p.body for p in master.retried()] == [b"m0"]
+
+
+def test_the_ack_table_stays_bounded_and_round_trips_its_file(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.setattr(pop_acks_module, "MAX_ENTRIES", 2)
+    table = PopAckTable(tmp_path / "pop_acks.json")
+    hostile = broker_pb2.PopAckTable(
+        entries=[
+            broker_pb2.PopAckEntry(ck_key=f"k{i}", revive_offset=-1, offsets=[i]) for i in range(5)
+        ],
+        revive_offsets={0: 3},
+    )
+    assert table.merge(PopAckSnapshot.from_pb(hostile))
+    assert list(table.entries) == ["k3", "k4"]
+    table.record("k5", {7}, (0, 9))
+    assert list(table.entries) == ["k4", "k5"]
+    table.finished(0, 10)  # k5's checkpoint passed; k4's place is not known
+    assert list(table.entries) == ["k4"]
+    table.persist()
+
+    again = PopAckTable(tmp_path / "pop_acks.json")
+    again.load()
+    assert again.entries == table.entries
+    assert again.revive_offsets == {0: 10}
+    assert again.data_version.compare(table.data_version) == 0
 
 
 async def test_run_revives_while_active(tmp_path: Path, clock: Clock) -> None:
