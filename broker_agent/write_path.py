@@ -16,11 +16,11 @@ from __future__ import annotations
 
 import itertools
 import logging
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 
 from broker_agent.core import BrokerCore
-from broker_agent.store.message_store import PutResult
+from broker_agent.store.message_store import PutRequest, PutResult
 from ha_controller.protocol.errors import (
     BadRequest,
     InSyncReplicasNotEnough,
@@ -93,6 +93,24 @@ class WritePath:
 
     # ---- append ----------------------------------------------------------------
 
+    def message(
+        self,
+        topic: str,
+        queue_id: int,
+        body: bytes,
+        properties: Mapping[str, str],
+        *,
+        flags: int = 0,
+        born_ts_ms: int | None = None,
+        born_host: str | None = None,
+    ) -> PutRequest:
+        """One record for :meth:`append_batch`, stamped with this broker as its store
+        host (and born host, unless the sender's is given)."""
+        addr = self.core.addr
+        return PutRequest(
+            topic, queue_id, body, properties, flags, born_ts_ms, born_host or addr, addr
+        )
+
     def append(
         self,
         topic: str,
@@ -107,28 +125,41 @@ class WritePath:
         """Store one record and wake the pulls held on its queue (no replication push:
         call :meth:`replicate` once after a batch).  NotWritable (nothing stored) when
         the store refuses appends."""
+        message = self.message(
+            topic,
+            queue_id,
+            body,
+            properties,
+            flags=flags,
+            born_ts_ms=born_ts_ms,
+            born_host=born_host,
+        )
+        return self.append_batch((message,))[0]
+
+    def append_batch(self, messages: Sequence[PutRequest]) -> list[PutResult]:
+        """Store several records as one unit (one write, one fsync in sync flush mode;
+        see ``MessageStore.put_batch``) and wake the pulls held on their queues.
+        All or nothing: NotWritable (nothing stored) when the store refuses appends or
+        the batch does not fit."""
         core = self.core
-        props = dict(properties)
         try:
-            result = core.store.put(
-                topic,
-                queue_id,
-                body,
-                props,
-                flags=flags,
-                born_ts_ms=born_ts_ms,
-                born_host=born_host or core.addr,
-                store_host=core.addr,
-            )
+            results = core.store.put_batch(messages)
         except (StoreFull, StoreReadOnly) as exc:
             core.note_store_state()
             core.metrics.send_errors.labels(**core.metrics.ident, reason="not_writable").inc()
-            raise NotWritable(f"{core.name} cannot store {topic}: {exc}") from exc
+            topics = ", ".join(sorted({m.topic for m in messages}))
+            raise NotWritable(f"{core.name} cannot store {topics}: {exc}") from exc
         core.note_store_state()
-        core.holds.notify(
-            topic, queue_id, result.queue_offset + 1, tag_hash(props.get(PROPERTY_TAGS))
-        )
-        return result
+        notify = core.holds.notify
+        for message, result in zip(messages, results, strict=True):
+            props = message.properties
+            notify(
+                message.topic,
+                message.queue_id,
+                result.queue_offset + 1,
+                tag_hash(props.get(PROPERTY_TAGS) if props else None),
+            )
+        return results
 
     def replicate(self) -> None:
         """Tell the HA side that the log grew (streams to the slaves)."""

@@ -15,9 +15,7 @@ from ha_controller.protocol.codes import RequestCode
 from ha_controller.protocol.errors import (
     BadRequest,
     InSyncReplicasNotEnough,
-    NotWritable,
     SlaveAckTimeout,
-    StoreFull,
 )
 from ha_controller.protocol.properties import PROPERTY_UNIQ_KEY
 from ha_controller.protocol.record import tag_hash
@@ -80,37 +78,36 @@ class MessageHandlers:
             metrics.send_errors.labels(**metrics.ident, reason="replicas").inc()
             raise
         resp = broker_pb2.SendMessageResponse(broker_name=core.cfg.broker_name)
-        end = 0
-        for i, entry in enumerate(req.entries):
+        born_host = req.born_host or ctx.peer
+        messages = []
+        uniq_keys = []
+        for entry in req.entries:
             props = dict(entry.properties)
             put_topic, put_qid = self._store_target(req.topic, queue_id, props)
-            try:
-                result = wp.append(
+            messages.append(
+                wp.message(
                     put_topic,
                     put_qid,
                     entry.body,
                     props,
                     flags=entry.flag,
                     born_ts_ms=entry.born_ts_ms or None,
-                    born_host=req.born_host or ctx.peer,
+                    born_host=born_host,
                 )
-            except NotWritable as exc:
-                if i == 0:
-                    raise  # nothing stored: the producer tries another group
-                wp.replicate()
-                # not retriable: a retry elsewhere would store the first ones twice
-                raise StoreFull(
-                    f"the store filled up after {i} of {len(req.entries)} messages of the "
-                    "batch; those are stored, the batch is not acknowledged"
-                ) from exc
-            end = result.physical_offset + result.size
-            resp.results.add(
+            )
+            uniq_keys.append(props.get(PROPERTY_UNIQ_KEY, ""))
+        # all or nothing: NotWritable (nothing stored) sends the producer to another group
+        results = wp.append_batch(messages)
+        add = resp.results.add
+        for uniq_key, result in zip(uniq_keys, results, strict=True):
+            add(
                 msg_id=result.msg_id,
-                uniq_key=props.get(PROPERTY_UNIQ_KEY, ""),
+                uniq_key=uniq_key,
                 queue_id=queue_id,
                 queue_offset=result.queue_offset,
                 commit_log_offset=result.physical_offset,
             )
+        end = results[-1].physical_offset + results[-1].size
         wp.replicate()
         metrics.messages_in.labels(**metrics.ident, topic=req.topic).inc(len(req.entries))
         if not req.no_replica_wait and not await wp.confirm(end, needed):
@@ -156,6 +153,7 @@ class MessageHandlers:
             pull_held.set(core.holds.held_count + 1)
             await core.holds.hold(req.topic, req.queue_id, offset, timeout, tags)
             pull_held.set(core.holds.held_count)
+            core.check_online()  # fenced while held: its log may be cut back
             result = core.store.get_messages(
                 req.topic, req.queue_id, offset, max_msgs, max_bytes, tags
             )
@@ -166,6 +164,21 @@ class MessageHandlers:
                 min_offset=result.min_offset,
                 max_offset=result.max_offset,
             )
+        ha = core.ha_master
+        if result.status is GetMessageStatus.FOUND and ha is not None and ha.transfer_slaves():
+            # A SYNC master serves only what its attached slaves hold (RocketMQ controller
+            # mode's confirm offset): an answer sent into a partition arrives once it
+            # heals, after the returning master cut those records away (see
+            # membership.truncation).  Without any slave attached it serves its log.
+            if not await self.write_path.confirm(result.messages[-1].physical_offset + 1):
+                core.check_online()
+                return broker_pb2.PullMessageResponse(
+                    status=broker_pb2.NO_NEW_MSG,
+                    next_begin_offset=req.queue_offset,
+                    min_offset=result.min_offset,
+                    max_offset=result.max_offset,
+                )
+            core.check_online()
         if result.status is GetMessageStatus.OFFSET_TOO_SMALL:
             if not core.acting.serves_master_only_ops and core.acting.master_online:
                 # A slave deletes on its own clock, so its start may be later than the

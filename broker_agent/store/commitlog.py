@@ -28,7 +28,7 @@ import logging
 import os
 import re
 import struct
-from collections.abc import Callable, Generator, Iterable, Iterator
+from collections.abc import Callable, Generator, Iterable, Iterator, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -251,12 +251,16 @@ class CommitLog:
 
     def next_record_offset(self, size: int) -> int:
         """Where a record of ``size`` bytes appended now would start (mirrors :meth:`append`)."""
-        if not self._segments:
-            return self._base
-        last = self._segments[-1]
-        if last.size + size + BLANK_MIN_SIZE <= self._segment_size:
-            return last.written_end
-        return last.start + self._segment_size
+        return self.place(self.max_offset, size)
+
+    def place(self, end: int, size: int) -> int:
+        """Where a record of ``size`` bytes starts when the log ends at ``end``: at ``end``
+        if it leaves room for a blank in that segment, else at the next segment's start
+        (mirrors :meth:`append_batch`, so a batch can be encoded before it is written)."""
+        in_segment = end % self._segment_size
+        if in_segment + size + BLANK_MIN_SIZE <= self._segment_size:
+            return end
+        return end - in_segment + self._segment_size
 
     # --- writing ---------------------------------------------------------------
 
@@ -316,24 +320,50 @@ class CommitLog:
         seg.size = self._segment_size
 
     def append(self, data: bytes) -> int:
-        """Append one encoded record; returns its physical offset.
+        """Append one encoded record; returns its physical offset (see :meth:`append_batch`)."""
+        return self.append_batch((data,))[0]
 
-        ``data`` must have been encoded for ``next_record_offset(len(data))``.  On any
-        error everything written by this call is truncated away before the typed error
-        (:class:`StoreFull` / :class:`StoreError`) is raised.
+    def append_batch(self, records: Sequence[bytes]) -> list[int]:
+        """Append encoded records back to back; returns their physical offsets.
+
+        Each record must have been encoded for the offset :meth:`place` gives it, starting
+        from :attr:`max_offset`.  The records of one segment go out in one write; a record
+        that does not fit closes the segment (blank) and opens the next.  On any error
+        everything written by this call is truncated away before the typed error
+        (:class:`StoreFull` / :class:`StoreError`) is raised.  Nothing is durable until
+        :meth:`sync` (one fdatasync for the whole batch).
         """
-        size = len(data)
-        if size + BLANK_MIN_SIZE > self._segment_size:
-            raise ValueError(f"record of {size} bytes cannot fit a {self._segment_size} segment")
+        for data in records:
+            if len(data) + BLANK_MIN_SIZE > self._segment_size:
+                raise ValueError(
+                    f"record of {len(data)} bytes cannot fit a {self._segment_size} segment"
+                )
+        offsets: list[int] = []
         before = self.max_offset
         try:
-            seg = self._segment_for_append(size)
-            offset = seg.written_end
-            self._write_at_end(seg, data)
+            seg: Segment | None = None
+            group: list[bytes] = []
+            end = 0
+            for data in records:
+                size = len(data)
+                if seg is None or end - seg.start + size + BLANK_MIN_SIZE > self._segment_size:
+                    if seg is not None:
+                        self._write_group(seg, group)
+                        group = []
+                    seg = self._segment_for_append(size)
+                    end = seg.written_end
+                offsets.append(end)
+                group.append(data)
+                end += size
+            if seg is not None:
+                self._write_group(seg, group)
         except StoreError:
             self.rollback(before)
             raise
-        return offset
+        return offsets
+
+    def _write_group(self, seg: Segment, group: list[bytes]) -> None:
+        self._write_at_end(seg, group[0] if len(group) == 1 else b"".join(group))
 
     def append_raw(
         self, offset: int, data: bytes, *, room: Callable[[int], None] | None = None

@@ -29,6 +29,7 @@ import logging
 import os
 import re
 import struct
+from collections.abc import Sequence
 from pathlib import Path
 
 from ha_controller.protocol.errors import StoreError
@@ -227,19 +228,30 @@ class ConsumeQueue:
 
     def append(self, physical_offset: int, size: int, tag_hash: int) -> None:
         """Write the entry for queue offset :attr:`max_offset`."""
-        data = ENTRY.pack(physical_offset, size, tag_hash)
-        f: _File | None = None
-        try:
-            f = self._file_for_append()
-            pwrite_all(self._cache.fd(f.path), data, f.count * ENTRY_SIZE)
-        except OSError as exc:
-            if f is not None:
-                self._undo_partial(f)
-            raise store_error(
-                exc, f"cannot write consume queue {self.topic}/{self.queue_id}"
-            ) from exc
-        f.count += 1
-        self._dirty.add(f.path)
+        self.append_many(((physical_offset, size, tag_hash),))
+
+    def append_many(self, entries: Sequence[Entry]) -> None:
+        """Write ``entries`` from queue offset :attr:`max_offset` on, one write per file.
+
+        On an error the file being written is cut back to its whole entries; entries that
+        went to an earlier file stay (the caller truncates the queue to undo them)."""
+        pos = 0
+        while pos < len(entries):
+            f: _File | None = None
+            try:
+                f = self._file_for_append()
+                count = min(len(entries) - pos, self._file_entries - f.count)
+                data = b"".join([ENTRY.pack(*entry) for entry in entries[pos : pos + count]])
+                pwrite_all(self._cache.fd(f.path), data, f.count * ENTRY_SIZE)
+            except OSError as exc:
+                if f is not None:
+                    self._undo_partial(f)
+                raise store_error(
+                    exc, f"cannot write consume queue {self.topic}/{self.queue_id}"
+                ) from exc
+            f.count += count
+            self._dirty.add(f.path)
+            pos += count
 
     def _undo_partial(self, f: _File) -> None:
         try:

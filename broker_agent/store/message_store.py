@@ -66,10 +66,11 @@ import re
 import struct
 import threading
 import time
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field, replace
 from pathlib import Path
 from types import TracebackType
-from typing import Literal, Self
+from typing import Literal, NamedTuple, Self
 
 from ha_controller.protocol.errors import (
     BadRequest,
@@ -87,7 +88,6 @@ from ha_controller.protocol.record import (
     StoredMessage,
     decode_record,
     encode_record,
-    encoded_size,
     make_msg_id,
     tag_hash,
 )
@@ -216,6 +216,21 @@ class StoreConfig:
             parse_delete_when(self.delete_when),
             self.disk_max_used_space_ratio,
         )
+
+
+class PutRequest(NamedTuple):
+    """One message for :meth:`MessageStore.put_batch` (what :meth:`~MessageStore.put` takes;
+    a tuple: built per message on the send path)."""
+
+    topic: str
+    queue_id: int
+    body: bytes
+    properties: Mapping[str, str] | None = None
+    flags: int = 0
+    #: None: the store time
+    born_ts_ms: int | None = None
+    born_host: str = ""
+    store_host: str = ""
 
 
 @dataclass(frozen=True, slots=True)
@@ -778,7 +793,7 @@ class MessageStore:
         topic: str,
         queue_id: int,
         body: bytes,
-        properties: dict[str, str] | None = None,
+        properties: Mapping[str, str] | None = None,
         *,
         flags: int = 0,
         born_ts_ms: int | None = None,
@@ -793,71 +808,126 @@ class MessageStore:
         (the store then turns read-only); StoreReadOnly after such a failure.  In sync
         flush mode the record is fdatasynced before this returns.
         """
-        if not _TOPIC_RE.match(topic):
-            raise BadRequest(f"invalid topic name {topic!r}")
-        if not 0 <= queue_id <= _MAX_QUEUE_ID:
-            raise BadRequest(f"invalid queue id {queue_id}")
+        request = PutRequest(
+            topic, queue_id, body, properties, flags, born_ts_ms, born_host, store_host
+        )
+        return self.put_batch((request,))[0]
+
+    def put_batch(self, requests: Sequence[PutRequest]) -> list[PutResult]:
+        """Append several messages, each at the next queue offset of its queue, as one
+        unit: every record is encoded once, the records of one segment go out in one
+        write, each queue's entries in one write, and in sync flush mode one fdatasync
+        covers them all before this returns (group commit).
+
+        All or nothing: the errors of :meth:`put`, raised for the whole batch, and a
+        refused or failed batch leaves no byte of it behind (a batch that does not fit
+        the free space is refused whole).  A crash in the middle of the write leaves a
+        torn tail that recovery truncates like a torn record (the whole records before it
+        stay; none of them was acknowledged).
+        """
+        for request in requests:
+            if not _TOPIC_RE.match(request.topic):
+                raise BadRequest(f"invalid topic name {request.topic!r}")
+            if not 0 <= request.queue_id <= _MAX_QUEUE_ID:
+                raise BadRequest(f"invalid queue id {request.queue_id}")
+        if not requests:
+            return []
+        limit = self._config.max_message_size_bytes
         with self._lock:
             self._check_writable()
             if self._reput_offset < self._cl.max_offset:
                 self._pending.extend(self._reput_locked(None))
-            existing = self._cqs.get((topic, queue_id))
+            cl = self._cl
             store_ts = max(_now_ms(), self._last_store_ts)
-            msg = StoredMessage(
-                topic=topic,
-                queue_id=queue_id,
-                body=bytes(body),
-                properties=dict(properties) if properties else {},
-                flags=flags,
-                born_ts_ms=store_ts if born_ts_ms is None else born_ts_ms,
-                born_host=born_host,
-                store_host=store_host,
-                queue_offset=existing.max_offset if existing is not None else 0,
-                store_ts_ms=store_ts,
-            )
-            try:
-                size = encoded_size(msg)
-            except ValueError as exc:
-                raise BadRequest(str(exc)) from exc
-            if size > self._config.max_message_size_bytes:
-                raise BadRequest(
-                    f"message of {size} bytes exceeds "
-                    f"max_message_size_bytes={self._config.max_message_size_bytes}"
+            before = end = cl.max_offset
+            next_offsets: dict[tuple[str, int], int] = {}
+            entries: dict[tuple[str, int], list[tuple[int, int, int]]] = {}
+            records: list[bytes] = []
+            placed: list[tuple[int, int, int]] = []  # (physical offset, size, queue offset)
+            for request in requests:
+                key = (request.topic, request.queue_id)
+                queue_offset = next_offsets.get(key)
+                if queue_offset is None:
+                    existing = self._cqs.get(key)
+                    queue_offset = existing.max_offset if existing is not None else 0
+                next_offsets[key] = queue_offset + 1
+                if MIN_RECORD_SIZE + len(request.body) > limit:
+                    raise BadRequest(
+                        f"message of at least {MIN_RECORD_SIZE + len(request.body)} bytes exceeds "
+                        f"max_message_size_bytes={limit}"
+                    )
+                properties = request.properties
+                msg = StoredMessage(
+                    topic=request.topic,
+                    queue_id=request.queue_id,
+                    body=bytes(request.body),
+                    # read, never kept: no copy of a dict
+                    properties=properties
+                    if isinstance(properties, dict)
+                    else dict(properties or {}),
+                    flags=request.flags,
+                    born_ts_ms=store_ts if request.born_ts_ms is None else request.born_ts_ms,
+                    born_host=request.born_host,
+                    store_host=request.store_host,
+                    queue_offset=queue_offset,
+                    physical_offset=end,
+                    store_ts_ms=store_ts,
                 )
-            self._check_room(size + ENTRY_SIZE)
-            msg = replace(msg, physical_offset=self._cl.next_record_offset(size))
+                try:
+                    # encoded once for where it lands unless it opens the next segment
+                    data = encode_record(msg)
+                    size = len(data)
+                    if size > limit:
+                        raise BadRequest(
+                            f"message of {size} bytes exceeds max_message_size_bytes={limit}"
+                        )
+                    offset = cl.place(end, size)
+                    if offset != end:
+                        data = encode_record(replace(msg, physical_offset=offset))
+                except ValueError as exc:
+                    raise BadRequest(str(exc)) from exc
+                records.append(data)
+                placed.append((offset, size, queue_offset))
+                entries.setdefault(key, []).append((offset, size, tag_hash(msg.tags)))
+                end = offset + size
+            charged = sum(size for _, size, _ in placed) + ENTRY_SIZE * len(placed)
+            self._check_room(charged)
+            started: list[tuple[ConsumeQueue, int]] = []
             try:
-                data = encode_record(msg)
-            except ValueError as exc:
-                raise BadRequest(str(exc)) from exc
-            cq = self._queue(topic, queue_id)
-            before = self._cl.max_offset
-            try:
-                offset = self._cl.append(data)
-                assert offset == msg.physical_offset, (offset, msg.physical_offset)
-                cq.append(offset, size, tag_hash(msg.tags))
+                offsets = cl.append_batch(records)
+                assert offsets == [p[0] for p in placed], (offsets, placed)
+                for key, queue_entries in entries.items():
+                    cq = self._queue(*key)
+                    started.append((cq, cq.max_offset))
+                    cq.append_many(queue_entries)
                 if self._config.flush_mode == "sync":
-                    self._cl.sync()
+                    cl.sync()
             except StoreError as exc:
                 try:
-                    cq.truncate(msg.queue_offset)
+                    for cq, queue_start in started:
+                        cq.truncate(queue_start)
                 except StoreError:
-                    logger.exception("rolling back consume queue %s/%d failed", topic, queue_id)
-                    self._cl.rollback(before)
+                    logger.exception(
+                        "rolling back consume queue %s/%d failed", cq.topic, cq.queue_id
+                    )
+                    cl.rollback(before)
                     self._go_read_only(exc)
                     raise
-                self._after_failed_append(exc, before, size + ENTRY_SIZE)
+                self._after_failed_append(exc, before, charged)
                 raise
-            self._space.charge(size + ENTRY_SIZE)  # a segment's blank fill is a hole
-            self._reput_offset = offset + size
+            self._space.charge(charged)  # a segment's blank fill is a hole
+            self._reput_offset = end
             self._last_store_ts = store_ts
-            return PutResult(
-                physical_offset=offset,
-                queue_offset=msg.queue_offset,
-                size=size,
-                store_ts_ms=store_ts,
-                msg_id=make_msg_id(store_host, offset),
-            )
+            return [
+                PutResult(
+                    physical_offset=offset,
+                    queue_offset=queue_offset,
+                    size=size,
+                    store_ts_ms=store_ts,
+                    msg_id=make_msg_id(request.store_host, offset),
+                )
+                for request, (offset, size, queue_offset) in zip(requests, placed, strict=True)
+            ]
 
     def append_replicated(self, offset: int, data: bytes) -> None:
         """Append whole records streamed by the master at exactly ``offset`` (slave side).

@@ -84,6 +84,8 @@ BLANK_MAGIC: Final = 0x48414342  # "HACB"
 
 _PREFIX: Final = struct.Struct(">II")  # total_length, magic
 _HEAD: Final = struct.Struct(">IIIIIQQQQ")
+_LEAD: Final = struct.Struct(">III")  # total_length, magic, crc
+_CRC_HEAD: Final = struct.Struct(">IIQQQQ")  # flags .. store_ts_ms, covered by the CRC
 HEADER_SIZE: Final = _HEAD.size  # 52
 _CRC_START: Final = 12
 _U16: Final = struct.Struct(">H")
@@ -219,14 +221,8 @@ def encode_record(msg: StoredMessage) -> bytes:
     total = MIN_RECORD_SIZE + len(born) + len(store) + len(topic) + len(props) + len(body)
     if total > MAX_RECORD_SIZE:
         raise ValueError(f"record of {total} bytes exceeds {MAX_RECORD_SIZE}")
-    buf = bytearray(total)
     try:
-        _HEAD.pack_into(
-            buf,
-            0,
-            total,
-            MESSAGE_MAGIC,
-            0,
+        head = _CRC_HEAD.pack(
             msg.flags,
             msg.queue_id,
             msg.queue_offset,
@@ -236,20 +232,23 @@ def encode_record(msg: StoredMessage) -> bytes:
         )
     except struct.error as exc:
         raise ValueError(f"record header field out of range: {exc}") from exc
-    pos = HEADER_SIZE
-    for part in (born, store, topic):
-        _U16.pack_into(buf, pos, len(part))
-        pos += 2
-        buf[pos : pos + len(part)] = part
-        pos += len(part)
-    for blob in (props, body):
-        _U32.pack_into(buf, pos, len(blob))
-        pos += 4
-        buf[pos : pos + len(blob)] = blob
-        pos += len(blob)
-    with memoryview(buf) as view:
-        _U32.pack_into(buf, 8, zlib.crc32(view[_CRC_START:]))
-    return bytes(buf)
+    # one join and one CRC pass over everything after the CRC field
+    rest = b"".join(
+        (
+            head,
+            _U16.pack(len(born)),
+            born,
+            _U16.pack(len(store)),
+            store,
+            _U16.pack(len(topic)),
+            topic,
+            _U32.pack(len(props)),
+            props,
+            _U32.pack(len(body)),
+            body,
+        )
+    )
+    return _LEAD.pack(total, MESSAGE_MAGIC, zlib.crc32(rest)) + rest
 
 
 def encode_blank_header(size: int) -> bytes:
