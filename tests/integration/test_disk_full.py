@@ -153,7 +153,7 @@ class Sender:
             return
         self.acked[key] = receipt.broker_name
 
-    async def send(self, n: int) -> None:
+    async def send(self, n: int, concurrency: int = CONCURRENCY) -> None:
         end = self._next + n
 
         async def worker() -> None:
@@ -162,7 +162,7 @@ class Sender:
                 self._next += 1
                 await self._one(key)
 
-        await asyncio.gather(*(worker() for _ in range(CONCURRENCY)))
+        await asyncio.gather(*(worker() for _ in range(concurrency)))
 
 
 async def raw_send(addr: str, key: str) -> broker_pb2.SendMessageResponse:
@@ -275,7 +275,10 @@ async def _full_master(
                 if stale_check:
                     stale_groups = {q.broker_name for q in stale.routes.publish_queues(TOPIC)}
                     assert "broker-a" in stale_groups
-                    await stale_sender.send(40)
+                    # one at a time: the producer coalesces the sends of one tick into
+                    # one request to one queue, and the rotation over the queues must
+                    # reach broker-a's before the batch is done
+                    await stale_sender.send(40, concurrency=1)
                     assert len(stale_sender.acked) == 40, stale_sender.failed[:3]
                     assert set(stale_sender.acked.values()) == {"broker-b"}
                     # ... after broker-a refused them (the raw send above is one more)
