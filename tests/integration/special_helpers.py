@@ -46,3 +46,34 @@ async def acting(namesrv: str, group: str, addr: str, topic: str = "TX") -> None
         return broker is not None and broker.broker_addrs.get(0) == addr
 
     await eventually(ok, timeout=20, interval=0.1)
+
+
+async def messages_on(
+    pool: ConnectionPool, addrs: Iterable[str], topic: str, queues: int
+) -> list[broker_pb2.Message]:
+    """Every message of ``topic`` stored on these brokers (a master, an acting slave or a
+    plain replica: raw pulls at each address), queue by queue from offset 0."""
+    out: list[broker_pb2.Message] = []
+    for addr in addrs:
+        for q in range(queues):
+            offset = 0
+            while True:
+                resp = await pool.call_pb(
+                    addr,
+                    RequestCode.PULL_MESSAGE,
+                    broker_pb2.PullMessageRequest(
+                        consumer_group="CG",
+                        topic=topic,
+                        queue_id=q,
+                        queue_offset=offset,
+                        max_msg_nums=64,
+                        commit_offset=-1,
+                    ),
+                    broker_pb2.PullMessageResponse,
+                    3000,
+                )
+                if resp.status != broker_pb2.FOUND:
+                    break
+                out.extend(resp.messages)
+                offset = resp.next_begin_offset
+    return out

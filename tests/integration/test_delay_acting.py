@@ -16,6 +16,7 @@ from collections.abc import AsyncIterator, Iterable, Iterator
 from pathlib import Path
 
 import pytest
+from special_helpers import messages_on
 
 from ha_controller.proto import broker_pb2, common_pb2
 from ha_controller.protocol.codes import RequestCode
@@ -125,30 +126,7 @@ async def send_batch(
 
 async def messages(pool: ConnectionPool, addrs: Iterable[str]) -> list[broker_pb2.Message]:
     """Every message of TOPIC on these brokers (each one a group's id-0 or a replica)."""
-    out: list[broker_pb2.Message] = []
-    for addr in addrs:
-        for q in range(QUEUES):
-            offset = 0
-            while True:
-                resp = await pool.call_pb(
-                    addr,
-                    RequestCode.PULL_MESSAGE,
-                    broker_pb2.PullMessageRequest(
-                        consumer_group="CG",
-                        topic=TOPIC,
-                        queue_id=q,
-                        queue_offset=offset,
-                        max_msg_nums=64,
-                        commit_offset=-1,
-                    ),
-                    broker_pb2.PullMessageResponse,
-                    3000,
-                )
-                if resp.status != broker_pb2.FOUND:
-                    break
-                out.extend(resp.messages)
-                offset = resp.next_begin_offset
-    return out
+    return await messages_on(pool, addrs, TOPIC, QUEUES)
 
 
 def on_time(msgs: list[broker_pb2.Message], due: dict[str, int], tolerance_ms: int) -> float:

@@ -24,6 +24,7 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+from special_helpers import messages_on
 
 from ha_controller.client.admin import NameserverClient
 from ha_controller.client.message import Message, MessageQueue
@@ -471,29 +472,8 @@ DELAY_LEVEL = 2  # 5 s
 async def _delayed_on(pool: ConnectionPool, addrs: list[str]) -> dict[str, list[int]]:
     """Store times of every message of DELAYED_TOPIC on these brokers, by key."""
     seen: dict[str, list[int]] = {}
-    for addr in addrs:
-        for q in range(2):
-            offset = 0
-            while True:
-                resp = await pool.call_pb(
-                    addr,
-                    RequestCode.PULL_MESSAGE,
-                    broker_pb2.PullMessageRequest(
-                        consumer_group="CG",
-                        topic=DELAYED_TOPIC,
-                        queue_id=q,
-                        queue_offset=offset,
-                        max_msg_nums=64,
-                        commit_offset=-1,
-                    ),
-                    broker_pb2.PullMessageResponse,
-                    3000,
-                )
-                if resp.status != broker_pb2.FOUND:
-                    break
-                for m in resp.messages:
-                    seen.setdefault(m.properties["UNIQ_KEY"], []).append(m.store_ts_ms)
-                offset = resp.next_begin_offset
+    for m in await messages_on(pool, addrs, DELAYED_TOPIC, 2):
+        seen.setdefault(m.properties["UNIQ_KEY"], []).append(m.store_ts_ms)
     return seen
 
 

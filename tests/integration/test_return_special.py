@@ -17,7 +17,7 @@ from collections import Counter
 from collections.abc import Iterable
 from pathlib import Path
 
-from special_helpers import create_topic_on, masters_online
+from special_helpers import create_topic_on, masters_online, messages_on
 
 from ha_controller.client.admin import NameserverClient
 from ha_controller.proto import broker_pb2
@@ -57,30 +57,7 @@ async def _send_delayed(pool: ConnectionPool, master: str, prefix: str) -> list[
 
 async def _delivered(pool: ConnectionPool, addrs: Iterable[str]) -> Counter[str]:
     """How often each key is stored in TOPIC on these brokers (each a group's id 0)."""
-    seen: Counter[str] = Counter()
-    for addr in addrs:
-        for q in range(QUEUES):
-            offset = 0
-            while True:
-                resp = await pool.call_pb(
-                    addr,
-                    RequestCode.PULL_MESSAGE,
-                    broker_pb2.PullMessageRequest(
-                        consumer_group="CG",
-                        topic=TOPIC,
-                        queue_id=q,
-                        queue_offset=offset,
-                        max_msg_nums=64,
-                        commit_offset=-1,
-                    ),
-                    broker_pb2.PullMessageResponse,
-                    3000,
-                )
-                if resp.status != broker_pb2.FOUND:
-                    break
-                seen.update(m.properties["UNIQ_KEY"] for m in resp.messages)
-                offset = resp.next_begin_offset
-    return seen
+    return Counter(m.properties["UNIQ_KEY"] for m in await messages_on(pool, addrs, TOPIC, QUEUES))
 
 
 async def _master_online(addr: str, namesrv: str) -> bool:
