@@ -29,6 +29,14 @@ persisted and synced like the other metadata tables: the returning master adopts
 in pre-online (and the slave reloads it after a restart), and its revive loop starts
 again from the synced state, so an acked message is never revived.
 
+An ack (or change of invisible time) is taken only before the handle's invisible time
+is over, and marks the CK in memory before anything awaits; once the time is over it is
+refused with ``ReceiptHandleExpired`` (RocketMQ's "receipt handle is expired") because
+the revive loop may already be putting the message back.  So an ack answered ok is
+never followed by the same message again, and a late one tells its consumer that the
+message will come again.  (A handle whose CK escaped to another group is checked here
+too, but that group's revive loop sees the ack only once its record arrives there.)
+
 Orderly POP (RocketMQ's ``order=true``; a request's ``order`` or the group's
 ``consume_orderly``): a queue of the group is given to one batch at a time.  No CK is
 written: :class:`OrderLocks` holds the batch (which offsets, until when) until every
@@ -69,6 +77,7 @@ from ha_controller.protocol.codes import RequestCode
 from ha_controller.protocol.errors import (
     BadRequest,
     HaError,
+    ReceiptHandleExpired,
     TopicNotFound,
 )
 from ha_controller.protocol.properties import (
@@ -768,8 +777,24 @@ class PopService:
             raise BadRequest(f"receipt handle of {handle.broker_name} sent to {own}")
         return handle
 
+    @staticmethod
+    def _check_not_expired(handle: ReceiptHandle, what: str) -> None:
+        """Refuse an ack or change of invisible time once the handle's invisible time
+        is over: the revive loop may already be putting the message back (an ack
+        answered ok must never be followed by the same message again)."""
+        due = handle.pop_time_ms + handle.invisible_ms
+        late = now_ms() - due
+        if late >= 0:
+            raise ReceiptHandleExpired(
+                f"{what} of a receipt handle whose invisible time ended {late} ms ago: "
+                "the message comes again"
+            )
+
     async def _write_ack(self, handle: ReceiptHandle, key: str) -> None:
         core = self.core
+        # a master appends the ACK record before anything awaits, so a revive pass
+        # that starts from now on reads it; a pass already running revives only CKs
+        # that were due when it started, and their handles are refused as expired
         if handle.ck_local and not core.acting.is_master:
             # the CK sits in our replicated revive queue: our revive loop owns it, and
             # the ack table carries the ack to the returning master
@@ -788,6 +813,7 @@ class PopService:
         if handle.orderly:
             self._order_done(req.consumer_group, req.topic, handle)
             return broker_pb2.AckMessageResponse()
+        self._check_not_expired(handle, "ack")
         await self._write_ack(handle, handle.ck_key(req.consumer_group, req.topic))
         return broker_pb2.AckMessageResponse()
 
@@ -803,6 +829,7 @@ class PopService:
             key = (req.consumer_group, req.topic, handle.queue_id)
             self.order.extend(key, handle.pop_time_ms, now_ms() + invisible)
             return broker_pb2.AckMessageResponse(receipt_handle=handle.encode())
+        self._check_not_expired(handle, "change of invisible time")
         pop_ms = self._pop_time()
         ck = Checkpoint(
             broker_name=handle.broker_name,

@@ -143,6 +143,15 @@ class AccessDenied(Unauthorized):
     code = 213
 
 
+class ReceiptHandleExpired(BadRequest):
+    """An ack (or change of invisible time) of a POP receipt handle whose invisible time
+    is over: the message may already be on its way to a consumer again, so the ack is
+    refused rather than answered as if it had taken (RocketMQ's "receipt handle is
+    expired").  Nothing was changed; the message comes again."""
+
+    code = 214
+
+
 # --- cluster semantics -----------------------------------------------------
 
 

@@ -31,6 +31,7 @@ from ha_controller.protocol.errors import (
     NotRecallable,
     NotWritable,
     Overloaded,
+    ReceiptHandleExpired,
     RequestTimeout,
     ServiceStopping,
     TopicNotFound,
@@ -119,7 +120,7 @@ def code_for(exc: BaseException) -> int:
 
     The official producers retry (another queue) on every code except
     TOO_MANY_REQUESTS, so only real overload maps to it."""
-    if isinstance(exc, InvalidHandle):
+    if isinstance(exc, InvalidHandle | ReceiptHandleExpired):
         return v2.INVALID_RECEIPT_HANDLE
     if isinstance(exc, TopicNotFound):
         return v2.TOPIC_NOT_FOUND

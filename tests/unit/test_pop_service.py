@@ -38,6 +38,7 @@ from ha_controller.protocol.errors import (
     BrokerIsolated,
     EscapeFailed,
     NotMaster,
+    ReceiptHandleExpired,
     TopicNotFound,
 )
 from ha_controller.protocol.properties import (
@@ -533,6 +534,39 @@ async def test_revive_redelivers_an_unacked_message_once_it_is_due(
     clock.now = T0 + 100_000
     await master.service.revive_once()
     assert len(master.escape.puts) == 1
+
+
+async def test_an_ack_after_the_invisible_time_is_refused_and_the_message_comes_again(
+    master: Broker, clock: Clock
+) -> None:
+    """Campaign seed 3000: an ack answered ok while the revive pass was putting the
+    message back; the consumer got it again after a successful ack."""
+    produce(master, b"m0", b"m1")
+    resp = await pop(master, invisible_ms=10_000)
+    first, second = (m.properties[PROPERTY_POP_CK] for m in resp.messages)
+
+    clock.now = T0 + 9_999
+    await ack(master, first)  # one millisecond before the end: taken
+    clock.now = T0 + 10_000
+    with pytest.raises(ReceiptHandleExpired, match="ended 0 ms ago"):
+        await ack(master, second)
+    with pytest.raises(ReceiptHandleExpired):
+        await change_invisible(master, second, 30_000)
+    assert len(master.records("ack")) == 1
+    assert len(master.checkpoints()) == 1
+
+    await master.service.revive_once()
+    assert [p.body for p in master.retried()] == [b"m1"]  # the refused one, only
+
+
+async def test_an_acting_slave_refuses_a_late_ack_of_the_lost_masters_ck(
+    acting: Broker, clock: Clock
+) -> None:
+    handle = ReceiptHandle(0, T0, 10_000, 0, True, "broker-a", 0, 0)
+    clock.now = T0 + 10_001
+    with pytest.raises(ReceiptHandleExpired):
+        await ack(acting, handle.encode())
+    assert acting.service.acks.entries == {}
 
 
 async def test_revive_leaves_a_fully_acked_ck_alone(master: Broker, clock: Clock) -> None:

@@ -24,6 +24,7 @@ from ha_controller.protocol.errors import (
     NotMaster,
     NotRecallable,
     Overloaded,
+    ReceiptHandleExpired,
     TopicNotFound,
 )
 from ha_controller.proxy import convert
@@ -218,6 +219,8 @@ def test_error_codes_keep_the_sdk_retrying_except_on_overload() -> None:
     assert convert.code_for(TopicNotFound("x")) == v2.TOPIC_NOT_FOUND
     assert convert.code_for(Overloaded("x")) == v2.TOO_MANY_REQUESTS
     assert convert.code_for(InvalidHandle("x")) == v2.INVALID_RECEIPT_HANDLE
+    # an ack after the invisible time: the SDK is told the handle is no longer good
+    assert convert.code_for(ReceiptHandleExpired("x")) == v2.INVALID_RECEIPT_HANDLE
     assert convert.code_for(RuntimeError("x")) == v2.INTERNAL_ERROR
 
 
