@@ -50,12 +50,17 @@ Counts (Jepsen's queue categories plus the RIP-32 checks):
     earliest send ok ``t_ms``).  Each first delivery whose send-ok time is lower than an
     earlier one's counts once.  Re-deliveries are duplicates, not order violations.
 ``late_delayed``
-    per (consumer group, delayed key) the first delivery must fall within
-    ``[due - early_tolerance_ms, due + tolerance]``; each pair outside counts once
+    per (consumer group, acknowledged delayed key) the first delivery must fall within
+    ``[due - early_tolerance_ms, held + tolerance]``; each pair outside counts once
     (early deliveries are counted here too: the verdict has one field for "delivered at
     the wrong time").  ``due`` is ``due_ts_ms``, else invoke ``t_ms + delay_ms``, else
     invoke ``t_ms`` + the level's delay (levels above 18 use level 18); the tolerance is
     ``level_tolerance_ms`` for delay levels and ``timer_tolerance_ms`` otherwise.
+    ``held`` is ``due``, or, when ``due`` falls in a span during which *no group had a
+    writable master* (:func:`no_writable_master_spans`), the end of that span: a
+    message falling due then has nowhere to be written, so its clock starts again when
+    some master takes writes.  Keys without a send ok are not judged (as for
+    ``lost``: an unacknowledged send promised nothing).
 ``unresolved_transactions``
     ``tx`` keys with a send ok, neither committed nor rolled back, never delivered.
 ``double_lock_grants``
@@ -147,6 +152,7 @@ __all__ = [
     "Verdict",
     "availability_summary",
     "check",
+    "no_writable_master_spans",
     "target_group",
     "unavailability_windows",
 ]
@@ -587,14 +593,21 @@ def check(
         and k not in received_keys
     )
 
+    faults = _faults(
+        fault_starts,
+        heals,
+        _writes(send_outcomes, invokes, invoke_broker),
+        reads,
+    )
+    held_until = _SpanLookup(no_writable_master_spans(faults))
     late = 0
     for (_cg, key), times in per_pair.items():
         inv = invokes.get(key)
-        if inv is None or inv.due is None or unexpected_key(key):
+        if inv is None or inv.due is None or key not in acked:
             continue
         due, tolerance = inv.due
         first = min(times)
-        if first > due + tolerance or first < due - opts.early_tolerance_ms:
+        if first > held_until(due) + tolerance or first < due - opts.early_tolerance_ms:
             late += 1
 
     # --- FIFO order ---------------------------------------------------------------------
@@ -632,13 +645,71 @@ def check(
             "double_lock_grants": _double_grants(grants, unlocks, opts.lock_lease_ms),
             "offset_rollbacks": _offset_rollbacks(commits, probes),
         },
-        faults=_faults(
-            fault_starts,
-            heals,
-            _writes(send_outcomes, invokes, invoke_broker),
-            reads,
-        ),
+        faults=faults,
     )
+
+
+#: fault kinds that leave their target group without a writable master while they last
+#: (when they target the master, id 0): clients cannot write there, and an acting slave
+#: is read-only
+UNWRITABLE_KINDS: Final[frozenset[str]] = frozenset({"kill", "pause", "partition", "disk"})
+#: the end of a fault that was never healed
+_OPEN_END: Final = 2**62
+
+
+def _merge(spans: Iterable[tuple[int, int]]) -> list[tuple[int, int]]:
+    out: list[tuple[int, int]] = []
+    for a, b in sorted(spans):
+        if out and a <= out[-1][1]:
+            out[-1] = (out[-1][0], max(out[-1][1], b))
+        else:
+            out.append((a, b))
+    return out
+
+
+def no_writable_master_spans(faults: Iterable[FaultWindow]) -> list[tuple[int, int]]:
+    """Disjoint ``[start, end)`` spans (ms) during which every broker group of the
+    history had a fault of :data:`UNWRITABLE_KINDS` on its master (``"<group>/0"``),
+    so nothing could be written anywhere: a delayed message falling due then waits for
+    the first master to take writes again.  The groups are those the faults name
+    (targets and the groups of their write windows); a never-healed fault lasts for
+    ever.  Empty when some group never lost its master."""
+    faults = list(faults)
+    groups: set[str] = set()
+    down: dict[str, list[tuple[int, int]]] = defaultdict(list)
+    for fw in faults:
+        groups.update(fw.write_unavailable_ms)
+        group = target_group(fw.target)
+        if group is None:
+            continue
+        groups.add(group)
+        if fw.kind in UNWRITABLE_KINDS and fw.target == f"{group}/0":
+            end = _OPEN_END if fw.end_ms is None else fw.end_ms
+            if end > fw.start_ms:
+                down[group].append((fw.start_ms, end))
+    if not groups or any(g not in down for g in groups):
+        return []
+    common = _merge(down[next(iter(groups))])
+    for g in groups:
+        spans = _merge(down[g])
+        common = [
+            (max(a, c), min(b, d)) for a, b in common for c, d in spans if max(a, c) < min(b, d)
+        ]
+    return common
+
+
+class _SpanLookup:
+    """``t`` -> the end of the span holding ``t`` (disjoint spans), else ``t``."""
+
+    def __init__(self, spans: list[tuple[int, int]]) -> None:
+        self._starts = [a for a, _b in spans]
+        self._spans = spans
+
+    def __call__(self, t: int) -> int:
+        i = bisect.bisect_right(self._starts, t) - 1
+        if i >= 0 and t < self._spans[i][1]:
+            return self._spans[i][1]
+        return t
 
 
 def _double_grants(

@@ -42,7 +42,13 @@ from pyspark.sql.types import (
     StructType,
 )
 
-from ha_controller.drills.checker import TARGET_BROKER_RE, CheckOptions, FaultWindow, Verdict
+from ha_controller.drills.checker import (
+    TARGET_BROKER_RE,
+    CheckOptions,
+    FaultWindow,
+    Verdict,
+    no_writable_master_spans,
+)
 from ha_controller.drills.history import DELAY_LEVELS_MS, VALUE_FIELDS, columnar_copy
 
 __all__ = [
@@ -206,8 +212,17 @@ def verdicts_of(
         # stages at once, and each would otherwise compute the rows it finds missing
         keys.count()
         hids = spark.createDataFrame([(name,) for name in names], "hid string")
-        counts = _counts(ev, keys, hids, opts)
         faults = _faults(ev, keys)
+        # the spans without a writable master, per history (few rows, from the faults)
+        held = spark.createDataFrame(
+            [
+                (hid, a, b)
+                for hid, windows in faults.items()
+                for a, b in no_writable_master_spans(windows)
+            ],
+            "hid string, held_from long, held_until long",
+        )
+        counts = _counts(ev, keys, hids, held, opts)
     finally:
         keys.unpersist()
         if cache_events:
@@ -340,7 +355,7 @@ def _keys(ev: DataFrame, opts: CheckOptions) -> DataFrame:
 
 
 def _counts(
-    ev: DataFrame, keys: DataFrame, hids: DataFrame, opts: CheckOptions
+    ev: DataFrame, keys: DataFrame, hids: DataFrame, held: DataFrame, opts: CheckOptions
 ) -> dict[str, dict[str, int]]:
     col = F.col
 
@@ -411,17 +426,28 @@ def _counts(
         redelivered = col("n") - 1
     pair_counts = pairs.groupBy("hid").agg(
         total("duplicated", redelivered),
-        total(
-            "late_delayed",
-            flag(
-                col("due").isNotNull()
-                & (
-                    (col("first_t") > col("due") + col("tol"))
-                    | (col("first_t") < col("due") - F.lit(opts.early_tolerance_ms))
-                )
-            ),
-        ),
         total("received_acked_pairs", flag(col("acked"))),
+    )
+    # late: acknowledged delayed keys only; a due time without a writable master
+    # anywhere is held until the span ends (checker module docstring)
+    delayed = pairs.where(col("due").isNotNull() & col("acked")).alias("p")
+    late_counts = (
+        delayed.join(
+            F.broadcast(held.alias("h")),
+            (col("p.hid") == col("h.hid"))
+            & (col("p.due") >= col("h.held_from"))
+            & (col("p.due") < col("h.held_until")),
+            "left",
+        )
+        .select(
+            col("p.hid").alias("hid"),
+            (
+                (col("p.first_t") > F.coalesce(col("h.held_until"), col("p.due")) + col("p.tol"))
+                | (col("p.first_t") < col("p.due") - F.lit(opts.early_tolerance_ms))
+            ).alias("late"),
+        )
+        .groupBy("hid")
+        .agg(total("late_delayed", flag(col("late"))))
     )
 
     # lost = sum over acknowledged keys of max(groups subscribing the key's topic, 1)
@@ -475,6 +501,7 @@ def _counts(
     aggs = [
         key_counts,
         pair_counts,
+        late_counts,
         expected_pairs,
         order_counts,
         _double_grants(ev, opts.lock_lease_ms)

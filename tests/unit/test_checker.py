@@ -22,6 +22,7 @@ from ha_controller.drills.checker import (
     Verdict,
     availability_summary,
     check,
+    no_writable_master_spans,
     unavailability_windows,
 )
 from ha_controller.drills.history import (
@@ -240,6 +241,25 @@ def case_offset_rollback() -> H:
     return h
 
 
+def case_late_without_a_writable_master() -> H:
+    """broker-a's master is killed from 1000 to 6000 and broker-b's disk is full from
+    2000 to 4000: from 2000 to 4000 no master takes writes, so a delayed message due
+    then is held until 4000.  Campaign seed 3001: a partition and a full disk at once."""
+    h = H()
+    h.add(1_000, "nemesis", "info", Fault("kill", "broker-a/0"))
+    h.add(2_000, "nemesis", "info", Fault("disk", "broker-b/0"))
+    h.send(0, "held", delay_ms=2_500)  # due 2500: held to 4000, delivered 4800: on time
+    h.send(0, "held-late", delay_ms=3_000)  # held to 4000, delivered 5100: late
+    h.send(0, "one-down", delay_ms=1_500, broker="broker-b")  # only broker-a down: late
+    h.send(0, "unacked", delay_ms=1_000, outcome="info")  # never acknowledged: not judged
+    h.send(4_100, "after", broker="broker-b")
+    h.recv(4_800, "held").recv(5_100, "held-late").recv(2_600, "one-down", broker="broker-b")
+    h.recv(9_000, "unacked").recv(4_200, "after", broker="broker-b")
+    h.add(4_000, "nemesis", "ok", Fault("disk", "broker-b/0"))
+    h.add(6_000, "nemesis", "ok", Fault("kill", "broker-a/0"))
+    return h
+
+
 def case_fault_recovery() -> H:
     h = H()
     h.send(0, "k0").recv(50, "k0")
@@ -417,6 +437,32 @@ CASES: dict[str, Case] = {
     ),
     "late_delayed": Case(
         case_late_delayed, counts(acknowledged=6, delivered=7, late_delayed=3, duplicated=1)
+    ),
+    "late_without_a_writable_master": Case(
+        case_late_without_a_writable_master,
+        counts(acknowledged=4, delivered=5, recovered=1, late_delayed=2),
+        (
+            FaultWindow(
+                "kill",
+                "broker-a/0",
+                1_000,
+                6_000,
+                0,
+                0,
+                {"broker-a": None, "broker-b": 0},
+                {"broker-a": 0, "broker-b": 0},
+            ),
+            FaultWindow(
+                "disk",
+                "broker-b/0",
+                2_000,
+                4_000,
+                0,
+                0,
+                {"broker-a": 0, "broker-b": 2_105},
+                {"broker-a": 0, "broker-b": 0},
+            ),
+        ),
     ),
     "transactions": Case(
         case_transactions,
@@ -613,6 +659,32 @@ def test_window_that_never_closes_is_null_and_unrecovered() -> None:
         "unrecovered": 1,
     }
     assert json.loads(verdict.to_json())["faults"][0]["write_unavailable_ms"]["broker-a"] is None
+
+
+def test_no_writable_master_spans_need_every_group_down() -> None:
+    def fw(kind: str, target: str, start: int, end: int | None) -> FaultWindow:
+        return FaultWindow(kind, target, start, end, 0, 0, {"broker-a": 0, "broker-b": 0})
+
+    # a slave, a loss and a nameserver fault never take a group's master away
+    assert (
+        no_writable_master_spans(
+            [
+                fw("kill", "broker-a/0", 0, 10_000),
+                fw("pause", "broker-b/1", 0, 10_000),
+                fw("netem", "broker-b/0", 0, 10_000),
+                fw("pause", "nameserver", 0, 10_000),
+            ]
+        )
+        == []
+    )
+    assert no_writable_master_spans(
+        [
+            fw("kill", "broker-a/0", 0, 3_000),
+            fw("pause", "broker-a/0", 2_500, 6_000),  # overlapping faults of one group
+            fw("partition", "broker-b/0", 1_000, 2_000),
+            fw("disk", "broker-b/0", 4_000, None),  # never freed
+        ]
+    ) == [(1_000, 2_000), (4_000, 6_000)]
 
 
 def test_availability_summary_nearest_rank() -> None:
