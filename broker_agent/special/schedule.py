@@ -98,6 +98,10 @@ SCHEDULE_PROPERTIES: Final = frozenset(
 )
 #: Poll granularity for due items (RocketMQ DELAY_FOR_A_WHILE is 100 ms).
 POLL_S: Final = 0.1
+#: a delivery this late (ms) is logged: the catch-up after a failover or a return
+OVERDUE_LOG_MS: Final = 1_000
+#: at most this many such lines per session (a long outage can leave thousands due)
+OVERDUE_LOG_LINES: Final = 20
 PERSIST_INTERVAL_S: Final = 1.0
 #: Recalled ids kept at most; the ones due earliest are forgotten first.
 MAX_RECALLS: Final = 100_000
@@ -521,6 +525,7 @@ class ScheduleService:
         #: the timer entries read and not delivered yet, while the timer loop runs
         self._index: TimerIndex | None = None
         self.recalled_skipped = 0
+        self._overdue_logged = 0  # late deliveries logged this session
         self._want_run = asyncio.Event()
         self._want_stop = asyncio.Event()
         self.running = False
@@ -561,6 +566,7 @@ class ScheduleService:
                 self.timer.bump()
                 self.recalls.bump()
             log.info("schedule service started (%s)", self.core.acting.role)
+            self._overdue_logged = 0
             self.running = True
             try:
                 async with asyncio.TaskGroup() as tg:
@@ -646,6 +652,8 @@ class ScheduleService:
             if wait_ms > 0:
                 await asyncio.sleep(min(wait_ms / 1000, POLL_S))
                 continue
+            if -wait_ms > OVERDUE_LOG_MS:
+                self._log_overdue(f"delay level {level}", msg, offset, -wait_ms)
             # the slave that may act next learns the new offset in the same transfer
             # as the delivered message (on a master; an acting slave's is its own)
             progress = {
@@ -700,6 +708,20 @@ class ScheduleService:
         store = self.core.store
         index.read_offset = store.min_offset(TIMER_TOPIC, TIMER_QUEUE_ID)
         index.max_delivered_due = self.timer.cp.last_read_time_ms
+        cp = self.timer.cp
+        self._read_timer_queue(index)
+        head = index.peek()
+        # what a session starts from: after a failover or a return, the line to read
+        # when a message comes twice or late
+        log.info(
+            "timer: checkpoint queue offset %d, delivered up to %d; queue read to %d, "
+            "%d to deliver%s",
+            cp.master_timer_queue_offset,
+            cp.last_read_time_ms,
+            index.read_offset,
+            len(index),
+            "" if head is None else f", next due {head[0]} (queue offset {head[1]})",
+        )
         while True:
             self._read_timer_queue(index)
             head = index.peek()
@@ -719,6 +741,8 @@ class ScheduleService:
                 index.pop()
                 self._checkpoint(index)
                 continue
+            if now - head[0] > OVERDUE_LOG_MS:
+                self._log_overdue("timer", msg, offset, now - head[0])
             # the checkpoint that holds once this head is delivered travels with it
             last, read_offset = index.checkpoint_after_head()
             progress = {"G": TIMER_CHECKPOINT_GROUP, "L": str(last), "O": str(read_offset)}
@@ -727,6 +751,23 @@ class ScheduleService:
                 self.timer.advance(last, read_offset)
             else:
                 await asyncio.sleep(POLL_S)
+
+    def _log_overdue(self, what: str, msg: StoredMessage, offset: int, late_ms: int) -> None:
+        """The catch-up after a failover or a return, message by message (what to read
+        when one comes twice or late), up to :data:`OVERDUE_LOG_LINES` per session."""
+        self._overdue_logged += 1
+        if self._overdue_logged > OVERDUE_LOG_LINES:
+            return
+        log.info(
+            "%s: delivering %s (queue offset %d) %d ms after it was due%s",
+            what,
+            msg.properties.get(PROPERTY_UNIQ_KEY, "?"),
+            offset,
+            late_ms,
+            "; further late deliveries of this session are not logged"
+            if self._overdue_logged == OVERDUE_LOG_LINES
+            else "",
+        )
 
     def _checkpoint(self, index: TimerIndex) -> None:
         last, offset = index.checkpoint()

@@ -30,6 +30,7 @@ from ha_controller.drills.netns import netns_available
 from ha_controller.proto import broker_pb2
 from ha_controller.protocol.codes import RequestCode
 from ha_controller.protocol.errors import HaError
+from ha_controller.protocol.properties import PROPERTY_DELAY, PROPERTY_TIMER_DELIVER_MS
 from ha_controller.rpc import ConnectionPool
 from ha_controller.testing import ProcessHandle, eventually, http_get
 
@@ -116,7 +117,10 @@ async def _acting(namesrv: str) -> bool:
     return members.acting_broker_id in (1, 2)
 
 
-async def test_partitioned_master_while_delayed_messages_fall_due_delivers_none_twice() -> None:
+@pytest.mark.parametrize("kind", ["level", "timer"])
+async def test_partitioned_master_while_delayed_messages_fall_due_delivers_none_twice(
+    kind: str,
+) -> None:
     reason = netns_available()
     if reason is not None:
         pytest.skip(f"network namespaces: {reason}")
@@ -133,7 +137,11 @@ async def test_partitioned_master_while_delayed_messages_fall_due_delivers_none_
         for g in ("g1", "g2"):
             await create_topic_on(cluster.handle(f"{g}/0").rpc, TOPIC, QUEUES)
         async with ConnectionPool() as pool:
-            keys = await _send(pool, master.rpc, "d", COUNT, DELAY=str(LEVEL))
+            if kind == "level":
+                props = {PROPERTY_DELAY: str(LEVEL)}
+            else:  # a timer message (a delivery time), as the drills' delay workload sends
+                props = {PROPERTY_TIMER_DELIVER_MS: str(int(time.time() * 1000) + 5_000)}
+            keys = await _send(pool, master.rpc, "d", COUNT, **props)
             due_at = time.monotonic() + 5.0
             # a consumer's long poll, held on the master when the partition starts
             await asyncio.sleep(max(0.0, due_at - 1.0 - time.monotonic()))

@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import logging
 import time
 from collections.abc import AsyncIterator, Callable
 from dataclasses import dataclass
@@ -16,6 +17,7 @@ import pytest
 from special_fakes import FakeBroker, FakeCore, FakeStore
 
 from broker_agent.metadata.versioned import forward_sync, reverse_sync
+from broker_agent.special import schedule as schedule_module
 from broker_agent.special.schedule import (
     DelayOffsetTable,
     RecallTable,
@@ -279,6 +281,30 @@ async def test_master_delivers_timer_messages_in_due_order(nodes: NodeFactory) -
     for m, after in zip(msgs, [300, 600, 900], strict=True):
         assert abs(m.store_ts_ms - (now + after)) < 300
     assert master.schedule.timer.cp.master_timer_queue_offset == 3
+
+
+async def test_a_catch_up_names_its_late_deliveries_up_to_a_budget(
+    nodes: NodeFactory, caplog: pytest.LogCaptureFixture
+) -> None:
+    """After a failover the acting slave (or a returning master) delivers what fell due
+    meanwhile: the log says where the timer starts and names the late messages, but a
+    long outage's thousands do not flood it."""
+    master = nodes()
+    now = int(time.time() * 1000)
+    count = schedule_module.OVERDUE_LOG_LINES + 5
+    for i in range(count):
+        put_delayed(master, {"TIMER_DELIVER_MS": str(now + 50), "UNIQ_KEY": f"t{i}"})
+    await asyncio.sleep(1.2)  # all of them more than a second late
+    with caplog.at_level(logging.INFO, logger=schedule_module.__name__):
+        async with running(master):
+            await eventually(lambda: len(delivered(master)) == count, 5)
+    lines = [r.getMessage() for r in caplog.records if r.name == schedule_module.__name__]
+    [start] = [m for m in lines if m.startswith("timer: checkpoint")]
+    assert f"{count} to deliver, next due {now + 50} (queue offset 0)" in start
+    late = [m for m in lines if "ms after it was due" in m]
+    assert len(late) == schedule_module.OVERDUE_LOG_LINES
+    assert late[0].startswith("timer: delivering t0 (queue offset 0) ")
+    assert late[-1].endswith("further late deliveries of this session are not logged")
 
 
 async def test_nothing_is_delivered_while_stopped(nodes: NodeFactory) -> None:
