@@ -192,9 +192,16 @@ class EscapeRoutes:
         return dict(members.broker_addrs)
 
 
+class NotServingAnyMore(EscapeFailed):
+    """This broker stopped serving special work (fenced, or no longer acting) while
+    it had a message to hand on: nothing was handed on, and no attempt may follow."""
+
+
 def _retriable(exc: BaseException) -> bool:
     if isinstance(exc, BadRequest):
         return False  # the message itself is refused; another try would be refused too
+    if isinstance(exc, NotServingAnyMore):
+        return False  # whoever serves now owns the message
     return isinstance(exc, HaError | OSError)
 
 
@@ -270,13 +277,24 @@ class EscapeBridge:
         timer and revive loops at the same moment as its heartbeat loop; whichever runs
         first must not deliver what the acting slave delivered meanwhile.  The check
         fences such a master (core.check_online) and refuses; the put that follows it
-        appends without yielding, so no fence can slip in between."""
-        if not self.core.acting.is_master:
+        appends without yielding, so no fence can slip in between.
+
+        A slave hands on only while it acts: a pass that started while acting (its
+        escapes retry for seconds against a frozen target) must not go on once the
+        master is back, or it escapes half messages the master has resolved since, and
+        the target commits them a second time (campaign seed 5000).  Checked again
+        before every remote attempt."""
+        acting = self.core.acting
+        if not acting.is_master:
+            if not acting.acting:
+                raise NotServingAnyMore(
+                    f"{kind} not handed on: {self.core.name} does not act any more"
+                )
             return
         try:
             self.core.check_master_only(f"{kind} delivery")
         except HaError as exc:
-            raise EscapeFailed(f"{kind} not handed on: {exc}") from exc
+            raise NotServingAnyMore(f"{kind} not handed on: {exc}") from exc
 
     # ---- put --------------------------------------------------------------
 
@@ -464,6 +482,7 @@ class EscapeBridge:
 
         async def attempt() -> EscapeResult:
             nonlocal refresh
+            self._check_still_serving(kind)  # a retry comes seconds later
             queues = await self.routes.queues(topic, own, refresh=refresh)
             if not queues:
                 refresh = True

@@ -552,6 +552,11 @@ class TransactionService:
                     # resolved only once that succeeds, or a failure would lose it
                     continue
                 if acting_slave:
+                    if not core.acting.acting:
+                        # the master is back (or another slave acts): what is left is
+                        # theirs; an escape now would hand on what they resolve
+                        stop = True
+                        break
                     if not await self._escape(msg):
                         stop = True
                         break

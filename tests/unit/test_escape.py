@@ -9,14 +9,19 @@ from __future__ import annotations
 
 import socket
 import zlib
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Callable
 from dataclasses import dataclass, field
 from pathlib import Path
 
 import pytest
 from special_fakes import FakeBroker, FakeNeighbours
 
-from broker_agent.special.escape import EscapeBridge, EscapeRoutes, stable_hash
+from broker_agent.special.escape import (
+    EscapeBridge,
+    EscapeRoutes,
+    NotServingAnyMore,
+    stable_hash,
+)
 from ha_controller.config import BrokerConfig
 from ha_controller.proto import broker_pb2, common_pb2, nameserver_pb2
 from ha_controller.protocol.codes import RequestCode
@@ -53,6 +58,8 @@ class FakeMaster:
     stored: dict[tuple[str, int, int], broker_pb2.Message] = field(default_factory=dict)
     server: RpcServer | None = None
     addr: str = ""
+    #: called on every send before it is answered (a test changes the world there)
+    on_send: Callable[[], None] | None = None
 
     async def start(self) -> FakeMaster:
         d = Dispatcher()
@@ -66,6 +73,8 @@ class FakeMaster:
     async def _send(
         self, ctx: RequestContext, req: broker_pb2.SendMessageRequest
     ) -> broker_pb2.SendMessageResponse:
+        if self.on_send is not None:
+            self.on_send()
         if self.fail_first > 0:
             self.fail_first -= 1
             raise self.error(f"{self.name} refuses this one")
@@ -150,9 +159,12 @@ class Env:
     brokers: list[FakeBroker]
     tmp: Path
 
-    def broker(self, broker_id: int = 1, name: str = OWN, **kw: object) -> FakeBroker:
+    def broker(
+        self, broker_id: int = 1, name: str = OWN, *, acting: bool = True, **kw: object
+    ) -> FakeBroker:
         """A fake core and write path of broker ``name``/``broker_id`` with a real
-        EscapeBridge over them (no BrokerService, nothing on disk)."""
+        EscapeBridge over them (no BrokerService, nothing on disk); a slave acts
+        unless ``acting`` is False."""
         args: dict[str, object] = {
             "cluster": "c",
             "broker_name": name,
@@ -172,6 +184,8 @@ class Env:
             addr=f"127.0.0.{len(self.brokers) + 1}:10911",
         )
         self.brokers.append(broker)
+        if acting and broker_id != 0:
+            broker.core.acting.on_min_broker_change(broker_id, broker.core.addr)
         return broker
 
     def escaped(self, broker: FakeBroker, target: str, result: str) -> float:
@@ -256,6 +270,32 @@ async def test_refused_sends_are_retried_with_backoff(env: Env) -> None:
     assert result.target == "broker_b"
     assert env.escaped(slave, "broker_b", "error") == 2
     assert env.escaped(slave, "broker_b", "ok") == 1
+
+
+async def test_a_slave_that_stops_acting_hands_nothing_on_and_stops_retrying(env: Env) -> None:
+    """Campaign seed 5000: an acting slave's escape of a half message retried against a
+    frozen master for 15 s, went through after its own master was back and had resolved
+    the transaction, and the target committed it a second time."""
+    slave = env.broker()
+    b = env.masters["broker_b"]
+    env.ns.publish({OWN: {0: "127.0.0.1:1"}, "broker_b": {0: b.addr}}, writable={"broker_b"})
+    b.fail_first = 100
+
+    def master_back() -> None:  # our master returns while the first attempt is refused
+        slave.core.acting.on_min_broker_change(0, "127.0.0.1:1")
+
+    b.on_send = master_back
+    with pytest.raises(NotServingAnyMore, match="does not act any more"):
+        await slave.escape.put_message(TOPIC, b"x", {}, kind="delay")
+    assert env.escaped(slave, "broker_b", "error") == 1  # no second attempt
+    b.fail_first = 0
+    with pytest.raises(NotServingAnyMore):
+        await slave.escape.put_message(TOPIC, b"x", {}, kind="delay")
+    assert b.sends == []
+    plain = env.broker(broker_id=2, acting=False)
+    with pytest.raises(NotServingAnyMore):
+        await plain.escape.put_message_to_specific_queue(TOPIC, b"x", {}, kind="pop_ck")
+    assert b.sends == []
 
 
 async def test_attempts_are_bounded_and_a_bad_message_is_not_retried(env: Env) -> None:

@@ -17,6 +17,7 @@ import contextlib
 import itertools
 import json
 import time
+from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, TypeVar, cast
@@ -152,6 +153,8 @@ class FakeEscape:
         self.local: tuple[FakeCore, FakeWritePath] | None = None
         self.failures_left = 0
         self._offsets = itertools.count(40)
+        #: called after each put (a test changes the world there)
+        self.after_put: Callable[[], None] | None = None
 
     def local_master(self) -> tuple[FakeCore, FakeWritePath] | None:
         return self.local
@@ -171,6 +174,8 @@ class FakeEscape:
             self.failures_left -= 1
             raise EscapeFailed("no live master")
         self.puts.append(EscapePut(kind, topic, body, dict(properties), flags, born_ts_ms))
+        if self.after_put is not None:
+            self.after_put()
         return EscapeResult(self.target, f"MSG{len(self.puts)}", 1, next(self._offsets))
 
 
@@ -510,6 +515,25 @@ async def test_check_on_acting_slave_escapes_unresolved_halves(acting: Broker) -
 
     await acting.service.check_once()
     assert len(acting.escape.puts) == 1
+
+
+async def test_a_slave_whose_master_returns_mid_pass_escapes_no_more_halves(
+    acting: Broker,
+) -> None:
+    """What is left of the pass belongs to the returning master, which resolves those
+    halves itself (campaign seed 5000: an escape after the return was committed twice)."""
+    halves = [send_half(acting, tid=f"TX-{i}") for i in range(3)]
+
+    def master_back() -> None:
+        acting.core.acting.on_min_broker_change(0, "127.0.0.1:1")
+
+    acting.escape.after_put = master_back
+    await acting.service.check_once()
+
+    assert len(acting.escape.puts) == 1
+    progress = acting.service.progress
+    assert progress.is_resolved(halves[0])
+    assert not any(progress.is_resolved(h) for h in halves[1:])
 
 
 async def test_failed_escape_is_retried_then_skipped(tmp_path: Path) -> None:
