@@ -54,6 +54,7 @@ from ha_controller.protocol.errors import (
     ConnectionClosed,
     HaError,
     NotMaster,
+    RequestTimeout,
 )
 from ha_controller.protocol.properties import (
     HALF_TOPIC,
@@ -97,6 +98,9 @@ MAX_RESOLVED_IDS: Final = 100_000
 MAX_SCAN_PER_PASS: Final = 2000
 #: The check loop wakes at least this often.
 CHECK_TICK_S: Final = 2.0
+#: how long an END_TRANSACTION waits for the escape of its half (in flight) to finish,
+#: below a client's request timeout; then it is refused as retriable
+ESCAPE_WAIT_S: Final = 2.5
 #: A producer connection not seen (heartbeat or send) for this long is forgotten.
 PRODUCER_EXPIRY_S: Final = 120.0
 
@@ -290,6 +294,8 @@ class TransactionService:
         self._checks: dict[int, int] = {}  # half offset -> checks sent (in memory)
         self._escape_failures: dict[int, int] = {}
         self._inflight: set[int] = set()
+        # half offset -> set once its escape (in flight now) has finished, either way
+        self._escaping: dict[int, asyncio.Event] = {}
         # half offset -> (group it was escaped to, its half offset there), while acting
         self._escaped_to: dict[int, tuple[str, int]] = {}
         self._producers: dict[str, dict[RpcConnection, float]] = {}
@@ -376,6 +382,19 @@ class TransactionService:
                 f"half message at {offset} is transaction {msg.uniq_key}, not {req.transaction_id}"
             )
         tid = msg.uniq_key
+        escaping = self._escaping.get(offset)
+        if escaping is not None:
+            # the check loop is handing this half on right now: once that finishes the
+            # decision goes where the half lives (ignoring it, as a duplicate, would
+            # leave the half prepared on the target, whose checks may never commit it)
+            try:
+                async with asyncio.timeout(ESCAPE_WAIT_S):
+                    await escaping.wait()
+            except TimeoutError:
+                raise RequestTimeout(
+                    f"END_TRANSACTION for {tid}: half {offset} is being handed on to another "
+                    "group; retry"
+                ) from None
         escaped = self._escaped_to.get(offset)
         if escaped is not None:
             # we handed this half message on: the decision goes where it lives now
@@ -624,10 +643,13 @@ class TransactionService:
         meanwhile: an END_TRANSACTION for it arriving now must not also commit it."""
         o = msg.queue_offset
         self._inflight.add(o)
+        done = self._escaping[o] = asyncio.Event()
         try:
             return await self._escape_half(msg)
         finally:
             self._inflight.discard(o)
+            del self._escaping[o]
+            done.set()
 
     async def _escape_half(self, msg: StoredMessage) -> bool:
         core = self.core

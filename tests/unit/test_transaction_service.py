@@ -26,6 +26,7 @@ import pytest
 from google.protobuf.message import Message
 from special_fakes import Appended, FakeCore, FakeWritePath
 
+from broker_agent.special import transaction as transaction_module
 from broker_agent.special.escape import EscapeBridge, EscapeResult
 from broker_agent.special.ports import CorePort, WritePort
 from broker_agent.special.transaction import (
@@ -43,6 +44,7 @@ from ha_controller.protocol.errors import (
     ConnectionClosed,
     EscapeFailed,
     NotMaster,
+    RequestTimeout,
 )
 from ha_controller.protocol.properties import (
     HALF_TOPIC,
@@ -155,6 +157,8 @@ class FakeEscape:
         self._offsets = itertools.count(40)
         #: called after each put (a test changes the world there)
         self.after_put: Callable[[], None] | None = None
+        #: when set, the target: it stores the escaped half as its own
+        self.remote: Broker | None = None
 
     def local_master(self) -> tuple[FakeCore, FakeWritePath] | None:
         return self.local
@@ -174,6 +178,9 @@ class FakeEscape:
             self.failures_left -= 1
             raise EscapeFailed("no live master")
         self.puts.append(EscapePut(kind, topic, body, dict(properties), flags, born_ts_ms))
+        if self.remote is not None:  # the target stores the half as its own
+            offset = send_half(self.remote, tid=properties[PROPERTY_UNIQ_KEY], body=body)
+            return EscapeResult(self.target, f"MSG{len(self.puts)}", 1, offset)
         if self.after_put is not None:
             self.after_put()
         return EscapeResult(self.target, f"MSG{len(self.puts)}", 1, next(self._offsets))
@@ -536,6 +543,22 @@ async def test_a_slave_whose_master_returns_mid_pass_escapes_no_more_halves(
     assert not any(progress.is_resolved(h) for h in halves[1:])
 
 
+async def test_end_transaction_refuses_as_retriable_when_the_escape_takes_long(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.setattr(transaction_module, "ESCAPE_WAIT_S", 0.05)
+    escape = GatedEscape("transaction_half")
+    acting = make_broker(tmp_path, config(1), acting=True, escape=escape)
+    half = send_half(acting)
+    escaping = asyncio.create_task(acting.service.check_once())
+    await asyncio.wait_for(escape.entered.wait(), 5)
+    with pytest.raises(RequestTimeout, match="being handed on"):
+        await end(acting, half, commit=True)
+    escape.release()
+    await escaping
+    assert acting.service.progress.is_resolved(half)
+
+
 async def test_failed_escape_is_retried_then_skipped(tmp_path: Path) -> None:
     acting = make_broker(tmp_path, config(1, escape_max_attempts=2), acting=True)
     half = send_half(acting)
@@ -557,29 +580,41 @@ async def test_failed_escape_is_retried_then_skipped(tmp_path: Path) -> None:
     assert acting.service.progress.is_resolved(skipped)
 
 
-async def test_commit_while_the_half_is_being_escaped_is_not_also_committed(
+async def test_commit_while_the_half_is_being_escaped_follows_the_half(
     tmp_path: Path,
 ) -> None:
-    """Regression: the check pass of an acting slave is handing a half to another
-    master when the producer's commit of it arrives.  The commit must not escape the
-    real message too: the master that receives the half would check the producer
-    and commit it a second time."""
+    """The check pass of an acting slave is handing a half to another master when the
+    producer's commit of it arrives.  The commit must not escape the real message too
+    (the master that receives the half would check the producer and commit it a second
+    time), nor be dropped as a duplicate (that master's checks may never commit it: a
+    committed transaction lost, seen in
+    test_transaction_acting.py::test_end_transaction_on_acting_slave under load).  It
+    waits for the escape and is forwarded to where the half went."""
     escape = GatedEscape("transaction_half")
-    acting = make_broker(tmp_path, config(1), acting=True, escape=escape)
+    acting = make_broker(tmp_path / "a1", config(1), acting=True, escape=escape)
+    other = make_broker(tmp_path / "b0", config(0, broker_name="broker-b"))
+    escape.remote = other
+    escape.routes.addrs["broker-b"] = {0: other.core.addr}
+    acting.pool.peers[other.core.addr] = other.core.dispatcher
     half = send_half(acting)
     check = asyncio.create_task(acting.service.check_once())
     try:
         await asyncio.wait_for(escape.entered.wait(), 5)  # the half's escape is pending
-
-        await end(acting, half, commit=True)
+        ending = asyncio.create_task(end(acting, half, commit=True))
+        await asyncio.sleep(0.05)
+        assert not ending.done()  # it waits for the escape
     finally:
         escape.release()
         await check
+    await ending
 
     assert [p.kind for p in escape.puts] == ["transaction_half"]
     assert acting.write_path.appends == []
     assert acting.service.progress.is_resolved(half)
     assert acting.service.escaped == 1
+    assert acting.pool.calls == [(other.core.addr, RequestCode.END_TRANSACTION)]
+    [real] = other.core.store.messages(TOPIC, QID)
+    assert real.properties[PROPERTY_UNIQ_KEY] == TID
 
 
 @pytest.mark.parametrize("retry", ["end_transaction", "check"])
