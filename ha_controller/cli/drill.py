@@ -15,12 +15,14 @@ import logging
 import sys
 import time
 from collections.abc import Callable
+from dataclasses import replace
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from ha_controller.cli.common import add_parser, float_above, int_range
 
 if TYPE_CHECKING:
+    from ha_controller.drills.campaign import CampaignOptions
     from ha_controller.drills.checker import CheckOptions
 
 __all__ = ["SCENARIO_NAMES", "add_commands", "cmd_analyze", "cmd_drill", "scenario_options"]
@@ -53,7 +55,10 @@ def add_commands(sub: Any) -> None:
         "Writes DIR/history.jsonl, DIR/verdict.json, DIR/report.html and DIR/logs/.  "
         "'hactl drill campaign --faults N' runs generated drills (one cluster each) until "
         "every fault family had N faults and writes DIR/<drill>/... for each, "
-        "DIR/campaign.json and DIR/campaign.html; it exits 0 only when the campaign is ok.",
+        "DIR/campaign.json and DIR/campaign.html; it exits 0 only when the campaign is ok, 1 "
+        "when it is not, 2 when it cannot start (or resume) as asked, 130/143 when Ctrl-C/"
+        "SIGTERM stopped it (its last line is then the command that continues it: "
+        "'hactl drill campaign --resume --out DIR').",
     )
     dr.add_argument(
         "scenario",
@@ -64,7 +69,9 @@ def add_commands(sub: Any) -> None:
     dr.add_argument(
         "--duration", type=float_above(0), default=60.0, metavar="S", help="seconds of faults"
     )
-    dr.add_argument("--seed", type=int, default=0, help="seed for fault timing jitter")
+    dr.add_argument(
+        "--seed", type=int, default=0, action=_Given, help="seed for fault timing jitter"
+    )
     dr.add_argument("--out", type=Path, help="output directory (default: a new temp dir)")
     dr.add_argument(
         "--netns",
@@ -82,6 +89,7 @@ def add_commands(sub: Any) -> None:
         "--rate",
         type=float_above(0),
         metavar="MSGS_PER_S",
+        action=_Given,
         help="messages per second of the main producer (default 100; campaign: 30)",
     )
     dr.add_argument(
@@ -92,7 +100,12 @@ def add_commands(sub: Any) -> None:
         help="how long a fault lasts",
     )
     dr.add_argument(
-        "--drain-timeout", type=float_above(0), default=30.0, metavar="S", help="seconds to drain"
+        "--drain-timeout",
+        type=float_above(0),
+        default=30.0,
+        action=_Given,
+        metavar="S",
+        help="seconds to drain",
     )
     dr.add_argument("--no-fifo", action="store_true", help="skip the FIFO workload")
     dr.add_argument(
@@ -111,12 +124,14 @@ def add_commands(sub: Any) -> None:
     dr.add_argument(
         "--faults",
         type=int_range(1),
+        action=_Given,
         metavar="N",
         help="campaign: faults to inject per family (required); generated: faults in the "
         "schedule (default 8)",
     )
     dr.add_argument(
         "--families",
+        action=_Given,
         metavar="F,F",
         help="campaign/generated: fault families (default: all; partition and loss need "
         "--netns): kill,pause,pause-past-expiry,partition,loss,disk-full,slave,nameserver",
@@ -125,14 +140,27 @@ def add_commands(sub: Any) -> None:
         "--faults-per-drill",
         type=int_range(1),
         default=8,
+        action=_Given,
         metavar="K",
         help="campaign: faults in each drill's generated schedule (one cluster per drill)",
     )
     dr.add_argument(
         "--max-drills",
         type=int_range(1),
+        action=_Given,
         metavar="N",
         help="campaign: stop after N drills (default: 4x what the quota needs)",
+    )
+    dr.add_argument(
+        "--resume",
+        action="store_true",
+        help="campaign: continue the campaign recorded in --out DIR (DIR/campaign.json) after "
+        "an interruption (Ctrl-C, SIGTERM, kill -9, a lost session): finished drills are "
+        "kept, one cut short is moved to DIR/interrupted/ and run again, and the drills go "
+        "on until every family has its faults.  The parameters (--faults, --families, "
+        "--seed, --netns, --faults-per-drill, --rate, --drain-timeout) come from "
+        "campaign.json; a flag that contradicts them is refused, except --faults, which may "
+        "be raised to extend the campaign, and --max-drills",
     )
     dr.add_argument(
         "--schedule",
@@ -141,7 +169,7 @@ def add_commands(sub: Any) -> None:
         help="generated: run this schedule.json (a campaign drill's, to reproduce it)",
     )
     dr.add_argument("-v", "--verbose", action="store_true", help="log client warnings")
-    dr.set_defaults(func=cmd_drill)
+    dr.set_defaults(func=cmd_drill, given=())
 
     an = add_parser(
         sub,
@@ -163,6 +191,21 @@ def add_commands(sub: Any) -> None:
     an.set_defaults(func=cmd_analyze)
 
 
+class _Given(argparse.Action):
+    """``store``, and the option's name in ``namespace.given``: ``--resume`` compares the
+    flags that were given (not their defaults) with the campaign's recorded ones."""
+
+    def __call__(
+        self,
+        parser: argparse.ArgumentParser,
+        namespace: argparse.Namespace,
+        values: Any,
+        option_string: str | None = None,
+    ) -> None:
+        setattr(namespace, self.dest, values)
+        namespace.given = (*getattr(namespace, "given", ()), self.dest)
+
+
 def cmd_drill(args: argparse.Namespace) -> int:
     from ha_controller.drills.runner import SCENARIOS, DrillOptions, run_drill_sync
 
@@ -172,6 +215,11 @@ def cmd_drill(args: argparse.Namespace) -> int:
     )
     if args.scenario == "campaign":
         return cmd_campaign(args)
+    if args.resume:
+        print(
+            "hactl drill: --resume continues a campaign ('hactl drill campaign')", file=sys.stderr
+        )
+        return 2
     if args.scenario not in SCENARIOS:
         print(
             f"hactl drill: unknown scenario {args.scenario!r}; known: {', '.join(SCENARIOS)}",
@@ -224,19 +272,54 @@ def _generated_options(args: argparse.Namespace) -> dict[str, Any]:
 
 
 def cmd_campaign(args: argparse.Namespace) -> int:
-    """``hactl drill campaign --faults N ...``: exit 0 only when the campaign is ok."""
-    from ha_controller.drills.campaign import CampaignOptions, run_campaign_sync
+    """``hactl drill campaign --faults N ...`` (or ``--resume --out DIR``): exit 0 only
+    when the campaign is ok; 2 when it cannot start or resume as asked; 128 + the signal
+    when Ctrl-C or SIGTERM stopped it (the last line says how to resume)."""
+    from ha_controller.drills.campaign import (
+        CampaignError,
+        CampaignInterrupted,
+        resume_command,
+        run_campaign_sync,
+    )
+
+    try:
+        options = _campaign_options(args)
+        return 0 if run_campaign_sync(options).ok else 1
+    except CampaignError as exc:
+        print(f"hactl drill campaign: {exc}", file=sys.stderr)
+        return 2
+    except CampaignInterrupted as exc:
+        print(
+            f"campaign interrupted ({exc.signal_name}): {exc.out / 'campaign.json'} keeps the "
+            "drills that finished",
+            flush=True,
+        )
+        print(f"resume with: {resume_command(exc.out)}", flush=True)
+        return exc.exit_code
+
+
+def _campaign_options(args: argparse.Namespace) -> CampaignOptions:
+    """The campaign the command line asks for (CampaignError when it cannot be)."""
+    from ha_controller.drills.campaign import (
+        CampaignError,
+        CampaignOptions,
+        recorded_options,
+        resumed_options,
+    )
     from ha_controller.drills.generator import FAMILIES, parse_families
 
-    if args.faults is None:
-        print("hactl drill campaign: --faults N is required", file=sys.stderr)
-        return 2
     try:
         families = parse_families(args.families) if args.families else FAMILIES
     except ValueError as exc:
-        print(f"hactl drill campaign: {exc}", file=sys.stderr)
-        return 2
-    options = CampaignOptions(
+        raise CampaignError(str(exc)) from exc
+    if args.resume:
+        if args.out is None:
+            raise CampaignError("--resume needs the campaign's directory: --out DIR")
+        options = resumed_options(recorded_options(args.out), _campaign_given(args, families))
+        return replace(options, verbose=args.verbose)
+    if args.faults is None:
+        raise CampaignError("--faults N is required")
+    return CampaignOptions(
         faults=args.faults,
         families=families,
         seed=args.seed,
@@ -248,7 +331,29 @@ def cmd_campaign(args: argparse.Namespace) -> int:
         max_drills=args.max_drills,
         verbose=args.verbose,
     )
-    return 0 if run_campaign_sync(options).ok else 1
+
+
+def _campaign_given(args: argparse.Namespace, families: tuple[str, ...]) -> dict[str, Any]:
+    """The campaign options given on the command line (not defaulted), by option name."""
+    dests = {
+        "faults": "faults",
+        "families": "families",
+        "seed": "seed",
+        "faults_per_drill": "faults_per_drill",
+        "rate": "rate",
+        "drain_timeout": "drain_timeout_s",
+        "max_drills": "max_drills",
+    }
+    given: dict[str, Any] = {
+        dests[d]: getattr(args, d)
+        for d in args.given
+        if d in dests and getattr(args, d) is not None
+    }
+    if "families" in given:
+        given["families"] = families
+    if args.netns:
+        given["netns"] = True
+    return given
 
 
 def cmd_analyze(args: argparse.Namespace) -> int:

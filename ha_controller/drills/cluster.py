@@ -38,6 +38,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Literal
 
+from ha_controller.drills.leftovers import workdir_prefix
 from ha_controller.drills.netns import Direction, Host, Network, NetworkError
 from ha_controller.protocol.errors import HaError
 from ha_controller.testing import FAST_ENV, ProcessHandle, hactl_argv
@@ -190,7 +191,8 @@ class DrillCluster:
         keep_store: bool = False,
     ) -> None:
         self.spec = spec
-        self._tmp = Path(tempfile.mkdtemp(prefix="hacd-"))
+        # named after this process, so that what a SIGKILL leaves is found (leftovers.py)
+        self._tmp = Path(tempfile.mkdtemp(prefix=workdir_prefix()))
         self.workdir = self._tmp
         self.log_dir = log_dir if log_dir is not None else self._tmp / "logs"
         self.log_dir.mkdir(parents=True, exist_ok=True)

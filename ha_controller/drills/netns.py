@@ -49,6 +49,7 @@ __all__ = [
     "NetworkError",
     "cleanup_stale",
     "netns_available",
+    "owner_alive",
 ]
 
 log = logging.getLogger(__name__)
@@ -98,7 +99,8 @@ def netns_available() -> str | None:
     return None
 
 
-def _owner_alive(owner_hex: str) -> bool:
+def owner_alive(owner_hex: str) -> bool:
+    """Whether the drill process of an owner tag (its pid in hex) still runs."""
     try:
         pid = int(owner_hex, 16)
     except ValueError:
@@ -126,13 +128,13 @@ def cleanup_stale() -> list[str]:
     for line in listing.splitlines():
         name = line.split()[0] if line.split() else ""
         m = re.fullmatch(rf"{NS_PREFIX}([0-9a-f]+)-.+", name)
-        if m and not _owner_alive(m.group(1)):
+        if m and not owner_alive(m.group(1)):
             _run("ip", "netns", "del", name, check=False)
             removed.append(f"netns {name}")
     links = _run("ip", "-o", "link", "show", check=False).stdout
     for line in links.splitlines():
         m = re.match(rf"\d+: ({_LINK_PREFIX}([0-9a-f]+)[hb][0-9a-z]*)[@:]", line)
-        if m and not _owner_alive(m.group(2)):
+        if m and not owner_alive(m.group(2)):
             _run("ip", "link", "del", m.group(1), check=False)
             removed.append(f"link {m.group(1)}")
     routes = _run("ip", "route", "show", "metric", str(_GUARD_METRIC), check=False).stdout
