@@ -78,9 +78,10 @@ class Registrar:
             auth.canonical(action, cfg.cluster, core.addr, cfg.broker_name, cfg.broker_id, ts),
         )
 
-    async def register_all(self) -> None:
-        """Register with every nameserver (in parallel); never while isolated, and a
-        master whose lease ran out fences itself instead (it may have been expired)."""
+    async def register_all(self, only: tuple[str, ...] | None = None) -> None:
+        """Register with every nameserver (in parallel; ``only``: with those); never
+        while isolated, and a master whose lease ran out fences itself instead (it may
+        have been expired)."""
         core = self.core
         if core.isolated:
             return
@@ -113,16 +114,38 @@ class Registrar:
                     core.acting.master_ha_addr = resp.master_ha_addr
                     core.ha_slave.set_master(resp.master_ha_addr)
 
-        await asyncio.gather(*(one(ns) for ns in core.cfg.namesrv_addrs))
+        await asyncio.gather(*(one(ns) for ns in only or core.cfg.namesrv_addrs))
 
     def register_soon(self) -> None:
         """Re-register in the background (a topic was created)."""
         self.core.spawn(self.register_all(), "register-after-topic")
 
     async def heartbeat_loop(self) -> None:
-        """Every interval, a heartbeat to each nameserver (in parallel); an answered one
-        extends the master's lease, "not registered" makes a slave register again and
-        fences a master (it was expired: pre-online first)."""
+        """Every interval, a heartbeat to each nameserver, each on its own clock: an
+        answered one extends the master's lease, "not registered" makes a slave register
+        again and fences a master (it was expired: pre-online first).
+
+        One nameserver that stalls (SIGSTOP, a long GC) or answers slowly must not delay
+        the heartbeats to the others: with one loop over all of them, every round waited
+        for the stalled one's timeout (or a re-registration with it), the live nameserver
+        heard from this broker too late and expired it, and the master fenced itself for
+        want of a lease (campaign seed 5000, one of two nameservers paused)."""
+        core = self.core
+        async with asyncio.TaskGroup() as tg:
+            for ns in core.cfg.namesrv_addrs:
+                tg.create_task(self._heartbeat_loop_of(ns), name=f"heartbeat-{ns}")
+            tg.create_task(self._watch_lease(), name="lease-watch")
+
+    async def _watch_lease(self) -> None:
+        """Fence as soon as the lease runs out, whatever the heartbeats are waiting for."""
+        core = self.core
+        interval = core.cfg.broker_heartbeat_interval_ms / 1000
+        while True:
+            await asyncio.sleep(interval)
+            if not core.isolated and core.lease_lost():
+                core.fence("no heartbeat acknowledged within the not-active timeout")
+
+    async def _heartbeat_loop_of(self, ns: str) -> None:
         core = self.core
         interval = core.cfg.broker_heartbeat_interval_ms / 1000
         while True:
@@ -132,7 +155,7 @@ class Registrar:
             if core.lease_lost():
                 core.fence("no heartbeat acknowledged within the not-active timeout")
                 continue
-            await asyncio.gather(*(self._heartbeat(ns) for ns in core.cfg.namesrv_addrs))
+            await self._heartbeat(ns)
 
     async def _heartbeat(self, ns: str) -> None:
         core = self.core
@@ -141,8 +164,9 @@ class Registrar:
         try:
             conn = await core.pool.get(ns)
             if not conn.attrs.get("registered"):
-                # a new connection: the nameserver expired us with the old one
-                await self.register_all()
+                # a new connection: the nameserver expired us with the old one (only
+                # this one: another that stalls must not hold this loop up)
+                await self.register_all(only=(ns,))
                 return
             if cfg.compatible_with_old_namesrv:
                 await conn.call_pb(
@@ -175,7 +199,7 @@ class Registrar:
             if core.acting.is_master and cfg.enable_slave_acting_master:
                 core.fence(f"nameserver {ns} expired us: {exc}")
             else:
-                await self.register_all()
+                await self.register_all(only=(ns,))
             return
         except HaError as exc:
             log.debug("heartbeat to %s failed: %s", ns, exc)

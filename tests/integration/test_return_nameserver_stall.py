@@ -78,6 +78,46 @@ async def test_paused_nameserver_resumed_expires_nobody(tmp_path: Path) -> None:
         other.stop()
 
 
+async def test_a_paused_nameserver_does_not_hold_up_the_heartbeats_to_the_other(
+    tmp_path: Path,
+) -> None:
+    """Each nameserver gets its heartbeats on its own clock.  With one round over both,
+    every round waited out the paused one's send timeout (1.8 s here, a valid setting
+    below the 2 s not-active timeout): the live nameserver heard from the master too
+    late, expired it, and the master fenced itself (campaign seed 5000, with the default
+    1 s timeout and a loaded machine)."""
+    env = {**FAST_ENV, "HAC_TOTAL_REPLICAS": "2", "HAC_SEND_HEARTBEAT_TIMEOUT_MS": "1800"}
+    paused = run_nameserver(tmp_path / "ns-a", env=env, name="ns-a")
+    other = run_nameserver(tmp_path / "ns-b", env=env, name="ns-b")
+    namesrv = f"{paused.rpc},{other.rpc}"
+    brokers = []
+    try:
+        brokers.append(run_broker(namesrv, "g1", 1, tmp_path, env=env))
+        brokers.append(run_broker(namesrv, "g1", 0, tmp_path, env=env))
+        slave, master = brokers
+        await masters_online(paused.rpc, ["g1"])
+        await masters_online(other.rpc, ["g1"])
+        seen = {h.name: len(h.log_path.read_text()) for h in (other, slave, master)}
+
+        def log_since(handle: ProcessHandle) -> str:
+            return handle.log_path.read_text()[seen[handle.name] :]
+
+        paused.pause()
+        await asyncio.sleep(5.0)
+        async with NameserverClient([other.rpc]) as ns:
+            group = await ns.member_group("DefaultCluster", "g1")
+        assert group.broker_addrs == {0: master.rpc, 1: slave.rpc}
+        assert "expire broker" not in log_since(other), log_since(other)
+        assert "fenced" not in log_since(master), log_since(master)
+        assert "start acting" not in log_since(slave), log_since(slave)
+    finally:
+        paused.resume()
+        for b in brokers:
+            b.kill()
+        paused.stop()
+        other.stop()
+
+
 async def test_client_asks_the_other_nameserver_when_one_has_no_route(tmp_path: Path) -> None:
     """A nameserver that restarted knows no topic until the brokers' next full
     registration: the route cache asks the other configured nameserver first."""
