@@ -303,6 +303,7 @@ class MessageStore:
         self._checkpoint: CheckpointFile | None = None
         self._reput_offset = 0
         self._pending: list[Dispatched] = []
+        self._cuts: list[int] = []  # the offsets the log was cut back to (cut_back)
         self._recovery_rebased: set[tuple[str, int]] = set()
         self._last_store_ts = 0
         self._read_only_reason: str | None = None
@@ -1063,9 +1064,21 @@ class MessageStore:
         with self._flush_lock, self._lock:
             self._check_open()
             result = cut_back(self._dir, self._cl, self._cqs, self._checkpoint_file(), offset)
+            self._cuts.append(offset)
             self._reput_offset = min(self._reput_offset, offset)
             self._pending = [d for d in self._pending if d.physical_offset < offset]
             return result
+
+    @property
+    def cuts(self) -> int:
+        """How many times the log was cut back since the store opened."""
+        return len(self._cuts)
+
+    def cut_below(self, since: int, end: int) -> bool:
+        """Whether a cut made after the first ``since`` cuts dropped bytes before
+        ``end``: what a caller appended or read up to ``end`` before it awaited may not
+        be in the log any more, even where the offsets exist again."""
+        return any(offset < end for offset in self._cuts[since:])
 
     def _checkpoint_file(self) -> CheckpointFile:
         assert self._checkpoint is not None  # opened by recovery
