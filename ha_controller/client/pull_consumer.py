@@ -15,7 +15,7 @@ import asyncio
 import enum
 import logging
 import ssl
-from collections.abc import Sequence
+from collections.abc import Awaitable, Sequence
 from dataclasses import dataclass
 from typing import Final
 
@@ -25,7 +25,7 @@ from ha_controller.acl import Credentials
 from ha_controller.client.admin import NameserverClient
 from ha_controller.client.lifecycle import AsyncLifecycle
 from ha_controller.client.message import MessageQueue, ReceivedMessage
-from ha_controller.client.routes import RouteCache, parse_namesrv_addrs, unless_moved
+from ha_controller.client.routes import RouteCache, parse_namesrv_addrs
 from ha_controller.proto import broker_pb2
 from ha_controller.protocol.codes import RequestCode
 from ha_controller.protocol.errors import BrokerUnavailable, HaError
@@ -251,6 +251,32 @@ class PullConsumer(AsyncLifecycle):
 
     # ---- internals ----------------------------------------------------------------------
 
+    async def _unless_moved(self, call: Awaitable[M], mq: MessageQueue, addr: str) -> M:
+        """Await ``call`` (a long poll held by ``addr``) unless the route moves the
+        group's reads elsewhere first: its master is gone and a slave acts (or it
+        returned).  A poll held by a frozen or cut-off master gets no answer until the
+        fault heals or its RPC timeout (30 s) runs out, so the queue's consumer would
+        read nothing meanwhile, though the acting slave serves it; instead the poll is
+        dropped (``BrokerUnavailable``, retried at the new address)."""
+        moved = asyncio.Event()
+
+        def listener(topic: str, _route: object) -> None:
+            if topic == mq.topic and self.routes.broker_addr_for_subscribe(mq.broker_name) != addr:
+                moved.set()
+
+        unsubscribe = self.routes.on_change(listener)
+        polling = asyncio.ensure_future(call)
+        watching = asyncio.ensure_future(moved.wait())
+        try:
+            await asyncio.wait({polling, watching}, return_when=asyncio.FIRST_COMPLETED)
+            if polling.done():
+                return polling.result()
+            raise BrokerUnavailable(f"{addr} no longer serves the reads of {mq.broker_name}")
+        finally:
+            unsubscribe()
+            watching.cancel()
+            polling.cancel()
+
     async def _queue_offset(self, mq: MessageQueue, method: int, timestamp_ms: int = 0) -> int:
         response = await self._call(
             mq,
@@ -286,7 +312,7 @@ class PullConsumer(AsyncLifecycle):
                     raise BrokerUnavailable(f"group {mq.broker_name} has no live broker")
                 call = self._pool.call_pb(addr, method, request, response_type, timeout_ms)
                 if timeout_ms > self.request_timeout_ms:  # a long poll: follow the route
-                    return await unless_moved(self.routes, call, mq.topic, mq.broker_name, addr)
+                    return await self._unless_moved(call, mq, addr)
                 return await call
             except (HaError, OSError) as exc:
                 if not _retry_elsewhere(exc):

@@ -16,18 +16,13 @@ import asyncio
 import contextlib
 import logging
 import random
-from collections.abc import Awaitable, Callable, Coroutine, Sequence
-from typing import Any, Final, TypeVar
+from collections.abc import Callable, Coroutine, Sequence
+from typing import Any, Final
 
 from ha_controller.client.admin import NameserverClient
 from ha_controller.client.lifecycle import AsyncLifecycle
 from ha_controller.client.message import MessageQueue
-from ha_controller.protocol.errors import (
-    BrokerUnavailable,
-    HaError,
-    TopicNotFound,
-    UnknownMethod,
-)
+from ha_controller.protocol.errors import HaError, TopicNotFound, UnknownMethod
 from ha_controller.protocol.properties import AUTO_CREATE_TOPIC
 from ha_controller.routing import MASTER_ID, BrokerData, Perm, QueueData, TopicRouteData
 
@@ -40,7 +35,6 @@ __all__ = [
     "parse_namesrv_addrs",
     "publish_queues_of",
     "subscribe_queues_of",
-    "unless_moved",
 ]
 
 log = logging.getLogger(__name__)
@@ -420,36 +414,3 @@ class RouteCache(AsyncLifecycle):
             task.cancel()
         if tasks:
             await asyncio.wait(tasks, timeout=5.0)
-
-
-T = TypeVar("T")
-
-
-async def unless_moved(
-    routes: RouteCache, call: Awaitable[T], topic: str, broker_name: str, addr: str
-) -> T:
-    """Await ``call`` (a long poll ``addr`` holds for ``broker_name``'s queues of
-    ``topic``) unless the route moves that group's reads elsewhere first: its master is
-    gone and a slave acts, or it is back.  A poll held by a frozen or cut-off master is
-    answered only when the fault heals or its RPC timeout runs out, so its consumer
-    would read nothing meanwhile though the acting slave serves the queue; instead the
-    poll is dropped with ``BrokerUnavailable`` (retriable: ask where the route points
-    now)."""
-    moved = asyncio.Event()
-
-    def listener(changed: str, _route: TopicRouteData) -> None:
-        if changed == topic and routes.broker_addr_for_subscribe(broker_name) != addr:
-            moved.set()
-
-    unsubscribe = routes.on_change(listener)
-    polling = asyncio.ensure_future(call)
-    watching = asyncio.ensure_future(moved.wait())
-    try:
-        await asyncio.wait({polling, watching}, return_when=asyncio.FIRST_COMPLETED)
-        if polling.done():
-            return polling.result()
-        raise BrokerUnavailable(f"{addr} no longer serves the reads of {broker_name}")
-    finally:
-        unsubscribe()
-        watching.cancel()
-        polling.cancel()

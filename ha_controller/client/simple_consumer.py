@@ -23,7 +23,7 @@ from ha_controller.acl import Credentials
 from ha_controller.client.admin import NameserverClient
 from ha_controller.client.lifecycle import AsyncLifecycle
 from ha_controller.client.message import ReceivedMessage
-from ha_controller.client.routes import RouteCache, parse_namesrv_addrs, unless_moved
+from ha_controller.client.routes import RouteCache, parse_namesrv_addrs
 from ha_controller.proto import broker_pb2
 from ha_controller.protocol.codes import RequestCode
 from ha_controller.protocol.errors import BrokerUnavailable, HaError, TopicNotFound
@@ -179,14 +179,13 @@ class SimpleConsumer(AsyncLifecycle):
             poll_time_ms=poll_ms,
         )
         try:
-            call = self._pool.call_pb(
+            resp = await self._pool.call_pb(
                 addr,
                 RequestCode.POP_MESSAGE,
                 request,
                 broker_pb2.PopMessageResponse,
                 self.request_timeout_ms + poll_ms,
             )
-            resp = await unless_moved(self.routes, call, topic, broker_name, addr)
         except (HaError, OSError) as exc:
             log.debug("pop from %s (%s) for %s failed: %s", broker_name, addr, topic, exc)
             if isinstance(exc, OSError) or (isinstance(exc, HaError) and exc.retriable):
