@@ -125,15 +125,8 @@ class MemberGroupSync:
     # ---- the member group ------------------------------------------------------------
 
     async def fetch_member_group(self) -> BrokerMemberGroup | None:
-        """The group as the nameservers see it, asked all at once.  When they disagree
-        (one has not heard of the returning master yet: its registration is still on
-        the way) the view with a registered master wins, else the first answer in
-        ``namesrv_addrs`` order.  Taking the first answer alone made a slave act again
-        on a stale nameserver's word beside its master, which another nameserver
-        already listed (seed 5001: a POP message delivered twice)."""
         core = self.core
-
-        async def ask(ns: str) -> BrokerMemberGroup | None:
+        for ns in core.cfg.namesrv_addrs:
             try:
                 pb = await core.pool.call_pb(
                     ns,
@@ -146,13 +139,9 @@ class MemberGroupSync:
                 )
             except HaError as exc:
                 log.debug("member group from %s failed: %s", ns, exc)
-                return None
+                continue
             return member_group_from_pb(pb)
-
-        views = [g for g in await asyncio.gather(*map(ask, core.cfg.namesrv_addrs)) if g]
-        with_master = [g for g in views if g.broker_addrs.get(0) is not None]
-        chosen = with_master or views
-        return chosen[0] if chosen else None
+        return None
 
     async def loop(self) -> None:
         """The 1 s backstop for min-id notifications (rip32.md §2.4)."""
