@@ -346,6 +346,14 @@ class Producer(AsyncLifecycle):
     transactional messages, and ``send_batch``, are never merged; a batch that fails
     fails (or is retried) for every caller in it, as their own send would have.
     ``coalesce_max_messages=1`` turns coalescing off.
+
+    ``fifo_keep_queue``: a message group is hashed over the queues of every group that
+    writes now or has only lost its master (:func:`~ha_controller.client.routes.fifo_queues_of`),
+    so it keeps its queue through a failover: while that group has no writable master its
+    sends fail (``NotMaster``, nothing stored) and the group's order holds.  False hashes
+    over the writable queues only, as RocketMQ's clients do: the group's sends go on, to
+    another group's queue, and a consumer may read them before older messages of the
+    group still waiting on the first queue.
     """
 
     def __init__(
@@ -367,6 +375,7 @@ class Producer(AsyncLifecycle):
         max_message_bytes: int = DEFAULT_MAX_MESSAGE_BYTES,
         coalesce_max_messages: int = 64,
         coalesce_max_bytes: int = 1024 * 1024,
+        fifo_keep_queue: bool = True,
     ) -> None:
         if max_attempts < 1:
             raise ValueError(f"max_attempts must be >= 1, got {max_attempts}")
@@ -378,6 +387,7 @@ class Producer(AsyncLifecycle):
                 f"{coalesce_max_messages} and {coalesce_max_bytes}"
             )
         self.coalesce_max_messages = coalesce_max_messages
+        self.fifo_keep_queue = fifo_keep_queue
         self.coalesce_max_bytes = coalesce_max_bytes
         #: plain sends waiting for the end of this event-loop tick, by topic
         self._coalescing: dict[str, list[tuple[Message, int, asyncio.Future[SendReceipt]]]] = {}
@@ -577,9 +587,23 @@ class Producer(AsyncLifecycle):
         for attempt in range(1, self.max_attempts + 1):
             queues = await self._publish_queues(topic)
             if fifo_queue is None and message_group is not None:
-                fifo_queue = QueueSelector.for_message_group(queues, message_group)
+                fifo_queue = QueueSelector.for_message_group(
+                    self.routes.fifo_queues(topic) if self.fifo_keep_queue else queues,
+                    message_group,
+                )
             if fifo_queue is not None:
                 mq = fifo_queue
+                if mq not in queues:
+                    # the group of this message group's queue lost its master; sending
+                    # elsewhere would let a consumer read this message before the older
+                    # ones of the group still waiting on that queue
+                    last = NotMaster(
+                        f"message group {message_group!r} keeps queue {mq.broker_name}/"
+                        f"{mq.queue_id} of {topic}, whose group has no writable master now"
+                    )
+                    last.broker_name = mq.broker_name
+                    await self.routes.refresh_quietly(topic)
+                    continue
             elif not tried and not self.isolation.any():
                 mq = queues[start % len(queues)]  # what pick() returns when nothing is excluded
             else:

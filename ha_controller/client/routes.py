@@ -32,6 +32,7 @@ __all__ = [
     "RouteListener",
     "addr_for_publish",
     "addr_for_subscribe",
+    "fifo_queues_of",
     "parse_namesrv_addrs",
     "publish_queues_of",
     "subscribe_queues_of",
@@ -76,6 +77,30 @@ def publish_queues_of(route: TopicRouteData) -> list[MessageQueue]:
     out: list[MessageQueue] = []
     for qd in route.queue_datas:
         if not Perm.is_writeable(qd.perm) or addr_for_publish(route.broker(qd.broker_name)) is None:
+            continue
+        out.extend(MessageQueue(route.topic, qd.broker_name, i) for i in range(qd.write_queue_nums))
+    out.sort(key=lambda mq: (mq.broker_name, mq.queue_id))
+    return out
+
+
+def fifo_queues_of(route: TopicRouteData) -> list[MessageQueue]:
+    """The queues a message group is hashed over: the write queues of every group that
+    takes writes now *or* has only lost its master for a while (no id 0, or a slave
+    acting as a read-only id 0), by (broker_name, queue_id).
+
+    Unlike :func:`publish_queues_of` this list does not shrink when a master fails, so a
+    message group keeps its queue through a failover and its order holds: its sends
+    fail until the group writes again instead of going to another group's queue,
+    where a consumer could read them before the older ones still waiting on the first
+    queue.  A group whose write bit an operator removed while it has a master (a
+    drain) leaves the list, and its message groups move."""
+    out: list[MessageQueue] = []
+    for qd in route.queue_datas:
+        broker = route.broker(qd.broker_name)
+        if broker is None or not broker.broker_addrs:
+            continue
+        failing_over = addr_for_publish(broker) is None or broker.enable_acting_master
+        if not (Perm.is_writeable(qd.perm) or failing_over):
             continue
         out.extend(MessageQueue(route.topic, qd.broker_name, i) for i in range(qd.write_queue_nums))
     out.sort(key=lambda mq: (mq.broker_name, mq.queue_id))
@@ -138,6 +163,7 @@ class RouteCache(AsyncLifecycle):
         self._backoff_min_s, self._backoff_max_s = watch_backoff_s
         self._routes: dict[str, TopicRouteData] = {}
         self._publish: dict[str, list[MessageQueue]] = {}
+        self._fifo: dict[str, list[MessageQueue]] = {}
         self._brokers: dict[str, BrokerData] = {}
         self._versions: dict[str, str] = {}
         self._defaulted: set[str] = set()
@@ -167,6 +193,17 @@ class RouteCache(AsyncLifecycle):
             if route is None:
                 return []
             queues = self._publish[topic] = publish_queues_of(route)
+        return queues
+
+    def fifo_queues(self, topic: str) -> list[MessageQueue]:
+        """The queues message groups are hashed over (:func:`fifo_queues_of`); empty
+        when the route is not known.  Cached like :meth:`publish_queues`."""
+        queues = self._fifo.get(topic)
+        if queues is None:
+            route = self._routes.get(topic)
+            if route is None:
+                return []
+            queues = self._fifo[topic] = fifo_queues_of(route)
         return queues
 
     def subscribe_queues(self, topic: str) -> list[MessageQueue]:
@@ -227,6 +264,7 @@ class RouteCache(AsyncLifecycle):
             return False
         self._routes[topic] = route
         self._publish.pop(topic, None)
+        self._fifo.pop(topic, None)
         for broker in route.broker_datas:
             self._brokers[broker.broker_name] = broker
         log.debug("route of %s changed: %s", topic, route.to_json())

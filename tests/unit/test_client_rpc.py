@@ -22,6 +22,7 @@ from ha_controller.client import (
     ReceivedMessage,
     RouteCache,
 )
+from ha_controller.client.routes import fifo_queues_of
 from ha_controller.client.siphash import queue_for_message_group
 from ha_controller.proto import broker_pb2, common_pb2, nameserver_pb2
 from ha_controller.protocol.codes import RequestCode
@@ -329,6 +330,63 @@ async def test_fifo_message_group_keeps_its_queue_even_on_retry(
         assert len(retried) == 3
         assert {r.queue_id for r in retried} == {target.queue_id}
         assert all(r.entries[0].properties["__SHARDINGKEY"] == "order-1" for r in retried)
+
+
+@pytest.mark.parametrize("acting_shown", [True, False], ids=["acting-slave", "no-id-0"])
+async def test_fifo_message_group_waits_for_its_group_through_a_failover(
+    ns: FakeNameserver, brokers: tuple[FakeBroker, FakeBroker], acting_shown: bool
+) -> None:
+    """Campaign seed 1000: broker-b's master was killed, message group g3 moved to a
+    queue of broker-a, and once broker-b was back its next message was read before
+    the one still waiting on broker-a's lagging queue.  Now a message group keeps its
+    queue: while its group has no writable master its sends fail, nothing is stored
+    elsewhere, and the other message groups go on."""
+    a, b = brokers
+    queues = [MessageQueue("T", n, i) for n in ("broker-a", "broker-b") for i in range(4)]
+    on_b = [
+        g
+        for g in (f"g{i}" for i in range(32))
+        if queues[queue_for_message_group(g, 8)].broker_name == "broker-b"
+    ]
+    on_a = [g for g in (f"g{i}" for i in range(32)) if g not in on_b]
+    lost_master = TopicRouteData(
+        "T",
+        [
+            BrokerData("c", a.name, {0: a.addr}, True),
+            BrokerData("c", b.name, {0: b.addr} if acting_shown else {1: b.addr}, True),
+        ],
+        [QueueData(a.name, 4, 4, RW), QueueData(b.name, 4, 4, Perm.READ if acting_shown else RW)],
+    )
+    await ns.set_route(lost_master)
+    async with Producer(ns.addr, "PG") as producer:
+        for group in on_b[:3]:
+            with pytest.raises(NotMaster, match="keeps queue broker-b"):
+                await producer.send(Message("T", b"x", message_group=group))
+        for group in on_a[:3]:
+            r = await producer.send(Message("T", b"x", message_group=group))
+            assert r.broker_name == "broker-a"
+            expected = queues[queue_for_message_group(group, 8)]
+            assert r.queue_id == expected.queue_id
+        assert len(a.sends) == 3
+        assert b.sends == []
+    # RocketMQ's clients hash over the writable queues: the group moves on
+    async with Producer(ns.addr, "PG", fifo_keep_queue=False) as producer:
+        r = await producer.send(Message("T", b"x", message_group=on_b[0]))
+        assert r.broker_name == "broker-a"
+    assert b.sends == []
+
+
+def test_fifo_queues_leave_out_a_group_drained_by_an_operator() -> None:
+    """A group whose write bit was removed while its master is up (a drain, without
+    acting master) is not failing over: its message groups move."""
+    route = TopicRouteData(
+        "T",
+        [BrokerData("c", "broker-a", {0: "a:1"}), BrokerData("c", "broker-b", {0: "b:1"})],
+        [QueueData("broker-a", 4, 4, RW), QueueData("broker-b", 4, 4, Perm.READ)],
+    )
+    assert {mq.broker_name for mq in fifo_queues_of(route)} == {"broker-a"}
+    gone = TopicRouteData("T", [BrokerData("c", "broker-a", {0: "a:1"})], route.queue_datas)
+    assert {mq.broker_name for mq in fifo_queues_of(gone)} == {"broker-a"}
 
 
 async def test_acting_group_gets_no_sends(
