@@ -272,6 +272,9 @@ class BrokerMemberGroup:
     broker_name: str
     broker_addrs: dict[int, str] = field(default_factory=dict)
     acting_broker_id: int | None = None
+    #: while a master is listed: ms since the nameserver last heard from it (None: the
+    #: nameserver did not say)
+    master_heard_ms_ago: int | None = None
 
     def minimum_broker_id(self) -> int:
         """0 when the group is empty, else the lowest member id."""
@@ -293,15 +296,19 @@ class BrokerMemberGroup:
         data = _members_to_json(self.cluster, self.broker_name, self.broker_addrs)
         if self.acting_broker_id is not None:
             data["actingBrokerId"] = self.acting_broker_id
+        if self.master_heard_ms_ago is not None:
+            data["masterHeardMsAgo"] = self.master_heard_ms_ago
         return data
 
     @classmethod
     def from_json(cls, data: Mapping[str, Any]) -> BrokerMemberGroup:
         addrs = _addrs_from_json(data)
         acting = data.get("actingBrokerId")
+        heard = data.get("masterHeardMsAgo")
         return cls(
             str(data["cluster"]),
             str(data["brokerName"]),
             addrs,
             None if acting is None else int(acting),
+            None if heard is None else int(heard),
         )

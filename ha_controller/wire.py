@@ -96,6 +96,8 @@ def member_group_to_pb(group: BrokerMemberGroup) -> nameserver_pb2.BrokerMemberG
     )
     if group.acting_broker_id is not None:
         pb.acting_broker_id = group.acting_broker_id
+    if group.master_heard_ms_ago is not None:
+        pb.master_heard_ms_ago = group.master_heard_ms_ago
     return pb
 
 
@@ -105,4 +107,5 @@ def member_group_from_pb(pb: nameserver_pb2.BrokerMemberGroup) -> BrokerMemberGr
         pb.broker_name,
         dict(pb.broker_addrs),
         pb.acting_broker_id if pb.HasField("acting_broker_id") else None,
+        pb.master_heard_ms_ago if pb.HasField("master_heard_ms_ago") else None,
     )

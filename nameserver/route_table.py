@@ -153,6 +153,9 @@ class _LiveInfo:
     store_writable: bool = True
     #: when its position was last reported (registration or heartbeat)
     reported_ms: float = 0.0
+    #: when it was last heard from (registration or heartbeat); unlike
+    #: ``last_update_ms`` never moved by a stall's fresh grace period
+    heard_ms: float = 0.0
 
 
 @dataclass
@@ -411,6 +414,7 @@ class RouteTable:
             max_offset=reg.max_offset,
             store_writable=reg.store_writable is not False,
             reported_ms=now,
+            heard_ms=now,
         )
 
         master_addr: str | None = None
@@ -494,7 +498,7 @@ class RouteTable:
         live = self._live.get((cluster, broker_addr))
         if live is None:
             return HeartbeatOutcome(False)
-        live.last_update_ms = self._clock()
+        live.last_update_ms = live.heard_ms = self._clock()
         changed = False
         if max_offset is not None:
             live.reported_ms = live.last_update_ms
@@ -981,7 +985,13 @@ class RouteTable:
         if group is None:
             return BrokerMemberGroup(cluster, broker_name, {})
         acting = (SETTLING if group.settling else group.acting_id) if self._may_act(group) else None
-        return BrokerMemberGroup(cluster, broker_name, group.sorted_addrs(), acting)
+        heard: int | None = None
+        master_addr = group.addrs.get(MASTER_ID)
+        if master_addr is not None:
+            live = self._live.get((group.cluster, master_addr))
+            if live is not None:
+                heard = max(0, int(self._clock() - live.heard_ms))
+        return BrokerMemberGroup(cluster, broker_name, group.sorted_addrs(), acting, heard)
 
     def cluster_info(self) -> dict[str, Any]:
         """``{"brokerAddrTable", "clusterAddrTable"}``, JSON-friendly and sorted."""

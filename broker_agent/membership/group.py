@@ -16,9 +16,11 @@ from __future__ import annotations
 
 import asyncio
 import logging
+from typing import Final
 
 from broker_agent.core import BrokerCore
 from broker_agent.membership.acting import Decision
+from broker_agent.membership.views import believed_view, fresh_window_ms, has_live_master
 from ha_controller.proto import broker_pb2, common_pb2, nameserver_pb2
 from ha_controller.protocol.codes import RequestCode
 from ha_controller.protocol.errors import HaError
@@ -28,12 +30,20 @@ from ha_controller.wire import member_group_from_pb
 
 log = logging.getLogger(__name__)
 
+#: How long the backstop waits for a nameserver's view.
+MEMBER_GROUP_TIMEOUT_MS: Final = 2000
+#: Once one nameserver answered, how long the others may still take.
+STRAGGLER_WAIT_MS: Final = 300
+
 
 class MemberGroupSync:
     """Member group, min-id changes and the HA-address exchange."""
 
     def __init__(self, core: BrokerCore) -> None:
         self.core = core
+        #: changes applied so far: a view fetched while a notice changed the role is
+        #: older than that notice and is dropped
+        self.applied = 0
 
     def register(self) -> None:
         add = self.core.dispatcher.add
@@ -55,6 +65,26 @@ class MemberGroupSync:
             core.fence(f"min-broker-id notice names id {req.min_broker_id}, not us")
             return common_pb2.Empty()
         if not core.isolated:
+            if (
+                req.min_broker_id == core.cfg.broker_id
+                and not core.acting.is_master
+                and not core.acting.acting
+            ):
+                # told to act: not while another nameserver still hears our master
+                # (it expired us on one nameserver only, or one has not heard of its
+                # return yet); the backstop acts once they agree
+                before = self.applied
+                view = await self.a_live_master_is_listed()
+                if self.applied != before:
+                    return common_pb2.Empty()  # a newer notice was applied meanwhile
+                if view is not None:
+                    log.info(
+                        "not acting on a nameserver's notice: another lists master %s, "
+                        "heard %s ms ago",
+                        view.broker_addrs.get(0),
+                        view.master_heard_ms_ago,
+                    )
+                    return common_pb2.Empty()
             await self.apply_min_broker(
                 req.min_broker_id,
                 req.min_broker_addr or None,
@@ -91,6 +121,7 @@ class MemberGroupSync:
         decision = core.acting.on_min_broker_change(min_id, min_addr, offline, ha_addr)
         if not decision.changed:
             return decision
+        self.applied += 1
         log.info("%s", decision)
         if decision.master_offline and core.ha_slave is not None:
             core.ha_slave.set_master(None)
@@ -124,9 +155,14 @@ class MemberGroupSync:
 
     # ---- the member group ------------------------------------------------------------
 
-    async def fetch_member_group(self) -> BrokerMemberGroup | None:
+    async def fetch_views(self) -> list[BrokerMemberGroup]:
+        """The group as each nameserver sees it, asked all at once, in ``namesrv_addrs``
+        order.  Waits at most ``MEMBER_GROUP_TIMEOUT_MS``, and once one has answered at
+        most ``STRAGGLER_WAIT_MS`` for the others: a paused nameserver costs a fraction
+        of a second, not the answer of the live one."""
         core = self.core
-        for ns in core.cfg.namesrv_addrs:
+
+        async def ask(ns: str) -> BrokerMemberGroup | None:
             try:
                 pb = await core.pool.call_pb(
                     ns,
@@ -135,13 +171,44 @@ class MemberGroupSync:
                         cluster=core.cfg.cluster, broker_name=core.cfg.broker_name
                     ),
                     nameserver_pb2.BrokerMemberGroup,
-                    timeout_ms=2000,
+                    timeout_ms=MEMBER_GROUP_TIMEOUT_MS,
                 )
             except HaError as exc:
                 log.debug("member group from %s failed: %s", ns, exc)
-                continue
+                return None
             return member_group_from_pb(pb)
-        return None
+
+        tasks = [asyncio.ensure_future(ask(ns)) for ns in core.cfg.namesrv_addrs]
+        try:
+            pending: set[asyncio.Future[BrokerMemberGroup | None]] = set(tasks)
+            while pending:
+                done, pending = await asyncio.wait(pending, return_when=asyncio.FIRST_COMPLETED)
+                if any(t.result() is not None for t in done):
+                    if pending:
+                        await asyncio.wait(pending, timeout=STRAGGLER_WAIT_MS / 1000)
+                    break
+        finally:
+            for t in tasks:
+                t.cancel()
+        return [
+            view
+            for t in tasks
+            if t.done() and not t.cancelled() and (view := t.result()) is not None
+        ]
+
+    def fresh_ms(self) -> int:
+        cfg = self.core.cfg
+        return fresh_window_ms(cfg.broker_heartbeat_interval_ms, cfg.broker_not_active_timeout_ms)
+
+    async def fetch_member_group(self) -> BrokerMemberGroup | None:
+        """The view this broker follows when the nameservers disagree
+        (:func:`~broker_agent.membership.views.believed_view`)."""
+        return believed_view(await self.fetch_views(), self.fresh_ms())
+
+    async def a_live_master_is_listed(self) -> BrokerMemberGroup | None:
+        """A nameserver's view that lists a master it heard from recently, if any."""
+        fresh = self.fresh_ms()
+        return next((v for v in await self.fetch_views() if has_live_master(v, fresh)), None)
 
     async def loop(self) -> None:
         """The 1 s backstop for min-id notifications (rip32.md §2.4)."""
@@ -150,9 +217,10 @@ class MemberGroupSync:
             await asyncio.sleep(core.cfg.sync_broker_member_group_period_ms / 1000)
             if core.isolated:
                 continue
+            before = self.applied
             group = await self.fetch_member_group()
-            if group is None or not group.broker_addrs:
-                continue
+            if group is None or not group.broker_addrs or self.applied != before:
+                continue  # nothing known, or a notice applied meanwhile is newer
             core.member_group = group
             if core.acting.is_master and group.broker_addrs.get(0) != core.addr:
                 core.fence(f"the member group lists id 0 as {group.broker_addrs.get(0)}")

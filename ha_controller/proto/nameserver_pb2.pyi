@@ -130,7 +130,7 @@ class GetBrokerMemberGroupRequest(_message.Message):
     def __init__(self, cluster: _Optional[str] = ..., broker_name: _Optional[str] = ...) -> None: ...
 
 class BrokerMemberGroup(_message.Message):
-    __slots__ = ("cluster", "broker_name", "broker_addrs", "acting_broker_id")
+    __slots__ = ("cluster", "broker_name", "broker_addrs", "acting_broker_id", "master_heard_ms_ago")
     class BrokerAddrsEntry(_message.Message):
         __slots__ = ("key", "value")
         KEY_FIELD_NUMBER: _ClassVar[int]
@@ -142,11 +142,13 @@ class BrokerMemberGroup(_message.Message):
     BROKER_NAME_FIELD_NUMBER: _ClassVar[int]
     BROKER_ADDRS_FIELD_NUMBER: _ClassVar[int]
     ACTING_BROKER_ID_FIELD_NUMBER: _ClassVar[int]
+    MASTER_HEARD_MS_AGO_FIELD_NUMBER: _ClassVar[int]
     cluster: str
     broker_name: str
     broker_addrs: _containers.ScalarMap[int, str]
     acting_broker_id: int
-    def __init__(self, cluster: _Optional[str] = ..., broker_name: _Optional[str] = ..., broker_addrs: _Optional[_Mapping[int, str]] = ..., acting_broker_id: _Optional[int] = ...) -> None: ...
+    master_heard_ms_ago: int
+    def __init__(self, cluster: _Optional[str] = ..., broker_name: _Optional[str] = ..., broker_addrs: _Optional[_Mapping[int, str]] = ..., acting_broker_id: _Optional[int] = ..., master_heard_ms_ago: _Optional[int] = ...) -> None: ...
 
 class NotifyMinBrokerIdChangeRequest(_message.Message):
     __slots__ = ("min_broker_id", "min_broker_addr", "offline_broker_addr", "ha_broker_addr", "broker_name", "cluster")

@@ -55,6 +55,30 @@ def test_a_late_scan_is_our_own_stall_and_expires_nobody() -> None:
     assert table.stalls == 1
 
 
+def test_the_member_group_says_how_long_ago_the_master_was_heard_and_a_stall_is_no_news() -> None:
+    """A slave believes a nameserver's view with a master only while that nameserver
+    heard the master recently (broker_agent.membership.views); the stall's fresh grace
+    period must not make an old entry look recent."""
+    clock = FakeClock()
+    table = group(clock)
+    clock.advance(250)
+    assert table.member_group(CLUSTER, NAME).master_heard_ms_ago == 250
+    assert table.heartbeat(CLUSTER, MASTER)
+    assert table.member_group(CLUSTER, NAME).master_heard_ms_ago == 0
+    table.scan_not_active()
+    clock.advance(6000)  # paused
+    table.scan_not_active()
+    assert table.stalls == 1
+    assert table.member_group(CLUSTER, NAME).master_heard_ms_ago == 6000
+    for _ in range(TIMEOUT_MS // SCAN_MS + 1):  # the master stays silent: it expires
+        clock.advance(SCAN_MS)
+        table.heartbeat(CLUSTER, SLAVE1)
+        table.heartbeat(CLUSTER, SLAVE2)
+        table.scan_not_active()
+    view = table.member_group(CLUSTER, NAME)
+    assert 0 not in view.broker_addrs and view.master_heard_ms_ago is None
+
+
 def test_scans_on_time_still_expire_a_silent_master() -> None:
     clock = FakeClock()
     table = group(clock)

@@ -1,0 +1,179 @@
+"""Which nameserver a slave believes when they disagree about who leads its group.
+
+Campaign seed 5001: a returning master's registration with one of two nameservers hung
+on a connection the partition had broken; that nameserver still named the acting slave
+for 4.5 s, and the slave, asking it first every second, acted again beside its master
+(a POP message was popped twice).  The rule (``broker_agent.membership.views``) as a
+plain function, then the backstop and the min-id notice against nameservers on real
+sockets."""
+
+from __future__ import annotations
+
+import asyncio
+import time
+from collections.abc import AsyncIterator, Sequence
+from types import SimpleNamespace
+from typing import Any, cast
+
+import pytest
+
+from broker_agent.membership.acting import ActingState
+from broker_agent.membership.group import STRAGGLER_WAIT_MS, MemberGroupSync
+from broker_agent.membership.views import believed_view, fresh_window_ms, has_live_master
+from ha_controller.proto import nameserver_pb2
+from ha_controller.protocol.codes import RequestCode
+from ha_controller.routing import BrokerMemberGroup
+from ha_controller.rpc import ConnectionPool, Dispatcher, RequestContext, RpcServer
+from ha_controller.wire import member_group_to_pb
+
+MASTER, SLAVE = "10.0.0.1:10911", "10.0.0.2:10911"
+FRESH = 900
+ACTING = BrokerMemberGroup("c", "g1", {1: SLAVE}, acting_broker_id=1)
+MASTER_LIVE = BrokerMemberGroup("c", "g1", {0: MASTER, 1: SLAVE}, master_heard_ms_ago=120)
+MASTER_SILENT = BrokerMemberGroup("c", "g1", {0: MASTER, 1: SLAVE}, master_heard_ms_ago=1500)
+
+
+# ---- the rule -------------------------------------------------------------------------
+
+
+def test_a_view_that_still_hears_the_master_wins_in_any_order() -> None:
+    assert believed_view([ACTING, MASTER_LIVE], FRESH) == MASTER_LIVE
+    assert believed_view([MASTER_LIVE, ACTING], FRESH) == MASTER_LIVE
+
+
+def test_a_nameserver_that_has_not_expired_a_silent_master_yet_is_not_believed() -> None:
+    """The other nameserver expired the killed master first: the acting slave acts at
+    once and is not stopped a second later by the slower nameserver (or one resumed
+    after a pause, which lists the masters it knew before)."""
+    assert believed_view([MASTER_SILENT, ACTING], FRESH) == ACTING
+    assert believed_view([ACTING, MASTER_SILENT], FRESH) == ACTING
+    # nobody says who acts: the silent master's view, which starts nothing
+    assert believed_view([MASTER_SILENT], FRESH) == MASTER_SILENT
+    assert believed_view([], FRESH) is None
+
+
+def test_an_old_nameserver_that_does_not_say_when_it_heard_counts_as_recent() -> None:
+    old = BrokerMemberGroup("c", "g1", {0: MASTER, 1: SLAVE})
+    assert has_live_master(old, FRESH)
+    assert believed_view([ACTING, old], FRESH) == old
+    assert not has_live_master(ACTING, FRESH)
+    assert not has_live_master(MASTER_SILENT, FRESH)
+
+
+def test_the_fresh_window() -> None:
+    assert fresh_window_ms(1000, 10_000) == 3000
+    assert fresh_window_ms(300, 2000) == 900
+    assert fresh_window_ms(900, 2000) == 1000  # at most half the not-active timeout
+
+
+# ---- on sockets -------------------------------------------------------------------------
+
+
+class Nameserver:
+    def __init__(self, view: BrokerMemberGroup | None) -> None:
+        self.view = view  # None: it never answers (paused)
+        self.server: RpcServer | None = None
+        self.addr = ""
+
+    async def start(self) -> Nameserver:
+        d = Dispatcher()
+        d.add(
+            RequestCode.GET_BROKER_MEMBER_GROUP,
+            nameserver_pb2.GetBrokerMemberGroupRequest,
+            self._member_group,
+        )
+        self.server = RpcServer(d, name="ns")
+        host, port = await self.server.start("127.0.0.1", 0)
+        self.addr = f"{host}:{port}"
+        return self
+
+    async def _member_group(
+        self, ctx: RequestContext, req: nameserver_pb2.GetBrokerMemberGroupRequest
+    ) -> nameserver_pb2.BrokerMemberGroup:
+        if self.view is None:
+            await asyncio.Event().wait()
+        assert self.view is not None
+        return member_group_to_pb(self.view)
+
+
+@pytest.fixture
+async def pool() -> AsyncIterator[ConnectionPool]:
+    async with ConnectionPool() as p:
+        yield p
+
+
+class Slave:
+    """MemberGroupSync of slave id 1 over ``views`` (one nameserver each); the parts of
+    the broker core it touches are plain stand-ins, the acting state is the real one."""
+
+    def __init__(self, pool: ConnectionPool, views: Sequence[BrokerMemberGroup | None]) -> None:
+        self.pool = pool
+        self.views = views
+        self.servers: list[Nameserver] = []
+        self.started: list[bool] = []
+
+    async def __aenter__(self) -> MemberGroupSync:
+        self.servers = [await Nameserver(v).start() for v in self.views]
+        acting = ActingState(1, enable_slave_acting_master=True)
+        acting.min_broker_id, acting.min_broker_addr, acting.master_addr = 0, MASTER, MASTER
+        core = SimpleNamespace(
+            pool=self.pool,
+            isolated=False,
+            acting=acting,
+            ha_slave=None,
+            cfg=SimpleNamespace(
+                cluster="c",
+                broker_name="g1",
+                broker_id=1,
+                namesrv_addrs=tuple(s.addr for s in self.servers),
+                broker_heartbeat_interval_ms=300,
+                broker_not_active_timeout_ms=2000,
+            ),
+            offsets=SimpleNamespace(bump_on_next_commit=lambda: None),
+            set_special_services=self.started.append,
+            update_role_metrics=lambda: None,
+        )
+        return MemberGroupSync(cast(Any, core))
+
+    async def __aexit__(self, *exc: object) -> None:
+        for s in self.servers:
+            assert s.server is not None
+            await s.server.aclose(grace_s=0.1)
+
+
+def act_notice() -> nameserver_pb2.NotifyMinBrokerIdChangeRequest:
+    return nameserver_pb2.NotifyMinBrokerIdChangeRequest(
+        min_broker_id=1, min_broker_addr=SLAVE, offline_broker_addr=MASTER
+    )
+
+
+async def test_the_backstop_believes_the_nameserver_that_hears_the_returned_master(
+    pool: ConnectionPool,
+) -> None:
+    async with Slave(pool, [ACTING, MASTER_LIVE]) as sync:
+        assert await sync.fetch_member_group() == MASTER_LIVE
+    async with Slave(pool, [MASTER_SILENT, ACTING]) as sync:
+        assert await sync.fetch_member_group() == ACTING
+
+
+async def test_a_paused_nameserver_costs_a_fraction_of_a_second(pool: ConnectionPool) -> None:
+    async with Slave(pool, [None, ACTING]) as sync:
+        t0 = time.monotonic()
+        assert await sync.fetch_views() == [ACTING]
+        assert time.monotonic() - t0 < 1.5 * STRAGGLER_WAIT_MS / 1000 + 0.5
+
+
+async def test_a_notice_to_act_is_not_followed_while_another_nameserver_hears_the_master(
+    pool: ConnectionPool,
+) -> None:
+    slave = Slave(pool, [ACTING, MASTER_LIVE])
+    async with slave as sync:
+        await sync.notify_min_id(cast(Any, None), act_notice())
+        assert not sync.core.acting.acting
+        assert slave.started == []
+    # once the other nameserver has not heard from the master for a while, it acts
+    slave = Slave(pool, [ACTING, MASTER_SILENT])
+    async with slave as sync:
+        await sync.notify_min_id(cast(Any, None), act_notice())
+        assert sync.core.acting.acting
+        assert slave.started == [True]
