@@ -50,17 +50,19 @@ Counts (Jepsen's queue categories plus the RIP-32 checks):
     earliest send ok ``t_ms``).  Each first delivery whose send-ok time is lower than an
     earlier one's counts once.  Re-deliveries are duplicates, not order violations.
 ``late_delayed``
-    per (consumer group, acknowledged delayed key) the first delivery must fall within
-    ``[due - early_tolerance_ms, held + tolerance]``; each pair outside counts once
-    (early deliveries are counted here too: the verdict has one field for "delivered at
-    the wrong time").  ``due`` is ``due_ts_ms``, else invoke ``t_ms + delay_ms``, else
+    per (consumer group, acknowledged delayed key) the first delivery ``first`` must
+    not come before ``due - early_tolerance_ms``, nor later than ``due + tolerance`` once
+    the time between ``due`` and ``first`` during which *no group had a writable master*
+    (:func:`no_writable_master_spans`) is left out; each pair outside counts once (early
+    deliveries are counted here too: the verdict has one field for "delivered at the
+    wrong time").  ``due`` is ``due_ts_ms``, else invoke ``t_ms + delay_ms``, else
     invoke ``t_ms`` + the level's delay (levels above 18 use level 18); the tolerance is
-    ``level_tolerance_ms`` for delay levels and ``timer_tolerance_ms`` otherwise.
-    ``held`` is ``due``, or, when ``due`` falls in a span during which *no group had a
-    writable master* (:func:`no_writable_master_spans`), the end of that span: a
-    message falling due then has nowhere to be written, so its clock starts again when
-    some master takes writes.  Keys without a send ok are not judged (as for
-    ``lost``: an unacknowledged send promised nothing).
+    ``level_tolerance_ms`` for delay levels and ``timer_tolerance_ms`` otherwise.  While
+    no master anywhere takes writes a due message has nowhere to go, so its clock stops:
+    a message due in such a span is judged from the span's end, and one due while its
+    own master was being expired (the tolerance covers the expiry and the acting slave
+    taking over) gets the span that began meanwhile on top.  Keys without a send ok are
+    not judged (as for ``lost``: an unacknowledged send promised nothing).
 ``unresolved_transactions``
     ``tx`` keys with a send ok, neither committed nor rolled back, never delivered.
 ``double_lock_grants``
@@ -599,7 +601,7 @@ def check(
         _writes(send_outcomes, invokes, invoke_broker),
         reads,
     )
-    held_until = _SpanLookup(no_writable_master_spans(faults))
+    held = _SpanOverlap(no_writable_master_spans(faults))
     late = 0
     for (_cg, key), times in per_pair.items():
         inv = invokes.get(key)
@@ -607,7 +609,7 @@ def check(
             continue
         due, tolerance = inv.due
         first = min(times)
-        if first > held_until(due) + tolerance or first < due - opts.early_tolerance_ms:
+        if first - held(due, first) > due + tolerance or first < due - opts.early_tolerance_ms:
             late += 1
 
     # --- FIFO order ---------------------------------------------------------------------
@@ -698,18 +700,14 @@ def no_writable_master_spans(faults: Iterable[FaultWindow]) -> list[tuple[int, i
     return common
 
 
-class _SpanLookup:
-    """``t`` -> the end of the span holding ``t`` (disjoint spans), else ``t``."""
+class _SpanOverlap:
+    """``(a, b)`` -> how much of ``[a, b]`` the (disjoint, sorted) spans cover."""
 
     def __init__(self, spans: list[tuple[int, int]]) -> None:
-        self._starts = [a for a, _b in spans]
         self._spans = spans
 
-    def __call__(self, t: int) -> int:
-        i = bisect.bisect_right(self._starts, t) - 1
-        if i >= 0 and t < self._spans[i][1]:
-            return self._spans[i][1]
-        return t
+    def __call__(self, a: int, b: int) -> int:
+        return sum(max(0, min(b, end) - max(a, start)) for start, end in self._spans)
 
 
 def _double_grants(

@@ -428,22 +428,34 @@ def _counts(
         total("duplicated", redelivered),
         total("received_acked_pairs", flag(col("acked"))),
     )
-    # late: acknowledged delayed keys only; a due time without a writable master
-    # anywhere is held until the span ends (checker module docstring)
-    delayed = pairs.where(col("due").isNotNull() & col("acked")).alias("p")
+    # late: acknowledged delayed keys only; the time between due and the first delivery
+    # without a writable master anywhere does not count (checker module docstring)
+    delayed = pairs.where(col("due").isNotNull() & col("acked")).select(
+        "hid", "key", "cg", "due", "first_t", "tol"
+    )
+    p, h = delayed.alias("p"), F.broadcast(held.alias("h"))
+    # (least and greatest skip nulls: a pair that met no span must count 0, not
+    # first_t - due)
+    covered = F.when(
+        col("h.held_from").isNotNull(),
+        F.least(col("p.first_t"), col("h.held_until"))
+        - F.greatest(col("p.due"), col("h.held_from")),
+    ).otherwise(F.lit(0))
     late_counts = (
-        delayed.join(
-            F.broadcast(held.alias("h")),
+        p.join(
+            h,
             (col("p.hid") == col("h.hid"))
-            & (col("p.due") >= col("h.held_from"))
-            & (col("p.due") < col("h.held_until")),
+            & (col("h.held_from") < col("p.first_t"))
+            & (col("h.held_until") > col("p.due")),
             "left",
         )
+        .groupBy(col("p.hid").alias("hid"), "p.key", "p.cg", "p.due", "p.first_t", "p.tol")
+        .agg(F.coalesce(F.sum(covered), F.lit(0)).alias("held"))
         .select(
-            col("p.hid").alias("hid"),
+            "hid",
             (
-                (col("p.first_t") > F.coalesce(col("h.held_until"), col("p.due")) + col("p.tol"))
-                | (col("p.first_t") < col("p.due") - F.lit(opts.early_tolerance_ms))
+                (col("first_t") - col("held") > col("due") + col("tol"))
+                | (col("first_t") < col("due") - F.lit(opts.early_tolerance_ms))
             ).alias("late"),
         )
         .groupBy("hid")

@@ -243,17 +243,22 @@ def case_offset_rollback() -> H:
 
 def case_late_without_a_writable_master() -> H:
     """broker-a's master is killed from 1000 to 6000 and broker-b's disk is full from
-    2000 to 4000: from 2000 to 4000 no master takes writes, so a delayed message due
-    then is held until 4000.  Campaign seed 3001: a partition and a full disk at once."""
+    2000 to 4000: from 2000 to 4000 no master takes writes, and that time does not count
+    against a delayed message due before it or in it.  Campaign seed 3001: a partition
+    and a full disk at once; long campaign seed 1011: a message due as its master froze,
+    whose acting slave could not escape it because the other group's disk filled."""
     h = H()
     h.add(1_000, "nemesis", "info", Fault("kill", "broker-a/0"))
     h.add(2_000, "nemesis", "info", Fault("disk", "broker-b/0"))
     h.send(0, "held", delay_ms=2_500)  # due 2500: held to 4000, delivered 4800: on time
     h.send(0, "held-late", delay_ms=3_000)  # held to 4000, delivered 5100: late
-    h.send(0, "one-down", delay_ms=1_500, broker="broker-b")  # only broker-a down: late
+    h.send(0, "one-down", delay_ms=500, broker="broker-b")  # only broker-a down: late
+    # due 1800, delivered 4500: 2700 ms, of which 2000 without a writable master: on time
+    h.send(0, "due-before", delay_ms=1_800)
     h.send(0, "unacked", delay_ms=1_000, outcome="info")  # never acknowledged: not judged
     h.send(4_100, "after", broker="broker-b")
-    h.recv(4_800, "held").recv(5_100, "held-late").recv(2_600, "one-down", broker="broker-b")
+    h.recv(4_800, "held").recv(5_100, "held-late").recv(1_600, "one-down", broker="broker-b")
+    h.recv(4_500, "due-before")
     h.recv(9_000, "unacked").recv(4_200, "after", broker="broker-b")
     h.add(4_000, "nemesis", "ok", Fault("disk", "broker-b/0"))
     h.add(6_000, "nemesis", "ok", Fault("kill", "broker-a/0"))
@@ -440,7 +445,7 @@ CASES: dict[str, Case] = {
     ),
     "late_without_a_writable_master": Case(
         case_late_without_a_writable_master,
-        counts(acknowledged=4, delivered=5, recovered=1, late_delayed=2),
+        counts(acknowledged=5, delivered=6, recovered=1, late_delayed=2),
         (
             FaultWindow(
                 "kill",
