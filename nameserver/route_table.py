@@ -172,6 +172,8 @@ class _Group:
     settling: bool = False
     #: the master that left, while settling (the notice at the choice names it)
     lost_master: tuple[int, str] | None = None
+    #: this nameserver has seen the group's master register since it started
+    master_seen: bool = False
 
     def min_member(self) -> tuple[int, str] | None:
         if not self.addrs:
@@ -222,6 +224,7 @@ class RouteTable:
         scan_interval_ms: float | None = None,
     ) -> None:
         self._clock = clock
+        self._started_ms = clock()
         #: the scanner's period; with it, a late scan is recognised as our own stall
         self.scan_interval_ms = scan_interval_ms
         self._last_scan_ms: float | None = None
@@ -396,6 +399,8 @@ class RouteTable:
         register_first = register_first or old_addr is None
 
         is_master = reg.broker_id == MASTER_ID
+        if is_master:
+            group.master_seen = True
         is_prime_slave = not is_old_version and not is_master and reg.broker_id == min(group.addrs)
         if is_master or is_prime_slave:
             self._update_topics(reg, group, register_first=register_first, wipe=is_prime_slave)
@@ -791,6 +796,17 @@ class RouteTable:
             broker_id: self._live.get((group.cluster, addr))
             for broker_id, addr in group.addrs.items()
         }
+        if not group.master_seen:
+            # A nameserver that has just (re)started knows nothing of the masters: its
+            # table is empty and slaves often register first.  A live master registers
+            # within a heartbeat interval, so no slave acts for a master this
+            # nameserver never saw until one heartbeat timeout after its start (long
+            # campaign seed 1015: a restarted nameserver made two slaves act for a
+            # second beside their masters, and they delivered delayed and
+            # transactional messages a second time).
+            grace_ms = max((i.heartbeat_timeout_ms for i in live.values() if i), default=0)
+            if self._clock() < self._started_ms + grace_ms:
+                return None
         positions: dict[int, int] = {}
         for broker_id, info in live.items():
             if info is None or info.max_offset is None:

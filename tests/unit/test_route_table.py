@@ -98,9 +98,17 @@ def clock() -> FakeClock:
     return FakeClock()
 
 
+#: longer than any heartbeat timeout these tests register with
+UP_A_WHILE_MS = 600_000
+
+
 @pytest.fixture
 def table(clock: FakeClock) -> RouteTable:
-    return RouteTable(clock)
+    """A nameserver that has been up a while (past its start-up grace: see
+    ``test_a_restarted_nameserver_lets_no_slave_act_before_its_master_could_register``)."""
+    t = RouteTable(clock)
+    clock.advance(UP_A_WHILE_MS)
+    return t
 
 
 def addrs_of(table: RouteTable, topic: str = TOPIC, name: str = NAME) -> dict[int, str]:
@@ -1035,3 +1043,44 @@ def test_acting_choice_stops_waiting_for_a_silent_slave(
     _, notes = table.scan_not_active()
     assert [n.min_broker_id for n in notes] == [2]
     assert table.member_group(CLUSTER, NAME).lead_broker_id() == 2
+
+
+def test_a_restarted_nameserver_lets_no_slave_act_before_its_master_could_register(
+    clock: FakeClock,
+) -> None:
+    """Long campaign seed 1015: a nameserver restarted with an empty table; the slaves'
+    registrations reached it before their masters', it chose acting slaves at once, and
+    two slaves acted for a second beside their live masters (delayed and transactional
+    messages delivered twice).  Now a group whose master this nameserver never saw gets
+    no acting slave until one heartbeat timeout after the nameserver started."""
+    table = RouteTable(clock)
+    timeout = 2_000
+    first = table.register_broker(reg(SLAVE2, 2, timeout=timeout))
+    second = table.register_broker(reg(SLAVE1, 1, timeout=timeout))
+    assert first.notifications == [] and second.notifications == []
+    assert table.acting_broker_id(NAME) is None
+    assert table.member_group(CLUSTER, NAME).lead_broker_id() == SETTLING
+    clock.advance(timeout / 2)
+    assert table.settle() == []
+    outcome = table.register_broker(reg(MASTER, 0, timeout=timeout))
+    assert all(n.min_broker_id == 0 for n in outcome.notifications)
+    assert table.member_group(CLUSTER, NAME).lead_broker_id() == 0
+    clock.advance(timeout)
+    assert table.settle() == []
+    assert table.acting_broker_id(NAME) is None
+
+    # a master that does not come: its slave acts once the grace is over (it learns
+    # from its member-group backstop, as a lone slave that registers does)
+    table = RouteTable(clock)
+    table.register_broker(reg(SLAVE1, 1, timeout=timeout))
+    clock.advance(timeout + 1)
+    table.settle()
+    assert table.acting_broker_id(NAME) == 1
+    assert table.member_group(CLUSTER, NAME).lead_broker_id() == 1
+
+    # a master seen since the start and then lost: no grace, the usual choice
+    table = RouteTable(clock)
+    table.register_broker(reg(MASTER, 0, timeout=timeout))
+    table.register_broker(reg(SLAVE1, 1, timeout=timeout))
+    table.unregister_broker(CLUSTER, MASTER, NAME, 0)
+    assert table.acting_broker_id(NAME) == 1
