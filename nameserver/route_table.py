@@ -174,6 +174,8 @@ class _Group:
     lost_master: tuple[int, str] | None = None
     #: this nameserver has seen the group's master register since it started
     master_seen: bool = False
+    #: when this nameserver first heard of the group (its first member registered)
+    first_seen_ms: float = 0.0
 
     def min_member(self) -> tuple[int, str] | None:
         if not self.addrs:
@@ -224,7 +226,6 @@ class RouteTable:
         scan_interval_ms: float | None = None,
     ) -> None:
         self._clock = clock
-        self._started_ms = clock()
         #: the scanner's period; with it, a late scan is recognised as our own stall
         self.scan_interval_ms = scan_interval_ms
         self._last_scan_ms: float | None = None
@@ -316,7 +317,7 @@ class RouteTable:
         group = self._groups.get(reg.broker_name)
         register_first = group is None
         if group is None:
-            group = _Group(reg.cluster, reg.broker_name)
+            group = _Group(reg.cluster, reg.broker_name, first_seen_ms=self._clock())
             self._groups[reg.broker_name] = group
             self._bump()
 
@@ -798,14 +799,15 @@ class RouteTable:
         }
         if not group.master_seen:
             # A nameserver that has just (re)started knows nothing of the masters: its
-            # table is empty and slaves often register first.  A live master registers
-            # within a heartbeat interval, so no slave acts for a master this
-            # nameserver never saw until one heartbeat timeout after its start (long
-            # campaign seed 1015: a restarted nameserver made two slaves act for a
-            # second beside their masters, and they delivered delayed and
-            # transactional messages a second time).
+            # table is empty and slaves often register first (a cluster that starts
+            # does the same).  A live master registers within a heartbeat interval, so
+            # no slave acts for a master this nameserver never saw until one heartbeat
+            # timeout after the group's first member registered (long campaign seed
+            # 1015: a restarted nameserver made two slaves act for a second beside
+            # their masters, and they delivered delayed and transactional messages a
+            # second time).
             grace_ms = max((i.heartbeat_timeout_ms for i in live.values() if i), default=0)
-            if self._clock() < self._started_ms + grace_ms:
+            if self._clock() < group.first_seen_ms + grace_ms:
                 return None
         positions: dict[int, int] = {}
         for broker_id, info in live.items():

@@ -98,17 +98,16 @@ def clock() -> FakeClock:
     return FakeClock()
 
 
-#: longer than any heartbeat timeout these tests register with
-UP_A_WHILE_MS = 600_000
-
-
 @pytest.fixture
 def table(clock: FakeClock) -> RouteTable:
-    """A nameserver that has been up a while (past its start-up grace: see
+    return RouteTable(clock)
+
+
+def past_the_grace(table: RouteTable, clock: FakeClock) -> None:
+    """Let the grace of a group whose master this nameserver never saw run out (see
     ``test_a_restarted_nameserver_lets_no_slave_act_before_its_master_could_register``)."""
-    t = RouteTable(clock)
-    clock.advance(UP_A_WHILE_MS)
-    return t
+    clock.advance(DEFAULT_BROKER_CHANNEL_EXPIRED_TIME_MS + 1)
+    table.settle()
 
 
 def addrs_of(table: RouteTable, topic: str = TOPIC, name: str = NAME) -> dict[int, str]:
@@ -251,8 +250,9 @@ def test_pickup_route_with_slave_follows_master_loss_and_return(table: RouteTabl
     assert perm_of(table, BASE_TOPIC) == RW
 
 
-def test_register_only_slave_is_read_only_acting(table: RouteTable) -> None:
+def test_register_only_slave_is_read_only_acting(table: RouteTable, clock: FakeClock) -> None:
     table.register_broker(reg(SLAVE1, 1))
+    past_the_grace(table, clock)
     assert perm_of(table) == Perm.READ
     assert addrs_of(table) == {0: SLAVE1}
     assert table.groups_view()[0]["actingBrokerId"] == 1
@@ -546,7 +546,9 @@ def test_master_return_restores_perm_and_notifies_slaves(table: RouteTable) -> N
 
 
 def test_lower_slave_registering_notifies_others_only(table: RouteTable) -> None:
+    table.register_broker(reg(MASTER, 0))
     table.register_broker(reg(SLAVE2, 2))
+    table.unregister_broker(CLUSTER, MASTER, NAME, 0)  # slave 2 acts
     outcome = table.register_broker(reg(SLAVE1, 1))
     assert outcome.notifications == [
         MinIdChange(CLUSTER, NAME, 1, SLAVE1, None, SLAVE1_HA, [SLAVE2]),
@@ -782,11 +784,14 @@ def test_compat_member_group_topic_shows_raw_ids(table: RouteTable) -> None:
     assert topic not in table.topics()
 
 
-def test_compat_topic_registered_by_prime_slave_is_not_rewritten(table: RouteTable) -> None:
+def test_compat_topic_registered_by_prime_slave_is_not_rewritten(
+    table: RouteTable, clock: FakeClock
+) -> None:
     topic = sync_member_group_topic(NAME)
     configs = {topic: TopicConfig(topic, 1, 1, Perm.INHERIT), **topics(TOPIC)}
     table.register_broker(reg(SLAVE1, 1, topic_configs=configs))
     table.register_broker(reg(SLAVE2, 2, topic_configs=configs))
+    past_the_grace(table, clock)
 
     assert addrs_of(table, topic) == {1: SLAVE1, 2: SLAVE2}
     assert addrs_of(table, TOPIC) == {0: SLAVE1, 2: SLAVE2}
@@ -1052,8 +1057,10 @@ def test_a_restarted_nameserver_lets_no_slave_act_before_its_master_could_regist
     registrations reached it before their masters', it chose acting slaves at once, and
     two slaves acted for a second beside their live masters (delayed and transactional
     messages delivered twice).  Now a group whose master this nameserver never saw gets
-    no acting slave until one heartbeat timeout after the nameserver started."""
+    no acting slave until one heartbeat timeout after the group's first member
+    registered (a starting cluster, whose slaves may start first, too)."""
     table = RouteTable(clock)
+    clock.advance(5_000)  # the grace runs from the group's first registration
     timeout = 2_000
     first = table.register_broker(reg(SLAVE2, 2, timeout=timeout))
     second = table.register_broker(reg(SLAVE1, 1, timeout=timeout))
