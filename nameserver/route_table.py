@@ -744,7 +744,7 @@ class RouteTable:
         self._min_id_changes += 1
         min_id, min_addr = new_min
         # The previous lead left (not merely another slave chosen to act).
-        offline = prev_min[1] if prev_min[1] not in group.addrs.values() else None
+        offline = prev_min[1] if prev_min[1] and prev_min[1] not in group.addrs.values() else None
         addrs = group.sorted_addrs()
         if offline is None and len(addrs) > 1 and registering == min_addr:
             targets = [addr for broker_id, addr in addrs.items() if broker_id != min_id]
@@ -839,9 +839,16 @@ class RouteTable:
 
     def _notice_base(self, group: _Group) -> tuple[int, str] | None:
         """The lead a min-id notice compares with: the current one, or while settling
-        the master that left (so the notice at the choice says it is offline)."""
+        the master that left (so the notice at the choice says it is offline), or, while
+        a group whose master this nameserver never saw settles, nobody (``SETTLING``):
+        the members then hear of whoever leads first, the master registering or the
+        slave chosen once the grace is over."""
         lead = group.lead()
-        return lead if lead is not None else group.lost_master
+        if lead is not None:
+            return lead
+        if group.lost_master is not None:
+            return group.lost_master
+        return (SETTLING, "") if group.settling else None
 
     def settle(self) -> list[MinIdChange]:
         """Choose for groups whose settle wait ran out with a slave that never reported

@@ -128,7 +128,10 @@ class PreOnline:
             self._fenced_for = None
             core.preonline_step = "online"
             log.info("pre-online done: registering as %s", core.acting.role)
-            if group is not None and not core.acting.is_master:
+            if group is not None and group.broker_addrs and not core.acting.is_master:
+                # (a group no nameserver knows yet says nothing: this slave waits for
+                # the nameserver's choice instead of acting on its own, beside a master
+                # that has not registered yet)
                 if 0 in group.broker_addrs or group.acting_broker_id is not None:
                     # the nameserver names the lead (a chosen acting slave stays: we
                     # take over only if it chooses us once we report our position)

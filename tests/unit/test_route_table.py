@@ -1076,12 +1076,17 @@ def test_a_restarted_nameserver_lets_no_slave_act_before_its_master_could_regist
     assert table.settle() == []
     assert table.acting_broker_id(NAME) is None
 
-    # a master that does not come: its slave acts once the grace is over (it learns
-    # from its member-group backstop, as a lone slave that registers does)
+    # the slaves heard of the master at once (they attach to it for replication)
+    assert [n.targets for n in outcome.notifications] == [[SLAVE1, SLAVE2]]
+
+    # a master that does not come: its slave acts once the grace is over, and is told
     table = RouteTable(clock)
     table.register_broker(reg(SLAVE1, 1, timeout=timeout))
     clock.advance(timeout + 1)
-    table.settle()
+    notes = table.settle()
+    assert [(n.min_broker_id, n.targets, n.offline_broker_addr) for n in notes] == [
+        (1, [SLAVE1], None)
+    ]
     assert table.acting_broker_id(NAME) == 1
     assert table.member_group(CLUSTER, NAME).lead_broker_id() == 1
 
