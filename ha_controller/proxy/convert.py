@@ -14,7 +14,6 @@ from typing import Final
 from google.protobuf.duration_pb2 import Duration
 from google.protobuf.timestamp_pb2 import Timestamp
 
-from ha_controller.client.routes import fifo_queues_of
 from ha_controller.client.siphash import queue_for_message_group
 from ha_controller.proto import broker_pb2
 from ha_controller.proto.rocketmq.v2 import definition_pb2 as v2
@@ -235,22 +234,9 @@ def writable_queues(route: TopicRouteData) -> list[QueueRef]:
     return [q for q in route_queues(route) if q.writable]
 
 
-def fifo_queue(route: TopicRouteData, message_group: str) -> QueueRef:
-    """A message group's queue, as our SDK picks it: SipHash-2-4 over the queues of
-    every group that writes now or has only lost its master (``fifo_queues_of``), so
-    the group keeps its queue through a failover.  ``NotMaster`` (nothing sent) while
-    that queue's group has no writable master."""
-    keep = fifo_queues_of(route)
-    if keep:
-        mq = keep[queue_for_message_group(message_group, len(keep))]
-        for q in writable_queues(route):
-            if (q.broker_name, q.queue_id) == (mq.broker_name, mq.queue_id):
-                return q
-        raise NotMaster(
-            f"message group {message_group!r} keeps queue {mq.broker_name}/{mq.queue_id} "
-            f"of {route.topic}, whose group has no writable master now"
-        )
-    raise NotMaster(f"no writable queue for {route.topic}: every group is down or acting")
+def fifo_queue(queues: list[QueueRef], message_group: str) -> QueueRef:
+    """A message group's queue among the writable ones (SipHash-2-4, as our SDK)."""
+    return queues[queue_for_message_group(message_group, len(queues))]
 
 
 def _broker_pb(name: str, gateway: v2.Endpoints) -> v2.Broker:

@@ -332,16 +332,11 @@ class Gateway(service_pb2_grpc.MessagingServiceServicer):
         tried: set[str] = set()
         last: BaseException | None = None
         for attempt in range(self.cfg.send_attempts):
-            route = await self.route(topic, fresh=attempt > 0)
-            queues = convert.writable_queues(route)
+            queues = convert.writable_queues(await self.route(topic, fresh=attempt > 0))
             if not queues:
                 raise NotMaster(f"no writable queue for {topic}: every group is down or acting")
             if plan.message_group is not None:
-                try:
-                    q = convert.fifo_queue(route, plan.message_group)
-                except NotMaster as exc:
-                    last = exc  # the group's queue waits for its master; the route may move
-                    continue
+                q = convert.fifo_queue(queues, plan.message_group)
             else:
                 fresh = [
                     q
