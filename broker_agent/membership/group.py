@@ -173,7 +173,7 @@ class MemberGroupSync:
                     nameserver_pb2.BrokerMemberGroup,
                     timeout_ms=MEMBER_GROUP_TIMEOUT_MS,
                 )
-            except HaError as exc:
+            except (HaError, OSError) as exc:
                 log.debug("member group from %s failed: %s", ns, exc)
                 return None
             return member_group_from_pb(pb)
