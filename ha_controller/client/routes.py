@@ -187,23 +187,25 @@ class RouteCache(AsyncLifecycle):
 
         Derived once per route version (``update`` drops it) and shared by every
         send: callers must not modify the list."""
-        queues = self._publish.get(topic)
-        if queues is None:
-            route = self._routes.get(topic)
-            if route is None:
-                return []
-            queues = self._publish[topic] = publish_queues_of(route)
-        return queues
+        return self._derived(self._publish, topic, publish_queues_of)
 
     def fifo_queues(self, topic: str) -> list[MessageQueue]:
         """The queues message groups are hashed over (:func:`fifo_queues_of`); empty
         when the route is not known.  Cached like :meth:`publish_queues`."""
-        queues = self._fifo.get(topic)
+        return self._derived(self._fifo, topic, fifo_queues_of)
+
+    def _derived(
+        self,
+        cache: dict[str, list[MessageQueue]],
+        topic: str,
+        derive: Callable[[TopicRouteData], list[MessageQueue]],
+    ) -> list[MessageQueue]:
+        queues = cache.get(topic)
         if queues is None:
             route = self._routes.get(topic)
             if route is None:
                 return []
-            queues = self._fifo[topic] = fifo_queues_of(route)
+            queues = cache[topic] = derive(route)
         return queues
 
     def subscribe_queues(self, topic: str) -> list[MessageQueue]:
