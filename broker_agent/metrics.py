@@ -20,7 +20,7 @@ ESCAPE_KINDS = (
     "pop_ack",
     "pop_retry",
 )
-ESCAPE_RESULTS = ("ok", "error", "unconfirmed", "no_target")
+ESCAPE_RESULTS = ("ok", "error", "unknown", "unconfirmed", "no_target")
 
 
 class BrokerMetrics:

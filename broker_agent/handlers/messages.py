@@ -7,6 +7,7 @@ from collections.abc import Callable
 
 from broker_agent.convert import message_to_pb
 from broker_agent.core import BrokerCore
+from broker_agent.special.escape_ids import Escaped, EscapedIds
 from broker_agent.special.schedule import delayed_target
 from broker_agent.store.message_store import GetMessageStatus
 from broker_agent.write_path import WritePath
@@ -17,7 +18,7 @@ from ha_controller.protocol.errors import (
     InSyncReplicasNotEnough,
     SlaveAckTimeout,
 )
-from ha_controller.protocol.properties import PROPERTY_UNIQ_KEY
+from ha_controller.protocol.properties import PROPERTY_ESCAPE_ID, PROPERTY_UNIQ_KEY
 from ha_controller.protocol.record import tag_hash
 from ha_controller.rpc import RequestContext
 
@@ -46,6 +47,8 @@ class MessageHandlers:
         self.core = core
         self.write_path = write_path
         self._half_target = half_target  # the transaction service: a prepared message
+        #: remote escapes stored here, so that a retried one is stored once
+        self.escaped = EscapedIds()
 
     def register(self) -> None:
         add = self.core.dispatcher.add
@@ -78,6 +81,25 @@ class MessageHandlers:
             metrics.send_errors.labels(**metrics.ident, reason="replicas").inc()
             raise
         resp = broker_pb2.SendMessageResponse(broker_name=core.cfg.broker_name)
+        eid = req.entries[0].properties.get(PROPERTY_ESCAPE_ID, "") if len(req.entries) == 1 else ""
+        if eid:
+            earlier = self.escaped.find(eid, core.store.get_message_at)
+            if earlier is not None:
+                # a retried escape whose first answer was lost: answer what we stored
+                log.info(
+                    "escape %s stored before at %s/%d: not stored again",
+                    eid,
+                    earlier.store_topic,
+                    earlier.queue_offset,
+                )
+                resp.results.add(
+                    msg_id=earlier.msg_id,
+                    uniq_key=req.entries[0].properties.get(PROPERTY_UNIQ_KEY, ""),
+                    queue_id=earlier.queue_id,
+                    queue_offset=earlier.queue_offset,
+                    commit_log_offset=earlier.physical_offset,
+                )
+                return resp
         born_host = req.born_host or ctx.peer
         messages = []
         uniq_keys = []
@@ -106,6 +128,19 @@ class MessageHandlers:
                 queue_id=queue_id,
                 queue_offset=result.queue_offset,
                 commit_log_offset=result.physical_offset,
+            )
+        if eid:  # nothing awaited since the lookup: a repeat finds this one
+            first = results[0]
+            self.escaped.add(
+                eid,
+                Escaped(
+                    messages[0].topic,
+                    messages[0].queue_id,
+                    queue_id,
+                    first.queue_offset,
+                    first.msg_id,
+                    first.physical_offset,
+                ),
             )
         end = results[-1].physical_offset + results[-1].size
         wp.replicate()

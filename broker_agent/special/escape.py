@@ -45,12 +45,15 @@ from ha_controller.proto import broker_pb2
 from ha_controller.protocol.codes import RequestCode
 from ha_controller.protocol.errors import (
     BadRequest,
+    BrokerUnavailable,
+    ConnectionClosed,
     EscapeFailed,
     HaError,
     NotWritable,
+    RequestTimeout,
     TopicNotFound,
 )
-from ha_controller.protocol.properties import PROPERTY_PRODUCER_GROUP
+from ha_controller.protocol.properties import PROPERTY_ESCAPE_ID, PROPERTY_PRODUCER_GROUP
 from ha_controller.protocol.record import StoredMessage
 from ha_controller.routing import TopicRouteData
 
@@ -67,6 +70,8 @@ LOCAL: Final = "local"
 #: After a failed send, round-robin escapes avoid that master this long
 #: (while another one is available), like a producer's endpoint isolation.
 FAILED_MASTER_AVOID_S: Final = 5.0
+#: escapes whose outcome is unknown, remembered (with their target) at most
+MAX_UNKNOWN: Final = 10_000
 
 
 @dataclass(frozen=True, order=True)
@@ -197,6 +202,17 @@ class NotServingAnyMore(EscapeFailed):
     it had a message to hand on: nothing was handed on, and no attempt may follow."""
 
 
+def outcome_unknown(exc: BaseException) -> bool:
+    """Whether a failed send may still have been stored: the request left, and its
+    answer did not come (a timeout, the connection cut).  A refusal by the target, or a
+    connection that never opened, stored nothing."""
+    if isinstance(exc, BrokerUnavailable):
+        return False
+    return isinstance(exc, RequestTimeout | ConnectionClosed) or (
+        isinstance(exc, OSError) and not isinstance(exc, HaError)
+    )
+
+
 def _retriable(exc: BaseException) -> bool:
     if isinstance(exc, BadRequest):
         return False  # the message itself is refused; another try would be refused too
@@ -220,6 +236,9 @@ class EscapeBridge:
         )
         self._rr = itertools.count()
         self._failed_at: dict[str, float] = {}
+        #: escape id -> the target of an attempt whose answer never came; every later
+        #: attempt for that id goes there (it stores a repeat once, see escape_ids)
+        self._unknown: dict[str, RemoteQueue] = {}
         self.inner_producer_group = f"InnerProducerGroup_{cfg.broker_name}_{cfg.broker_id}"
         self.inner_consumer_group = f"InnerConsumerGroup_{cfg.broker_name}_{cfg.broker_id}"
 
@@ -309,9 +328,14 @@ class EscapeBridge:
         flags: int = 0,
         born_ts_ms: int | None = None,
         progress: Mapping[str, str] | None = None,
+        escape_id: str = "",
     ) -> EscapeResult:
         """Store a message on a local master (``queue_id`` honoured when it exists
         there), else on a remote master of another group (round robin).
+
+        ``escape_id`` (see :mod:`broker_agent.special.escape_ids`) names the source of a
+        remote escape: once an attempt's answer is lost, every later attempt with that id
+        goes to the same target, which stores it once.
 
         ``progress`` (a progress record of this broker's special service) travels with
         the message when this broker is the master that stores it (WritePath.put);
@@ -365,7 +389,9 @@ class EscapeBridge:
             )
             return usable[next(self._rr) % len(usable)]
 
-        return await self._put_remote(topic, body, properties, kind, flags, born_ts_ms, choose)
+        return await self._put_remote(
+            topic, body, properties, kind, flags, born_ts_ms, choose, escape_id
+        )
 
     async def put_message_to_specific_queue(
         self,
@@ -375,6 +401,7 @@ class EscapeBridge:
         *,
         kind: str,
         flags: int = 0,
+        escape_id: str = "",
     ) -> EscapeResult:
         """Like ``put_message`` but the queue is a function of (topic, our store host),
         so every call of this broker for ``topic`` reaches the same master and queue
@@ -404,7 +431,7 @@ class EscapeBridge:
         def choose(queues: list[RemoteQueue], failed: set[str]) -> RemoteQueue:
             return queues[key % len(queues)]
 
-        return await self._put_remote(topic, body, properties, kind, flags, None, choose)
+        return await self._put_remote(topic, body, properties, kind, flags, None, choose, escape_id)
 
     async def _put_local(
         self,
@@ -462,10 +489,23 @@ class EscapeBridge:
         flags: int,
         born_ts_ms: int | None,
         choose: Callable[[list[RemoteQueue], set[str]], RemoteQueue],
+        escape_id: str,
     ) -> EscapeResult:
+        """SEND_MESSAGE to a master of another group, retried with backoff.
+
+        Before the first answer is lost, each attempt checks that this broker still
+        serves (a retry comes seconds later) and chooses a target.  Once an attempt's
+        answer is lost (:func:`outcome_unknown`) and the escape has an id, the message
+        may be stored there: every later attempt goes to that target, also after this
+        broker stopped serving, until one is answered (the target answers a repeat with
+        its first store).  The attempts running out leave the target remembered for the
+        next put of the same id."""
         cfg = self.core.cfg
         own = cfg.broker_name
         props = dict(properties)
+        if escape_id:
+            props[PROPERTY_ESCAPE_ID] = escape_id
+        pinned: RemoteQueue | None = self._unknown.get(escape_id) if escape_id else None
         request = broker_pb2.SendMessageRequest(
             producer_group=props.get(PROPERTY_PRODUCER_GROUP) or self.inner_producer_group,
             topic=topic,
@@ -481,14 +521,17 @@ class EscapeBridge:
         refresh = False
 
         async def attempt() -> EscapeResult:
-            nonlocal refresh
-            self._check_still_serving(kind)  # a retry comes seconds later
-            queues = await self.routes.queues(topic, own, refresh=refresh)
-            if not queues:
-                refresh = True
-                self._count(kind, "none", "no_target")
-                raise EscapeFailed(f"no writable master of another group for {topic}")
-            target = choose(queues, failed)
+            nonlocal refresh, pinned
+            if pinned is not None:
+                target = pinned  # it may hold the message: only it can tell
+            else:
+                self._check_still_serving(kind)  # a retry comes seconds later
+                queues = await self.routes.queues(topic, own, refresh=refresh)
+                if not queues:
+                    refresh = True
+                    self._count(kind, "none", "no_target")
+                    raise EscapeFailed(f"no writable master of another group for {topic}")
+                target = choose(queues, failed)
             assert target.broker_name != own
             request.queue_id = target.queue_id
             try:
@@ -504,18 +547,24 @@ class EscapeBridge:
                 self._failed_at[target.addr] = time.monotonic()
                 refresh = True
                 self.routes.invalidate(topic)
-                self._count(kind, target.broker_name, "error")
+                unknown = escape_id and (pinned is not None or outcome_unknown(exc))
+                if unknown and pinned is None:
+                    pinned = self._remember_unknown(escape_id, target)
+                self._count(kind, target.broker_name, "unknown" if unknown else "error")
                 log.info(
-                    "escape of a %s message to %s (%s) failed: %s",
+                    "escape of a %s message to %s (%s) failed%s: %s",
                     kind,
                     target.broker_name,
                     target.addr,
+                    "; it may be stored there, retrying there" if unknown else "",
                     exc,
                 )
                 raise
             if not resp.results:
                 self._count(kind, target.broker_name, "error")
                 raise EscapeFailed(f"{target.broker_name} returned no send result")
+            if escape_id:
+                self._unknown.pop(escape_id, None)
             self._failed_at.pop(target.addr, None)
             self._count(kind, target.broker_name, "ok")
             r = resp.results[0]
@@ -544,6 +593,17 @@ class EscapeBridge:
                 f"remote escape of a {kind} message for {topic} failed: {exc}"
             ) from exc
         return result
+
+    def _remember_unknown(self, escape_id: str, target: RemoteQueue) -> RemoteQueue:
+        self._unknown[escape_id] = target
+        while len(self._unknown) > MAX_UNKNOWN:
+            self._unknown.pop(next(iter(self._unknown)))
+        return target
+
+    @property
+    def unknown_outcomes(self) -> int:
+        """Escapes sent whose answer never came (each is retried to its target)."""
+        return len(self._unknown)
 
     # ---- get --------------------------------------------------------------
 

@@ -17,6 +17,7 @@ from broker_agent.membership.acting import ActingState
 from broker_agent.metadata.offsets import ConsumerOffsetManager
 from broker_agent.metrics import BrokerMetrics
 from broker_agent.pull_hold import PullHoldService
+from broker_agent.special.steps import SpecialSteps
 from broker_agent.store.message_store import GetResult, PutResult
 from broker_agent.topics import TopicConfigManager
 from broker_agent.write_path import Stored
@@ -67,6 +68,7 @@ class CorePort(Protocol):
     holds: PullHoldService
     pool: ConnectionPool
     dispatcher: Dispatcher
+    special_steps: SpecialSteps
 
     def spawn(self, coro: Coroutine[Any, Any, None], name: str) -> None: ...
 
@@ -142,10 +144,18 @@ class EscapePort(Protocol):
         flags: int = 0,
         born_ts_ms: int | None = None,
         progress: Mapping[str, str] | None = None,
+        escape_id: str = "",
     ) -> EscapeResult: ...
 
     async def put_message_to_specific_queue(
-        self, topic: str, body: bytes, properties: dict[str, str], *, kind: str, flags: int = 0
+        self,
+        topic: str,
+        body: bytes,
+        properties: dict[str, str],
+        *,
+        kind: str,
+        flags: int = 0,
+        escape_id: str = "",
     ) -> EscapeResult: ...
 
     async def get_message(

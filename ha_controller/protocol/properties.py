@@ -76,6 +76,9 @@ PROPERTY_MESSAGE_GROUP: Final = "__SHARDINGKEY"
 PROPERTY_REAL_TOPIC: Final = "REAL_TOPIC"
 PROPERTY_REAL_QID: Final = "REAL_QID"
 PROPERTY_DUE_MS: Final = "DUE_MS"
+#: set by the escape bridge on a remote escape: the source (group, kind, record) of the
+#: escaped message, so that the target stores a retried escape once
+PROPERTY_ESCAPE_ID: Final = "ESCAPE_ID"
 #: redeliveries of a POP message (set by the broker's revive)
 PROPERTY_RECONSUME_TIME: Final = "RECONSUME_TIME"
 PROPERTY_RETRY_TOPIC: Final = "RETRY_TOPIC"

@@ -7,6 +7,7 @@ with an in-memory store and a fake write path), never a BrokerService on disk.""
 
 from __future__ import annotations
 
+import asyncio
 import socket
 import zlib
 from collections.abc import AsyncIterator, Callable
@@ -60,6 +61,9 @@ class FakeMaster:
     addr: str = ""
     #: called on every send before it is answered (a test changes the world there)
     on_send: Callable[[], None] | None = None
+    #: the first this many sends are stored, then answered only after ``slow_s``
+    slow_first: int = 0
+    slow_s: float = 0.0
 
     async def start(self) -> FakeMaster:
         d = Dispatcher()
@@ -79,6 +83,9 @@ class FakeMaster:
             self.fail_first -= 1
             raise self.error(f"{self.name} refuses this one")
         self.sends.append(req)
+        if self.slow_first > 0:
+            self.slow_first -= 1
+            await asyncio.sleep(self.slow_s)  # stored; the answer comes too late
         return broker_pb2.SendMessageResponse(
             broker_name=self.name,
             results=[
@@ -296,6 +303,53 @@ async def test_a_slave_that_stops_acting_hands_nothing_on_and_stops_retrying(env
     with pytest.raises(NotServingAnyMore):
         await plain.escape.put_message_to_specific_queue(TOPIC, b"x", {}, kind="pop_ck")
     assert b.sends == []
+
+
+async def test_an_unanswered_escape_is_retried_to_the_same_target_only(env: Env) -> None:
+    """Long-campaign seeds 1016 and 7001: an escape's answer was lost (a slow target, a
+    partition) and the message was stored there; a retry elsewhere, or none, left it
+    twice or its fate unknown when the master returned.  With an escape id, every
+    retry goes to the target that may hold it (which stores a repeat once), also after
+    this slave stopped acting, until an answer comes."""
+    slave = env.broker(escape_send_timeout_ms=200)
+    three_groups(env)
+    for m in env.masters.values():
+        m.slow_first, m.slow_s = 1, 0.5
+
+    def master_back() -> None:  # our master returns while the answer is outstanding
+        slave.core.acting.on_min_broker_change(0, "127.0.0.1:1")
+
+    for m in env.masters.values():
+        m.on_send = master_back
+    result = await slave.escape.put_message(TOPIC, b"x", {}, kind="delay", escape_id="a/delay/1/2")
+    sends = {n: m.sends for n, m in env.masters.items() if m.sends}
+    assert list(sends) == [result.target], "retried to another target"
+    assert [r.entries[0].properties["ESCAPE_ID"] for r in sends[result.target]] == [
+        "a/delay/1/2"
+    ] * 2
+    assert env.escaped(slave, result.target, "unknown") == 1
+    assert env.escaped(slave, result.target, "ok") == 1
+    assert slave.escape.unknown_outcomes == 0
+    # no id: the old way (no pinning: the target cannot tell a repeat)
+    with pytest.raises(NotServingAnyMore):
+        await slave.escape.put_message(TOPIC, b"x", {}, kind="delay")
+
+
+async def test_an_escape_left_unknown_goes_back_to_its_target_next_time(env: Env) -> None:
+    slave = env.broker(escape_send_timeout_ms=100, escape_max_attempts=2)
+    three_groups(env)
+    for m in env.masters.values():
+        m.slow_first, m.slow_s = 5, 0.3
+    with pytest.raises(EscapeFailed):
+        await slave.escape.put_message(TOPIC, b"x", {}, kind="delay", escape_id="a/delay/9/2")
+    assert slave.escape.unknown_outcomes == 1
+    (target,) = [n for n, m in env.masters.items() if m.sends]
+    for m in env.masters.values():
+        m.slow_first = 0
+    # the target is avoided after its failures: round robin would choose the other one
+    result = await slave.escape.put_message(TOPIC, b"x", {}, kind="delay", escape_id="a/delay/9/2")
+    assert result.target == target
+    assert slave.escape.unknown_outcomes == 0
 
 
 async def test_attempts_are_bounded_and_a_bad_message_is_not_retried(env: Env) -> None:

@@ -115,6 +115,7 @@ class FakeEscape:
         *,
         kind: str,
         flags: int = 0,
+        escape_id: str = "",
     ) -> EscapeResult:
         self.puts.append(EscapePut(kind, topic, body, dict(properties), flags))
         qid = ESCAPED_REVIVE_QID if topic == REVIVE else 0

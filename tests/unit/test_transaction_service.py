@@ -173,6 +173,7 @@ class FakeEscape:
         queue_id: int | None = None,
         flags: int = 0,
         born_ts_ms: int | None = None,
+        escape_id: str = "",
     ) -> EscapeResult:
         if self.failures_left > 0:
             self.failures_left -= 1
@@ -211,6 +212,7 @@ class GatedEscape(FakeEscape):
         queue_id: int | None = None,
         flags: int = 0,
         born_ts_ms: int | None = None,
+        escape_id: str = "",
     ) -> EscapeResult:
         if kind == self.gate_kind:
             self.entered.set()

@@ -1,0 +1,86 @@
+"""Escape ids: a remote escape that is retried is stored once.
+
+A remote escape is a SEND_MESSAGE to another group's master.  When its answer is lost
+(a timeout, a connection cut after the request left) the escaping broker does not know
+whether the target stored it.  Giving up leaves the message's fate unknown, and the
+returning master may deliver it again; retrying elsewhere may store it twice.  So the
+escaping broker names every remote escape by its source, sets that name in the
+``ESCAPE_ID`` property, and retries to the same target until it gets an answer; the
+target remembers the ids it stored (:class:`EscapedIds`) and answers a repeat with the
+first result instead of storing it again.
+
+The id is the source record: the escaping group, the kind of work, and the commit-log
+position and store time of the record that produced the message (a delayed message in
+the schedule queue, a half message, a POP checkpoint's message).  Master and slaves
+hold the same records at the same positions, so the id does not depend on who escapes.
+
+The target's memory is bounded and in memory: a target restarted between an escape and
+its retry stores the retry again.  An id whose stored message is gone (the target cut
+its log back on a return) counts as never stored.
+"""
+
+from __future__ import annotations
+
+from collections import OrderedDict
+from collections.abc import Callable
+from dataclasses import dataclass
+from typing import Final, TypeAlias
+
+from ha_controller.protocol.properties import PROPERTY_ESCAPE_ID
+from ha_controller.protocol.record import StoredMessage
+
+#: ids a master remembers; the oldest are forgotten first.  An escape is retried for
+#: seconds to minutes, and a busy acting slave escapes a few thousand messages a second.
+CAPACITY: Final = 200_000
+
+#: ``store.get_message_at``: (topic, queue id, queue offset) -> the message or None
+StoreReader: TypeAlias = Callable[[str, int, int], StoredMessage | None]
+
+
+def escape_id(group: str, kind: str, source: StoredMessage, part: str = "") -> str:
+    """The id of the escape of ``source``'s message by ``group`` (``part`` tells apart
+    several messages produced from one record, e.g. the offsets of a POP checkpoint)."""
+    base = f"{group}/{kind}/{source.physical_offset}/{source.store_ts_ms}"
+    return f"{base}/{part}" if part else base
+
+
+@dataclass(frozen=True, slots=True)
+class Escaped:
+    """Where a target master stored an escaped message, and what it answered."""
+
+    store_topic: str  # where the record lies (a half message's topic, ...)
+    store_queue_id: int
+    queue_id: int  # the queue the send asked for (the answer's queue id)
+    queue_offset: int
+    msg_id: str
+    physical_offset: int
+
+
+class EscapedIds:
+    """A target master's escapes by id (plain object: the send handler asks and adds)."""
+
+    def __init__(self, capacity: int = CAPACITY) -> None:
+        self.capacity = capacity
+        self._ids: OrderedDict[str, Escaped] = OrderedDict()
+        self.repeats = 0
+
+    def __len__(self) -> int:
+        return len(self._ids)
+
+    def add(self, eid: str, escaped: Escaped) -> None:
+        self._ids[eid] = escaped
+        self._ids.move_to_end(eid)
+        while len(self._ids) > self.capacity:
+            self._ids.popitem(last=False)
+
+    def find(self, eid: str, read: StoreReader) -> Escaped | None:
+        """The earlier store of ``eid`` when its message is still there, else None."""
+        escaped = self._ids.get(eid)
+        if escaped is None:
+            return None
+        msg = read(escaped.store_topic, escaped.store_queue_id, escaped.queue_offset)
+        if msg is None or msg.properties.get(PROPERTY_ESCAPE_ID) != eid:
+            del self._ids[eid]  # cut away since: store it again
+            return None
+        self.repeats += 1
+        return escaped
