@@ -26,6 +26,7 @@ from broker_agent.metadata.offsets import ConsumerOffsetManager
 from broker_agent.metrics import BrokerMetrics
 from broker_agent.pull_hold import PullHoldService
 from broker_agent.replication.ha import HaMaster, HaSlave
+from broker_agent.special.steps import SpecialSteps
 from broker_agent.store.diskspace import SpaceLevel
 from broker_agent.store.message_store import MessageStore, StoreConfig
 from broker_agent.store.retention import CleanResult
@@ -142,6 +143,8 @@ class BrokerCore:
         self.lease = Lease(cfg.broker_not_active_timeout_ms / 1000)
         self._fence: Callable[[str], None] = lambda why: None
         self._special_hooks: list[Callable[[bool], None]] = []
+        #: hand-ons of special work under way (a stop and a returning master wait)
+        self.special_steps = SpecialSteps()
         self._spawn: Callable[[Coroutine[Any, Any, None], str], None] | None = None
         self._topics_changed: Callable[[], None] = lambda: None
         self._store_state_changed: Callable[[], None] = lambda: None

@@ -5,10 +5,18 @@ or member-group sync) that it is the group's lowest live id acts for the lost
 master: its special services run and it serves the master-only operations.
 It stops the moment id 0 is back.  Every transition returns a one-line
 ``Decision`` that the service logs and acts on.
+
+A returning master contacts its acting slave (EXCHANGE_BROKER_HA_INFO) before it takes
+the slave's tables.  From then on the slave is *held*: it stops handing special work
+on, so that the tables the master takes count everything it delivered, until the
+master registers (the lead moves to id 0) or the hold runs out (the master did not
+finish its pre-online: it froze or died again), when it acts again.
 """
 
 from __future__ import annotations
 
+import time
+from collections.abc import Callable
 from dataclasses import dataclass
 
 MASTER_ID = 0
@@ -30,7 +38,12 @@ class Decision:
 
 
 class ActingState:
-    def __init__(self, broker_id: int, enable_slave_acting_master: bool) -> None:
+    def __init__(
+        self,
+        broker_id: int,
+        enable_slave_acting_master: bool,
+        clock: Callable[[], float] = time.monotonic,
+    ) -> None:
         self.broker_id = broker_id
         self.enabled = enable_slave_acting_master
         self.min_broker_id = MASTER_ID
@@ -38,6 +51,9 @@ class ActingState:
         self.master_addr: str | None = None
         self.master_ha_addr: str | None = None
         self.special_services_running = broker_id == MASTER_ID
+        self._clock = clock
+        #: while a returning master syncs from this acting slave: when the hold ends
+        self.held_until: float | None = None
 
     @property
     def is_master(self) -> bool:
@@ -45,7 +61,13 @@ class ActingState:
 
     @property
     def acting(self) -> bool:
-        """True on the lowest live slave while id 0 is gone."""
+        """True on the slave the nameserver chose to lead while id 0 is gone, unless a
+        returning master holds it (see :meth:`hold`)."""
+        return self.chosen and self.held_until is None
+
+    @property
+    def chosen(self) -> bool:
+        """The nameserver names this slave as the group's lead (held or not)."""
         return not self.is_master and self.enabled and self.min_broker_id == self.broker_id
 
     @property
@@ -60,7 +82,37 @@ class ActingState:
     def role(self) -> str:
         if self.is_master:
             return "master"
-        return "acting" if self.acting else "slave"
+        # a held slave still shows as acting: the hold lasts the master's pre-online
+        return "acting" if self.chosen else "slave"
+
+    def hold(self, for_s: float) -> Decision:
+        """A returning master is about to take this slave's tables: stop handing special
+        work on for ``for_s`` seconds (renewed by each contact).  Only a chosen slave
+        holds; a plain slave has nothing to stop."""
+        if not self.chosen:
+            return Decision(False, reason="not the chosen slave: nothing to hold")
+        was_running = self.special_services_running
+        first = self.held_until is None
+        self.held_until = self._clock() + for_s
+        self.special_services_running = False
+        return Decision(
+            first,
+            stop_special_services=was_running,
+            reason=f"returning master syncing: holding special services for {for_s:.0f} s",
+        )
+
+    def release_expired_hold(self) -> Decision:
+        """The hold ran out and the master never registered: act again."""
+        if self.held_until is None or self._clock() < self.held_until:
+            return Decision(False, reason="no hold ran out")
+        self.held_until = None
+        should_run = self.chosen
+        self.special_services_running = should_run
+        return Decision(
+            True,
+            start_special_services=should_run,
+            reason="the returning master did not register in time: acting again",
+        )
 
     def on_min_broker_change(
         self,
@@ -76,6 +128,7 @@ class ActingState:
             return Decision(False, reason=f"min id {min_id} unchanged")
         prev = self.min_broker_id
         was_running = self.special_services_running
+        self.held_until = None  # the lead changed: a hold has served its purpose
         self.min_broker_id = min_id
         self.min_broker_addr = min_addr
         should_run = self.broker_id == min_id

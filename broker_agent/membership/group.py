@@ -23,7 +23,7 @@ from broker_agent.membership.acting import Decision
 from broker_agent.membership.views import believed_view, fresh_window_ms, has_live_master
 from ha_controller.proto import broker_pb2, common_pb2, nameserver_pb2
 from ha_controller.protocol.codes import RequestCode
-from ha_controller.protocol.errors import HaError
+from ha_controller.protocol.errors import EscapesUnresolved, HaError
 from ha_controller.routing import BrokerMemberGroup
 from ha_controller.rpc import RequestContext
 from ha_controller.wire import member_group_from_pb
@@ -34,6 +34,13 @@ log = logging.getLogger(__name__)
 MEMBER_GROUP_TIMEOUT_MS: Final = 2000
 #: Once one nameserver answered, how long the others may still take.
 STRAGGLER_WAIT_MS: Final = 300
+#: How long an acting slave holds its special services for a returning master that
+#: contacted it (renewed by every contact): the master's pre-online waits up to 10 s
+#: for each slave's HA link and then fetches its tables before it registers.
+RETURN_HOLD_S: Final = 20.0
+#: How long the answer to a returning master waits for the steps under way (the
+#: master's request times out after 3 s and is sent again a second later).
+QUIESCE_WAIT_S: Final = 2.5
 
 
 class MemberGroupSync:
@@ -68,7 +75,7 @@ class MemberGroupSync:
             if (
                 req.min_broker_id == core.cfg.broker_id
                 and not core.acting.is_master
-                and not core.acting.acting
+                and not core.acting.chosen
             ):
                 # told to act: not while another nameserver still hears our master
                 # (it expired us on one nameserver only, or one has not heard of its
@@ -103,6 +110,7 @@ class MemberGroupSync:
                 core.acting.master_addr = req.master_addr or core.acting.master_addr
                 core.acting.master_ha_addr = req.master_ha_addr
                 core.ha_slave.set_master(req.master_ha_addr)
+                await self._hold_for_return(req.master_addr)
             return broker_pb2.BrokerHaInfo()
         if not core.acting.is_master:
             return broker_pb2.BrokerHaInfo()
@@ -111,6 +119,41 @@ class MemberGroupSync:
             master_flush_offset=core.store.commitlog_max_offset,
             master_addr=core.addr,
         )
+
+    async def _hold_for_return(self, master: str) -> None:
+        """An acting slave contacted by its returning master (in pre-online, about to
+        take this slave's tables): stop handing special work on, and answer once the
+        steps under way have finished, so that the tables count every message handed
+        on.  Raises EscapesUnresolved while a step is still under way (an escape
+        awaiting its answer); the master asks again, which renews the hold."""
+        core = self.core
+        decision = core.acting.hold(RETURN_HOLD_S)
+        if not core.acting.chosen:
+            return  # a plain slave: nothing to hold
+        if decision.changed:
+            log.info("%s (master %s)", decision, master)
+        if decision.stop_special_services:
+            core.set_special_services(False)
+        try:
+            async with asyncio.timeout(QUIESCE_WAIT_S):
+                await core.special_steps.idle()
+        except TimeoutError:
+            raise EscapesUnresolved(
+                f"{core.name} still hands on {core.special_steps.under_way} special "
+                "message(s) (an escape awaiting its answer); ask again"
+            ) from None
+
+    def release_expired_hold(self) -> None:
+        """The returning master did not register within the hold: act again."""
+        core = self.core
+        decision = core.acting.release_expired_hold()
+        if not decision.changed:
+            return
+        log.warning("%s", decision)
+        if decision.start_special_services:
+            core.offsets.bump_on_next_commit()
+            core.set_special_services(True)
+        core.update_role_metrics()
 
     # ---- decisions ---------------------------------------------------------------
 
@@ -215,6 +258,7 @@ class MemberGroupSync:
         core = self.core
         while True:
             await asyncio.sleep(core.cfg.sync_broker_member_group_period_ms / 1000)
+            self.release_expired_hold()
             if core.isolated:
                 continue
             before = self.applied

@@ -148,7 +148,13 @@ class PreOnline:
     async def _master(self, group: BrokerMemberGroup, synced: set[int]) -> str | None:
         """Sync from each slave not synced yet; the reason to wait, or None when done."""
         core = self.core
-        slaves = sorted((i, a) for i, a in group.broker_addrs.items() if i != core.cfg.broker_id)
+        # the acting slave last: it holds its special services from our first contact
+        # until we register (membership.group), so that gap is kept short
+        acting_id = group.acting_broker_id
+        slaves = sorted(
+            ((i, a) for i, a in group.broker_addrs.items() if i != core.cfg.broker_id),
+            key=lambda s: (s[0] == acting_id, s[0]),
+        )
         if not synced:  # before any slave re-attaches to this master
             why = await self._cut_back(group, slaves)
             if why is not None:

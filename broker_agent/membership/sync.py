@@ -11,7 +11,7 @@ from collections.abc import Awaitable, Callable, Sequence
 from broker_agent.core import BrokerCore
 from broker_agent.metadata.offsets import ConsumerOffsetSync
 from broker_agent.metadata.versioned import FETCH_TIMEOUT_MS, VersionedTable, forward_sync
-from broker_agent.special.schedule import DelayOffsetTable, TimerCheckpointFile
+from broker_agent.special.schedule import DelayOffsetTable, TimerCheckpointFile, TimerMark
 from broker_agent.store.message_store import Dispatched
 from ha_controller.proto import broker_pb2, common_pb2
 from ha_controller.protocol.codes import RequestCode
@@ -52,7 +52,7 @@ class MetadataSync:
         while True:
             await asyncio.sleep(SLAVE_SYNC_INTERVAL_S)
             master = core.acting.master_addr
-            if core.acting.acting or not core.acting.master_online or master is None:
+            if core.acting.chosen or not core.acting.master_online or master is None:
                 continue
             try:
                 topics = await core.pool.call_pb(
@@ -85,7 +85,7 @@ class MetadataSync:
         """Whether what ``master`` answered may still be taken: this slave does not act,
         and ``master`` is still its online master."""
         acting = self.core.acting
-        return not acting.acting and acting.master_online and acting.master_addr == master
+        return not acting.chosen and acting.master_online and acting.master_addr == master
 
     # ---- offsets carried by the commit log ---------------------------------------------
 
@@ -100,8 +100,8 @@ class MetadataSync:
 
     def _apply_replicated_offset(self, queue_offset: int) -> None:
         core = self.core
-        if core.acting.acting:
-            return  # while acting our own table is the newest
+        if core.acting.chosen:
+            return  # while acting (or held for the returning master) our table is the newest
         m = core.store.get_message_at(OFFSET_TOPIC, 0, queue_offset)
         if m is None:
             return
@@ -111,7 +111,9 @@ class MetadataSync:
                 self._delay_offsets.apply_replicated(int(p["Q"]), int(p["O"]))
                 return
             if p["G"] == TIMER_CHECKPOINT_GROUP:
-                self._timer.apply_replicated(int(p["L"]), int(p["O"]))
+                self._timer.apply_replicated(
+                    TimerMark(int(p["L"]), int(p["O"]), int(p.get("B", "0")))
+                )
                 return
             core.offsets.apply_replicated(p["G"], p["T"], int(p["Q"]), int(p["O"]))
         except (KeyError, ValueError):

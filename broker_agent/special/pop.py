@@ -69,6 +69,7 @@ from broker_agent.metadata.subscriptions import (
     SubscriptionGroupSync,
 )
 from broker_agent.metadata.versioned import VersionedTable, fetch_table
+from broker_agent.special.escape_ids import escape_id
 from broker_agent.special.ports import CorePort, EscapePort, WritePort
 from broker_agent.store.message_store import GetMessageStatus
 from ha_controller.client.routes import DEFAULT_TOPIC_QUEUE_NUMS
@@ -947,12 +948,13 @@ class PopService:
         for rq in queues:
             self._read_records(rq)
         for p in self.state.due(now_ms()):
-            if await self._revive(p):
-                self.state.pending.pop(p.ck.key, None)
-                # revived offsets are done: whoever reads this CK again skips them
-                # (a re-put CK keeps the key, its failed offsets stay to do)
-                done = {o for o in p.ck.offsets if o in p.acked}
-                self.acks.record(p.ck.key, done, (p.revive_qid, p.revive_offset))
+            with core.special_steps.step():  # the revive and its record, uncut
+                if await self._revive(p):
+                    self.state.pending.pop(p.ck.key, None)
+                    # revived offsets are done: whoever reads this CK again skips them
+                    # (a re-put CK keeps the key, its failed offsets stay to do)
+                    done = {o for o in p.ck.offsets if o in p.acked}
+                    self.acks.record(p.ck.key, done, (p.revive_qid, p.revive_offset))
         for rq in queues:
             offset = self.state.commit_offset(rq)
             if offset != core.offsets.query(REVIVE_GROUP, self.revive_topic, rq):
@@ -984,6 +986,7 @@ class PopService:
                     self._retry_properties(msg, ck),
                     kind="pop_retry",
                     flags=msg.flags,
+                    escape_id=escape_id(self.core.cfg.broker_name, "pop_retry", msg, ck.key),
                 )
             except HaError as exc:
                 log.info("revive of %s offset %d failed: %s", ck.key, offset, exc)

@@ -51,6 +51,7 @@ from typing import Final
 
 from broker_agent.metadata.offsets import write_json_atomic
 from broker_agent.metadata.versioned import VersionedTable, fetch_table
+from broker_agent.special.escape_ids import escape_id
 from broker_agent.special.ports import CorePort, EscapePort, WritePort
 from ha_controller.config import BrokerConfig
 from ha_controller.dataversion import DataVersion, SteppedVersion
@@ -274,11 +275,15 @@ class DelayOffsetTable:
 class TimerCheckpoint:
     """How far timer delivery got: entries of the timer queue below
     ``master_timer_queue_offset`` that are due at or before ``last_read_time_ms``
-    have been delivered."""
+    have been delivered, and so have those due in the millisecond after it whose queue
+    offset is below ``next_ms_delivered_below`` (0: none).  Entries due in the same
+    millisecond are delivered in queue order, so that one number says which of them
+    are done when a failover or a return comes between two of them."""
 
     last_read_time_ms: int = 0
     master_timer_queue_offset: int = 0
     data_version: DataVersion | None = None
+    next_ms_delivered_below: int = 0
 
     def __post_init__(self) -> None:
         if self.data_version is None:
@@ -293,8 +298,23 @@ class TimerCheckpoint:
         return {
             "lastReadTimeMs": self.last_read_time_ms,
             "masterTimerQueueOffset": self.master_timer_queue_offset,
+            "nextMsDeliveredBelow": self.next_ms_delivered_below,
             "dataVersion": self.version.to_dict(),
         }
+
+    @property
+    def mark(self) -> TimerMark:
+        return TimerMark(
+            self.last_read_time_ms, self.master_timer_queue_offset, self.next_ms_delivered_below
+        )
+
+    def delivered(self, due: int, offset: int) -> bool:
+        """Whether the entry at ``offset`` of the timer queue, due at ``due``, is done."""
+        if offset >= self.master_timer_queue_offset:
+            return False
+        return due <= self.last_read_time_ms or (
+            due == self.last_read_time_ms + 1 and offset < self.next_ms_delivered_below
+        )
 
     @classmethod
     def from_dict(cls, data: Mapping[str, object]) -> TimerCheckpoint:
@@ -303,7 +323,26 @@ class TimerCheckpoint:
             int(str(data.get("lastReadTimeMs", 0))),
             int(str(data.get("masterTimerQueueOffset", 0))),
             DataVersion.from_dict(version) if isinstance(version, dict) else DataVersion(),
+            int(str(data.get("nextMsDeliveredBelow", 0))),
         )
+
+
+@dataclass(frozen=True, slots=True)
+class TimerMark:
+    """A timer checkpoint without its version (see :class:`TimerCheckpoint`)."""
+
+    last_read_time_ms: int
+    queue_offset: int
+    next_ms_delivered_below: int = 0
+
+    def record(self) -> dict[str, str]:
+        """As a progress record (replicated through the commit log)."""
+        return {
+            "G": TIMER_CHECKPOINT_GROUP,
+            "L": str(self.last_read_time_ms),
+            "O": str(self.queue_offset),
+            "B": str(self.next_ms_delivered_below),
+        }
 
 
 class TimerCheckpointFile:
@@ -329,39 +368,39 @@ class TimerCheckpointFile:
         self._dirty = False
         write_json_atomic(self.path, self.cp.to_dict())
 
-    def advance(self, last_read_time_ms: int, queue_offset: int) -> bool:
-        if (last_read_time_ms, queue_offset) == (
-            self.cp.last_read_time_ms,
-            self.cp.master_timer_queue_offset,
-        ):
+    def _set(self, mark: TimerMark) -> bool:
+        cp = self.cp
+        if mark == cp.mark:
             return False
-        self.cp.last_read_time_ms = last_read_time_ms
-        self.cp.master_timer_queue_offset = queue_offset
-        self.cp.version.next_version()
+        cp.last_read_time_ms = mark.last_read_time_ms
+        cp.master_timer_queue_offset = mark.queue_offset
+        cp.next_ms_delivered_below = mark.next_ms_delivered_below
         self._dirty = True
+        return True
+
+    def advance(self, mark: TimerMark) -> bool:
+        if not self._set(mark):
+            return False
+        self.cp.version.next_version()
         return True
 
     def bump(self) -> None:
         self.cp.version.take_over()
         self._dirty = True
 
-    def apply_replicated(self, last_read_time_ms: int, queue_offset: int) -> None:
+    def apply_replicated(self, mark: TimerMark) -> None:
         """A checkpoint the master reached, replicated through the commit log (slave
         side; records arrive in log order, so the newest wins)."""
-        cp = self.cp
-        if (last_read_time_ms, queue_offset) != (
-            cp.last_read_time_ms,
-            cp.master_timer_queue_offset,
-        ):
-            cp.last_read_time_ms = last_read_time_ms
-            cp.master_timer_queue_offset = queue_offset
-            self._dirty = True
+        self._set(mark)
 
     def assign(self, other: TimerCheckpoint) -> bool:
         if other.to_dict() == self.cp.to_dict():
             return False
         self.cp = TimerCheckpoint(
-            other.last_read_time_ms, other.master_timer_queue_offset, other.version.copy()
+            other.last_read_time_ms,
+            other.master_timer_queue_offset,
+            other.version.copy(),
+            other.next_ms_delivered_below,
         )
         self._dirty = True
         return True
@@ -466,6 +505,8 @@ class TimerIndex:
         #: may name)
         self.due_of: dict[str, tuple[int, str]] = {}
         self._uniq_at: dict[int, str] = {}
+        #: (due, queue offset) of the entry popped last
+        self._popped: tuple[int, int] | None = None
 
     def __len__(self) -> int:
         return len(self._heap)
@@ -482,25 +523,34 @@ class TimerIndex:
     def pop(self) -> None:
         due, offset = heapq.heappop(self._heap)
         self.max_delivered_due = max(self.max_delivered_due, due)
+        self._popped = (due, offset)
         uniq = self._uniq_at.pop(offset, None)
         entry = self.due_of.get(uniq) if uniq is not None else None
         if uniq is not None and entry is not None and entry[0] == due:
             del self.due_of[uniq]
 
-    def checkpoint_after_head(self) -> tuple[int, int]:
-        """:meth:`checkpoint` as it will be once the head entry is popped."""
-        due, _ = self._heap[0]
-        after = [self._heap[i][0] for i in (1, 2) if i < len(self._heap)]
-        last = max(self.max_delivered_due, due) if not after else min(after) - 1
-        return last, self.read_offset
+    def _mark(self, next_due: int | None, popped: tuple[int, int] | None, top: int) -> TimerMark:
+        if next_due is None:
+            return TimerMark(top, self.read_offset)
+        last = next_due - 1
+        # the heap pops by (due, offset), and entries are read in offset order: the
+        # delivered entries due at next_due are those below the last one popped
+        below = popped[1] + 1 if popped is not None and popped[0] == next_due else 0
+        return TimerMark(last, self.read_offset, below)
 
-    def checkpoint(self) -> tuple[int, int]:
-        """(last_read_time_ms, master_timer_queue_offset) that holds now: every
-        entry below the offset that is due at or before the time is delivered
-        (the heap holds exactly the undelivered ones)."""
+    def checkpoint_after_head(self) -> TimerMark:
+        """:meth:`checkpoint` as it will be once the head entry is popped."""
+        head = self._heap[0]
+        after = [self._heap[i][0] for i in (1, 2) if i < len(self._heap)]
+        top = max(self.max_delivered_due, head[0])
+        return self._mark(min(after) if after else None, head, top)
+
+    def checkpoint(self) -> TimerMark:
+        """The checkpoint that holds now: every entry below the read offset that is
+        due at or before the time is delivered, and those of the next millisecond
+        below ``next_ms_delivered_below`` (the heap holds exactly the undelivered ones)."""
         head = self.peek()
-        last = self.max_delivered_due if head is None else head[0] - 1
-        return last, self.read_offset
+        return self._mark(None if head is None else head[0], self._popped, self.max_delivered_due)
 
 
 # ---- the service -----------------------------------------------------------------
@@ -576,6 +626,9 @@ class ScheduleService:
                     ]
                     tasks.append(tg.create_task(self._timer_loop(), name="schedule-timer"))
                     await self._want_stop.wait()
+                    # a delivery under way finishes with its progress (special.steps);
+                    # new ones fail fast now that this broker does not serve
+                    await self.core.special_steps.idle()
                     for task in tasks:
                         task.cancel()
             finally:
@@ -624,6 +677,7 @@ class ScheduleService:
                 flags=msg.flags,
                 born_ts_ms=msg.born_ts_ms,
                 progress=progress,
+                escape_id=escape_id(self.cfg.broker_name, kind, msg),
             )
         except EscapeFailed as exc:
             log.warning("delivering a %s message for %s failed, will retry: %s", kind, topic, exc)
@@ -666,9 +720,11 @@ class ScheduleService:
                 self.delay_offsets.update(level, offset + 1)
                 self.write_path.replicate_record(progress)
                 continue
-            if await self._deliver(msg, "delay", progress):
-                self.delay_offsets.update(level, offset + 1)
-            else:
+            with self.core.special_steps.step():
+                delivered = await self._deliver(msg, "delay", progress)
+                if delivered:
+                    self.delay_offsets.update(level, offset + 1)
+            if not delivered:
                 await asyncio.sleep(POLL_S)
 
     def _read_timer_queue(self, index: TimerIndex) -> None:
@@ -687,7 +743,7 @@ class ScheduleService:
                 if self.recalls.add(recalled, due, msg.properties.get(PROPERTY_REAL_TOPIC, "")):
                     log.info("timer message %s recalled (marker at %d)", recalled, offset)
                 continue
-            if offset < cp.master_timer_queue_offset and due <= cp.last_read_time_ms:
+            if cp.delivered(due, offset):
                 continue  # delivered before the checkpoint was taken
             index.add(
                 due,
@@ -744,12 +800,14 @@ class ScheduleService:
             if now - head[0] > OVERDUE_LOG_MS:
                 self._log_overdue("timer", msg, offset, now - head[0])
             # the checkpoint that holds once this head is delivered travels with it
-            last, read_offset = index.checkpoint_after_head()
-            progress = {"G": TIMER_CHECKPOINT_GROUP, "L": str(last), "O": str(read_offset)}
-            if await self._deliver(msg, "timer", progress):
-                index.pop()
-                self.timer.advance(last, read_offset)
-            else:
+            mark = index.checkpoint_after_head()
+            progress = mark.record()
+            with self.core.special_steps.step():
+                delivered = await self._deliver(msg, "timer", progress)
+                if delivered:
+                    index.pop()
+                    self.timer.advance(mark)
+            if not delivered:
                 await asyncio.sleep(POLL_S)
 
     def _log_overdue(self, what: str, msg: StoredMessage, offset: int, late_ms: int) -> None:
@@ -770,13 +828,11 @@ class ScheduleService:
         )
 
     def _checkpoint(self, index: TimerIndex) -> None:
-        last, offset = index.checkpoint()
-        if self.timer.advance(last, offset):
+        mark = index.checkpoint()
+        if self.timer.advance(mark):
             # the slave that may act next learns it with the durability of a message,
             # not by the 2 s forward sync (a delivery in that window came twice)
-            self.write_path.replicate_record(
-                {"G": TIMER_CHECKPOINT_GROUP, "L": str(last), "O": str(offset)}
-            )
+            self.write_path.replicate_record(mark.record())
 
     # ---- recall ---------------------------------------------------------------------
 
@@ -876,6 +932,7 @@ class ScheduleService:
             last_read_time_ms=cp.last_read_time_ms,
             master_timer_queue_offset=cp.master_timer_queue_offset,
             data_version=data_version_to_pb(cp.version),
+            next_ms_delivered_below=cp.next_ms_delivered_below,
         )
 
     async def _get_delay_offsets(
@@ -898,6 +955,7 @@ def timer_from_pb(pb: broker_pb2.TimerCheckpoint) -> TimerCheckpoint:
         pb.last_read_time_ms,
         pb.master_timer_queue_offset,
         data_version_from_pb(pb.data_version),
+        pb.next_ms_delivered_below,
     )
 
 
@@ -953,8 +1011,10 @@ class TimerCheckpointSync:
         return self.service.timer.adopt_if_newer(snapshot)
 
     def describe(self, snapshot: TimerCheckpoint) -> str:
+        below = snapshot.next_ms_delivered_below
         return (
             f"offset {snapshot.master_timer_queue_offset}, last read {snapshot.last_read_time_ms}"
+            + (f" (and the next ms below offset {below})" if below else "")
         )
 
     def busy(self) -> bool:

@@ -44,6 +44,7 @@ from typing import Any, Final
 
 from broker_agent.metadata.offsets import write_json_atomic
 from broker_agent.metadata.versioned import VersionedTable, fetch_table
+from broker_agent.special.escape_ids import escape_id
 from broker_agent.special.ports import CorePort, EscapePort, WritePort
 from broker_agent.store.message_store import GetMessageStatus, PutResult
 from ha_controller.dataversion import DataVersion
@@ -405,9 +406,10 @@ class TransactionService:
             return common_pb2.Empty()
         self._inflight.add(offset)
         try:
-            if req.commit:
-                await self._deliver(msg, offset)
-            await self._record(msg, offset, "commit" if req.commit else "rollback")
+            with self.core.special_steps.step():  # the escape and its record, uncut
+                if req.commit:
+                    await self._deliver(msg, offset)
+                await self._record(msg, offset, "commit" if req.commit else "rollback")
         finally:
             self._inflight.discard(offset)
         log.info(
@@ -460,7 +462,13 @@ class TransactionService:
             )
             return
         result = await self.escape.put_message(
-            topic, msg.body, props, kind="transaction", flags=msg.flags, born_ts_ms=msg.born_ts_ms
+            topic,
+            msg.body,
+            props,
+            kind="transaction",
+            flags=msg.flags,
+            born_ts_ms=msg.born_ts_ms,
+            escape_id=escape_id(core.cfg.broker_name, "transaction", msg),
         )
         log.info("committed transaction %s escaped to %s", msg.uniq_key, result.target)
 
@@ -645,7 +653,8 @@ class TransactionService:
         self._inflight.add(o)
         done = self._escaping[o] = asyncio.Event()
         try:
-            return await self._escape_half(msg)
+            with self.core.special_steps.step():
+                return await self._escape_half(msg)
         finally:
             self._inflight.discard(o)
             del self._escaping[o]
@@ -669,6 +678,7 @@ class TransactionService:
                     kind="transaction_half",
                     flags=msg.flags,
                     born_ts_ms=msg.born_ts_ms,
+                    escape_id=escape_id(core.cfg.broker_name, "transaction_half", msg),
                 )
                 target = result.target
                 remote_offset = result.queue_offset

@@ -239,14 +239,16 @@ class DelayOffsetTable(_message.Message):
     def __init__(self, offsets: _Optional[_Mapping[int, int]] = ..., data_version: _Optional[_Union[_common_pb2.DataVersion, _Mapping]] = ...) -> None: ...
 
 class TimerCheckpoint(_message.Message):
-    __slots__ = ("last_read_time_ms", "master_timer_queue_offset", "data_version")
+    __slots__ = ("last_read_time_ms", "master_timer_queue_offset", "data_version", "next_ms_delivered_below")
     LAST_READ_TIME_MS_FIELD_NUMBER: _ClassVar[int]
     MASTER_TIMER_QUEUE_OFFSET_FIELD_NUMBER: _ClassVar[int]
     DATA_VERSION_FIELD_NUMBER: _ClassVar[int]
+    NEXT_MS_DELIVERED_BELOW_FIELD_NUMBER: _ClassVar[int]
     last_read_time_ms: int
     master_timer_queue_offset: int
     data_version: _common_pb2.DataVersion
-    def __init__(self, last_read_time_ms: _Optional[int] = ..., master_timer_queue_offset: _Optional[int] = ..., data_version: _Optional[_Union[_common_pb2.DataVersion, _Mapping]] = ...) -> None: ...
+    next_ms_delivered_below: int
+    def __init__(self, last_read_time_ms: _Optional[int] = ..., master_timer_queue_offset: _Optional[int] = ..., data_version: _Optional[_Union[_common_pb2.DataVersion, _Mapping]] = ..., next_ms_delivered_below: _Optional[int] = ...) -> None: ...
 
 class LockBatchRequest(_message.Message):
     __slots__ = ("consumer_group", "client_id", "mqs", "only_this_broker")

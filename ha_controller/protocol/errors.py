@@ -284,6 +284,14 @@ class NotRecallable(HaError, LookupError):
     code = 601
 
 
+class EscapesUnresolved(HaError):
+    """An acting slave still hands special work on, or does not know yet whether an
+    escape arrived; its returning master asks again before taking its tables."""
+
+    code = 602
+    retriable = True
+
+
 class ConfigError(HaError, ValueError):
     """A bad configuration value; the message names the key."""
 

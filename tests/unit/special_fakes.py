@@ -34,6 +34,7 @@ from broker_agent.metadata.offsets import ConsumerOffsetManager
 from broker_agent.metrics import BrokerMetrics
 from broker_agent.pull_hold import PullHoldService
 from broker_agent.special.escape import EscapeBridge
+from broker_agent.special.steps import SpecialSteps
 from broker_agent.store.message_store import GetMessageStatus, GetResult, PutResult
 from broker_agent.topics import TopicConfigManager
 from broker_agent.write_path import Stored
@@ -275,6 +276,7 @@ class FakeCore:
         self.pool = ConnectionPool(connect_timeout_ms=2000)
         self.dispatcher = Dispatcher()
         self.special_hooks: list[Callable[[bool], None]] = []
+        self.special_steps = SpecialSteps()
         self.topics_changed_calls = 0
         self.spawned: list[str] = []
         #: where spawn() runs coroutines; None closes them unrun (as BrokerCore does

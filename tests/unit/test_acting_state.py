@@ -36,6 +36,45 @@ def test_higher_slave_never_acts_and_master_ignores_changes() -> None:
     assert master.serves_master_only_ops
 
 
+def test_a_returning_master_holds_the_acting_slave_until_it_registers() -> None:
+    now = [100.0]
+    s = ActingState(broker_id=1, enable_slave_acting_master=True, clock=lambda: now[0])
+    assert s.on_min_broker_change(1, "s1:1", offline_addr="m:1").start_special_services
+    d = s.hold(20)
+    assert d.changed and d.stop_special_services
+    assert not s.acting and s.chosen and not s.serves_master_only_ops
+    assert s.role == "acting"  # still the group's lead for the nameserver and dashboards
+    now[0] += 10
+    d = s.hold(20)  # the master asks again: renewed, nothing more to stop
+    assert not d.changed and not d.stop_special_services
+    now[0] += 15
+    assert not s.release_expired_hold().changed  # renewed at 110: holds until 130
+    d = s.on_min_broker_change(0, "m:1")  # the master registered
+    assert d.master_online and not d.stop_special_services  # already stopped
+    assert s.held_until is None and not s.acting and s.role == "slave"
+
+
+def test_a_hold_that_runs_out_makes_the_slave_act_again() -> None:
+    now = [0.0]
+    s = ActingState(broker_id=1, enable_slave_acting_master=True, clock=lambda: now[0])
+    s.on_min_broker_change(1, "s1:1", offline_addr="m:1")
+    s.hold(20)
+    now[0] = 19.9
+    assert not s.release_expired_hold().changed
+    now[0] = 20.0  # the master froze or died again in its pre-online
+    d = s.release_expired_hold()
+    assert d.start_special_services and s.acting
+    assert not s.release_expired_hold().changed
+
+
+def test_only_the_chosen_slave_holds() -> None:
+    s2 = ActingState(broker_id=2, enable_slave_acting_master=True)
+    s2.on_min_broker_change(1, "s1:1", offline_addr="m:1")
+    assert not s2.hold(20).changed and s2.held_until is None
+    master = ActingState(broker_id=0, enable_slave_acting_master=True)
+    assert not master.hold(20).changed and master.acting is False and master.is_master
+
+
 def test_disabled_acting_master_never_acts() -> None:
     s = ActingState(broker_id=1, enable_slave_acting_master=False)
     assert not s.on_min_broker_change(1, "s1:1").changed

@@ -25,6 +25,7 @@ from broker_agent.special.schedule import (
     TimerCheckpoint,
     TimerCheckpointFile,
     TimerIndex,
+    TimerMark,
     delayed_target,
     restored,
 )
@@ -166,8 +167,8 @@ def test_timer_checkpoint_version_moves_on_every_change(tmp_path: Path) -> None:
     cp = TimerCheckpointFile(tmp_path / "timer.json")
     cp.load()
     before = cp.cp.version.counter
-    assert cp.advance(1000, 3)
-    assert not cp.advance(1000, 3)
+    assert cp.advance(TimerMark(1000, 3))
+    assert not cp.advance(TimerMark(1000, 3))
     assert cp.cp.version.counter == before + 1
     newer = TimerCheckpoint(2000, 32, DataVersion(0, before + 5, 1))
     assert cp.adopt_if_newer(newer)
@@ -181,12 +182,36 @@ def test_timer_index_checkpoint_covers_only_delivered_entries() -> None:
     for offset, due in enumerate([500, 300, 400]):
         index.add(due, offset)
     index.read_offset = 3
-    assert index.checkpoint() == (299, 3)
+    assert index.checkpoint() == TimerMark(299, 3)
     index.pop()  # 300
-    assert index.checkpoint() == (399, 3)
+    assert index.checkpoint() == TimerMark(399, 3)
     index.pop()
     index.pop()
-    assert index.checkpoint() == (500, 3)
+    assert index.checkpoint() == TimerMark(500, 3)
+
+
+def test_timer_checkpoint_tells_apart_entries_due_in_the_same_millisecond() -> None:
+    """Three entries due in one millisecond: after the first is delivered the checkpoint
+    must say so (a slave taking over, or a master taking the acting slave's table back,
+    delivered it a second time when it could only say "up to the millisecond before")."""
+    index = TimerIndex()
+    for offset in range(3):
+        index.add(700, offset)
+    index.add(800, 3)
+    index.read_offset = 4
+    assert index.checkpoint_after_head() == TimerMark(699, 4, 1)
+    index.pop()
+    assert index.checkpoint() == TimerMark(699, 4, 1)
+    assert index.checkpoint_after_head() == TimerMark(699, 4, 2)
+    index.pop()
+    index.pop()
+    assert index.checkpoint() == TimerMark(799, 4)  # the whole millisecond is done
+    # what a broker reading the timer queue with that checkpoint skips
+    cp = TimerCheckpoint(699, 4, None, 2)
+    assert [cp.delivered(700, o) for o in range(3)] == [True, True, False]
+    assert not cp.delivered(800, 3)
+    assert not cp.delivered(700, 5)  # not read when the checkpoint was taken
+    assert TimerCheckpoint.from_dict(cp.to_dict()).mark == TimerMark(699, 4, 2)
 
 
 # ---- the service over fakes of its ports -----------------------------------------------
@@ -344,7 +369,7 @@ async def test_pre_online_adopts_a_newer_slave_table_over_rpc(nodes: NodeFactory
     slave.schedule.timer.bump()
     for i in range(1, 33):
         slave.schedule.delay_offsets.update(1, i)
-    slave.schedule.timer.advance(12345, 32)
+    slave.schedule.timer.advance(TimerMark(12345, 32))
     server = RpcServer(slave.core.dispatcher, name="slave")
     host, port = await server.start("127.0.0.1", 0)
     try:
@@ -390,7 +415,9 @@ async def test_each_delivery_carries_its_progress_to_the_slaves(nodes: NodeFacto
     assert int(timer[-1]["L"]) >= now + 200 - 1
     # a slave applying the replicated timer record knows the master's checkpoint
     slave = nodes(broker_id=1, store="b")
-    slave.schedule.timer.apply_replicated(int(timer[-1]["L"]), int(timer[-1]["O"]))
+    slave.schedule.timer.apply_replicated(
+        TimerMark(int(timer[-1]["L"]), int(timer[-1]["O"]), int(timer[-1]["B"]))
+    )
     cp = slave.schedule.timer.cp
     assert (cp.last_read_time_ms, cp.master_timer_queue_offset) == (
         master.schedule.timer.cp.last_read_time_ms,

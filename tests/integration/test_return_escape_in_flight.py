@@ -1,0 +1,180 @@
+"""An escape whose answer is lost when the master returns is neither lost nor doubled
+(issue 17, long-campaign seeds 1016, 7001, 7002).
+
+g1's master is frozen past its expiry and its slave acts.  Just before timer messages
+fall due, g2's master (the only escape target) freezes for less than its expiry: the
+acting slave's first escape times out, its fate unknown, and its retries queue up in
+g2's socket.  g1's master is resumed while that escape is still unanswered.  It must
+not take the slave's tables before the slave knows where the message went (or it
+delivers it again), and g2 must store the queued retries once.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import time
+from collections import Counter
+from pathlib import Path
+
+from special_helpers import create_topic_on, masters_online, messages_on
+
+from ha_controller.client.admin import NameserverClient
+from ha_controller.proto import broker_pb2
+from ha_controller.protocol.codes import RequestCode
+from ha_controller.rpc import ConnectionPool
+from ha_controller.testing import Cluster, eventually, run_cluster
+
+TOPIC = "EscapeInFlight"
+QUEUES = 2
+COUNT = 6
+NOT_ACTIVE_MS = 6000
+DUE_AFTER_S = 10.0  # the slave acts about 7 s after the freeze
+
+
+async def _send_timers(pool: ConnectionPool, master: str, due_ms: int) -> list[str]:
+    keys = []
+    for i in range(COUNT):
+        key = f"t-{i}"
+        await pool.call_pb(
+            master,
+            RequestCode.SEND_MESSAGE,
+            broker_pb2.SendMessageRequest(
+                producer_group="PG",
+                topic=TOPIC,
+                queue_id=i % QUEUES,
+                entries=[
+                    broker_pb2.SendEntry(
+                        body=b"timer",
+                        properties={"UNIQ_KEY": key, "TIMER_DELIVER_MS": str(due_ms)},
+                    )
+                ],
+            ),
+            broker_pb2.SendMessageResponse,
+            5000,
+        )
+        keys.append(key)
+    return keys
+
+
+async def _lead_is(namesrv: str, group: str, addr: str) -> bool:
+    async with NameserverClient([namesrv]) as ns:
+        members = await ns.member_group("DefaultCluster", group)
+    return members.broker_addrs.get(0) == addr or (
+        members.acting_broker_id is not None
+        and members.broker_addrs.get(members.acting_broker_id) == addr
+    )
+
+
+async def _at(start: float, offset_s: float) -> None:
+    await asyncio.sleep(max(0.0, start + offset_s - time.monotonic()))
+
+
+async def test_escape_unanswered_at_the_return_is_delivered_once(tmp_path: Path) -> None:
+    slave_env = {
+        "HAC_ESCAPE_SEND_TIMEOUT_MS": "500",
+        "HAC_ESCAPE_BACKOFF_INITIAL_MS": "100",
+        "HAC_ESCAPE_BACKOFF_MAX_MS": "400",
+        "HAC_ESCAPE_MAX_ATTEMPTS": "40",
+    }
+    cluster: Cluster = run_cluster(
+        ("g1", "g2"),
+        2,
+        workdir=tmp_path,
+        env={"HAC_BROKER_NOT_ACTIVE_TIMEOUT_MS": str(NOT_ACTIVE_MS)},
+        broker_env={("g1", 1): slave_env},
+    )
+    g1, slave, g2 = cluster.broker("g1", 0), cluster.broker("g1", 1), cluster.broker("g2", 0)
+    try:
+        await masters_online(cluster.namesrv, ("g1", "g2"))
+        for g in ("g1", "g2"):
+            await create_topic_on(cluster.broker(g, 0).rpc, TOPIC, QUEUES)
+        async with ConnectionPool() as pool:
+            start = time.monotonic()
+            keys = await _send_timers(pool, g1.rpc, int(time.time() * 1000 + DUE_AFTER_S * 1000))
+            g1.pause()
+            await eventually(lambda: _lead_is(cluster.namesrv, "g1", slave.rpc), timeout=15)
+            assert time.monotonic() - start < DUE_AFTER_S - 0.6, "the slave acted too late"
+            await _at(start, DUE_AFTER_S - 0.4)
+            g2.pause()  # shorter than its expiry (its lease holds): it stores on resume
+            await _at(start, DUE_AFTER_S + 0.7)  # the first escape has timed out
+            g1.resume()
+            # the master asks the acting slave at once; the slave's answer waits 2.5 s
+            # for the escape, then says EscapesUnresolved, and the master asks again
+            await _at(start, DUE_AFTER_S + 4.0)
+            g2.resume()
+            await eventually(lambda: _lead_is(cluster.namesrv, "g1", g1.rpc), timeout=30)
+
+            async def all_there() -> bool:
+                got = {
+                    m.properties["UNIQ_KEY"]
+                    for m in await messages_on(pool, [g1.rpc, g2.rpc], TOPIC, QUEUES)
+                }
+                return set(keys) <= got
+
+            await eventually(all_there, timeout=20, interval=0.2)
+            await asyncio.sleep(1.0)  # time for a wrong second delivery
+            seen = Counter(
+                m.properties["UNIQ_KEY"]
+                for m in await messages_on(pool, [g1.rpc, g2.rpc], TOPIC, QUEUES)
+            )
+        twice = {k: n for k, n in seen.items() if n > 1}
+        assert not twice, (
+            f"delivered more than once: {twice}\n--- g1\n{g1.log_tail(60)}\n"
+            f"--- slave\n{slave.log_tail(60)}\n--- g2\n{g2.log_tail(30)}"
+        )
+        # the race happened: the master asked while the escape was unanswered
+        assert "awaiting its answer" in g1.log_path.read_text(), g1.log_tail(60)
+    finally:
+        for b in (g1, g2):
+            b.resume()
+        cluster.stop()
+
+
+async def test_a_master_stores_a_repeated_escape_once(tmp_path: Path) -> None:
+    """The target side: a SEND_MESSAGE with an ESCAPE_ID it stored before is answered
+    with the first store (over real TCP to a broker process), a different id is stored."""
+    cluster: Cluster = run_cluster(("g1",), 1, workdir=tmp_path)
+    master = cluster.broker("g1", 0)
+    try:
+        await masters_online(cluster.namesrv, ("g1",))
+        await create_topic_on(master.rpc, TOPIC, QUEUES)
+        async with ConnectionPool() as pool:
+
+            async def send(escape_id: str, queue_id: int) -> broker_pb2.SendResult:
+                resp = await pool.call_pb(
+                    master.rpc,
+                    RequestCode.SEND_MESSAGE,
+                    broker_pb2.SendMessageRequest(
+                        producer_group="PG",
+                        topic=TOPIC,
+                        queue_id=queue_id,
+                        no_replica_wait=True,
+                        entries=[
+                            broker_pb2.SendEntry(
+                                body=b"escaped",
+                                properties={"UNIQ_KEY": escape_id, "ESCAPE_ID": escape_id},
+                            )
+                        ],
+                    ),
+                    broker_pb2.SendMessageResponse,
+                    5000,
+                )
+                return resp.results[0]
+
+            first = await send("g9/delay/100/5", 0)
+            again = await send("g9/delay/100/5", 1)  # a retry may ask for another queue
+            other = await send("g9/delay/200/5", 0)
+            stored = await messages_on(pool, [master.rpc], TOPIC, QUEUES)
+        assert (again.msg_id, again.queue_id, again.queue_offset) == (
+            first.msg_id,
+            first.queue_id,
+            first.queue_offset,
+        )
+        assert other.msg_id != first.msg_id
+        assert sorted(m.properties["ESCAPE_ID"] for m in stored) == [
+            "g9/delay/100/5",
+            "g9/delay/200/5",
+        ]
+        assert "not stored again" in master.log_path.read_text()
+    finally:
+        cluster.stop()
