@@ -70,8 +70,6 @@ LOCAL: Final = "local"
 #: After a failed send, round-robin escapes avoid that master this long
 #: (while another one is available), like a producer's endpoint isolation.
 FAILED_MASTER_AVOID_S: Final = 5.0
-#: escapes whose outcome is unknown, remembered (with their target) at most
-MAX_UNKNOWN: Final = 10_000
 
 
 @dataclass(frozen=True, order=True)
@@ -236,9 +234,8 @@ class EscapeBridge:
         )
         self._rr = itertools.count()
         self._failed_at: dict[str, float] = {}
-        #: escape id -> the target of an attempt whose answer never came; every later
-        #: attempt for that id goes there (it stores a repeat once, see escape_ids)
-        self._unknown: dict[str, RemoteQueue] = {}
+        #: puts retrying to the target of an attempt whose answer never came
+        self.unknown_outcomes = 0
         self.inner_producer_group = f"InnerProducerGroup_{cfg.broker_name}_{cfg.broker_id}"
         self.inner_consumer_group = f"InnerConsumerGroup_{cfg.broker_name}_{cfg.broker_id}"
 
@@ -498,14 +495,15 @@ class EscapeBridge:
         answer is lost (:func:`outcome_unknown`) and the escape has an id, the message
         may be stored there: every later attempt goes to that target, also after this
         broker stopped serving, until one is answered (the target answers a repeat with
-        its first store).  The attempts running out leave the target remembered for the
-        next put of the same id."""
+        its first store).  When the attempts run out the fate stays unknown (logged):
+        the next put chooses afresh, so a target that never comes back holds up no queue,
+        at the risk of a second copy."""
         cfg = self.core.cfg
         own = cfg.broker_name
         props = dict(properties)
         if escape_id:
             props[PROPERTY_ESCAPE_ID] = escape_id
-        pinned: RemoteQueue | None = self._unknown.get(escape_id) if escape_id else None
+        pinned: RemoteQueue | None = None
         request = broker_pb2.SendMessageRequest(
             producer_group=props.get(PROPERTY_PRODUCER_GROUP) or self.inner_producer_group,
             topic=topic,
@@ -549,7 +547,8 @@ class EscapeBridge:
                 self.routes.invalidate(topic)
                 unknown = escape_id and (pinned is not None or outcome_unknown(exc))
                 if unknown and pinned is None:
-                    pinned = self._remember_unknown(escape_id, target)
+                    pinned = target
+                    self.unknown_outcomes += 1
                 self._count(kind, target.broker_name, "unknown" if unknown else "error")
                 log.info(
                     "escape of a %s message to %s (%s) failed%s: %s",
@@ -563,8 +562,9 @@ class EscapeBridge:
             if not resp.results:
                 self._count(kind, target.broker_name, "error")
                 raise EscapeFailed(f"{target.broker_name} returned no send result")
-            if escape_id:
-                self._unknown.pop(escape_id, None)
+            if pinned is not None:
+                pinned = None
+                self.unknown_outcomes -= 1
             self._failed_at.pop(target.addr, None)
             self._count(kind, target.broker_name, "ok")
             r = resp.results[0]
@@ -592,18 +592,18 @@ class EscapeBridge:
             raise EscapeFailed(
                 f"remote escape of a {kind} message for {topic} failed: {exc}"
             ) from exc
+        finally:
+            if pinned is not None:
+                self.unknown_outcomes -= 1
+                log.warning(
+                    "escape %s to %s (%s): no answer after %d attempts; its fate is "
+                    "unknown, and handing it on again may store it twice",
+                    escape_id,
+                    pinned.broker_name,
+                    pinned.addr,
+                    cfg.escape_max_attempts,
+                )
         return result
-
-    def _remember_unknown(self, escape_id: str, target: RemoteQueue) -> RemoteQueue:
-        self._unknown[escape_id] = target
-        while len(self._unknown) > MAX_UNKNOWN:
-            self._unknown.pop(next(iter(self._unknown)))
-        return target
-
-    @property
-    def unknown_outcomes(self) -> int:
-        """Escapes sent whose answer never came (each is retried to its target)."""
-        return len(self._unknown)
 
     # ---- get --------------------------------------------------------------
 
