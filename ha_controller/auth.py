@@ -100,6 +100,12 @@ SIGNED_CODES: frozenset[int] = frozenset(
     }
 )
 
+#: Data-plane requests members sign whenever they have a secret (not only with a
+#: client ACL): a broker sends SEND_MESSAGE only to escape, and a target honours the
+#: escape id of a member's send only (a client could otherwise store a forged id
+#: first, and the real escape would be answered as a repeat and lost).
+MEMBER_DATA_CODES: frozenset[int] = frozenset({RequestCode.SEND_MESSAGE})
+
 #: Requests refused unsigned when the receiver has a secret: only cluster members send
 #: them.  GET_BROKER_MEMBER_GROUP, GET_ALL_TOPIC_CONFIG and
 #: GET_ALL_SUBSCRIPTIONGROUP_CONFIG are signed by brokers but also asked by clients,
@@ -248,7 +254,9 @@ class ClusterAuth:
 
     def sign(self, method: int, body: bytes) -> RequestAuth | None:
         """The signature of an outgoing request (None: sent unsigned)."""
-        if self._rpc_key is None or not (self.sign_all or method in SIGNED_CODES):
+        if self._rpc_key is None or not (
+            self.sign_all or method in SIGNED_CODES or method in MEMBER_DATA_CODES
+        ):
             return None
         ts = self._clock_ms()
         nonce = secrets.token_bytes(NONCE_BYTES)

@@ -72,6 +72,29 @@ class MessageHandlers:
         core.check_writable_master("SEND_MESSAGE")
         if not req.entries:
             raise BadRequest("send with no messages")
+        eid = req.entries[0].properties.get(PROPERTY_ESCAPE_ID, "") if len(req.entries) == 1 else ""
+        if eid and core.auth.enabled and not ctx.authenticated:
+            eid = ""  # only a cluster member's escape id counts (see auth.MEMBER_DATA_CODES)
+        if eid:
+            earlier = self.escaped.find(eid, core.store.get_message_at)
+            if earlier is not None:
+                # a retried escape whose first answer was lost: answer what we stored
+                # (before the disk and replica checks: it needs no new write)
+                log.info(
+                    "escape %s stored before at %s/%d: not stored again",
+                    eid,
+                    earlier.store_topic,
+                    earlier.queue_offset,
+                )
+                resp = broker_pb2.SendMessageResponse(broker_name=core.cfg.broker_name)
+                resp.results.add(
+                    msg_id=earlier.msg_id,
+                    uniq_key=req.entries[0].properties.get(PROPERTY_UNIQ_KEY, ""),
+                    queue_id=earlier.queue_id,
+                    queue_offset=earlier.queue_offset,
+                    commit_log_offset=earlier.physical_offset,
+                )
+                return resp
         core.check_store_writable("SEND_MESSAGE")
         config = wp.topic_for_write(req.topic)
         queue_id = wp.pick_queue(config, req.queue_id, strict=True)
@@ -81,25 +104,6 @@ class MessageHandlers:
             metrics.send_errors.labels(**metrics.ident, reason="replicas").inc()
             raise
         resp = broker_pb2.SendMessageResponse(broker_name=core.cfg.broker_name)
-        eid = req.entries[0].properties.get(PROPERTY_ESCAPE_ID, "") if len(req.entries) == 1 else ""
-        if eid:
-            earlier = self.escaped.find(eid, core.store.get_message_at)
-            if earlier is not None:
-                # a retried escape whose first answer was lost: answer what we stored
-                log.info(
-                    "escape %s stored before at %s/%d: not stored again",
-                    eid,
-                    earlier.store_topic,
-                    earlier.queue_offset,
-                )
-                resp.results.add(
-                    msg_id=earlier.msg_id,
-                    uniq_key=req.entries[0].properties.get(PROPERTY_UNIQ_KEY, ""),
-                    queue_id=earlier.queue_id,
-                    queue_offset=earlier.queue_offset,
-                    commit_log_offset=earlier.physical_offset,
-                )
-                return resp
         born_host = req.born_host or ctx.peer
         messages = []
         uniq_keys = []

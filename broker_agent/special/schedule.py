@@ -579,6 +579,9 @@ class ScheduleService:
         self._want_run = asyncio.Event()
         self._want_stop = asyncio.Event()
         self.running = False
+        #: the delivery session is stopping: its loops start no new delivery (their
+        #: state, the timer index above all, is stale once the broker serves again)
+        self._stopping = False
         core.add_special_service(self.set_running)
         add = core.dispatcher.add
         add(RequestCode.GET_ALL_DELAY_OFFSET, common_pb2.Empty, self._get_delay_offsets)
@@ -617,6 +620,7 @@ class ScheduleService:
                 self.recalls.bump()
             log.info("schedule service started (%s)", self.core.acting.role)
             self._overdue_logged = 0
+            self._stopping = False
             self.running = True
             try:
                 async with asyncio.TaskGroup() as tg:
@@ -627,7 +631,9 @@ class ScheduleService:
                     tasks.append(tg.create_task(self._timer_loop(), name="schedule-timer"))
                     await self._want_stop.wait()
                     # a delivery under way finishes with its progress (special.steps);
-                    # new ones fail fast now that this broker does not serve
+                    # the loops start none after it (a fenced master may serve again
+                    # before the wait ends, and its old timer index is stale then)
+                    self._stopping = True
                     await self.core.special_steps.idle()
                     for task in tasks:
                         task.cancel()
@@ -687,7 +693,7 @@ class ScheduleService:
     async def _level_loop(self, level: int) -> None:
         store = self.core.store
         queue_id = level - 1
-        while True:
+        while not self._stopping:
             offset = self.delay_offsets.get(level)
             low = store.min_offset(SCHEDULE_TOPIC, queue_id)
             if offset < low:
@@ -778,7 +784,7 @@ class ScheduleService:
             len(index),
             "" if head is None else f", next due {head[0]} (queue offset {head[1]})",
         )
-        while True:
+        while not self._stopping:
             self._read_timer_queue(index)
             head = index.peek()
             now = now_ms()

@@ -39,6 +39,7 @@ from ha_controller.protocol.errors import (
 from ha_controller.protocol.properties import (
     PROPERTY_DELAY,
     PROPERTY_DUE_MS,
+    PROPERTY_ESCAPE_ID,
     PROPERTY_KEYS,
     PROPERTY_MAX_OFFSET,
     PROPERTY_MESSAGE_GROUP,
@@ -98,6 +99,7 @@ SYSTEM_PROPERTIES: Final = frozenset(
         PROPERTY_REAL_TOPIC,
         PROPERTY_REAL_QID,
         PROPERTY_DUE_MS,
+        PROPERTY_ESCAPE_ID,
         PROPERTY_POP_CK,
         PROPERTY_ORIGIN_MESSAGE_ID,
         PROPERTY_OP_TRANSACTION_ID,

@@ -18,6 +18,7 @@ from pathlib import Path
 
 from special_helpers import create_topic_on, masters_online, messages_on
 
+from ha_controller.auth import ClusterAuth
 from ha_controller.client.admin import NameserverClient
 from ha_controller.proto import broker_pb2
 from ha_controller.protocol.codes import RequestCode
@@ -131,16 +132,24 @@ async def test_escape_unanswered_at_the_return_is_delivered_once(tmp_path: Path)
 
 
 async def test_a_master_stores_a_repeated_escape_once(tmp_path: Path) -> None:
-    """The target side: a SEND_MESSAGE with an ESCAPE_ID it stored before is answered
-    with the first store (over real TCP to a broker process), a different id is stored."""
-    cluster: Cluster = run_cluster(("g1",), 1, workdir=tmp_path)
+    """The target side, over real TCP to a broker process with a cluster secret: a
+    member's (signed) SEND_MESSAGE with an ESCAPE_ID it stored before is answered with
+    the first store; a client's (unsigned) id counts for nothing, so a forged id stored
+    first cannot make the real escape count as a repeat."""
+    secret = "escape-ids-test-secret"
+    cluster: Cluster = run_cluster(("g1",), 1, workdir=tmp_path, env={"HAC_CLUSTER_SECRET": secret})
     master = cluster.broker("g1", 0)
     try:
         await masters_online(cluster.namesrv, ("g1",))
         await create_topic_on(master.rpc, TOPIC, QUEUES)
-        async with ConnectionPool() as pool:
+        async with (
+            ConnectionPool(signer=ClusterAuth(secret).sign) as member,
+            ConnectionPool() as client,
+        ):
 
-            async def send(escape_id: str, queue_id: int) -> broker_pb2.SendResult:
+            async def send(
+                pool: ConnectionPool, escape_id: str, queue_id: int = 0
+            ) -> broker_pb2.SendResult:
                 resp = await pool.call_pb(
                     master.rpc,
                     RequestCode.SEND_MESSAGE,
@@ -161,19 +170,27 @@ async def test_a_master_stores_a_repeated_escape_once(tmp_path: Path) -> None:
                 )
                 return resp.results[0]
 
-            first = await send("g9/delay/100/5", 0)
-            again = await send("g9/delay/100/5", 1)  # a retry may ask for another queue
-            other = await send("g9/delay/200/5", 0)
-            stored = await messages_on(pool, [master.rpc], TOPIC, QUEUES)
+            first = await send(member, "g9/delay/100/5", 0)
+            again = await send(member, "g9/delay/100/5", 1)  # a retry may ask another queue
+            other = await send(member, "g9/delay/200/5", 0)
+            forged = await send(client, "g9/delay/300/5")  # a client's, stored first
+            real = await send(member, "g9/delay/300/5")
+            replayed = await send(client, "g9/delay/100/5")
+            stored = await messages_on(client, [master.rpc], TOPIC, QUEUES)
         assert (again.msg_id, again.queue_id, again.queue_offset) == (
             first.msg_id,
             first.queue_id,
             first.queue_offset,
         )
         assert other.msg_id != first.msg_id
+        assert real.msg_id != forged.msg_id  # the real escape is stored
+        assert replayed.msg_id != first.msg_id  # a client's id finds nothing either
         assert sorted(m.properties["ESCAPE_ID"] for m in stored) == [
             "g9/delay/100/5",
+            "g9/delay/100/5",
             "g9/delay/200/5",
+            "g9/delay/300/5",
+            "g9/delay/300/5",
         ]
         assert "not stored again" in master.log_path.read_text()
     finally:

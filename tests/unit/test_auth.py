@@ -102,10 +102,12 @@ def test_unsigned_request_has_no_auth() -> None:
 # ---- signing and the guard ------------------------------------------------------------------
 
 
-def test_a_member_signs_control_requests_only(clock: Clock) -> None:
+def test_a_member_signs_control_requests_and_its_escape_sends_only(clock: Clock) -> None:
     member = ClusterAuth(SECRET, clock_ms=clock)
     assert member.sign(HEARTBEAT, b"x") is not None
-    assert member.sign(RequestCode.SEND_MESSAGE, b"x") is None
+    # a broker sends SEND_MESSAGE only to escape: signed, so its escape id counts
+    assert member.sign(RequestCode.SEND_MESSAGE, b"x") is not None
+    assert member.sign(RequestCode.PULL_MESSAGE, b"x") is None
     assert ClusterAuth(None).sign(HEARTBEAT, b"x") is None
 
 

@@ -345,6 +345,45 @@ async def test_nothing_is_delivered_while_stopped(nodes: NodeFactory) -> None:
             await task
 
 
+async def test_a_stopping_session_delivers_nothing_more_while_a_step_finishes(
+    nodes: NodeFactory,
+) -> None:
+    """Check campaign seed 10002: a master fenced while another special service's step
+    was under way (a POP revive awaiting its replicas) waited for that step before
+    cancelling its timer loop; meanwhile it finished pre-online, took the acting
+    slave's timer checkpoint and served again, and the old loop, with the timer index
+    read before the fence, delivered two messages the acting slave had delivered."""
+    master = nodes()
+    core = master.core
+    now = int(time.time() * 1000)
+    for i, after in enumerate([300, 700, 900]):
+        put_delayed(master, {"TIMER_DELIVER_MS": str(now + after), "UNIQ_KEY": f"t{i}"})
+    other_step = asyncio.Event()
+
+    async def pop_revive_awaiting_replicas() -> None:
+        with core.special_steps.step():
+            await other_step.wait()
+
+    async with running(master):
+        await eventually(lambda: len(delivered(master)) == 1, 5)
+        step = asyncio.create_task(pop_revive_awaiting_replicas())
+        await asyncio.sleep(0)
+        core.isolated = True  # fenced
+        master.schedule.set_running(False)
+        await asyncio.sleep(0.2)
+        # pre-online: the acting slave delivered t1 and t2; the master takes its table
+        taken = TimerCheckpoint(now + 900, 3, master.schedule.timer.cp.version.copy())
+        taken.version.next_version()
+        assert master.schedule.timer.adopt_if_newer(taken)
+        core.isolated = False  # online again, while the other step is still under way
+        master.schedule.set_running(True)
+        await asyncio.sleep(1.0)  # t1 and t2 fall due
+        other_step.set()
+        await step
+        await asyncio.sleep(0.3)  # the new session starts from the checkpoint taken
+    assert [m.properties["UNIQ_KEY"] for m in delivered(master)] == ["t0"]
+
+
 async def test_restarted_master_does_not_deliver_again(nodes: NodeFactory, tmp_path: Path) -> None:
     master = nodes()
     now = int(time.time() * 1000)
