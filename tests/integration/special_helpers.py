@@ -25,6 +25,33 @@ async def create_topic_on(addr: str, topic: str, queues: int = 2) -> None:
         )
 
 
+async def send_raw(
+    pool: ConnectionPool,
+    addr: str,
+    topic: str,
+    queue_id: int,
+    properties: dict[str, str],
+    *,
+    body: bytes = b"m",
+    no_replica_wait: bool = False,
+) -> broker_pb2.SendResult:
+    """One SEND_MESSAGE of one message straight to a broker (no client, no retry)."""
+    resp = await pool.call_pb(
+        addr,
+        RequestCode.SEND_MESSAGE,
+        broker_pb2.SendMessageRequest(
+            producer_group="PG",
+            topic=topic,
+            queue_id=queue_id,
+            no_replica_wait=no_replica_wait,
+            entries=[broker_pb2.SendEntry(body=body, properties=properties)],
+        ),
+        broker_pb2.SendMessageResponse,
+        5000,
+    )
+    return resp.results[0]
+
+
 async def masters_online(namesrv: str, groups: Iterable[str]) -> None:
     wanted = set(groups)
 

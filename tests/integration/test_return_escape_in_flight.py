@@ -16,12 +16,11 @@ import time
 from collections import Counter
 from pathlib import Path
 
-from special_helpers import create_topic_on, masters_online, messages_on
+from special_helpers import create_topic_on, masters_online, messages_on, send_raw
 
 from ha_controller.auth import ClusterAuth
 from ha_controller.client.admin import NameserverClient
 from ha_controller.proto import broker_pb2
-from ha_controller.protocol.codes import RequestCode
 from ha_controller.rpc import ConnectionPool
 from ha_controller.testing import Cluster, eventually, run_cluster
 
@@ -33,27 +32,10 @@ DUE_AFTER_S = 10.0  # the slave acts about 7 s after the freeze
 
 
 async def _send_timers(pool: ConnectionPool, master: str, due_ms: int) -> list[str]:
-    keys = []
-    for i in range(COUNT):
-        key = f"t-{i}"
-        await pool.call_pb(
-            master,
-            RequestCode.SEND_MESSAGE,
-            broker_pb2.SendMessageRequest(
-                producer_group="PG",
-                topic=TOPIC,
-                queue_id=i % QUEUES,
-                entries=[
-                    broker_pb2.SendEntry(
-                        body=b"timer",
-                        properties={"UNIQ_KEY": key, "TIMER_DELIVER_MS": str(due_ms)},
-                    )
-                ],
-            ),
-            broker_pb2.SendMessageResponse,
-            5000,
-        )
-        keys.append(key)
+    keys = [f"t-{i}" for i in range(COUNT)]
+    for i, key in enumerate(keys):
+        props = {"UNIQ_KEY": key, "TIMER_DELIVER_MS": str(due_ms)}
+        await send_raw(pool, master, TOPIC, i % QUEUES, props, body=b"timer")
     return keys
 
 
@@ -150,25 +132,10 @@ async def test_a_master_stores_a_repeated_escape_once(tmp_path: Path) -> None:
             async def send(
                 pool: ConnectionPool, escape_id: str, queue_id: int = 0
             ) -> broker_pb2.SendResult:
-                resp = await pool.call_pb(
-                    master.rpc,
-                    RequestCode.SEND_MESSAGE,
-                    broker_pb2.SendMessageRequest(
-                        producer_group="PG",
-                        topic=TOPIC,
-                        queue_id=queue_id,
-                        no_replica_wait=True,
-                        entries=[
-                            broker_pb2.SendEntry(
-                                body=b"escaped",
-                                properties={"UNIQ_KEY": escape_id, "ESCAPE_ID": escape_id},
-                            )
-                        ],
-                    ),
-                    broker_pb2.SendMessageResponse,
-                    5000,
+                props = {"UNIQ_KEY": escape_id, "ESCAPE_ID": escape_id}
+                return await send_raw(
+                    pool, master.rpc, TOPIC, queue_id, props, no_replica_wait=True
                 )
-                return resp.results[0]
 
             first = await send(member, "g9/delay/100/5", 0)
             again = await send(member, "g9/delay/100/5", 1)  # a retry may ask another queue

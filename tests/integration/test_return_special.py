@@ -17,11 +17,9 @@ from collections import Counter
 from collections.abc import Iterable
 from pathlib import Path
 
-from special_helpers import create_topic_on, masters_online, messages_on
+from special_helpers import create_topic_on, masters_online, messages_on, send_raw
 
 from ha_controller.client.admin import NameserverClient
-from ha_controller.proto import broker_pb2
-from ha_controller.protocol.codes import RequestCode
 from ha_controller.rpc import ConnectionPool
 from ha_controller.testing import Cluster, eventually, run_cluster
 
@@ -32,26 +30,10 @@ LEVEL = 2  # 5 s: due while the master is frozen and its slave acts
 
 
 async def _send_delayed(pool: ConnectionPool, master: str, prefix: str) -> list[str]:
-    keys = []
-    for i in range(COUNT):
-        key = f"{prefix}-{i}"
-        await pool.call_pb(
-            master,
-            RequestCode.SEND_MESSAGE,
-            broker_pb2.SendMessageRequest(
-                producer_group="PG",
-                topic=TOPIC,
-                queue_id=i % QUEUES,
-                entries=[
-                    broker_pb2.SendEntry(
-                        body=b"delayed", properties={"UNIQ_KEY": key, "DELAY": str(LEVEL)}
-                    )
-                ],
-            ),
-            broker_pb2.SendMessageResponse,
-            5000,
-        )
-        keys.append(key)
+    keys = [f"{prefix}-{i}" for i in range(COUNT)]
+    for i, key in enumerate(keys):
+        props = {"UNIQ_KEY": key, "DELAY": str(LEVEL)}
+        await send_raw(pool, master, TOPIC, i % QUEUES, props, body=b"delayed")
     return keys
 
 
