@@ -106,10 +106,11 @@ class MemberGroupSync:
         core = self.core
         if req.master_ha_addr:
             # a (returning) master tells this slave where to replicate from
-            if not core.acting.is_master and core.ha_slave is not None:
-                core.acting.master_addr = req.master_addr or core.acting.master_addr
-                core.acting.master_ha_addr = req.master_ha_addr
-                core.ha_slave.set_master(req.master_ha_addr)
+            if not core.acting.is_master:
+                if core.ha_slave is not None:
+                    core.acting.master_addr = req.master_addr or core.acting.master_addr
+                    core.acting.master_ha_addr = req.master_ha_addr
+                    core.ha_slave.set_master(req.master_ha_addr)
                 await self._hold_for_return(req.master_addr)
             return broker_pb2.BrokerHaInfo()
         if not core.acting.is_master:

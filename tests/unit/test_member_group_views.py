@@ -11,19 +11,22 @@ from __future__ import annotations
 
 import asyncio
 import time
-from collections.abc import AsyncIterator, Sequence
-from types import SimpleNamespace
+from collections.abc import Sequence
+from pathlib import Path
 from typing import Any, cast
 
 import pytest
 
-from broker_agent.membership.acting import ActingState
+from broker_agent.core import BrokerCore
+from broker_agent.membership import group as group_module
 from broker_agent.membership.group import STRAGGLER_WAIT_MS, MemberGroupSync
 from broker_agent.membership.views import believed_view, fresh_window_ms, has_live_master
-from ha_controller.proto import nameserver_pb2
+from ha_controller.config import BrokerConfig
+from ha_controller.proto import broker_pb2, nameserver_pb2
 from ha_controller.protocol.codes import RequestCode
+from ha_controller.protocol.errors import EscapesUnresolved
 from ha_controller.routing import BrokerMemberGroup
-from ha_controller.rpc import ConnectionPool, Dispatcher, RequestContext, RpcServer
+from ha_controller.rpc import Dispatcher, RequestContext, RpcServer
 from ha_controller.wire import member_group_to_pb
 
 MASTER, SLAVE = "10.0.0.1:10911", "10.0.0.2:10911"
@@ -96,49 +99,43 @@ class Nameserver:
         return member_group_to_pb(self.view)
 
 
-@pytest.fixture
-async def pool() -> AsyncIterator[ConnectionPool]:
-    async with ConnectionPool() as p:
-        yield p
-
-
 class Slave:
-    """MemberGroupSync of slave id 1 over ``views`` (one nameserver each); the parts of
-    the broker core it touches are plain stand-ins, the acting state is the real one."""
+    """MemberGroupSync of slave id 1 of a real BrokerCore (its store in ``tmp``) over
+    ``views`` (one nameserver each)."""
 
-    def __init__(self, pool: ConnectionPool, views: Sequence[BrokerMemberGroup | None]) -> None:
-        self.pool = pool
+    def __init__(self, tmp: Path, views: Sequence[BrokerMemberGroup | None]) -> None:
+        self.tmp = tmp
         self.views = views
         self.servers: list[Nameserver] = []
         self.started: list[bool] = []
+        self.core: BrokerCore | None = None
 
     async def __aenter__(self) -> MemberGroupSync:
         self.servers = [await Nameserver(v).start() for v in self.views]
-        acting = ActingState(1, enable_slave_acting_master=True)
-        acting.min_broker_id, acting.min_broker_addr, acting.master_addr = 0, MASTER, MASTER
-        core = SimpleNamespace(
-            pool=self.pool,
-            isolated=False,
-            acting=acting,
-            ha_slave=None,
-            cfg=SimpleNamespace(
+        core = self.core = BrokerCore(
+            BrokerConfig(
                 cluster="c",
                 broker_name="g1",
                 broker_id=1,
                 namesrv_addrs=tuple(s.addr for s in self.servers),
                 broker_heartbeat_interval_ms=300,
                 broker_not_active_timeout_ms=2000,
-            ),
-            offsets=SimpleNamespace(bump_on_next_commit=lambda: None),
-            set_special_services=self.started.append,
-            update_role_metrics=lambda: None,
+                store_dir=str(self.tmp / f"g1-1-{len(list(self.tmp.iterdir()))}"),
+            )
         )
-        return MemberGroupSync(cast(Any, core))
+        core.isolated = False
+        acting = core.acting
+        acting.min_broker_id, acting.min_broker_addr, acting.master_addr = 0, MASTER, MASTER
+        core.add_special_service(self.started.append)
+        return MemberGroupSync(core)
 
     async def __aexit__(self, *exc: object) -> None:
         for s in self.servers:
             assert s.server is not None
             await s.server.aclose(grace_s=0.1)
+        if self.core is not None:
+            await self.core.pool.aclose()
+            self.core.store.close()
 
 
 def act_notice() -> nameserver_pb2.NotifyMinBrokerIdChangeRequest:
@@ -148,32 +145,76 @@ def act_notice() -> nameserver_pb2.NotifyMinBrokerIdChangeRequest:
 
 
 async def test_the_backstop_believes_the_nameserver_that_hears_the_returned_master(
-    pool: ConnectionPool,
+    tmp_path: Path,
 ) -> None:
-    async with Slave(pool, [ACTING, MASTER_LIVE]) as sync:
+    async with Slave(tmp_path, [ACTING, MASTER_LIVE]) as sync:
         assert await sync.fetch_member_group() == MASTER_LIVE
-    async with Slave(pool, [MASTER_SILENT, ACTING]) as sync:
+    async with Slave(tmp_path, [MASTER_SILENT, ACTING]) as sync:
         assert await sync.fetch_member_group() == ACTING
 
 
-async def test_a_paused_nameserver_costs_a_fraction_of_a_second(pool: ConnectionPool) -> None:
-    async with Slave(pool, [None, ACTING]) as sync:
+async def test_a_paused_nameserver_costs_a_fraction_of_a_second(tmp_path: Path) -> None:
+    async with Slave(tmp_path, [None, ACTING]) as sync:
         t0 = time.monotonic()
         assert await sync.fetch_views() == [ACTING]
         assert time.monotonic() - t0 < 1.5 * STRAGGLER_WAIT_MS / 1000 + 0.5
 
 
 async def test_a_notice_to_act_is_not_followed_while_another_nameserver_hears_the_master(
-    pool: ConnectionPool,
+    tmp_path: Path,
 ) -> None:
-    slave = Slave(pool, [ACTING, MASTER_LIVE])
+    slave = Slave(tmp_path, [ACTING, MASTER_LIVE])
     async with slave as sync:
         await sync.notify_min_id(cast(Any, None), act_notice())
         assert not sync.core.acting.acting
         assert slave.started == []
     # once the other nameserver has not heard from the master for a while, it acts
-    slave = Slave(pool, [ACTING, MASTER_SILENT])
+    slave = Slave(tmp_path, [ACTING, MASTER_SILENT])
     async with slave as sync:
         await sync.notify_min_id(cast(Any, None), act_notice())
         assert sync.core.acting.acting
         assert slave.started == [True]
+
+
+async def test_a_returning_master_holds_the_acting_slave_until_no_step_is_under_way(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The returning master's EXCHANGE_BROKER_HA_INFO stops the acting slave's special
+    services; the answer waits for the step under way (an escape awaiting its answer)
+    and says EscapesUnresolved while it lasts; the master asks again and is answered
+    once it ended.  The hold ends when the master registers, or runs out."""
+    monkeypatch.setattr(group_module, "QUIESCE_WAIT_S", 0.2)
+    slave = Slave(tmp_path, [ACTING])
+    returning = broker_pb2.BrokerHaInfo(master_ha_addr="10.0.0.1:10912", master_addr=MASTER)
+    async with slave as sync:
+        core = sync.core
+        await sync.apply_min_broker(1, SLAVE, MASTER, None)
+        assert core.acting.acting and slave.started == [True]
+        escape_answered = asyncio.Event()
+
+        async def escape_awaiting_its_answer() -> None:
+            with core.special_steps.step():
+                await escape_answered.wait()
+
+        step = asyncio.create_task(escape_awaiting_its_answer())
+        await asyncio.sleep(0)
+        with pytest.raises(EscapesUnresolved):
+            await sync.exchange_ha_info(cast(Any, None), returning)
+        assert slave.started == [True, False]  # stopped at the first contact
+        assert not core.acting.acting and not core.acting.serves_master_only_ops
+        escape_answered.set()
+        await step
+        await sync.exchange_ha_info(cast(Any, None), returning)  # asked again: answered
+        assert slave.started == [True, False]
+        # the master did not register in time (it froze again): the slave acts again
+        monkeypatch.setattr(group_module, "RETURN_HOLD_S", 0.05)
+        await sync.exchange_ha_info(cast(Any, None), returning)
+        await asyncio.sleep(0.1)
+        sync.release_expired_hold()
+        assert core.acting.acting and slave.started == [True, False, True]
+        # held again; this time the master registers: the hold ends, the slave is a slave
+        monkeypatch.setattr(group_module, "RETURN_HOLD_S", 20.0)
+        await sync.exchange_ha_info(cast(Any, None), returning)
+        await sync.apply_min_broker(0, MASTER, None, None)
+        assert core.acting.held_until is None and core.acting.role == "slave"
+        assert slave.started == [True, False, True, False]
