@@ -11,17 +11,21 @@ The rule, a plain function of the views that answered:
 
 - A view that lists a master the nameserver *heard from recently* (``fresh_ms``) wins:
   the master is alive, so no slave may act for it, whatever another nameserver says.
-- Otherwise the first view (in ``namesrv_addrs`` order) that lists no master: it says
-  who acts.  A view whose master went silent is ignored, so a nameserver that has not
-  expired a dead master yet neither holds up the acting slave nor stops it.
-- Otherwise the first view.
+- Otherwise the first view (in ``namesrv_addrs`` order) that lists no master and
+  names who acts.  A view whose master went silent is ignored, so a nameserver that has
+  not expired a dead master yet neither holds up the acting slave nor stops it; and a
+  view still *settling* (its nameserver expired the master a moment ago and waits for
+  the slaves' positions before it chooses) is taken only when no view names one, so a
+  slave does not stop and start again while the second nameserver catches up (check
+  campaign seed 10002: 12 ms between the stop and the start).
+- Otherwise the first view that lists no master, else the first view.
 """
 
 from __future__ import annotations
 
 from collections.abc import Sequence
 
-from ha_controller.routing import MASTER_ID, BrokerMemberGroup
+from ha_controller.routing import MASTER_ID, SETTLING, BrokerMemberGroup
 
 
 def has_live_master(view: BrokerMemberGroup, fresh_ms: int) -> bool:
@@ -37,9 +41,12 @@ def believed_view(views: Sequence[BrokerMemberGroup], fresh_ms: int) -> BrokerMe
     for view in views:
         if has_live_master(view, fresh_ms):
             return view
-    for view in views:
-        if MASTER_ID not in view.broker_addrs and view.broker_addrs:
+    leaderless = [v for v in views if MASTER_ID not in v.broker_addrs and v.broker_addrs]
+    for view in leaderless:
+        if view.lead_broker_id() != SETTLING:
             return view
+    if leaderless:
+        return leaderless[0]
     return views[0] if views else None
 
 

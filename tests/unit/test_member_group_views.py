@@ -25,7 +25,7 @@ from ha_controller.config import BrokerConfig
 from ha_controller.proto import broker_pb2, nameserver_pb2
 from ha_controller.protocol.codes import RequestCode
 from ha_controller.protocol.errors import EscapesUnresolved
-from ha_controller.routing import BrokerMemberGroup
+from ha_controller.routing import SETTLING, BrokerMemberGroup
 from ha_controller.rpc import Dispatcher, RequestContext, RpcServer
 from ha_controller.wire import member_group_to_pb
 
@@ -53,6 +53,18 @@ def test_a_nameserver_that_has_not_expired_a_silent_master_yet_is_not_believed()
     # nobody says who acts: the silent master's view, which starts nothing
     assert believed_view([MASTER_SILENT], FRESH) == MASTER_SILENT
     assert believed_view([], FRESH) is None
+
+
+def test_a_settling_view_does_not_stop_a_slave_another_nameserver_chose() -> None:
+    """Check campaign seed 10002: the second nameserver expired the master 30 ms after
+    the first and settled for 0.3 s; the acting slave's backstop took its "nobody acts
+    yet" and stopped, then started again 12 ms later."""
+    settling = BrokerMemberGroup("c", "g1", {1: SLAVE, 2: "s2"}, acting_broker_id=SETTLING)
+    acting = BrokerMemberGroup("c", "g1", {1: SLAVE, 2: "s2"}, acting_broker_id=1)
+    for views in ([settling, acting], [acting, settling]):
+        assert believed_view(views, 600) == acting
+    assert believed_view([settling], 600) == settling  # nobody chose yet: nobody acts
+    assert believed_view([settling, MASTER_LIVE], 600) == MASTER_LIVE
 
 
 def test_an_old_nameserver_that_does_not_say_when_it_heard_counts_as_recent() -> None:
