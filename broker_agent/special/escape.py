@@ -22,6 +22,7 @@ Every outcome is counted in ``hac_escape_messages_total{kind,target,result}``.
 
 from __future__ import annotations
 
+import asyncio
 import itertools
 import logging
 import time
@@ -32,6 +33,7 @@ from typing import Final
 
 from tenacity import (
     AsyncRetrying,
+    RetryCallState,
     retry_if_exception,
     stop_after_attempt,
     wait_exponential,
@@ -70,6 +72,8 @@ LOCAL: Final = "local"
 #: After a failed send, round-robin escapes avoid that master this long
 #: (while another one is available), like a producer's endpoint isolation.
 FAILED_MASTER_AVOID_S: Final = 5.0
+#: The longest backoff between attempts of a pinned escape (see ``_put_remote``).
+PINNED_BACKOFF_MAX_S: Final = 0.5
 
 
 @dataclass(frozen=True, order=True)
@@ -236,8 +240,28 @@ class EscapeBridge:
         self._failed_at: dict[str, float] = {}
         #: puts retrying to the target of an attempt whose answer never came
         self.unknown_outcomes = 0
+        #: retries waiting out their backoff: woken when the special services stop, so
+        #: that a step under way ends at once (a returning master waits for it)
+        self._sleepers: set[asyncio.Future[None]] = set()
+        core.add_special_service(self._on_special_services)
         self.inner_producer_group = f"InnerProducerGroup_{cfg.broker_name}_{cfg.broker_id}"
         self.inner_consumer_group = f"InnerConsumerGroup_{cfg.broker_name}_{cfg.broker_id}"
+
+    def _on_special_services(self, running: bool) -> None:
+        if not running:
+            for sleeper in self._sleepers:
+                if not sleeper.done():
+                    sleeper.set_result(None)
+
+    async def _backoff(self, seconds: float) -> None:
+        """A retry's backoff, cut short when the special services stop: the next
+        attempt then finds this broker not serving (unless the escape is pinned)."""
+        sleeper: asyncio.Future[None] = asyncio.get_running_loop().create_future()
+        self._sleepers.add(sleeper)
+        try:
+            await asyncio.wait({sleeper}, timeout=seconds)
+        finally:
+            self._sleepers.discard(sleeper)
 
     # ---- choosing where ---------------------------------------------------
 
@@ -572,14 +596,23 @@ class EscapeBridge:
                 resp.broker_name or target.broker_name, r.msg_id, r.queue_id, r.queue_offset
             )
 
+        backoff = wait_exponential(
+            multiplier=cfg.escape_backoff_initial_ms / 1000,
+            min=cfg.escape_backoff_initial_ms / 1000,
+            max=cfg.escape_backoff_max_ms / 1000,
+        )
+
+        def wait(state: RetryCallState) -> float:
+            # a pinned escape waits for one target that stores a repeat once: asking
+            # it often costs nothing, and its answer is what a returning master awaits
+            seconds = backoff(state)
+            return min(seconds, PINNED_BACKOFF_MAX_S) if pinned is not None else seconds
+
         retrying = AsyncRetrying(
             stop=stop_after_attempt(cfg.escape_max_attempts),
-            wait=wait_exponential(
-                multiplier=cfg.escape_backoff_initial_ms / 1000,
-                min=cfg.escape_backoff_initial_ms / 1000,
-                max=cfg.escape_backoff_max_ms / 1000,
-            ),
+            wait=wait,
             retry=retry_if_exception(_retriable),
+            sleep=self._backoff,
             reraise=True,
         )
         try:

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import asyncio
 import socket
+import time
 import zlib
 from collections.abc import AsyncIterator, Callable
 from dataclasses import dataclass, field
@@ -35,6 +36,7 @@ from ha_controller.protocol.errors import (
 )
 from ha_controller.routing import BrokerData, Perm, QueueData, TopicRouteData
 from ha_controller.rpc import Dispatcher, RequestContext, RpcServer
+from ha_controller.testing import eventually
 from ha_controller.wire import route_to_pb
 
 TOPIC = "TEST_TOPIC"
@@ -333,6 +335,24 @@ async def test_an_unanswered_escape_is_retried_to_the_same_target_only(env: Env)
     # no id: the old way (no pinning: the target cannot tell a repeat)
     with pytest.raises(NotServingAnyMore):
         await slave.escape.put_message(TOPIC, b"x", {}, kind="delay")
+
+
+async def test_a_retry_waiting_out_its_backoff_ends_when_the_services_stop(env: Env) -> None:
+    """Long campaign, seed 1000: an acting slave's escapes to a partitioned group were
+    refused and waited out backoffs of seconds; its returning master, which waits for
+    the steps under way, stayed isolated 3.5 s longer and the messages came late."""
+    slave = env.broker(escape_backoff_initial_ms=3000, escape_backoff_max_ms=5000)
+    b = env.masters["broker_b"]
+    env.ns.publish({OWN: {0: "127.0.0.1:1"}, "broker_b": {0: b.addr}}, writable={"broker_b"})
+    b.fail_first = 100
+    put = asyncio.create_task(slave.escape.put_message(TOPIC, b"x", {}, kind="delay"))
+    await eventually(lambda: env.escaped(slave, "broker_b", "error") == 1, 2)
+    started = time.monotonic()
+    slave.core.acting.hold(20)  # the returning master's contact
+    slave.core.set_special_services(False)
+    with pytest.raises(NotServingAnyMore):
+        await put
+    assert time.monotonic() - started < 0.5
 
 
 async def test_an_escape_left_unknown_holds_up_nothing_once_its_attempts_run_out(
