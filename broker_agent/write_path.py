@@ -36,6 +36,9 @@ from ha_controller.routing import Perm, TopicConfig
 
 log = logging.getLogger(__name__)
 
+#: One more record for :meth:`WritePath.put` to append: (topic, queue id, body, properties).
+Record = tuple[str, int, bytes, Mapping[str, str]]
+
 
 @dataclass(frozen=True, slots=True)
 class Stored:
@@ -239,6 +242,7 @@ class WritePath:
         born_ts_ms: int | None = None,
         born_host: str | None = None,
         progress: Mapping[str, str] | None = None,
+        then: Record | None = None,
     ) -> Stored:
         """A whole write like a send's: topic for write, queue (``queue_id`` when it
         exists, else round robin), replica check, append, replicate, wait for copies.
@@ -248,7 +252,8 @@ class WritePath:
         ``progress`` is a progress record (see :meth:`replicate_record`) appended right
         behind the message, before either is pushed: a special service's delivery and
         its progress reach the slaves in the same transfer, so a slave that takes over
-        never holds the delivered message without knowing it was delivered."""
+        never holds the delivered message without knowing it was delivered.  ``then``
+        is such a record in another queue (a POP revive's ACK in the revive queue)."""
         config = self.topic_for_write(topic)
         qid = self.pick_queue(config, queue_id, strict=False)
         needed = self.check_replicas()
@@ -256,6 +261,9 @@ class WritePath:
             topic, qid, body, properties, flags=flags, born_ts_ms=born_ts_ms, born_host=born_host
         )
         end = result.physical_offset + result.size
+        if then is not None:
+            record = self.append(*then)
+            end = record.physical_offset + record.size
         if progress is not None:
             record = self.append(OFFSET_TOPIC, 0, b"", progress)
             end = record.physical_offset + record.size

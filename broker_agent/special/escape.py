@@ -41,6 +41,7 @@ from tenacity import (
 
 from broker_agent.convert import message_from_pb
 from broker_agent.special.ports import CorePort, EscapeResult, LocalBroker, Neighbours, WritePort
+from broker_agent.write_path import Record
 from ha_controller.client.admin import NameserverClient
 from ha_controller.client.routes import DEFAULT_TOPIC_QUEUE_NUMS, publish_queues_of
 from ha_controller.proto import broker_pb2
@@ -423,10 +424,15 @@ class EscapeBridge:
         kind: str,
         flags: int = 0,
         escape_id: str = "",
+        then: Record | None = None,
     ) -> EscapeResult:
         """Like ``put_message`` but the queue is a function of (topic, our store host),
         so every call of this broker for ``topic`` reaches the same master and queue
-        (as long as the set of live masters does not change)."""
+        (as long as the set of live masters does not change).
+
+        ``then`` (a record of this broker's own, e.g. a POP revive's ACK) is appended
+        right behind the message when this broker is the master that stores it (see
+        WritePath.put); elsewhere it is dropped."""
         key = stable_hash(topic + self.core.addr)
         self._check_still_serving(kind)
         master = self.local_master()
@@ -446,6 +452,7 @@ class EscapeBridge:
                 flags,
                 None,
                 None,
+                then if master[0] is self.core else None,
             )
         self._check_remote_allowed(kind)
 
@@ -465,6 +472,7 @@ class EscapeBridge:
         flags: int,
         born_ts_ms: int | None,
         progress: Mapping[str, str] | None,
+        then: Record | None = None,
     ) -> EscapeResult:
         """A put into ``master``'s store with the checks and replica wait of a send."""
         core, write_path = master
@@ -478,6 +486,7 @@ class EscapeBridge:
                 born_ts_ms=born_ts_ms,
                 born_host=self.core.addr,
                 progress=progress,
+                then=then,
             )
         except HaError as exc:
             self._count(kind, LOCAL, "error")

@@ -980,6 +980,9 @@ class PopService:
                         offset,
                     )
                     continue
+                # on a master the revive's ACK goes right behind the retry message, in
+                # the same transfer: a slave that then acts (the master was cut off
+                # mid-revive, and the slaves got both) does not revive it again
                 await self.escape.put_message_to_specific_queue(
                     retry_topic(ck.group),
                     msg.body,
@@ -987,6 +990,12 @@ class PopService:
                     kind="pop_retry",
                     flags=msg.flags,
                     escape_id=escape_id(self.core.cfg.broker_name, "pop_retry", msg, ck.key),
+                    then=(
+                        self.revive_topic,
+                        0,
+                        ack_body(ck.key, offset),
+                        {PROPERTY_TAGS: TAG_ACK, PROPERTY_POP_KEY: ck.key},
+                    ),
                 )
             except HaError as exc:
                 log.info("revive of %s offset %d failed: %s", ck.key, offset, exc)

@@ -20,7 +20,7 @@ from broker_agent.pull_hold import PullHoldService
 from broker_agent.special.steps import SpecialSteps
 from broker_agent.store.message_store import GetResult, PutResult
 from broker_agent.topics import TopicConfigManager
-from broker_agent.write_path import Stored
+from broker_agent.write_path import Record, Stored
 from ha_controller.config import BrokerConfig
 from ha_controller.protocol.record import StoredMessage
 from ha_controller.routing import TopicConfig
@@ -106,6 +106,7 @@ class WritePort(Protocol):
         born_ts_ms: int | None = None,
         born_host: str | None = None,
         progress: Mapping[str, str] | None = None,
+        then: Record | None = None,
     ) -> Stored: ...
 
     async def confirm(self, end: int, needed: int | None = None) -> bool: ...
@@ -156,6 +157,7 @@ class EscapePort(Protocol):
         kind: str,
         flags: int = 0,
         escape_id: str = "",
+        then: Record | None = None,
     ) -> EscapeResult: ...
 
     async def get_message(

@@ -37,7 +37,7 @@ from broker_agent.special.escape import EscapeBridge
 from broker_agent.special.steps import SpecialSteps
 from broker_agent.store.message_store import GetMessageStatus, GetResult, PutResult
 from broker_agent.topics import TopicConfigManager
-from broker_agent.write_path import Stored
+from broker_agent.write_path import Record, Stored
 from ha_controller.config import BrokerConfig
 from ha_controller.protocol.errors import (
     BadRequest,
@@ -416,6 +416,7 @@ class FakeWritePath:
         born_ts_ms: int | None = None,
         born_host: str | None = None,
         progress: Mapping[str, str] | None = None,
+        then: Record | None = None,
     ) -> Stored:
         config = self.topic_for_write(topic)
         if queue_id is not None and 0 <= queue_id < config.write_queue_nums:
@@ -434,6 +435,9 @@ class FakeWritePath:
             born_ts_ms=born_ts_ms,
             born_host=born_host,
         )
+        if then is not None:  # right behind the message, as WritePath.put appends it
+            t_topic, t_qid, t_body, t_props = then
+            self._append("put", t_topic, t_qid, t_body, t_props, flags=0, born_ts_ms=None)
         if progress is not None:  # travels right behind the message (WritePath.put)
             self.replicate_record(progress)
         return Stored(result, qid, self.confirmed)

@@ -441,6 +441,24 @@ async def test_a_master_escapes_locally(env: Env) -> None:
     assert env.escaped(master, "local", "ok") == 1
 
 
+async def test_a_masters_own_record_goes_right_behind_its_message_and_nowhere_else(
+    env: Env,
+) -> None:
+    """``then`` (a POP revive's ACK) is appended right behind the message when this
+    broker is the master that stores it, and dropped when the message escapes."""
+    ack = ("REVIVE", 0, b"ack", {"TAGS": "ack"})
+    master = env.broker(broker_id=0)
+    three_groups(env)
+    await master.escape.put_message_to_specific_queue(TOPIC, b"x", {}, kind="pop_retry", then=ack)
+    message, record = master.write_path.appends[-2:]
+    assert (message.topic, record.topic, record.queue_id) == (TOPIC, "REVIVE", 0)
+    slave = env.broker(broker_id=1)
+    await slave.escape.put_message_to_specific_queue(TOPIC, b"x", {}, kind="pop_retry", then=ack)
+    assert slave.write_path.appends == []
+    [sent] = [r for m in env.masters.values() for r in m.sends]
+    assert [e.body for e in sent.entries] == [b"x"]
+
+
 async def test_in_a_container_a_slave_escapes_to_the_master_next_to_it(env: Env) -> None:
     slave = env.broker(broker_id=1)
     other_master = env.broker(broker_id=0, name="broker_x")

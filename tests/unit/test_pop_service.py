@@ -30,6 +30,7 @@ from broker_agent.special import pop as pop_module
 from broker_agent.special.escape import EscapeBridge, EscapeResult
 from broker_agent.special.pop import Checkpoint, PopService, ReceiptHandle, revive_topic
 from broker_agent.special.ports import CorePort, WritePort
+from broker_agent.write_path import Record
 from ha_controller.config import BrokerConfig
 from ha_controller.proto import broker_pb2, common_pb2
 from ha_controller.protocol.codes import RequestCode
@@ -91,6 +92,8 @@ class EscapePut:
     body: bytes
     properties: dict[str, str]
     flags: int
+    #: the record a master appends right behind it (WritePath.put's ``then``)
+    then: Record | None = None
 
 
 class FakeEscape:
@@ -116,8 +119,9 @@ class FakeEscape:
         kind: str,
         flags: int = 0,
         escape_id: str = "",
+        then: Record | None = None,
     ) -> EscapeResult:
-        self.puts.append(EscapePut(kind, topic, body, dict(properties), flags))
+        self.puts.append(EscapePut(kind, topic, body, dict(properties), flags, then))
         qid = ESCAPED_REVIVE_QID if topic == REVIVE else 0
         return EscapeResult("broker-b", f"MSG{len(self.puts)}", qid, len(self.puts) - 1)
 
@@ -627,6 +631,32 @@ async def test_acting_slave_revives_the_lost_masters_ck_minus_local_acks(
     [retry] = acting.escape.puts
     assert (retry.kind, retry.topic, retry.body) == ("pop_retry", retry_topic(GROUP), b"m1")
     assert acting.core.offsets.query(REVIVE_GROUP, REVIVE, 0) == 1
+
+
+async def test_a_masters_revive_carries_its_ack_so_a_slave_that_acts_does_not_revive_again(
+    tmp_path: Path, clock: Clock
+) -> None:
+    """Long campaign, seed 1020: a master cut off mid-revive (a one-way partition: its
+    slaves got its writes, it got no acknowledgement) stored the retry message; the
+    slave that acted read the CK without any sign of that revive and revived the
+    message a second time.  The revive's ACK now goes right behind the retry message."""
+    master = make_broker(tmp_path / "m", config(0))
+    slave = make_broker(tmp_path / "s", config(1), acting=True)
+    for b in (master, slave):
+        produce(b, b"m0")
+    await pop(master, invisible_ms=10_000)
+    await master.service.revive_once()
+    clock.now = T0 + 10_000
+    await master.service.revive_once()
+    [retry] = master.escape.puts
+    assert retry.then is not None
+    topic, qid, body, props = retry.then
+    assert topic == REVIVE and props[PROPERTY_TAGS] == "ack"
+    master.core.store.put(topic, qid, body, dict(props))  # as WritePath.put appends it
+    replicate_revive_queue(master, slave)
+
+    await slave.service.revive_once()
+    assert slave.escape.puts == []
 
 
 # ---- the POP ack table (an acting slave's acks reach the returning master) ----------
