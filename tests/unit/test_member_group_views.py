@@ -20,6 +20,7 @@ import pytest
 from broker_agent.core import BrokerCore
 from broker_agent.membership import group as group_module
 from broker_agent.membership.group import STRAGGLER_WAIT_MS, MemberGroupSync
+from broker_agent.membership.preonline import PreOnline
 from broker_agent.membership.views import believed_view, fresh_window_ms, has_live_master
 from ha_controller.config import BrokerConfig
 from ha_controller.proto import broker_pb2, nameserver_pb2
@@ -230,3 +231,51 @@ async def test_a_returning_master_holds_the_acting_slave_until_no_step_is_under_
         await sync.apply_min_broker(0, MASTER, None, None)
         assert core.acting.held_until is None and core.acting.role == "slave"
         assert slave.started == [True, False, True, False]
+
+
+async def test_a_fenced_masters_pre_online_waits_for_its_special_work_under_way(
+    tmp_path: Path,
+) -> None:
+    """Long campaign seed 1027: a master fenced while a delivery waited for its
+    replicas took its acting slave's delay offsets in pre-online; the delivery then
+    ended and moved the offset past a message stored after the return, which was
+    never delivered.  Pre-online now reads the member group (and takes any table) only
+    once the steps under way have ended."""
+    core = BrokerCore(
+        BrokerConfig(
+            cluster="c",
+            broker_name="g1",
+            broker_id=0,
+            namesrv_addrs=("127.0.0.1:1",),
+            store_dir=str(tmp_path / "g1-0"),
+        )
+    )
+    asked: list[int] = []
+
+    class Members:
+        """The member group as pre-online reads it: records when it was asked."""
+
+        async def fetch_member_group(self) -> None:
+            asked.append(core.special_steps.under_way)
+            core.isolated = False  # end the loop: this test is about what comes first
+            return None
+
+    delivery_done = asyncio.Event()
+
+    async def delivery_waiting_for_replicas() -> None:
+        with core.special_steps.step():
+            await delivery_done.wait()
+
+    step = asyncio.create_task(delivery_waiting_for_replicas())
+    await asyncio.sleep(0)
+    core.isolated = True
+    preonline = PreOnline(core, cast(Any, Members()), cast(Any, None), [], cast(Any, None))
+    run = asyncio.create_task(preonline.run())
+    await asyncio.sleep(0.2)
+    assert asked == [] and core.preonline_step == "finishing the special work under way"
+    delivery_done.set()
+    await step
+    await asyncio.wait_for(run, 5)
+    assert asked == [0]
+    await core.pool.aclose()
+    core.store.close()
