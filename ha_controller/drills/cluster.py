@@ -32,6 +32,7 @@ import logging
 import os
 import shutil
 import subprocess
+import tarfile
 import tempfile
 from collections.abc import Mapping
 from dataclasses import dataclass, field
@@ -448,8 +449,12 @@ class DrillCluster:
 
     # ---- teardown ----------------------------------------------------------------
 
-    def close(self) -> None:
-        """Kill every process, remove the network and the stores (idempotent)."""
+    def close(self, keep_stores: Path | None = None) -> None:
+        """Kill every process, remove the network and the stores (idempotent).
+
+        With ``keep_stores`` the stores are first archived there (a gzipped tar of
+        ``store/``, written once the processes are gone): what a failing drill's brokers
+        held, for reading its commit logs and tables afterwards."""
         if self._closed:
             return
         self._closed = True
@@ -457,6 +462,13 @@ class DrillCluster:
             with contextlib.suppress(Exception):
                 proc.handle.resume()
                 proc.handle.kill()
+        if keep_stores is not None:
+            try:
+                keep_stores.parent.mkdir(parents=True, exist_ok=True)
+                with tarfile.open(keep_stores, "w:gz") as tar:
+                    tar.add(self.workdir / "store", arcname="store")
+            except OSError as exc:
+                log.warning("stores not kept in %s: %s", keep_stores, exc)
         if self.network is not None:
             try:
                 self.network.close()

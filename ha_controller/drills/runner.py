@@ -74,6 +74,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import functools
 import logging
 import random
 import shutil
@@ -169,6 +170,8 @@ TMPFS_STORE_MB: Final = 64
 #: its due messages until it is expired (not-active timeout 2 s, scan 0.5 s) and a
 #: slave acts; 5 s covers that budget with room, a later delivery is a finding.
 GENERATED_LATE_TOLERANCE_MS: Final = 5_000
+#: where a failing drill keeps its brokers' stores (a gzipped tar of ``store/``)
+STORES_ARCHIVE: Final = "stores.tar.gz"
 #: the checker options of ``generated`` drills (and so of campaigns): the POP group's
 #: duplicates count after its first ack (un-acked POP messages come back by design);
 #: every other group's count strictly
@@ -842,7 +845,7 @@ async def run_drill(options: DrillOptions) -> DrillResult:
         )
     out = options.out or Path(tempfile.mkdtemp(prefix=f"drill-{scenario.name}-"))
     out.mkdir(parents=True, exist_ok=True)
-    for name in ("history.jsonl", "verdict.json", "report.html"):
+    for name in ("history.jsonl", "verdict.json", "report.html", STORES_ARCHIVE):
         (out / name).unlink(missing_ok=True)
     t0 = time.monotonic()
     start_ms = now_ms()  # the drill start: every printed time counts from here
@@ -872,10 +875,15 @@ async def run_drill(options: DrillOptions) -> DrillResult:
         for line in cluster.describe():
             say("  " + line)
         drained = await _drive(scenario, options, cluster, history, say)
+        history.close()
+        verdict = check(out / "history.jsonl", scenario=scenario.name, options=scenario.check)
+        if not verdict.ok:  # what the brokers held, to read after the drill
+            keep = out / STORES_ARCHIVE
+            say(f"drill failed: keeping the brokers' stores in {keep}")
+            await _shielded_thread(functools.partial(cluster.close, keep))
     finally:
         history.close()
         await _shielded_thread(cluster.close)
-    verdict = check(out / "history.jsonl", scenario=scenario.name, options=scenario.check)
     (out / "verdict.json").write_text(verdict.to_json() + "\n", encoding="utf-8")
     events = read_history(out / "history.jsonl")
     write_report(out / "report.html", events, verdict, start_ms=start_ms)

@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import asyncio
 import signal
+import tarfile
 from pathlib import Path
 
 import pytest
@@ -161,7 +162,9 @@ async def test_nameserver_refuses_id0_back_without_pre_online(cluster: Cluster) 
         cluster.stop()
 
 
-async def test_partitioned_master_healed_after_expiry_delivers_nothing_again() -> None:
+async def test_partitioned_master_healed_after_expiry_delivers_nothing_again(
+    tmp_path: Path,
+) -> None:
     """The same return through a healed network partition (network namespaces): the
     master is cut off from the nameserver and the clients, a consumer group commits
     through the acting slave, the link comes back."""
@@ -190,5 +193,12 @@ async def test_partitioned_master_healed_after_expiry_delivers_nothing_again() -
         assert "fenced:" in log
         again = await delivered_again(cluster)  # type: ignore[arg-type]
         assert again == 0, f"{again} of {SENT} consumed messages were delivered again"
+        # what a failing drill keeps: every broker's store, once the processes are gone
+        kept = tmp_path / "stores.tar.gz"
+        await asyncio.to_thread(cluster.close, kept)
+        with tarfile.open(kept) as tar:
+            names = tar.getnames()
+        for member in ("g1-0", "g1-1", "g1-2"):
+            assert any(n.startswith(f"store/{member}/commitlog") for n in names), names[:20]
     finally:
         await asyncio.to_thread(cluster.close)
