@@ -252,7 +252,7 @@ class PreOnline:
             log.error("pre-online: cutting the commit log failed: %s", exc)
             return f"commit-log cut: {exc}"
         for table, snapshot in snapshots:
-            table.assign(snapshot)
+            table.replace(snapshot)  # ours counted what the cut removed
             log.info(
                 "pre-online: %s of slave %d taken after the cut: %s",
                 table.name,
@@ -350,7 +350,7 @@ class PreOnline:
                 snapshot = await table.fetch(core.pool, slave_addr)
             except UnknownMethod:
                 continue
-            table.assign(snapshot)
+            table.replace(snapshot)
             log.info(
                 "pre-online: lost volume: %s of slave %d taken: %s",
                 table.name,

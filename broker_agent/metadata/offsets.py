@@ -153,6 +153,12 @@ class ConsumerOffsetSync:
     def assign(self, snapshot: OffsetSnapshot) -> None:
         self.offsets.assign_from_master(*snapshot)
 
+    def replace(self, snapshot: OffsetSnapshot) -> None:
+        # forward only, as a sync: a commit the master took in its lease was consumed
+        # (moving it back would deliver again); clamping an offset left past a cut
+        # queue's end is still to do
+        self.offsets.assign_from_master(*snapshot)
+
     def adopt_if_newer(self, snapshot: OffsetSnapshot) -> bool:
         return self.offsets.adopt_if_newer(*snapshot)
 

@@ -146,6 +146,11 @@ class SubscriptionGroupSync:
     def assign(self, snapshot: broker_pb2.SubscriptionGroupTable) -> None:
         self.manager.assign(configs_of(snapshot), data_version_from_pb(snapshot.data_version))
 
+    def replace(self, snapshot: broker_pb2.SubscriptionGroupTable) -> None:
+        self.assign(
+            snapshot
+        )  # subscription groups only grow in a cut (a group made on the master stays)
+
     def adopt_if_newer(self, snapshot: broker_pb2.SubscriptionGroupTable) -> bool:
         version = data_version_from_pb(snapshot.data_version)
         if self.manager.data_version.compare(version) > 0:

@@ -54,6 +54,12 @@ class VersionedTable(Protocol):
         """Reverse sync: take a slave's table when its version is >= ours."""
         ...
 
+    def replace(self, snapshot: Any) -> None:
+        """Take a slave's table as it is, even where ours is ahead: a master that cut
+        its log back (or lost its volume) counted deliveries and commits that are gone,
+        and an offset left ahead of the log skips what is stored there next."""
+        ...
+
     def describe(self, snapshot: Any) -> str:
         """A short text of a fetched table, for the pre-online log."""
         ...

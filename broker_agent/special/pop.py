@@ -1059,6 +1059,9 @@ class PopAckSync:
         if self.service.acks.assign(snapshot):
             self.service.acks.persist()
 
+    def replace(self, snapshot: PopAckSnapshot) -> None:
+        self.assign(snapshot)  # the ack table as the slave has it
+
     def adopt_if_newer(self, snapshot: PopAckSnapshot) -> bool:
         """Merged whatever the version; True (for the log) when the slave's table was
         at least as new as ours or added anything."""

@@ -251,6 +251,14 @@ class DelayOffsetTable:
         self._dirty = True
         return True
 
+    def replace(self, offsets: Mapping[int, int], version: DataVersion) -> None:
+        """Take another broker's table as it is, levels ahead of it included (see
+        VersionedTable.replace: long-campaign seeds 1013 and 1027 lost the messages
+        stored after a cut at the offsets this table had counted before it)."""
+        self.offsets = dict(offsets)
+        self.data_version.assign(version)
+        self._dirty = True
+
     def apply_replicated(self, level: int, offset: int) -> None:
         """A delivery the master made, replicated through the commit log (slave side)."""
         if offset > self.offsets.get(level, 0):
@@ -984,6 +992,11 @@ class DelayOffsetSync:
             dict(snapshot.offsets), data_version_from_pb(snapshot.data_version)
         )
 
+    def replace(self, snapshot: broker_pb2.DelayOffsetTable) -> None:
+        self.service.delay_offsets.replace(
+            dict(snapshot.offsets), data_version_from_pb(snapshot.data_version)
+        )
+
     def adopt_if_newer(self, snapshot: broker_pb2.DelayOffsetTable) -> bool:
         return self.service.delay_offsets.adopt_if_newer(
             dict(snapshot.offsets), data_version_from_pb(snapshot.data_version)
@@ -1012,6 +1025,9 @@ class TimerCheckpointSync:
 
     def assign(self, snapshot: TimerCheckpoint) -> None:
         self.service.timer.assign(snapshot)
+
+    def replace(self, snapshot: TimerCheckpoint) -> None:
+        self.assign(snapshot)  # assign already takes the checkpoint as it is
 
     def adopt_if_newer(self, snapshot: TimerCheckpoint) -> bool:
         return self.service.timer.adopt_if_newer(snapshot)
@@ -1047,6 +1063,9 @@ class RecallSync:
         self.service.recalls.merge(
             self._entries(snapshot), data_version_from_pb(snapshot.data_version)
         )
+
+    def replace(self, snapshot: broker_pb2.RecallTable) -> None:
+        self.assign(snapshot)  # a recall is never undone: the union
 
     def adopt_if_newer(self, snapshot: broker_pb2.RecallTable) -> bool:
         changed = self.service.recalls.merge(

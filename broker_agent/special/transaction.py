@@ -726,6 +726,9 @@ class TransactionProgressSync:
             service.progress.assign(snapshot)
             service.mark_dirty()
 
+    def replace(self, snapshot: HalfProgress) -> None:
+        self.assign(snapshot)  # assign takes the progress as it is
+
     def adopt_if_newer(self, snapshot: HalfProgress) -> bool:
         service = self.service
         adopted = service.progress.adopt_if_newer(snapshot)

@@ -163,6 +163,21 @@ def test_reverse_sync_adopts_ties_and_newer_and_never_rolls_back(tmp_path: Path)
     assert master.offsets[4] == 32
 
 
+def test_a_cut_replaces_the_delay_offsets_where_a_sync_only_moves_them_forward() -> None:
+    """Long-campaign seeds 1013 and 1027: a master cut off delivered due messages in its
+    lease (the deliveries were cut away on its return), took its acting slave's delay
+    offsets with the forward-only merge, kept its own higher level, and skipped the
+    messages stored next at those queue offsets: they were never delivered."""
+    master = DelayOffsetTable(None)
+    master.update(1, 4)  # delivered offset 3 while cut off; the cut removed it
+    slave_version = DataVersion(0, 9, 1)
+    assert master.assign({1: 3}, slave_version)  # a forward sync never moves back
+    assert master.get(1) == 4
+    master.replace({1: 3, 2: 5}, slave_version)  # what pre-online's cut does now
+    assert (master.get(1), master.get(2)) == (3, 5)
+    assert master.data_version.key() == slave_version.key()
+
+
 def test_timer_checkpoint_version_moves_on_every_change(tmp_path: Path) -> None:
     cp = TimerCheckpointFile(tmp_path / "timer.json")
     cp.load()
