@@ -151,6 +151,18 @@ class Slave:
             self.core.store.close()
 
 
+async def step_under_way(core: BrokerCore, ends: asyncio.Event) -> asyncio.Task[None]:
+    """A special-service step of ``core`` that lasts until ``ends`` is set (started)."""
+
+    async def step() -> None:
+        with core.special_steps.step():
+            await ends.wait()
+
+    task = asyncio.create_task(step())
+    await asyncio.sleep(0)
+    return task
+
+
 def act_notice() -> nameserver_pb2.NotifyMinBrokerIdChangeRequest:
     return nameserver_pb2.NotifyMinBrokerIdChangeRequest(
         min_broker_id=1, min_broker_addr=SLAVE, offline_broker_addr=MASTER
@@ -204,13 +216,7 @@ async def test_a_returning_master_holds_the_acting_slave_until_no_step_is_under_
         await sync.apply_min_broker(1, SLAVE, MASTER, None)
         assert core.acting.acting and slave.started == [True]
         escape_answered = asyncio.Event()
-
-        async def escape_awaiting_its_answer() -> None:
-            with core.special_steps.step():
-                await escape_answered.wait()
-
-        step = asyncio.create_task(escape_awaiting_its_answer())
-        await asyncio.sleep(0)
+        step = await step_under_way(core, escape_answered)  # an escape awaiting its answer
         with pytest.raises(EscapesUnresolved):
             await sync.exchange_ha_info(cast(Any, None), returning)
         assert slave.started == [True, False]  # stopped at the first contact
@@ -261,13 +267,7 @@ async def test_a_fenced_masters_pre_online_waits_for_its_special_work_under_way(
             return None
 
     delivery_done = asyncio.Event()
-
-    async def delivery_waiting_for_replicas() -> None:
-        with core.special_steps.step():
-            await delivery_done.wait()
-
-    step = asyncio.create_task(delivery_waiting_for_replicas())
-    await asyncio.sleep(0)
+    step = await step_under_way(core, delivery_done)  # a delivery waiting for replicas
     core.isolated = True
     preonline = PreOnline(core, cast(Any, Members()), cast(Any, None), [], cast(Any, None))
     run = asyncio.create_task(preonline.run())
