@@ -7,7 +7,7 @@ from collections.abc import Callable
 
 from broker_agent.convert import message_to_pb
 from broker_agent.core import BrokerCore
-from broker_agent.special.escape_ids import Escaped, EscapedIds
+from broker_agent.special.escape_ids import REBUILD_BYTES, Escaped, EscapedIds
 from broker_agent.special.schedule import delayed_target
 from broker_agent.store.message_store import GetMessageStatus
 from broker_agent.write_path import WritePath
@@ -47,8 +47,14 @@ class MessageHandlers:
         self.core = core
         self.write_path = write_path
         self._half_target = half_target  # the transaction service: a prepared message
-        #: remote escapes stored here, so that a retried one is stored once
+        #: remote escapes stored here, so that a retried one is stored once (also those
+        #: stored just before a restart: read back from the commit log)
         self.escaped = EscapedIds()
+        rebuilt = self.escaped.rebuild(
+            core.store.recent_messages_with(PROPERTY_ESCAPE_ID, REBUILD_BYTES)
+        )
+        if rebuilt:
+            log.info("remembered %d escape(s) stored before this start", rebuilt)
 
     def register(self) -> None:
         add = self.core.dispatcher.add
@@ -72,9 +78,16 @@ class MessageHandlers:
         core.check_writable_master("SEND_MESSAGE")
         if not req.entries:
             raise BadRequest("send with no messages")
+        if (
+            core.auth.enabled
+            and not ctx.authenticated
+            and any(PROPERTY_ESCAPE_ID in e.properties for e in req.entries)
+        ):
+            # only a cluster member's (signed) send may carry an escape id
+            # (auth.MEMBER_DATA_CODES): one stored from a client would count as an
+            # escape once a restart reads the ids back from the log
+            raise BadRequest(f"{PROPERTY_ESCAPE_ID} is a property only cluster members set")
         eid = req.entries[0].properties.get(PROPERTY_ESCAPE_ID, "") if len(req.entries) == 1 else ""
-        if eid and core.auth.enabled and not ctx.authenticated:
-            eid = ""  # only a cluster member's escape id counts (see auth.MEMBER_DATA_CODES)
         if eid:
             earlier = self.escaped.find(eid, core.store.get_message_at)
             if earlier is not None:

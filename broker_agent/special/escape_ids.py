@@ -14,24 +14,36 @@ position and store time of the record that produced the message (a delayed messa
 the schedule queue, a half message, a POP checkpoint's message).  Master and slaves
 hold the same records at the same positions, so the id does not depend on who escapes.
 
-The target's memory is bounded and in memory: a target restarted between an escape and
-its retry stores the retry again.  An id whose stored message is gone (the target cut
-its log back on a return) counts as never stored.
+The target's memory is bounded (:data:`CAPACITY` ids) and kept in memory; the id is
+also in the stored message's properties, so a restarted target rebuilds the memory from
+the last :data:`REBUILD_BYTES` of its commit log (:meth:`EscapedIds.rebuild`) before it
+serves: a target killed between storing an escape and answering it still stores the
+retry once.  An id whose stored message is gone (the target cut its log back on a
+return) counts as never stored.
 """
 
 from __future__ import annotations
 
 from collections import OrderedDict
-from collections.abc import Callable
+from collections.abc import Callable, Iterable
 from dataclasses import dataclass
 from typing import Final, TypeAlias
 
-from ha_controller.protocol.properties import PROPERTY_ESCAPE_ID
+from ha_controller.protocol.properties import (
+    PROPERTY_ESCAPE_ID,
+    PROPERTY_REAL_QID,
+    PROPERTY_REAL_TOPIC,
+)
 from ha_controller.protocol.record import StoredMessage
 
 #: ids a master remembers; the oldest are forgotten first.  An escape is retried for
 #: seconds to minutes, and a busy acting slave escapes a few thousand messages a second.
 CAPACITY: Final = 200_000
+
+#: how much of its commit log's end a restarted master reads for the escapes it stored:
+#: a retry follows its lost answer within seconds, and the escape it repeats was stored
+#: just before the restart, so the newest records are the ones that matter
+REBUILD_BYTES: Final = 64 * 1024 * 1024
 
 #: ``store.get_message_at``: (topic, queue id, queue offset) -> the message or None
 StoreReader: TypeAlias = Callable[[str, int, int], StoredMessage | None]
@@ -72,6 +84,34 @@ class EscapedIds:
         self._ids.move_to_end(eid)
         while len(self._ids) > self.capacity:
             self._ids.popitem(last=False)
+
+    def rebuild(self, messages: Iterable[StoredMessage]) -> int:
+        """Remember the escapes among ``messages`` (stored ones, oldest first), as the
+        sends that stored them did; returns how many."""
+        count = 0
+        for msg in messages:
+            eid = msg.properties.get(PROPERTY_ESCAPE_ID)
+            if not eid:
+                continue
+            # a delayed or half message lies in another queue than the send asked for
+            queue_id = msg.queue_id
+            real_qid = msg.properties.get(PROPERTY_REAL_QID, "")
+            moved = msg.properties.get(PROPERTY_REAL_TOPIC, msg.topic) != msg.topic
+            if moved and real_qid.isdigit():
+                queue_id = int(real_qid)
+            self.add(
+                eid,
+                Escaped(
+                    msg.topic,
+                    msg.queue_id,
+                    queue_id,
+                    msg.queue_offset,
+                    msg.msg_id,
+                    msg.physical_offset,
+                ),
+            )
+            count += 1
+        return count
 
     def find(self, eid: str, read: StoreReader) -> Escaped | None:
         """The earlier store of ``eid`` when its message is still there, else None."""

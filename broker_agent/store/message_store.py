@@ -1184,6 +1184,32 @@ class MessageStore:
                 return result(GetMessageStatus.NO_MATCHED_MESSAGE, cur, [])
             return result(GetMessageStatus.OFFSET_FOUND_NULL, cur, [])
 
+    def recent_messages_with(self, prop: str, max_bytes: int) -> list[StoredMessage]:
+        """The messages carrying property ``prop`` in about the last ``max_bytes`` of the
+        commit log, oldest first: from the first record a consume queue points at, at or
+        after ``max offset - max_bytes`` (a record boundary), to the end.  For rebuilding
+        what a broker keeps in memory about its latest writes after a restart.  A record
+        that does not verify ends the walk (recovery verified the tail already)."""
+        with self._lock:
+            self._check_open()
+            end = self._cl.max_offset
+            target = max(self._cl.min_offset, end - max_bytes)
+            start = end
+            for cq in self._cqs.values():
+                q = cq.first_at_or_after(target)
+                if q < cq.max_offset:
+                    entry = cq.entry(q)
+                    if entry is not None:
+                        start = min(start, entry[0])
+            found: list[StoredMessage] = []
+            try:
+                for _offset, record, _size in self._cl.scan(start, end):
+                    if record is not BLANK and prop in record.properties:
+                        found.append(record)
+            except (CorruptRecord, StoreError, OffsetOutOfRange) as exc:
+                logger.warning("store %s: reading the recent messages stopped: %s", self._dir, exc)
+            return found
+
     def get_message_at(self, topic: str, queue_id: int, offset: int) -> StoredMessage | None:
         """The message at queue ``offset``, or None if there is none (or it is unreadable)."""
         with self._lock:

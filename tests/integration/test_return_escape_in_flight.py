@@ -16,11 +16,13 @@ import time
 from collections import Counter
 from pathlib import Path
 
+import pytest
 from special_helpers import create_topic_on, masters_online, messages_on, send_raw
 
 from ha_controller.auth import ClusterAuth
 from ha_controller.client.admin import NameserverClient
 from ha_controller.proto import broker_pb2
+from ha_controller.protocol.errors import BadRequest
 from ha_controller.rpc import ConnectionPool
 from ha_controller.testing import Cluster, eventually, run_cluster
 
@@ -116,8 +118,10 @@ async def test_escape_unanswered_at_the_return_is_delivered_once(tmp_path: Path)
 async def test_a_master_stores_a_repeated_escape_once(tmp_path: Path) -> None:
     """The target side, over real TCP to a broker process with a cluster secret: a
     member's (signed) SEND_MESSAGE with an ESCAPE_ID it stored before is answered with
-    the first store; a client's (unsigned) id counts for nothing, so a forged id stored
-    first cannot make the real escape count as a repeat."""
+    the first store, also after the master was killed (-9) and restarted in between
+    (the ids are read back from its commit log); a client's (unsigned) send may not
+    carry an ESCAPE_ID at all, so a forged id can neither make a real escape count as a
+    repeat nor be read back as one."""
     secret = "escape-ids-test-secret"
     cluster: Cluster = run_cluster(("g1",), 1, workdir=tmp_path, env={"HAC_CLUSTER_SECRET": secret})
     master = cluster.broker("g1", 0)
@@ -140,9 +144,15 @@ async def test_a_master_stores_a_repeated_escape_once(tmp_path: Path) -> None:
             first = await send(member, "g9/delay/100/5", 0)
             again = await send(member, "g9/delay/100/5", 1)  # a retry may ask another queue
             other = await send(member, "g9/delay/200/5", 0)
-            forged = await send(client, "g9/delay/300/5")  # a client's, stored first
+            with pytest.raises(BadRequest, match="ESCAPE_ID"):
+                await send(client, "g9/delay/300/5")  # a client's forged id
             real = await send(member, "g9/delay/300/5")
-            replayed = await send(client, "g9/delay/100/5")
+            with pytest.raises(BadRequest, match="ESCAPE_ID"):
+                await send(client, "g9/delay/100/5")
+            master = cluster.restart("g1", 0)  # kill -9, then start on the same store
+            await masters_online(cluster.namesrv, ("g1",))
+            after = await send(member, "g9/delay/100/5", 0)
+            real_after = await send(member, "g9/delay/300/5", 1)
             stored = await messages_on(client, [master.rpc], TOPIC, QUEUES)
         assert (again.msg_id, again.queue_id, again.queue_offset) == (
             first.msg_id,
@@ -150,15 +160,15 @@ async def test_a_master_stores_a_repeated_escape_once(tmp_path: Path) -> None:
             first.queue_offset,
         )
         assert other.msg_id != first.msg_id
-        assert real.msg_id != forged.msg_id  # the real escape is stored
-        assert replayed.msg_id != first.msg_id  # a client's id finds nothing either
+        assert (after.msg_id, after.queue_offset) == (first.msg_id, first.queue_offset)
+        assert (real_after.msg_id, real_after.queue_offset) == (real.msg_id, real.queue_offset)
         assert sorted(m.properties["ESCAPE_ID"] for m in stored) == [
-            "g9/delay/100/5",
             "g9/delay/100/5",
             "g9/delay/200/5",
             "g9/delay/300/5",
-            "g9/delay/300/5",
         ]
-        assert "not stored again" in master.log_path.read_text()
+        log = master.log_path.read_text()
+        assert "remembered 3 escape(s) stored before this start" in log
+        assert "not stored again" in log
     finally:
         cluster.stop()

@@ -79,6 +79,37 @@ def test_a_repeat_is_found_while_its_first_store_is_there() -> None:
     assert len(ids) == 2 and ids.find("id0", read) is None
 
 
+def test_a_restarted_target_remembers_the_escapes_its_log_holds() -> None:
+    """Rebuilt from stored messages (a restart reads them back from the commit log): a
+    repeat is answered as the first send was, including the queue a delayed message's
+    send asked for (it lies in the schedule queue)."""
+    stored = [
+        StoredMessage(
+            "T", 3, b"x", {"ESCAPE_ID": "g1/delay/1/5"}, queue_offset=7, physical_offset=100
+        ),
+        StoredMessage("T", 0, b"x", {}, queue_offset=8, physical_offset=200),
+        StoredMessage(
+            "SCHEDULE_TOPIC_XXXX",
+            2,
+            b"x",
+            {"ESCAPE_ID": "g1/pop_retry/2/5", "REAL_TOPIC": "T", "REAL_QID": "1"},
+            queue_offset=4,
+            physical_offset=300,
+        ),
+    ]
+    ids = EscapedIds()
+    assert ids.rebuild(stored) == 2
+    by_place = {(m.topic, m.queue_id, m.queue_offset): m for m in stored}
+
+    def read(topic: str, queue_id: int, offset: int) -> StoredMessage | None:
+        return by_place.get((topic, queue_id, offset))
+
+    assert ids.find("g1/delay/1/5", read) == Escaped("T", 3, 3, 7, stored[0].msg_id, 100)
+    assert ids.find("g1/pop_retry/2/5", read) == Escaped(
+        "SCHEDULE_TOPIC_XXXX", 2, 1, 4, stored[2].msg_id, 300
+    )
+
+
 async def test_a_stop_waits_for_the_steps_under_way() -> None:
     steps = SpecialSteps()
     await steps.idle()  # nothing under way: at once

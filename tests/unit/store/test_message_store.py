@@ -230,3 +230,32 @@ def test_put_after_replicated_bytes_dispatches_them_first(tmp_path: Path) -> Non
         assert r.queue_offset == 5
         assert [d.queue_offset for d in slave.reput()] == [0, 1, 2, 3, 4]
         assert [m.body for m in slave.get_messages("T", 0, 0).messages][-1] == b"local"
+
+
+def test_recent_messages_with_a_property_are_read_back_after_a_reopen(tmp_path: Path) -> None:
+    """What a restarted broker reads back about its latest writes (the escapes it
+    stored): the messages with the property in about the last N bytes of the log, on
+    every queue, across segments, oldest first; none before the window."""
+    with MessageStore.open(tmp_path, CFG) as s:
+        old = s.put("A", 0, b"o" * 1000, {"ESCAPE_ID": "old"})
+        for i in range(200):  # several segments of other writes
+            s.put("B", i % 3, b"x" * 1000)
+        marked = []
+        for i in range(6):
+            s.put("A", 1, b"y" * 500)
+            marked.append(s.put("C", i % 2, b"z" * 500, {"ESCAPE_ID": f"e{i}"}))
+    assert CFG.segment_size_bytes * 3 < marked[0].physical_offset
+    with MessageStore.open(tmp_path, CFG) as s:
+        got = s.recent_messages_with("ESCAPE_ID", 10 * 1024)
+        assert [m.properties["ESCAPE_ID"] for m in got] == [f"e{i}" for i in range(6)]
+        assert [(m.topic, m.queue_id, m.queue_offset, m.physical_offset) for m in got] == [
+            ("C", i % 2, r.queue_offset, r.physical_offset) for i, r in enumerate(marked)
+        ]
+        everything = s.recent_messages_with("ESCAPE_ID", 10 * 1024 * 1024)
+        assert [m.properties["ESCAPE_ID"] for m in everything] == ["old"] + [
+            f"e{i}" for i in range(6)
+        ]
+        assert everything[0].physical_offset == old.physical_offset
+        assert s.recent_messages_with("NOPE", 10 * 1024 * 1024) == []
+    with MessageStore.open(tmp_path / "empty", CFG) as s:
+        assert s.recent_messages_with("ESCAPE_ID", 1024) == []
