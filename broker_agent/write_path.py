@@ -31,8 +31,20 @@ from ha_controller.protocol.errors import (
     TopicNotFound,
 )
 from ha_controller.protocol.properties import OFFSET_TOPIC, PROPERTY_TAGS
-from ha_controller.protocol.record import tag_hash
+from ha_controller.protocol.record import (
+    StoredMessage,
+    encoded_size,
+    encoded_size_bound,
+    tag_hash,
+)
 from ha_controller.routing import Perm, TopicConfig
+
+#: what a client's message must leave of ``max_message_bytes`` for the properties the
+#: brokers add when they hand it on: a delayed or half message delivered or escaped to
+#: another group (ESCAPE_ID, the escaping broker as born host), a POP retry (its retry
+#: topic and origin).  Without it a message stored at the limit could never be handed
+#: on, and the delay level, or the queue, behind it would wait for ever.
+CLIENT_HEADROOM_BYTES = 2048
 
 log = logging.getLogger(__name__)
 
@@ -113,6 +125,31 @@ class WritePath:
         return PutRequest(
             topic, queue_id, body, properties, flags, born_ts_ms, born_host or addr, addr
         )
+
+    def check_client_size(self, requests: Sequence[PutRequest]) -> None:
+        """BadRequest when a client's message leaves less than
+        :data:`CLIENT_HEADROOM_BYTES` of ``max_message_bytes`` (nothing stored)."""
+        limit = self.core.cfg.max_message_bytes - CLIENT_HEADROOM_BYTES
+        for r in requests:
+            props = r.properties or {}
+            if encoded_size_bound(r.topic, r.body, props, r.born_host, r.store_host) <= limit:
+                continue  # the common case: no encoding needed to tell
+            size = encoded_size(
+                StoredMessage(
+                    r.topic,
+                    r.queue_id,
+                    r.body,
+                    dict(props),
+                    born_host=r.born_host,
+                    store_host=r.store_host,
+                )
+            )
+            if size > limit:
+                raise BadRequest(
+                    f"message of {size} bytes exceeds {limit} (max_message_bytes "
+                    f"{self.core.cfg.max_message_bytes} less {CLIENT_HEADROOM_BYTES} kept for "
+                    "the properties a broker adds when it hands a message on)"
+                )
 
     def append(
         self,

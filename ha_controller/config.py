@@ -681,8 +681,11 @@ class BrokerConfig(_Validated):
     # IN_SYNC_REPLICAS_NOT_ENOUGH (RocketMQ's syncFlushTimeout is 5 s).
     slave_ack_timeout_ms: int = _opt(3000, ge=1)
     segment_size_bytes: int = _opt(64 * MIB, ge=64 * KIB, le=2 * GIB)
-    # RocketMQ maxMessageSize; a record must fit in one segment and one frame.
-    max_message_bytes: int = _opt(4 * MIB, ge=1 * KIB)
+    # RocketMQ maxMessageSize; a record must fit in one segment and one frame. A
+    # client's message must leave 2 KiB of it for the properties the broker adds when
+    # it delivers a delayed message, commits a transaction, revives a POP message or
+    # escapes one to another group.
+    max_message_bytes: int = _opt(4 * MIB, ge=4 * KIB)
 
     # --- disk space and retention ---
     # Below this share of the file system free (for unprivileged users), the store

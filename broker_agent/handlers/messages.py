@@ -135,6 +135,8 @@ class MessageHandlers:
                 )
             )
             uniq_keys.append(props.get(PROPERTY_UNIQ_KEY, ""))
+        if not eid:  # a member's escape hands on a message already taken in
+            wp.check_client_size(messages)
         # all or nothing: NotWritable (nothing stored) sends the producer to another group
         results = wp.append_batch(messages)
         add = resp.results.add

@@ -73,6 +73,7 @@ __all__ = [
     "encode_properties",
     "encode_record",
     "encoded_size",
+    "encoded_size_bound",
     "iter_records",
     "make_msg_id",
     "parse_msg_id",
@@ -212,6 +213,16 @@ def encoded_size(msg: StoredMessage) -> int:
     """Size in bytes of ``encode_record(msg)`` (it does not depend on the offsets)."""
     born, store, topic, props = _fields(msg)
     return MIN_RECORD_SIZE + len(born) + len(store) + len(topic) + len(props) + len(msg.body)
+
+
+def encoded_size_bound(
+    topic: str, body: bytes, properties: Mapping[str, str], born_host: str, store_host: str
+) -> int:
+    """An upper bound of :func:`encoded_size` counted in characters (UTF-8 takes at most
+    four bytes for one), without encoding anything."""
+    chars = len(born_host) + len(store_host) + len(topic)
+    chars += sum(len(k) + len(v) + 2 for k, v in properties.items())
+    return MIN_RECORD_SIZE + len(body) + 4 * chars
 
 
 def encode_record(msg: StoredMessage) -> bytes:

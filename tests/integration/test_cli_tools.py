@@ -17,6 +17,7 @@ from typing import Any
 
 import pytest
 
+from broker_agent.write_path import CLIENT_HEADROOM_BYTES
 from ha_controller.client.admin import NameserverClient
 from ha_controller.client.message import Message
 from ha_controller.client.producer import Producer
@@ -90,8 +91,11 @@ def test_produce_exits_0_only_when_every_send_was_acknowledged(cluster: Cluster)
     assert partial.returncode == 3, partial.stderr
     summary = [line for line in partial.stderr.splitlines() if " x BadRequest: " in line]
     assert len(summary) == 1, partial.stderr
+    # (a client's message must leave CLIENT_HEADROOM_BYTES of the limit)
     assert re.search(
-        rf"bytes exceeds max_message(_size)?_bytes={SMALL_GROUP_MAX_BYTES}$", summary[0]
+        rf"bytes exceeds {SMALL_GROUP_MAX_BYTES - CLIENT_HEADROOM_BYTES} \(max_message_bytes "
+        rf"{SMALL_GROUP_MAX_BYTES} less {CLIENT_HEADROOM_BYTES} kept for",
+        summary[0],
     )
 
     # too large for the client's own limit: refused before anything is sent, the reason named
