@@ -88,6 +88,26 @@ class WritePath:
             raise BadRequest(f"topic {topic!r} is not writeable on {core.cfg.broker_name}")
         return config
 
+    def topic_for_delivery(self, topic: str) -> TopicConfig:
+        """The topic a special service hands a message on to (a due delayed message, a
+        committed transaction, a POP retry, an escape of one): as :meth:`topic_for_write`,
+        but a topic made read-only since, or deleted while topics are not auto-created,
+        still takes it.  The message was taken in while its topic took writes, and one
+        that no longer does must not hold up the messages queued behind it (RocketMQ's
+        schedule service writes due messages whatever their topic's permission)."""
+        core = self.core
+        config = core.topics.get(topic)
+        if config is not None:
+            return config
+        if core.cfg.auto_create_topic:
+            return self.topic_for_write(topic)
+        log.warning(
+            "topic %s does not exist on %s: a message handed on to it is stored in its queue",
+            topic,
+            core.cfg.broker_name,
+        )
+        return TopicConfig(topic, 1, 1, Perm.READ | Perm.WRITE)
+
     def pick_queue(self, config: TopicConfig, queue_id: int | None, *, strict: bool) -> int:
         """``queue_id`` when it exists; else round robin.  ``strict`` refuses a bad id."""
         if queue_id is not None and queue_id >= 0:
@@ -281,8 +301,9 @@ class WritePath:
         progress: Mapping[str, str] | None = None,
         then: Record | None = None,
     ) -> Stored:
-        """A whole write like a send's: topic for write, queue (``queue_id`` when it
-        exists, else round robin), replica check, append, replicate, wait for copies.
+        """A special service's whole write, like a send's: topic for delivery
+        (:meth:`topic_for_delivery`), queue (``queue_id`` when it exists, else round
+        robin), replica check, append, replicate, wait for copies.
         ``confirmed`` is False when stored but not confirmed in time (a retry would
         store it twice; replication catches up).
 
@@ -291,7 +312,7 @@ class WritePath:
         its progress reach the slaves in the same transfer, so a slave that takes over
         never holds the delivered message without knowing it was delivered.  ``then``
         is such a record in another queue (a POP revive's ACK in the revive queue)."""
-        config = self.topic_for_write(topic)
+        config = self.topic_for_delivery(topic)
         qid = self.pick_queue(config, queue_id, strict=False)
         needed = self.check_replicas()
         result = self.append(
