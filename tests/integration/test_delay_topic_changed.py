@@ -38,17 +38,22 @@ async def _set_perm(pool: ConnectionPool, addr: str, topic: str, perm: int) -> N
     )
 
 
+async def _two_delayed(cluster: Cluster, pool: ConnectionPool) -> None:
+    """Both topics on g1's master, and one message of delay level 2 (5 s) on each."""
+    master = cluster.broker("g1", 0)
+    await masters_online(cluster.namesrv, ("g1",))
+    await create_topic_on(master.rpc, DRAINED, 1)
+    await create_topic_on(master.rpc, OTHER, 1)
+    await send_raw(pool, master.rpc, DRAINED, 0, {"DELAY": "2", "UNIQ_KEY": "d"})
+    await send_raw(pool, master.rpc, OTHER, 0, {"DELAY": "2", "UNIQ_KEY": "o"})
+
+
 async def test_a_read_only_topic_does_not_hold_up_its_delay_level(tmp_path: Path) -> None:
     cluster: Cluster = run_cluster(("g1",), 1, workdir=tmp_path)
     master = cluster.broker("g1", 0)
     try:
-        await masters_online(cluster.namesrv, ("g1",))
-        await create_topic_on(master.rpc, DRAINED, 1)
-        await create_topic_on(master.rpc, OTHER, 1)
         async with ConnectionPool() as pool:
-            # level 2 (5 s): both due after the topic became read-only
-            await send_raw(pool, master.rpc, DRAINED, 0, {"DELAY": "2", "UNIQ_KEY": "d"})
-            await send_raw(pool, master.rpc, OTHER, 0, {"DELAY": "2", "UNIQ_KEY": "o"})
+            await _two_delayed(cluster, pool)
             await _set_perm(pool, master.rpc, DRAINED, 4)  # read-only: drained
 
             async def both_delivered() -> bool:
@@ -71,12 +76,8 @@ async def test_a_deleted_topic_does_not_hold_up_its_delay_level(tmp_path: Path) 
     )
     master = cluster.broker("g1", 0)
     try:
-        await masters_online(cluster.namesrv, ("g1",))
-        await create_topic_on(master.rpc, DRAINED, 1)
-        await create_topic_on(master.rpc, OTHER, 1)
         async with ConnectionPool() as pool:
-            await send_raw(pool, master.rpc, DRAINED, 0, {"DELAY": "2", "UNIQ_KEY": "d"})
-            await send_raw(pool, master.rpc, OTHER, 0, {"DELAY": "2", "UNIQ_KEY": "o"})
+            await _two_delayed(cluster, pool)
             await pool.call_pb(
                 master.rpc,
                 RequestCode.DELETE_TOPIC_IN_BROKER,

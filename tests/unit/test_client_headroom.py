@@ -68,6 +68,20 @@ def _size(r: PutRequest) -> int:
     )
 
 
+def _stored(topic: str, queue_id: int, body: bytes, props: dict[str, str]) -> StoredMessage:
+    """As the first broker stored it, with the longest offsets and times."""
+    return StoredMessage(
+        topic,
+        queue_id,
+        body,
+        dict(props),
+        born_host=CLIENT_HOST,
+        store_host=BROKER_HOST,
+        physical_offset=2**62,
+        store_ts_ms=2**42,
+    )
+
+
 def _at_client_limit(topic: str, props: dict[str, str]) -> PutRequest:
     """The largest message with ``props`` that a client may send."""
     base = _request(topic, 0, props)
@@ -90,16 +104,7 @@ def test_a_delayed_message_at_the_limit_can_still_be_escaped(write_path: WritePa
     schedule_topic, qid = delayed_target(cfg, TOPIC, 0, props)  # props rewritten in place
     sent = _at_client_limit(schedule_topic, props)
     write_path.check_client_size([sent])
-    stored = StoredMessage(
-        schedule_topic,
-        qid,
-        sent.body,
-        dict(props),
-        born_host=CLIENT_HOST,
-        store_host=BROKER_HOST,
-        physical_offset=2**62,
-        store_ts_ms=2**42,
-    )
+    stored = _stored(schedule_topic, qid, sent.body, props)
     target = restored(stored)
     assert target is not None
     topic, _qid, out = target
@@ -114,16 +119,7 @@ def test_a_pop_retry_of_a_message_at_the_limit_can_still_be_escaped(
     props = {"UNIQ_KEY": "u" * 32}
     sent = _at_client_limit("t", props)  # a short topic: the retry topic is long
     write_path.check_client_size([sent])
-    stored = StoredMessage(
-        "t",
-        0,
-        sent.body,
-        dict(props),
-        born_host=CLIENT_HOST,
-        store_host=BROKER_HOST,
-        physical_offset=2**62,
-        store_ts_ms=2**42,
-    )
+    stored = _stored("t", 0, sent.body, props)
     ck = Checkpoint(
         broker_name=BROKER,
         group=GROUP,
