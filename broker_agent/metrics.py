@@ -45,6 +45,10 @@ class BrokerMetrics:
         self.replication_lag = gauge(
             "hac_replication_lag_bytes", "Commit-log bytes not yet on the furthest-behind copy"
         )
+        self.timer_pending = gauge(
+            "hac_timer_messages_pending",
+            "Undelivered timer messages the timer holds in memory (about 360 bytes each)",
+        )
         self.commitlog_max_offset = gauge(
             "hac_commitlog_max_offset_bytes", "End of the local commit log"
         )

@@ -735,6 +735,10 @@ class BrokerConfig(_Validated):
     # --- special services, escape bridge, locks ---
     # RocketMQ messageDelayLevel; parsed into delay_levels_ms.
     delay_levels: str = _opt(DEFAULT_DELAY_LEVELS, check=_delay_levels_check)
+    # RocketMQ timerMaxDelaySec (3 days): a timer message (TIMER_DELIVER_MS) due
+    # further ahead is refused (BadRequest). The timer keeps every undelivered timer
+    # message in memory, about 360 bytes each (hac_timer_messages_pending).
+    timer_max_delay_ms: int = _opt(3 * 24 * 3_600_000, ge=1000)
     # RocketMQ MAX_RETRY_TIMES_FOR_ESCAPE = 10; backoff doubles from initial to max.
     escape_max_attempts: int = _opt(10, ge=1, le=1000)
     escape_backoff_initial_ms: int = 100

@@ -151,6 +151,11 @@ def delayed_target(
         if deliver <= now:
             props.pop(PROPERTY_TIMER_DELIVER_MS)  # already due: a normal message
             return topic, queue_id
+        if deliver - now > cfg.timer_max_delay_ms:
+            raise BadRequest(
+                f"{PROPERTY_TIMER_DELIVER_MS}={deliver} is {deliver - now} ms ahead, more "
+                f"than timer_max_delay_ms={cfg.timer_max_delay_ms}"
+            )
         due = deliver
         target = (TIMER_TOPIC, TIMER_QUEUE_ID)
     props[PROPERTY_REAL_TOPIC] = topic
@@ -773,6 +778,7 @@ class ScheduleService:
             await self._timer_deliveries(index)
         finally:
             self._index = None
+            self.core.metrics.timer_pending.labels(**self.core.metrics.ident).set(0)
 
     async def _timer_deliveries(self, index: TimerIndex) -> None:
         store = self.core.store
@@ -792,8 +798,10 @@ class ScheduleService:
             len(index),
             "" if head is None else f", next due {head[0]} (queue offset {head[1]})",
         )
+        pending = self.core.metrics.timer_pending.labels(**self.core.metrics.ident)
         while not self._stopping:
             self._read_timer_queue(index)
+            pending.set(len(index))
             head = index.peek()
             now = now_ms()
             if head is None or head[0] > now:

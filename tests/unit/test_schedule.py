@@ -103,6 +103,18 @@ def test_timer_message_goes_to_the_timer_queue_unless_already_due(tmp_path: Path
     assert "TIMER_DELIVER_MS" not in past
 
 
+def test_a_timer_message_due_beyond_the_max_delay_is_refused(tmp_path: Path) -> None:
+    """The timer holds every undelivered timer message in memory: how far ahead one may
+    be due is bounded, as RocketMQ's timerMaxDelaySec bounds it."""
+    cfg = config(tmp_path)
+    limit = cfg.timer_max_delay_ms
+    assert limit == 3 * 24 * 3_600_000
+    at_limit = {"TIMER_DELIVER_MS": str(1000 + limit)}
+    assert delayed_target(cfg, TOPIC, 0, at_limit, now=1000) == (TIMER_TOPIC, 0)
+    with pytest.raises(BadRequest, match="more than timer_max_delay_ms"):
+        delayed_target(cfg, TOPIC, 0, {"TIMER_DELIVER_MS": str(1001 + limit)}, now=1000)
+
+
 @pytest.mark.parametrize("props", [{"DELAY": "x"}, {"TIMER_DELIVER_MS": "soon"}])
 def test_malformed_delay_is_refused(tmp_path: Path, props: dict[str, str]) -> None:
     with pytest.raises(BadRequest):
@@ -310,6 +322,11 @@ async def test_master_delivers_a_level_message_when_due(nodes: NodeFactory) -> N
     assert master.schedule.delay_offsets.get(3) == 1
 
 
+def timer_pending(node: FakeBroker) -> float | None:
+    metrics = node.core.metrics
+    return metrics.registry.get_sample_value("hac_timer_messages_pending", metrics.ident)
+
+
 async def test_master_delivers_timer_messages_in_due_order(nodes: NodeFactory) -> None:
     master = nodes()
     now = int(time.time() * 1000)
@@ -317,10 +334,21 @@ async def test_master_delivers_timer_messages_in_due_order(nodes: NodeFactory) -
         put_delayed(master, {"TIMER_DELIVER_MS": str(now + after), "UNIQ_KEY": f"t{i}"})
     async with running(master):
         msgs = await eventually(lambda: len(delivered(master)) == 3 and delivered(master), 5)
+        await eventually(lambda: timer_pending(master) == 0, 5)
     assert [m.properties["UNIQ_KEY"] for m in msgs] == ["t1", "t2", "t0"]
     for m, after in zip(msgs, [300, 600, 900], strict=True):
         assert abs(m.store_ts_ms - (now + after)) < 300
     assert master.schedule.timer.cp.master_timer_queue_offset == 3
+
+
+async def test_the_pending_timer_messages_are_a_gauge(nodes: NodeFactory) -> None:
+    master = nodes()
+    now = int(time.time() * 1000)
+    for i in range(3):
+        put_delayed(master, {"TIMER_DELIVER_MS": str(now + 60_000), "UNIQ_KEY": f"t{i}"})
+    async with running(master):
+        await eventually(lambda: timer_pending(master) == 3, 5)
+    assert timer_pending(master) == 0  # no timer runs any more
 
 
 async def test_a_catch_up_names_its_late_deliveries_up_to_a_budget(
