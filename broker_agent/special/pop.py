@@ -607,6 +607,9 @@ class PopService:
         core = self.core
         lock = self._locks.setdefault((group, topic, qid), asyncio.Lock())
         async with lock:
+            # served still (a pop waiting for the lock may find its acting slave held
+            # for the returning master): nothing awaits from here to the step below
+            core.check_master_only("POP_MESSAGE")
             start = core.offsets.query(group, topic, qid)
             if start < 0:
                 start = core.store.min_offset(topic, qid)
@@ -632,8 +635,13 @@ class PopService:
                 invisible_ms=invisible_ms,
                 due_ms=pop_ms + invisible_ms,
             )
-            revive_qid, local = await self._write_record(ck.to_json(), TAG_CK, ck.key, "pop_ck")
-            self.write_path.commit_offset(group, topic, qid, got.next_begin_offset)
+            # the CK and the offset it moves are one step: an acting slave answers its
+            # returning master only once no step is under way, so the offsets the
+            # master takes count this pop (else it pops the messages again: two CKs,
+            # two revives, long campaign seed 1032)
+            with core.special_steps.step():
+                revive_qid, local = await self._write_record(ck.to_json(), TAG_CK, ck.key, "pop_ck")
+                self.write_path.commit_offset(group, topic, qid, got.next_begin_offset)
         out = []
         for m in got.messages:
             handle = ReceiptHandle(
@@ -843,8 +851,9 @@ class PopService:
             invisible_ms=invisible,
             due_ms=pop_ms + invisible,
         )
-        revive_qid, local = await self._write_record(ck.to_json(), TAG_CK, ck.key, "pop_ck")
-        await self._write_ack(handle, handle.ck_key(req.consumer_group, req.topic))
+        with self.core.special_steps.step():  # the new CK and the old one's ack, uncut
+            revive_qid, local = await self._write_record(ck.to_json(), TAG_CK, ck.key, "pop_ck")
+            await self._write_ack(handle, handle.ck_key(req.consumer_group, req.topic))
         new = ReceiptHandle(
             handle.offset,
             pop_ms,

@@ -2,7 +2,8 @@
 
 A step is one hand-on of special work and the progress it earns: escape a due delayed
 message and move the delay offset, escape a half message and mark it resolved, revive
-a POP message and mark it acked.  Cancelled in the middle, a step leaves a message
+a POP message and mark it acked, pop messages (their checkpoint) and move the group's
+offset.  Cancelled in the middle, a step leaves a message
 handed on (or maybe handed on: the escape's answer never came) without its progress,
 and whoever serves next hands it on again.  So a service that stops waits for the
 steps under way (:meth:`SpecialSteps.idle`) before it cancels its loops, and an acting

@@ -444,6 +444,44 @@ async def test_pop_and_ack_on_acting_slave_escape_their_records(acting: Broker) 
     assert acting.write_path.appends == []
 
 
+async def test_an_acting_slaves_pop_is_a_step_its_returning_master_waits_for(
+    acting: Broker,
+) -> None:
+    """Long campaign seed 1032: the acting slave popped a message, and its CK took 420 ms
+    to escape; meanwhile its master returned, held it and took its consumer offsets, and
+    only then did the pop move the group's offset.  The master popped the message again:
+    two CKs, two revives, a message delivered again after its ack.  Now the CK and the
+    offset are one step, which the hold waits for, and a pop that finds the slave held
+    is refused before it writes anything."""
+    produce(acting, b"m0", b"m1")
+    escaped = asyncio.Event()
+    put = acting.escape.put_message_to_specific_queue
+
+    async def slow_put(*args: Any, **kwargs: Any) -> EscapeResult:
+        await escaped.wait()
+        return await put(*args, **kwargs)
+
+    acting.escape.put_message_to_specific_queue = slow_put  # type: ignore[method-assign]
+    steps = acting.core.special_steps
+    first = asyncio.create_task(pop(acting, max_msgs=1))
+    await eventually(lambda: steps.under_way == 1, 5)
+    second = asyncio.create_task(pop(acting, max_msgs=1))  # waits for the queue
+    await asyncio.sleep(0.05)
+    acting.core.acting.hold(20)  # the returning master's contact
+    quiet = asyncio.create_task(steps.idle())
+    await asyncio.sleep(0.05)
+    assert not quiet.done()  # the slave does not answer its master yet
+    assert acting.core.offsets.query(GROUP, TOPIC, 0) < 1
+    escaped.set()
+    assert bodies(await first) == [b"m0"]
+    await quiet
+    assert acting.core.offsets.query(GROUP, TOPIC, 0) == 1  # what the master will take
+    with pytest.raises(NotMaster):
+        await second  # it got the queue once the slave was held
+    assert len(acting.escape.puts) == 1  # no CK for the refused pop
+    assert acting.core.offsets.query(GROUP, TOPIC, 0) == 1
+
+
 # ---- CHANGE_MESSAGE_INVISIBLETIME ------------------------------------------------------
 
 
