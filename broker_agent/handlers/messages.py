@@ -78,15 +78,15 @@ class MessageHandlers:
         core.check_writable_master("SEND_MESSAGE")
         if not req.entries:
             raise BadRequest("send with no messages")
-        if (
-            core.auth.enabled
-            and not ctx.authenticated
-            and any(PROPERTY_ESCAPE_ID in e.properties for e in req.entries)
-        ):
-            # only a cluster member's (signed) send may carry an escape id
-            # (auth.MEMBER_DATA_CODES): one stored from a client would count as an
-            # escape once a restart reads the ids back from the log
-            raise BadRequest(f"{PROPERTY_ESCAPE_ID} is a property only cluster members set")
+        if core.auth.enabled and not ctx.authenticated:
+            # only a cluster member's (signed) send carries an escape id
+            # (auth.MEMBER_DATA_CODES).  A client's is dropped, not refused: a consumer
+            # that sends a received message on copies its properties, and an escaped
+            # message has one.  Stored, it would count as an escape once a restart reads
+            # the ids back from the log.
+            for entry in req.entries:
+                if PROPERTY_ESCAPE_ID in entry.properties:
+                    del entry.properties[PROPERTY_ESCAPE_ID]
         eid = req.entries[0].properties.get(PROPERTY_ESCAPE_ID, "") if len(req.entries) == 1 else ""
         if eid:
             earlier = self.escaped.find(eid, core.store.get_message_at)
