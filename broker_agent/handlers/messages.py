@@ -89,7 +89,7 @@ class MessageHandlers:
                     del entry.properties[PROPERTY_ESCAPE_ID]
         eid = req.entries[0].properties.get(PROPERTY_ESCAPE_ID, "") if len(req.entries) == 1 else ""
         if eid:
-            earlier = self.escaped.find(eid, core.store.get_message_at)
+            earlier = self.escaped.find(eid, core.store.get_message_at, req.topic)
             if earlier is not None:
                 # a retried escape whose first answer was lost: answer what we stored
                 # (before the disk and replica checks: it needs no new write)

@@ -30,9 +30,12 @@ from dataclasses import dataclass
 from typing import Final, TypeAlias
 
 from ha_controller.protocol.properties import (
+    HALF_TOPIC,
     PROPERTY_ESCAPE_ID,
     PROPERTY_REAL_QID,
     PROPERTY_REAL_TOPIC,
+    SCHEDULE_TOPIC,
+    TIMER_TOPIC,
 )
 from ha_controller.protocol.record import StoredMessage
 
@@ -80,8 +83,11 @@ class EscapedIds:
         return len(self._ids)
 
     def add(self, eid: str, escaped: Escaped) -> None:
+        """Remember the first store of ``eid``: a later message that carries the same
+        id for another topic (a consumer sending a received one on) does not replace it."""
+        if eid in self._ids:
+            return
         self._ids[eid] = escaped
-        self._ids.move_to_end(eid)
         while len(self._ids) > self.capacity:
             self._ids.popitem(last=False)
 
@@ -96,8 +102,7 @@ class EscapedIds:
             # a delayed or half message lies in another queue than the send asked for
             queue_id = msg.queue_id
             real_qid = msg.properties.get(PROPERTY_REAL_QID, "")
-            moved = msg.properties.get(PROPERTY_REAL_TOPIC, msg.topic) != msg.topic
-            if moved and real_qid.isdigit():
+            if sent_topic(msg) != msg.topic and real_qid.isdigit():
                 queue_id = int(real_qid)
             self.add(
                 eid,
@@ -113,8 +118,9 @@ class EscapedIds:
             count += 1
         return count
 
-    def find(self, eid: str, read: StoreReader) -> Escaped | None:
-        """The earlier store of ``eid`` when its message is still there, else None."""
+    def find(self, eid: str, read: StoreReader, topic: str) -> Escaped | None:
+        """The earlier store of ``eid`` when its message is still there and was sent to
+        ``topic`` (a repeat sends the same message again), else None."""
         escaped = self._ids.get(eid)
         if escaped is None:
             return None
@@ -122,5 +128,19 @@ class EscapedIds:
         if msg is None or msg.properties.get(PROPERTY_ESCAPE_ID) != eid:
             del self._ids[eid]  # cut away since: store it again
             return None
+        if sent_topic(msg) != topic:
+            return None  # another message carrying the id: not a repeat
         self.repeats += 1
         return escaped
+
+
+#: where a send's message lies when it is not in the topic the send named
+_HELD_TOPICS: Final = frozenset({SCHEDULE_TOPIC, TIMER_TOPIC, HALF_TOPIC})
+
+
+def sent_topic(msg: StoredMessage) -> str:
+    """The topic the send that stored ``msg`` named (a delayed or half message lies in
+    a topic of the broker's own and names its real one)."""
+    if msg.topic in _HELD_TOPICS:
+        return msg.properties.get(PROPERTY_REAL_TOPIC) or msg.topic
+    return msg.topic

@@ -172,3 +172,29 @@ async def test_a_master_stores_a_repeated_escape_once(tmp_path: Path) -> None:
         assert "not stored again" in log
     finally:
         cluster.stop()
+
+
+async def test_without_a_secret_a_message_sent_on_with_its_escape_id_is_stored(
+    tmp_path: Path,
+) -> None:
+    """No cluster secret: a consumer that sends a received, once escaped, message on to
+    another topic copies its ESCAPE_ID.  The broker stores it (it is not a repeat of the
+    escape), and a repeat of the escape is still answered with its first store."""
+    other = "EscapeForwarded"
+    cluster: Cluster = run_cluster(("g1",), 1, workdir=tmp_path)
+    master = cluster.broker("g1", 0)
+    try:
+        await masters_online(cluster.namesrv, ("g1",))
+        await create_topic_on(master.rpc, TOPIC, QUEUES)
+        await create_topic_on(master.rpc, other, 1)
+        async with ConnectionPool() as pool:
+            props = {"UNIQ_KEY": "u1", "ESCAPE_ID": "g9/delay/100/5"}
+            first = await send_raw(pool, master.rpc, TOPIC, 0, props, no_replica_wait=True)
+            sent_on = await send_raw(pool, master.rpc, other, 0, props, no_replica_wait=True)
+            again = await send_raw(pool, master.rpc, TOPIC, 1, props, no_replica_wait=True)
+            forwarded = await messages_on(pool, [master.rpc], other, 1)
+        assert sent_on.msg_id != first.msg_id
+        assert [m.msg_id for m in forwarded] == [sent_on.msg_id]
+        assert (again.msg_id, again.queue_offset) == (first.msg_id, first.queue_offset)
+    finally:
+        cluster.stop()

@@ -66,17 +66,43 @@ def test_a_repeat_is_found_while_its_first_store_is_there() -> None:
     first = Escaped("T", 1, 1, 7, "MSGID", 1000)
     log[("T", 1, 7)] = _msg(1000, props={"ESCAPE_ID": "g1/delay/1/5"})
     ids.add("g1/delay/1/5", first)
-    assert ids.find("g1/delay/1/5", read) == first
-    assert ids.find("g1/delay/2/5", read) is None
+    assert ids.find("g1/delay/1/5", read, "T") == first
+    assert ids.find("g1/delay/2/5", read, "T") is None
     assert ids.repeats == 1
     # the target cut its log back on a return and wrote another record there
     log[("T", 1, 7)] = _msg(1000, props={"ESCAPE_ID": "g1/delay/9/5"})
-    assert ids.find("g1/delay/1/5", read) is None
+    assert ids.find("g1/delay/1/5", read, "T") is None
     assert len(ids) == 0  # forgotten: the next repeat is stored again
     # bounded: the oldest id goes first
     for n in range(3):
         ids.add(f"id{n}", first)
-    assert len(ids) == 2 and ids.find("id0", read) is None
+    assert len(ids) == 2 and ids.find("id0", read, "T") is None
+
+
+def test_a_message_carrying_the_id_for_another_topic_is_not_a_repeat() -> None:
+    """Without a cluster secret a consumer that sends a received (once escaped) message
+    on to another topic copies its ESCAPE_ID: that send is stored, and the first store
+    stays the one a repeat of the escape finds."""
+    log: dict[tuple[str, int, int], StoredMessage] = {}
+
+    def read(topic: str, queue_id: int, offset: int) -> StoredMessage | None:
+        return log.get((topic, queue_id, offset))
+
+    ids = EscapedIds()
+    eid = "g1/delay/1/5"
+    log[("T", 0, 7)] = StoredMessage("T", 0, b"x", {"ESCAPE_ID": eid}, queue_offset=7)
+    first = Escaped("T", 0, 0, 7, "FIRST", 1000)
+    ids.add(eid, first)
+    assert ids.find(eid, read, "Forwarded") is None  # stored as a message of its own
+    log[("Forwarded", 0, 0)] = StoredMessage("Forwarded", 0, b"x", {"ESCAPE_ID": eid})
+    ids.add(eid, Escaped("Forwarded", 0, 0, 0, "COPY", 2000))
+    assert ids.find(eid, read, "T") == first
+    # a half message lies in the half topic and names the topic its send named
+    half = StoredMessage("RMQ_SYS_TRANS_HALF_TOPIC", 0, b"x", {"ESCAPE_ID": "h", "REAL_TOPIC": "T"})
+    log[("RMQ_SYS_TRANS_HALF_TOPIC", 0, 0)] = half
+    ids.add("h", Escaped("RMQ_SYS_TRANS_HALF_TOPIC", 0, 0, 0, "HALF", 3000))
+    assert ids.find("h", read, "T") is not None
+    assert ids.find("h", read, "RMQ_SYS_TRANS_HALF_TOPIC") is None
 
 
 def test_a_restarted_target_remembers_the_escapes_its_log_holds() -> None:
@@ -104,8 +130,8 @@ def test_a_restarted_target_remembers_the_escapes_its_log_holds() -> None:
     def read(topic: str, queue_id: int, offset: int) -> StoredMessage | None:
         return by_place.get((topic, queue_id, offset))
 
-    assert ids.find("g1/delay/1/5", read) == Escaped("T", 3, 3, 7, stored[0].msg_id, 100)
-    assert ids.find("g1/pop_retry/2/5", read) == Escaped(
+    assert ids.find("g1/delay/1/5", read, "T") == Escaped("T", 3, 3, 7, stored[0].msg_id, 100)
+    assert ids.find("g1/pop_retry/2/5", read, "T") == Escaped(
         "SCHEDULE_TOPIC_XXXX", 2, 1, 4, stored[2].msg_id, 300
     )
 
