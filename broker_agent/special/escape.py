@@ -425,10 +425,13 @@ class EscapeBridge:
         flags: int = 0,
         escape_id: str = "",
         then: Record | None = None,
+        to_group: str = "",
     ) -> EscapeResult:
         """Like ``put_message`` but the queue is a function of (topic, our store host),
         so every call of this broker for ``topic`` reaches the same master and queue
-        (as long as the set of live masters does not change).
+        (as long as the set of live masters does not change).  ``to_group`` names the
+        group whose master must store it (an ACK goes where its CK is): EscapeFailed
+        when that group has no master to write to.
 
         ``then`` (a record of this broker's own, e.g. a POP revive's ACK) is appended
         right behind the message when this broker is the master that stores it (see
@@ -436,6 +439,8 @@ class EscapeBridge:
         key = stable_hash(topic + self.core.addr)
         self._check_still_serving(kind)
         master = self.local_master()
+        if master is not None and to_group and master[0].cfg.broker_name != to_group:
+            master = None  # another group's record: not for our (or a neighbour's) store
         if master is not None:
             try:
                 config = master[1].topic_for_write(topic)
@@ -457,6 +462,10 @@ class EscapeBridge:
         self._check_remote_allowed(kind)
 
         def choose(queues: list[RemoteQueue], failed: set[str]) -> RemoteQueue:
+            if to_group:
+                queues = [q for q in queues if q.broker_name == to_group]
+                if not queues:
+                    raise EscapeFailed(f"{kind}: no master of {to_group} to write {topic} to")
             return queues[key % len(queues)]
 
         return await self._put_remote(topic, body, properties, kind, flags, None, choose, escape_id)

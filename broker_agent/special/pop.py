@@ -69,6 +69,7 @@ from broker_agent.metadata.subscriptions import (
     SubscriptionGroupSync,
 )
 from broker_agent.metadata.versioned import VersionedTable, fetch_table
+from broker_agent.special.escape import LOCAL
 from broker_agent.special.escape_ids import escape_id
 from broker_agent.special.ports import CorePort, EscapePort, WritePort
 from broker_agent.store.message_store import GetMessageStatus
@@ -152,10 +153,10 @@ def revive_topic(cluster: str) -> str:
 class ReceiptHandle:
     """Where a popped message came from and where its CK went.
 
-    Text form: ``ck_offset pop_time_ms invisible_ms revive_qid L|R|O broker_name
+    Text form: ``ck_offset pop_time_ms invisible_ms revive_qid L|R:group|O broker_name
     queue_id offset`` (RocketMQ ExtraInfoUtil order, with L/R: CK in this group's own
-    revive queue, or escaped to a remote master; O: an orderly pop, no CK — the batch
-    starting at ``ck_offset`` popped at ``pop_time_ms``).
+    revive queue, or escaped to the master of ``group``; O: an orderly pop, no CK — the
+    batch starting at ``ck_offset`` popped at ``pop_time_ms``).
     """
 
     ck_offset: int
@@ -167,6 +168,9 @@ class ReceiptHandle:
     queue_id: int
     offset: int
     orderly: bool = False
+    #: the group whose revive queue holds an escaped CK ("R:<group>"; "" in a handle
+    #: from before it was named)
+    ck_group: str = ""
 
     def encode(self) -> str:
         return " ".join(
@@ -175,7 +179,13 @@ class ReceiptHandle:
                 str(self.pop_time_ms),
                 str(self.invisible_ms),
                 str(self.revive_qid),
-                "O" if self.orderly else "L" if self.ck_local else "R",
+                "O"
+                if self.orderly
+                else "L"
+                if self.ck_local
+                else f"R:{self.ck_group}"
+                if self.ck_group
+                else "R",
                 self.broker_name,
                 str(self.queue_id),
                 str(self.offset),
@@ -185,7 +195,8 @@ class ReceiptHandle:
     @classmethod
     def decode(cls, text: str) -> ReceiptHandle:
         parts = text.split(" ")
-        if len(parts) != 8 or parts[4] not in ("L", "R", "O"):
+        kind, _, ck_group = parts[4].partition(":") if len(parts) == 8 else ("", "", "")
+        if len(parts) != 8 or kind not in ("L", "R", "O") or (ck_group and kind != "R"):
             raise BadRequest(f"invalid receipt handle {text!r}")
         try:
             return cls(
@@ -193,11 +204,12 @@ class ReceiptHandle:
                 pop_time_ms=int(parts[1]),
                 invisible_ms=int(parts[2]),
                 revive_qid=int(parts[3]),
-                ck_local=parts[4] == "L",
+                ck_local=kind == "L",
                 broker_name=parts[5],
                 queue_id=int(parts[6]),
                 offset=int(parts[7]),
-                orderly=parts[4] == "O",
+                orderly=kind == "O",
+                ck_group=ck_group,
             )
         except ValueError as exc:
             raise BadRequest(f"invalid receipt handle {text!r}") from exc
@@ -487,18 +499,24 @@ class PopService:
         log.info("created retry topic %s", topic)
         core.topics_changed()
 
-    async def _write_record(self, body: bytes, tag: str, key: str, kind: str) -> tuple[int, bool]:
-        """Store a CK/ACK record: our own revive queue on a master, else escaped.
-        Returns (revive queue id, stored locally)."""
+    async def _write_record(
+        self, body: bytes, tag: str, key: str, kind: str, to_group: str = ""
+    ) -> tuple[int, bool, str]:
+        """Store a CK/ACK record: our own revive queue on a master, else escaped (to
+        ``to_group``'s master when named: where the CK an ACK is for lies).  Returns
+        (revive queue id, stored locally, the group that holds it)."""
         core = self.core
         props = {PROPERTY_TAGS: tag, PROPERTY_POP_KEY: key}
-        if core.acting.is_master:
+        own = core.cfg.broker_name
+        if core.acting.is_master and to_group in ("", own):
             self.write_path.append_local(self.revive_topic, 0, body, props)
-            return 0, True
+            return 0, True, own
         result = await self.escape.put_message_to_specific_queue(
-            self.revive_topic, body, props, kind=kind
+            self.revive_topic, body, props, kind=kind, to_group=to_group
         )
-        return result.queue_id, False
+        # a master in this process took it: its group is not named (acks find it again
+        # through the same choice)
+        return result.queue_id, False, "" if result.target == LOCAL else result.target
 
     def _to_pb(self, m: StoredMessage, handle: str) -> broker_pb2.Message:
         props = dict(m.properties)
@@ -640,7 +658,9 @@ class PopService:
             # master takes count this pop (else it pops the messages again: two CKs,
             # two revives, long campaign seed 1032)
             with core.special_steps.step():
-                revive_qid, local = await self._write_record(ck.to_json(), TAG_CK, ck.key, "pop_ck")
+                revive_qid, local, holder = await self._write_record(
+                    ck.to_json(), TAG_CK, ck.key, "pop_ck"
+                )
                 self.write_path.commit_offset(group, topic, qid, got.next_begin_offset)
         out = []
         for m in got.messages:
@@ -653,6 +673,7 @@ class PopService:
                 core.cfg.broker_name,
                 qid,
                 m.queue_offset,
+                ck_group="" if local else holder,
             )
             out.append(self._to_pb(m, handle.encode()))
         core.metrics.messages_out.labels(**core.metrics.ident, topic=topic, group=group).inc(
@@ -812,7 +833,11 @@ class PopService:
             where = None if p is None else (p.revive_qid, p.revive_offset)
             self.acks.record(key, {handle.offset}, where)
             return
-        await self._write_record(ack_body(key, handle.offset), TAG_ACK, key, "pop_ack")
+        # an escaped CK's ACK goes to the group that holds the CK, whoever serves the
+        # ack (the returning master too: long campaign seed 1003 on 8fbf299)
+        await self._write_record(
+            ack_body(key, handle.offset), TAG_ACK, key, "pop_ack", to_group=handle.ck_group
+        )
 
     async def _ack(
         self, ctx: RequestContext, req: broker_pb2.AckMessageRequest
@@ -852,7 +877,9 @@ class PopService:
             due_ms=pop_ms + invisible,
         )
         with self.core.special_steps.step():  # the new CK and the old one's ack, uncut
-            revive_qid, local = await self._write_record(ck.to_json(), TAG_CK, ck.key, "pop_ck")
+            revive_qid, local, holder = await self._write_record(
+                ck.to_json(), TAG_CK, ck.key, "pop_ck"
+            )
             await self._write_ack(handle, handle.ck_key(req.consumer_group, req.topic))
         new = ReceiptHandle(
             handle.offset,
@@ -863,6 +890,7 @@ class PopService:
             handle.broker_name,
             handle.queue_id,
             handle.offset,
+            ck_group="" if local else holder,
         )
         return broker_pb2.AckMessageResponse(receipt_handle=new.encode())
 

@@ -158,6 +158,7 @@ class EscapePort(Protocol):
         flags: int = 0,
         escape_id: str = "",
         then: Record | None = None,
+        to_group: str = "",
     ) -> EscapeResult: ...
 
     async def get_message(

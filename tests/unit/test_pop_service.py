@@ -94,6 +94,8 @@ class EscapePut:
     flags: int
     #: the record a master appends right behind it (WritePath.put's ``then``)
     then: Record | None = None
+    #: the group whose master must store it
+    to_group: str = ""
 
 
 class FakeEscape:
@@ -120,10 +122,12 @@ class FakeEscape:
         flags: int = 0,
         escape_id: str = "",
         then: Record | None = None,
+        to_group: str = "",
     ) -> EscapeResult:
-        self.puts.append(EscapePut(kind, topic, body, dict(properties), flags, then))
+        self.puts.append(EscapePut(kind, topic, body, dict(properties), flags, then, to_group))
         qid = ESCAPED_REVIVE_QID if topic == REVIVE else 0
-        return EscapeResult("broker-b", f"MSG{len(self.puts)}", qid, len(self.puts) - 1)
+        target = to_group or "broker-b"
+        return EscapeResult(target, f"MSG{len(self.puts)}", qid, len(self.puts) - 1)
 
     async def get_message(
         self, topic: str, broker_name: str, queue_id: int, offset: int
@@ -480,6 +484,31 @@ async def test_an_acting_slaves_pop_is_a_step_its_returning_master_waits_for(
         await second  # it got the queue once the slave was held
     assert len(acting.escape.puts) == 1  # no CK for the refused pop
     assert acting.core.offsets.query(GROUP, TOPIC, 0) == 1
+
+
+async def test_an_ack_served_by_the_returning_master_goes_where_the_escaped_ck_is(
+    tmp_path: Path,
+) -> None:
+    """Long campaign seed 1003 on 8fbf299: the acting slave escaped a CK to broker-b;
+    its master came back within 120 ms and the consumer's ack reached the master, which
+    wrote the ACK to its own revive queue.  broker-b never saw it and revived the
+    message.  The handle names the group that holds the CK, and the ACK goes there."""
+    acting = make_broker(tmp_path / "s", config(1), acting=True)
+    produce(acting, b"m0")
+    resp = await pop(acting)
+    handle = resp.messages[0].properties[PROPERTY_POP_CK]
+    assert handle_of(resp.messages[0]).ck_group == "broker-b"
+    master = make_broker(tmp_path / "m", config(0))
+    produce(master, b"m0")
+
+    await ack(master, handle)
+
+    [ack_put] = master.escape.puts
+    assert (ack_put.kind, ack_put.to_group) == ("pop_ack", "broker-b")
+    assert master.records("ack") == []  # not into its own revive queue
+    # a handle from before the holder was named still works as before
+    old = handle.replace("R:broker-b", "R")
+    assert ReceiptHandle.decode(old).ck_group == "" and not ReceiptHandle.decode(old).ck_local
 
 
 # ---- CHANGE_MESSAGE_INVISIBLETIME ------------------------------------------------------
