@@ -210,11 +210,13 @@ class BrokerCore:
     def retention_limit(self) -> int | None:
         """The commit-log offset retention must not delete up to: on a master, the
         smallest offset its attached slaves acknowledged (a stalled slave keeps its
-        link, so it holds deletion back); None on a slave or a master with no slave
-        attached (a slave deletes by time and space alone)."""
+        link, so it holds deletion back), and for ``detached_slave_hold_ms`` after a
+        slave's link closed, what that slave had (see ``HaMaster.retention_floor``);
+        None on a slave or a master with no slave to wait for (a slave deletes by time
+        and space alone)."""
         if self.ha_master is None:
             return None
-        return min((link.acked for link in self.ha_master.transfer_slaves()), default=None)
+        return self.ha_master.retention_floor(self.cfg.detached_slave_hold_ms / 1000)
 
     def note_retention(self, result: CleanResult) -> None:
         """Count what a retention round removed."""

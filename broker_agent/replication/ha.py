@@ -101,6 +101,9 @@ class HaMaster:
         self.auth = auth or ClusterAuth(None)
         self.broker_name = broker_name
         self.links: dict[RpcConnection, SlaveLink] = {}
+        #: broker id -> (offset it acknowledged, monotonic time its last link closed):
+        #: what a slave that detached still lacks (see :meth:`retention_floor`)
+        self.departed: dict[int, tuple[int, float]] = {}
         self._acked = asyncio.Condition()
         self._new_data = asyncio.Event()
         dispatcher = Dispatcher()
@@ -139,6 +142,21 @@ class HaMaster:
 
     def has_transfer_link(self, host: str) -> bool:
         return any(link.slave_addr.rsplit(":", 1)[0] == host for link in self.links.values())
+
+    def retention_floor(self, hold_s: float, now: float | None = None) -> int | None:
+        """The commit-log offset retention must not delete up to: the smallest offset
+        acknowledged by an attached slave, or by one whose link closed less than
+        ``hold_s`` ago.  A slave that reconnects (one resumed after a freeze finds its
+        link silent and dials again) or restarts within that time continues where it
+        was; without the hold, one retention round in the gap deletes what it lacks and
+        it can never continue.  None: no slave to wait for."""
+        now = time.monotonic() if now is None else now
+        for broker_id, (_, closed_at) in list(self.departed.items()):
+            if now - closed_at >= hold_s:
+                del self.departed[broker_id]
+        offsets = [link.acked for link in self.links.values()]
+        offsets.extend(acked for acked, _ in self.departed.values())
+        return min(offsets, default=None)
 
     def in_sync_count(self, offset: int) -> int:
         """Copies (including ours) that hold everything below ``offset``: one per slave
@@ -247,6 +265,7 @@ class HaMaster:
                 time.monotonic(),
             )
             self.links[ctx.conn] = link
+            self.departed.pop(link.broker_id, None)  # its own link holds retention now
             link.task = asyncio.get_running_loop().create_task(self._push(link))
             log.info(
                 "slave %s (id %d) attached at offset %d",
@@ -263,6 +282,8 @@ class HaMaster:
         link = self.links.pop(conn, None)
         if link is not None:
             log.info("slave %s detached", link.slave_addr)
+            if not any(other.broker_id == link.broker_id for other in self.links.values()):
+                self.departed[link.broker_id] = (link.acked, time.monotonic())
             if link.task is not None:
                 link.task.cancel()
 
@@ -519,8 +540,15 @@ class HaSlave:
             # an empty log may start where the master's starts now (retention deleted
             # the rest: a new slave, or one that lost its volume)
             if msg.offset != local and not self.store.can_start_replica_at(msg.offset):
+                gap = (
+                    ": the master no longer holds what this slave lacks (away longer than "
+                    "its detached_slave_hold_ms?); move this store away and restart to "
+                    "copy the master's log anew"
+                    if msg.offset > local
+                    else ""
+                )
                 raise_it = OffsetOutOfRange(
-                    f"HA transfer at {msg.offset} but local commit log ends at {local}"
+                    f"HA transfer at {msg.offset} but local commit log ends at {local}{gap}"
                 )
                 log.warning("%s; re-attaching", raise_it)
                 await ctx.conn.aclose()

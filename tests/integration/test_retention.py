@@ -345,6 +345,56 @@ async def test_master_never_deletes_what_a_stopped_slave_lacks(tmp_path: Path) -
         cluster.stop()
 
 
+async def test_a_slave_killed_and_restarted_within_the_hold_continues(tmp_path: Path) -> None:
+    """Its link closes; retention rounds run while it is away; they must not delete what
+    it lacks (without ``detached_slave_hold_ms`` one round did, and the restarted slave
+    asked for deleted bytes for ever: a fresh-clone run caught the same gap when a
+    resumed slave redialled its silent link)."""
+    reserved_ms = 1500
+    env = retention_env(reserved_ms, HAC_REPLICATION_MODE="async", HAC_IN_SYNC_REPLICAS="1")
+    cluster = run_cluster(replicas=2, workdir=tmp_path, env=env)
+    master, slave = cluster.broker("broker-a", 0), cluster.broker("broker-a", 1)
+    master_store = store_of(tmp_path, "broker-a", 0)
+    try:
+        async with Producer(cluster.namesrv, group="hold-k") as producer:
+            load = Load(producer, "k")
+            await load.send(200)
+
+            async def caught_up() -> int | None:
+                st = await status_of(master)
+                slaves = st["slaves"]
+                if slaves and slaves[0]["ackedOffset"] == st["commitLogMaxOffset"]:
+                    return int(st["commitLogMaxOffset"])
+                return None
+
+            acked = int(await eventually(caught_up, timeout=30))
+            slave.kill()
+            bound = acked - acked % SEG
+            stop = asyncio.Event()
+            sender = asyncio.create_task(load.run(stop, per_second=400))
+            try:
+                deadline = time.monotonic() + reserved_ms / 1000 + 4
+                while time.monotonic() < deadline:
+                    assert first_segment(master_store) <= acked, "deleted what the slave lacks"
+                    await asyncio.sleep(0.05)
+                assert first_segment(master_store) == bound  # retention ran up to it
+                assert (await status_of(master))["commitLogMaxOffset"] > acked + 8 * SEG
+                slave = cluster.restart("broker-a", 1)
+                target = int((await status_of(master))["commitLogMaxOffset"])
+
+                async def past_target() -> bool:
+                    slaves = (await status_of(master))["slaves"]
+                    return bool(slaves) and int(slaves[0]["ackedOffset"]) >= target
+
+                await eventually(past_target, timeout=30)
+                await eventually(lambda: first_segment(master_store) > acked, timeout=10)
+            finally:
+                stop.set()
+                await sender
+    finally:
+        cluster.stop()
+
+
 # ---------------------------------------------------------------------------- C
 
 TOPICS = 20
