@@ -12,7 +12,8 @@ segments are deleted, oldest first, while
 Never deleted: the active (last) segment, any segment after the first one that has not
 expired (deletion only ever moves the start of the log), and, on a master, anything its
 slowest live slave has not received yet (``replica_limit``, the smallest acknowledged
-offset of the attached slaves; a slave deletes by time and space alone).  Unexpired data
+offset of the attached slaves and of those detached less than ``detached_slave_hold_ms``
+ago; a slave deletes by time and space alone).  Unexpired data
 is never deleted, whatever the disk says: a store that still fills up refuses appends
 (see ``diskspace``) and the cluster sends elsewhere.  (RocketMQ's
 ``diskSpaceCleanForciblyRatio``, which deletes unexpired files, is not implemented.)
