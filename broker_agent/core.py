@@ -26,6 +26,7 @@ from broker_agent.metadata.offsets import ConsumerOffsetManager
 from broker_agent.metrics import BrokerMetrics
 from broker_agent.pull_hold import PullHoldService
 from broker_agent.replication.ha import HaMaster, HaSlave
+from broker_agent.replication.holds import SlaveHolds
 from broker_agent.special.steps import SpecialSteps
 from broker_agent.store.diskspace import SpaceLevel
 from broker_agent.store.message_store import MessageStore, StoreConfig
@@ -137,6 +138,10 @@ class BrokerCore:
             if cfg.is_master
             else None
         )
+        #: where a master saves the positions of its slaves for retention (.holds)
+        self.slave_holds_path = self.store_dir / "slave_holds.json"
+        if self.ha_master is not None:
+            self.ha_master.holds = SlaveHolds.load(self.slave_holds_path)
         self.ha_slave: HaSlave | None = None
         self.member_group: BrokerMemberGroup | None = None
         #: a master's lease on id 0 (membership.lease); only kept with acting masters on
@@ -211,12 +216,17 @@ class BrokerCore:
         """The commit-log offset retention must not delete up to: on a master, the
         smallest offset its attached slaves acknowledged (a stalled slave keeps its
         link, so it holds deletion back), and for ``detached_slave_hold_ms`` after a
-        slave's link closed, what that slave had (see ``HaMaster.retention_floor``);
+        slave's link closed, what that slave had, unless the disk is short of space
+        (see ``broker_agent.replication.holds``);
         None on a slave or a master with no slave to wait for (a slave deletes by time
         and space alone)."""
         if self.ha_master is None:
             return None
-        return self.ha_master.retention_floor(self.cfg.detached_slave_hold_ms / 1000)
+        used = self.store.disk_used_ratio
+        pressed = self.store.space_level is not SpaceLevel.OK or (
+            used is not None and used >= self.cfg.disk_max_used_space_ratio
+        )
+        return self.ha_master.retention_floor(self.cfg.detached_slave_hold_ms, pressed=pressed)
 
     def note_retention(self, result: CleanResult) -> None:
         """Count what a retention round removed."""

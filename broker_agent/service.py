@@ -34,6 +34,7 @@ from broker_agent.membership.writability import WritabilityWatch
 from broker_agent.metrics import BrokerMetrics
 from broker_agent.replication.catchup import CatchUp, CommitLogRangeService
 from broker_agent.replication.ha import HaSlave
+from broker_agent.replication.holds import SlaveHolds
 from broker_agent.special.escape import EscapeBridge
 from broker_agent.special.pop import PopService
 from broker_agent.special.ports import Neighbours
@@ -167,8 +168,18 @@ class BrokerService:
         broker_agent.store.retention); a master never deletes past its slowest slave."""
         core = self.core
         failing: str | None = None
+        saved: dict[str, list[int]] | None = None
         while True:
             await asyncio.sleep(core.cfg.clean_resource_interval_ms / 1000)
+            if core.ha_master is not None:
+                # the slaves' positions outlive a restart of this master (.holds)
+                snapshot = core.ha_master.holds_snapshot()
+                if snapshot != saved:
+                    try:
+                        await asyncio.to_thread(SlaveHolds.save, core.slave_holds_path, snapshot)
+                        saved = snapshot
+                    except OSError as exc:
+                        log.warning("cannot save %s: %s", core.slave_holds_path, exc)
             more = True
             while more:
                 try:

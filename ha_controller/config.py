@@ -711,10 +711,11 @@ class BrokerConfig(_Validated):
     # RocketMQ cleanResourceInterval: how often retention looks for expired files.
     clean_resource_interval_ms: int = 10_000
     # A master deletes nothing its attached slaves lack, and for this long after a
-    # slave's replication link closed, nothing that slave lacked: a slave that
-    # reconnects (after a freeze) or restarts within it continues where it was. One
-    # away longer may find its next bytes deleted and then waits for an operator (see
-    # the runbook). 0: only attached slaves hold deletion back.
+    # slave was last seen attached, nothing that slave lacked (also across a restart of
+    # the master; not while the disk is over disk_max_used_space_ratio or short of
+    # space): a slave that reconnects (after a freeze) or restarts within it continues
+    # where it was. One away longer may find its next bytes deleted and then waits for
+    # an operator (see the runbook). 0: only attached slaves hold deletion back.
     detached_slave_hold_ms: int = _opt(600_000, ge=0)
     # Open files the store may keep besides its active commit-log segment: older
     # segments being read and consume-queue files, opened on demand and closed least

@@ -33,6 +33,7 @@ import time
 from collections.abc import Callable
 from dataclasses import dataclass
 
+from broker_agent.replication.holds import SlaveHolds
 from broker_agent.store.message_store import Dispatched, MessageStore
 from ha_controller.auth import ClusterAuth
 from ha_controller.proto import broker_pb2, common_pb2
@@ -101,9 +102,8 @@ class HaMaster:
         self.auth = auth or ClusterAuth(None)
         self.broker_name = broker_name
         self.links: dict[RpcConnection, SlaveLink] = {}
-        #: broker id -> (offset it acknowledged, monotonic time its last link closed):
-        #: what a slave that detached still lacks (see :meth:`retention_floor`)
-        self.departed: dict[int, tuple[int, float]] = {}
+        #: what slaves that are away still lack (see :meth:`retention_floor`)
+        self.holds = SlaveHolds()
         self._acked = asyncio.Condition()
         self._new_data = asyncio.Event()
         dispatcher = Dispatcher()
@@ -143,20 +143,27 @@ class HaMaster:
     def has_transfer_link(self, host: str) -> bool:
         return any(link.slave_addr.rsplit(":", 1)[0] == host for link in self.links.values())
 
-    def retention_floor(self, hold_s: float, now: float | None = None) -> int | None:
+    def retention_floor(
+        self, hold_ms: int, *, pressed: bool = False, now_ms: int | None = None
+    ) -> int | None:
         """The commit-log offset retention must not delete up to: the smallest offset
-        acknowledged by an attached slave, or by one whose link closed less than
-        ``hold_s`` ago.  A slave that reconnects (one resumed after a freeze finds its
-        link silent and dials again) or restarts within that time continues where it
-        was; without the hold, one retention round in the gap deletes what it lacks and
-        it can never continue.  None: no slave to wait for."""
-        now = time.monotonic() if now is None else now
-        for broker_id, (_, closed_at) in list(self.departed.items()):
-            if now - closed_at >= hold_s:
-                del self.departed[broker_id]
-        offsets = [link.acked for link in self.links.values()]
-        offsets.extend(acked for acked, _ in self.departed.values())
-        return min(offsets, default=None)
+        acknowledged by an attached slave or, for ``hold_ms`` after it was last seen and
+        unless the disk is ``pressed``, by one that is away (:mod:`.holds`).  None: no
+        slave to wait for."""
+        return self.holds.floor(
+            (link.acked for link in self.links.values()),
+            now_ms=int(time.time() * 1000) if now_ms is None else now_ms,
+            hold_ms=hold_ms,
+            log_start=self.store.commitlog_min_offset,
+            pressed=pressed,
+        )
+
+    def holds_snapshot(self) -> dict[str, list[int]]:
+        """The slaves' positions to save (``SlaveHolds.save``), taken on the loop."""
+        attached: dict[int, int] = {}
+        for link in self.links.values():
+            attached[link.broker_id] = min(attached.get(link.broker_id, link.acked), link.acked)
+        return self.holds.snapshot(attached, int(time.time() * 1000))
 
     def in_sync_count(self, offset: int) -> int:
         """Copies (including ours) that hold everything below ``offset``: one per slave
@@ -265,7 +272,6 @@ class HaMaster:
                 time.monotonic(),
             )
             self.links[ctx.conn] = link
-            self.departed.pop(link.broker_id, None)  # its own link holds retention now
             link.task = asyncio.get_running_loop().create_task(self._push(link))
             log.info(
                 "slave %s (id %d) attached at offset %d",
@@ -275,6 +281,7 @@ class HaMaster:
             )
         link.acked = max(link.acked, req.max_offset)
         link.reported_at = time.monotonic()
+        self.holds.progressed(link.broker_id, link.acked)
         async with self._acked:
             self._acked.notify_all()
 
@@ -283,7 +290,7 @@ class HaMaster:
         if link is not None:
             log.info("slave %s detached", link.slave_addr)
             if not any(other.broker_id == link.broker_id for other in self.links.values()):
-                self.departed[link.broker_id] = (link.acked, time.monotonic())
+                self.holds.detached(link.broker_id, link.acked, int(time.time() * 1000))
             if link.task is not None:
                 link.task.cancel()
 

@@ -712,6 +712,11 @@ class MessageStore:
         return self._space.level
 
     @property
+    def disk_used_ratio(self) -> float | None:
+        """The used share of the store's file system at the last sample (None: unknown)."""
+        return self._space.used_ratio
+
+    @property
     def free_disk_bytes(self) -> int:
         """Free bytes of the store's file system at the last sample."""
         return self._space.free_bytes

@@ -346,10 +346,11 @@ async def test_master_never_deletes_what_a_stopped_slave_lacks(tmp_path: Path) -
 
 
 async def test_a_slave_killed_and_restarted_within_the_hold_continues(tmp_path: Path) -> None:
-    """Its link closes; retention rounds run while it is away; they must not delete what
-    it lacks (without ``detached_slave_hold_ms`` one round did, and the restarted slave
-    asked for deleted bytes for ever: a fresh-clone run caught the same gap when a
-    resumed slave redialled its silent link)."""
+    """Its link closes; retention rounds run while it is away, and the master is killed
+    and restarted meanwhile; they must not delete what it lacks (without
+    ``detached_slave_hold_ms`` one round did, and the restarted slave asked for deleted
+    bytes for ever: a fresh-clone run caught the same gap when a resumed slave
+    redialled its silent link)."""
     reserved_ms = 1500
     env = retention_env(reserved_ms, HAC_REPLICATION_MODE="async", HAC_IN_SYNC_REPLICAS="1")
     cluster = run_cluster(replicas=2, workdir=tmp_path, env=env)
@@ -374,8 +375,14 @@ async def test_a_slave_killed_and_restarted_within_the_hold_continues(tmp_path: 
             sender = asyncio.create_task(load.run(stop, per_second=400))
             try:
                 deadline = time.monotonic() + reserved_ms / 1000 + 4
+                restarted = False
                 while time.monotonic() < deadline:
                     assert first_segment(master_store) <= acked, "deleted what the slave lacks"
+                    if not restarted and time.monotonic() > deadline - 3:
+                        # the hold outlives the master (slave_holds.json)
+                        master.kill()
+                        master = cluster.restart("broker-a", 0)
+                        restarted = True
                     await asyncio.sleep(0.05)
                 assert first_segment(master_store) == bound  # retention ran up to it
                 assert (await status_of(master))["commitLogMaxOffset"] > acked + 8 * SEG

@@ -9,11 +9,13 @@ from pathlib import Path
 from typing import Any, cast
 
 from broker_agent.replication.ha import HaMaster, SlaveLink
+from broker_agent.replication.holds import SlaveHolds
 from broker_agent.store import MessageStore, StoreConfig
 from ha_controller.rpc import RpcConnection
 
 CFG = StoreConfig(segment_size_bytes=64 * 1024, max_message_size_bytes=16 * 1024)
-HOLD_S = 600.0
+HOLD_MS = 600_000
+T0 = 1_800_000_000_000
 
 
 class Conn:
@@ -25,34 +27,56 @@ class Conn:
 def attach(master: HaMaster, broker_id: int, acked: int) -> RpcConnection:
     conn = cast(RpcConnection, cast(Any, Conn()))
     master.links[conn] = SlaveLink(conn, f"10.0.0.{broker_id}:1", broker_id, acked, acked, 0.0)
-    master.departed.pop(broker_id, None)  # as a new link's first report does
+    master.holds.progressed(broker_id, acked)  # as the link's reports do
     return conn
+
+
+def floor(holds: SlaveHolds, attached: list[int], now_ms: int, **kw: Any) -> int | None:
+    args: dict[str, Any] = {"hold_ms": HOLD_MS, "log_start": 0, "pressed": False, **kw}
+    return holds.floor(attached, now_ms=now_ms, **args)
 
 
 def test_a_detached_slave_holds_retention_for_the_hold_then_not(tmp_path: Path) -> None:
     with MessageStore.open(tmp_path, CFG) as store:
         master = HaMaster(store, broker_name="broker-a")
-        assert master.retention_floor(HOLD_S) is None  # no slave: time and space alone
+        assert master.retention_floor(HOLD_MS) is None  # no slave: time and space alone
         one = attach(master, 1, 5000)
         attach(master, 2, 9000)
-        assert master.retention_floor(HOLD_S) == 5000
+        assert master.retention_floor(HOLD_MS) == 5000
         master._on_closed(one)  # slave 1's link closes (it froze, it restarts...)
-        assert master.links and all(link.broker_id == 2 for link in master.links.values())
-        closed_at = master.departed[1][1]
-        assert master.retention_floor(HOLD_S, now=closed_at + HOLD_S - 1) == 5000
-        assert master.retention_floor(HOLD_S, now=closed_at + HOLD_S) == 9000
-        assert 1 not in master.departed  # forgotten once the hold is over
-        assert master.retention_floor(0.0) == 9000  # a hold of 0: attached slaves only
+        assert [link.broker_id for link in master.links.values()] == [2]
+        seen = master.holds.away[1][1]
+        assert master.retention_floor(HOLD_MS, now_ms=seen + HOLD_MS - 1) == 5000
+        assert master.retention_floor(HOLD_MS, pressed=True, now_ms=seen) == 9000
+        assert master.retention_floor(HOLD_MS, now_ms=seen + HOLD_MS) == 9000
+        assert master.holds.away == {}  # forgotten once the hold is over
+        master._on_closed(attach(master, 3, 4000))
+        assert master.retention_floor(0) == 9000  # a hold of 0: attached slaves only
 
 
-def test_a_slave_that_comes_back_holds_by_its_new_link(tmp_path: Path) -> None:
-    with MessageStore.open(tmp_path, CFG) as store:
-        master = HaMaster(store, broker_name="broker-a")
-        master._on_closed(attach(master, 1, 5000))
-        assert master.retention_floor(HOLD_S) == 5000
-        attach(master, 1, 7000)  # back, further along
-        assert master.departed == {}
-        assert master.retention_floor(HOLD_S) == 7000
+def test_a_slave_that_comes_back_and_gets_further_ends_its_hold() -> None:
+    holds = SlaveHolds()
+    holds.detached(1, 5000, T0)
+    holds.progressed(1, 5000)  # back, not further yet: the hold stays
+    assert floor(holds, [5000], T0) == 5000 and 1 in holds.away
+    holds.progressed(1, 7000)
+    assert holds.away == {}
+    assert floor(holds, [7000], T0) == 7000
+
+
+def test_a_crash_looping_slave_keeps_the_time_it_was_first_seen_away() -> None:
+    holds = SlaveHolds()
+    for minute in range(0, 40, 5):  # back and gone every 5 minutes, never further
+        holds.detached(1, 5000, T0 + minute * 60_000)
+    assert floor(holds, [], T0 + HOLD_MS - 1) == 5000
+    assert floor(holds, [], T0 + HOLD_MS) is None
+
+
+def test_a_hold_below_the_logs_start_is_dropped() -> None:
+    holds = SlaveHolds()
+    holds.detached(1, 5000, T0)
+    assert floor(holds, [], T0, log_start=65536) is None  # it cannot continue anyway
+    assert holds.away == {}
 
 
 def test_a_second_link_of_the_same_slave_closing_leaves_the_first_in_charge(
@@ -64,5 +88,18 @@ def test_a_second_link_of_the_same_slave_closing_leaves_the_first_in_charge(
         stale = cast(RpcConnection, cast(Any, Conn()))
         master.links[stale] = SlaveLink(stale, "10.0.0.1:2", 1, 4000, 4000, 0.0)
         master._on_closed(stale)
-        assert master.departed == {}  # the live link holds retention by itself
-        assert master.retention_floor(HOLD_S) == 5000
+        assert master.holds.away == {}  # the live link holds retention by itself
+        assert master.retention_floor(HOLD_MS) == 5000
+
+
+def test_the_positions_outlive_a_restart_of_the_master(tmp_path: Path) -> None:
+    path = tmp_path / "slave_holds.json"
+    holds = SlaveHolds()
+    holds.detached(2, 3000, T0)
+    SlaveHolds.save(path, holds.snapshot({1: 5000}, T0 + 1000))
+    again = SlaveHolds.load(path)  # the restarted master: both slaves away
+    assert again.away == {1: (5000, T0 + 1000), 2: (3000, T0)}
+    assert floor(again, [], T0 + HOLD_MS) == 5000  # 2's hold ran out, 1's did not
+    path.write_text("{not json")
+    assert SlaveHolds.load(path).away == {}
+    assert SlaveHolds.load(tmp_path / "missing.json").away == {}
