@@ -280,6 +280,16 @@ class EscapeBridge:
                 return other.core, other.write_path
         return None
 
+    def _local_master_of(self, group: str) -> tuple[CorePort, WritePort] | None:
+        """The online master of ``group`` in this process (this broker included)."""
+        if self.core.cfg.broker_name == group and self.core.acting.is_master:
+            return self.core, self.write_path
+        for other in self._others():
+            core = other.core
+            if core.cfg.broker_name == group and core.acting.is_master and not core.isolated:
+                return core, other.write_path
+        return None
+
     def _local_core_of(self, group: str) -> CorePort | None:
         if self.core.cfg.broker_name == group:
             return self.core
@@ -426,21 +436,21 @@ class EscapeBridge:
         escape_id: str = "",
         then: Record | None = None,
         to_group: str = "",
+        to_queue: int | None = None,
     ) -> EscapeResult:
         """Like ``put_message`` but the queue is a function of (topic, our store host),
         so every call of this broker for ``topic`` reaches the same master and queue
-        (as long as the set of live masters does not change).  ``to_group`` names the
-        group whose master must store it (an ACK goes where its CK is): EscapeFailed
-        when that group has no master to write to.
+        (as long as the set of live masters does not change).  ``to_group`` (and
+        ``to_queue``) name the group whose master must store it, and the queue: an ACK
+        goes to the revive queue its CK is in, whoever serves the ack.  EscapeFailed
+        when that group has no master to write to (or no such queue).
 
         ``then`` (a record of this broker's own, e.g. a POP revive's ACK) is appended
         right behind the message when this broker is the master that stores it (see
         WritePath.put); elsewhere it is dropped."""
         key = stable_hash(topic + self.core.addr)
         self._check_still_serving(kind)
-        master = self.local_master()
-        if master is not None and to_group and master[0].cfg.broker_name != to_group:
-            master = None  # another group's record: not for our (or a neighbour's) store
+        master = self._local_master_of(to_group) if to_group else self.local_master()
         if master is not None:
             try:
                 config = master[1].topic_for_write(topic)
@@ -453,7 +463,7 @@ class EscapeBridge:
                 body,
                 properties,
                 kind,
-                key % config.write_queue_nums,
+                key % config.write_queue_nums if to_queue is None else to_queue,
                 flags,
                 None,
                 None,
@@ -463,9 +473,14 @@ class EscapeBridge:
 
         def choose(queues: list[RemoteQueue], failed: set[str]) -> RemoteQueue:
             if to_group:
-                queues = [q for q in queues if q.broker_name == to_group]
+                queues = [
+                    q
+                    for q in queues
+                    if q.broker_name == to_group and to_queue in (None, q.queue_id)
+                ]
                 if not queues:
-                    raise EscapeFailed(f"{kind}: no master of {to_group} to write {topic} to")
+                    where = to_group if to_queue is None else f"{to_group} queue {to_queue}"
+                    raise EscapeFailed(f"{kind}: no master of {where} to write {topic} to")
             return queues[key % len(queues)]
 
         return await self._put_remote(topic, body, properties, kind, flags, None, choose, escape_id)
@@ -516,7 +531,11 @@ class EscapeBridge:
             )
         self._count(kind, LOCAL, outcome)
         return EscapeResult(
-            LOCAL, stored.result.msg_id, stored.queue_id, stored.result.queue_offset
+            LOCAL,
+            stored.result.msg_id,
+            stored.queue_id,
+            stored.result.queue_offset,
+            core.cfg.broker_name,
         )
 
     async def _put_remote(
@@ -610,9 +629,8 @@ class EscapeBridge:
             self._failed_at.pop(target.addr, None)
             self._count(kind, target.broker_name, "ok")
             r = resp.results[0]
-            return EscapeResult(
-                resp.broker_name or target.broker_name, r.msg_id, r.queue_id, r.queue_offset
-            )
+            group = resp.broker_name or target.broker_name
+            return EscapeResult(group, r.msg_id, r.queue_id, r.queue_offset, group)
 
         backoff = wait_exponential(
             multiplier=cfg.escape_backoff_initial_ms / 1000,

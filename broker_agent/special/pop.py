@@ -69,7 +69,6 @@ from broker_agent.metadata.subscriptions import (
     SubscriptionGroupSync,
 )
 from broker_agent.metadata.versioned import VersionedTable, fetch_table
-from broker_agent.special.escape import LOCAL
 from broker_agent.special.escape_ids import escape_id
 from broker_agent.special.ports import CorePort, EscapePort, WritePort
 from broker_agent.store.message_store import GetMessageStatus
@@ -500,23 +499,28 @@ class PopService:
         core.topics_changed()
 
     async def _write_record(
-        self, body: bytes, tag: str, key: str, kind: str, to_group: str = ""
+        self,
+        body: bytes,
+        tag: str,
+        key: str,
+        kind: str,
+        to_group: str = "",
+        to_queue: int | None = None,
     ) -> tuple[int, bool, str]:
         """Store a CK/ACK record: our own revive queue on a master, else escaped (to
-        ``to_group``'s master when named: where the CK an ACK is for lies).  Returns
-        (revive queue id, stored locally, the group that holds it)."""
+        ``to_group``'s revive queue ``to_queue`` when named: where the CK an ACK is for
+        lies).  Returns (revive queue id, stored locally, the group that holds it)."""
         core = self.core
         props = {PROPERTY_TAGS: tag, PROPERTY_POP_KEY: key}
         own = core.cfg.broker_name
         if core.acting.is_master and to_group in ("", own):
-            self.write_path.append_local(self.revive_topic, 0, body, props)
-            return 0, True, own
+            qid = 0 if to_queue is None else to_queue
+            self.write_path.append_local(self.revive_topic, qid, body, props)
+            return qid, True, own
         result = await self.escape.put_message_to_specific_queue(
-            self.revive_topic, body, props, kind=kind, to_group=to_group
+            self.revive_topic, body, props, kind=kind, to_group=to_group, to_queue=to_queue
         )
-        # a master in this process took it: its group is not named (acks find it again
-        # through the same choice)
-        return result.queue_id, False, "" if result.target == LOCAL else result.target
+        return result.queue_id, False, result.group or result.target
 
     def _to_pb(self, m: StoredMessage, handle: str) -> broker_pb2.Message:
         props = dict(m.properties)
@@ -835,8 +839,14 @@ class PopService:
             return
         # an escaped CK's ACK goes to the group that holds the CK, whoever serves the
         # ack (the returning master too: long campaign seed 1003 on 8fbf299)
+        named = bool(handle.ck_group)
         await self._write_record(
-            ack_body(key, handle.offset), TAG_ACK, key, "pop_ack", to_group=handle.ck_group
+            ack_body(key, handle.offset),
+            TAG_ACK,
+            key,
+            "pop_ack",
+            to_group=handle.ck_group,
+            to_queue=handle.revive_qid if named else None,
         )
 
     async def _ack(

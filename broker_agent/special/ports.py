@@ -159,6 +159,7 @@ class EscapePort(Protocol):
         escape_id: str = "",
         then: Record | None = None,
         to_group: str = "",
+        to_queue: int | None = None,
     ) -> EscapeResult: ...
 
     async def get_message(
@@ -174,6 +175,8 @@ class EscapeResult:
     msg_id: str
     queue_id: int
     queue_offset: int
+    #: the group whose master stored it (also for "local": a master in this process)
+    group: str = ""
 
 
 class LocalBroker(Protocol):

@@ -430,6 +430,32 @@ async def test_specific_queue_is_a_stable_function_of_topic_and_store_host(env: 
     assert stable_hash("abc") == zlib.crc32(b"abc")
 
 
+async def test_a_named_group_and_queue_is_where_it_goes_or_it_fails(env: Env) -> None:
+    """A POP ACK goes to the revive queue of the group that holds its CK (named in the
+    receipt handle), in this process or remote, and nowhere else."""
+    slave = env.broker()
+    neighbour = env.broker(broker_id=0, name="broker_x")
+    slave.escape.neighbours = FakeNeighbours([slave, neighbour])  # type: ignore[assignment]
+    three_groups(env)
+    r = await slave.escape.put_message_to_specific_queue(
+        TOPIC, b"ack", {}, kind="pop_ack", to_group="broker_c", to_queue=3
+    )
+    assert (r.target, r.group, r.queue_id) == ("broker_c", "broker_c", 3)
+    [sent] = env.masters["broker_c"].sends
+    assert sent.queue_id == 3
+    # the neighbour master is not another group's
+    assert neighbour.write_path.appends == []
+    r = await slave.escape.put_message_to_specific_queue(
+        TOPIC, b"ack", {}, kind="pop_ack", to_group="broker_x", to_queue=2
+    )
+    assert (r.target, r.group, r.queue_id) == ("local", "broker_x", 2)
+    for group, queue in (("broker_gone", None), ("broker_c", 9)):
+        with pytest.raises(EscapeFailed):
+            await slave.escape.put_message_to_specific_queue(
+                TOPIC, b"ack", {}, kind="pop_ack", to_group=group, to_queue=queue
+            )
+
+
 async def test_a_master_escapes_locally(env: Env) -> None:
     master = env.broker(broker_id=0)
     three_groups(env)

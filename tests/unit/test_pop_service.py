@@ -94,8 +94,9 @@ class EscapePut:
     flags: int
     #: the record a master appends right behind it (WritePath.put's ``then``)
     then: Record | None = None
-    #: the group whose master must store it
+    #: the group whose master must store it, and the queue
     to_group: str = ""
+    to_queue: int | None = None
 
 
 class FakeEscape:
@@ -108,6 +109,8 @@ class FakeEscape:
         self.puts: list[EscapePut] = []
         self.gets: list[tuple[str, str, int, int]] = []
         self.get_failures_left = 0
+        #: a master of this group in the same process takes what is not named elsewhere
+        self.neighbour = ""
 
     def local_master(self) -> None:
         return None
@@ -123,11 +126,16 @@ class FakeEscape:
         escape_id: str = "",
         then: Record | None = None,
         to_group: str = "",
+        to_queue: int | None = None,
     ) -> EscapeResult:
-        self.puts.append(EscapePut(kind, topic, body, dict(properties), flags, then, to_group))
+        self.puts.append(
+            EscapePut(kind, topic, body, dict(properties), flags, then, to_group, to_queue)
+        )
         qid = ESCAPED_REVIVE_QID if topic == REVIVE else 0
-        target = to_group or "broker-b"
-        return EscapeResult(target, f"MSG{len(self.puts)}", qid, len(self.puts) - 1)
+        qid = qid if to_queue is None else to_queue
+        group = to_group or self.neighbour or "broker-b"
+        target = "local" if group == self.neighbour else group
+        return EscapeResult(target, f"MSG{len(self.puts)}", qid, len(self.puts) - 1, group)
 
     async def get_message(
         self, topic: str, broker_name: str, queue_id: int, offset: int
@@ -504,11 +512,30 @@ async def test_an_ack_served_by_the_returning_master_goes_where_the_escaped_ck_i
     await ack(master, handle)
 
     [ack_put] = master.escape.puts
+    # to the queue the CK is in: an ACK in another revive queue of the group is lost
+    # when its revive state is read again (a restart, a failover) before the CK is done
     assert (ack_put.kind, ack_put.to_group) == ("pop_ack", "broker-b")
+    assert ack_put.to_queue == handle_of(resp.messages[0]).revive_qid == ESCAPED_REVIVE_QID
     assert master.records("ack") == []  # not into its own revive queue
     # a handle from before the holder was named still works as before
     old = handle.replace("R:broker-b", "R")
     assert ReceiptHandle.decode(old).ck_group == "" and not ReceiptHandle.decode(old).ck_local
+
+
+async def test_a_ck_a_master_in_the_same_process_took_names_its_group(tmp_path: Path) -> None:
+    """A broker container: the acting slave's CK went to a neighbour master of
+    broker-c in the same process ("local"); the handle still names broker-c, so the
+    returning master's ack goes there too."""
+    acting = make_broker(tmp_path / "s", config(1), acting=True)
+    acting.escape.neighbour = "broker-c"
+    produce(acting, b"m0")
+    resp = await pop(acting)
+    assert handle_of(resp.messages[0]).ck_group == "broker-c"
+    master = make_broker(tmp_path / "m", config(0))
+    produce(master, b"m0")
+    await ack(master, resp.messages[0].properties[PROPERTY_POP_CK])
+    [ack_put] = master.escape.puts
+    assert ack_put.to_group == "broker-c"
 
 
 # ---- CHANGE_MESSAGE_INVISIBLETIME ------------------------------------------------------
