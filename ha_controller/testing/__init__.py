@@ -514,6 +514,37 @@ class Cluster:
             handle.kill()
         self.nameserver.stop()
 
+    async def wait_ready(self, timeout: float = 30.0) -> None:
+        """Every group's master online at the nameserver and every one of its slaves
+        attached to it, which is what a SYNC send needs.  A process is "started" once it
+        serves; on a loaded machine its registration and the slaves' HA links come
+        later, and a test that sends at once fails with TopicNotFound or
+        InSyncReplicasNotEnough (seen on a fresh clone beside a drill campaign)."""
+        from ha_controller.client.admin import NameserverClient
+
+        replicas: dict[str, set[int]] = {}
+        for name, broker_id in self.brokers:
+            replicas.setdefault(name, set()).add(broker_id)
+        tls = self.tls.client_context() if self.tls is not None else None
+
+        def attached(name: str) -> bool:
+            status, body = http_get(self.broker(name, 0).http, "/api/v1/status", tls=self.tls)
+            if status != 200:
+                return False
+            st = json.loads(body)
+            ids = {s["brokerId"] for s in st["slaves"]}
+            return not st["isolated"] and ids >= replicas[name] - {0}
+
+        async with NameserverClient([self.namesrv], tls=tls) as ns:
+
+            async def ready() -> bool:
+                online = {g.broker_name for g in await ns.groups() if g.master_online}
+                if not set(replicas) <= online:
+                    return False
+                return all([await asyncio.to_thread(attached, name) for name in replicas])
+
+            await eventually(ready, timeout=timeout)
+
 
 def run_cluster(
     groups: Sequence[str] = ("broker-a",),

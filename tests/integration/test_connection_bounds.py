@@ -354,6 +354,7 @@ async def test_pipelined_pulls_whose_replies_are_not_read_stop_being_read(
     cluster = run_cluster(("bp",), 1, workdir=tmp_path)
     try:
         broker = cluster.broker("bp", 0)
+        await cluster.wait_ready()
         async with Producer([cluster.namesrv], group="bp-producer") as producer:
             for i in range(64):
                 await producer.send(Message("BP", body=b"m" * (4 * KIB), keys=[f"k{i}"]))

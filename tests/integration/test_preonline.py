@@ -52,8 +52,8 @@ async def consume_all_from_acting(cluster: Cluster, n: int) -> int:
 async def scenario(cluster: Cluster) -> tuple[int, int]:
     """32 messages; kill master; consume all from the acting slave; restart master.
     Returns (the returning master's committed offset, messages a fresh consumer gets)."""
+    await cluster.wait_ready()  # its slaves attached too: the sends need two copies
     async with NameserverClient([cluster.namesrv]) as ns:
-        await eventually(lambda: master_online(ns, cluster), timeout=30)
         await ns.create_topic(TOPIC, queues=1)
         async with Producer(cluster.namesrv, group="rev-p") as p:
             for i in range(32):
