@@ -95,6 +95,21 @@ async def status_of(handle: ProcessHandle) -> dict[str, Any]:
     return await asyncio.to_thread(get)
 
 
+async def caught_up(master: ProcessHandle) -> int | None:
+    """The master's end once its (one) slave acknowledged all of it, else None."""
+    st = await status_of(master)
+    slaves = st["slaves"]
+    if slaves and slaves[0]["ackedOffset"] == st["commitLogMaxOffset"]:
+        return int(st["commitLogMaxOffset"])
+    return None
+
+
+async def slave_past(master: ProcessHandle, target: int) -> bool:
+    """Whether the master's (one) slave acknowledged ``target``."""
+    slaves = (await status_of(master))["slaves"]
+    return bool(slaves) and int(slaves[0]["ackedOffset"]) >= target
+
+
 class Load:
     """Sends keyed messages at a steady pace; remembers when each acked send began."""
 
@@ -294,14 +309,7 @@ async def test_master_never_deletes_what_a_stopped_slave_lacks(tmp_path: Path) -
             load = Load(producer, "h")
             await load.send(200)
 
-            async def caught_up() -> int | None:
-                st = await status_of(master)
-                slaves = st["slaves"]
-                if slaves and slaves[0]["ackedOffset"] == st["commitLogMaxOffset"]:
-                    return int(st["commitLogMaxOffset"])
-                return None
-
-            await eventually(caught_up, timeout=20)
+            await eventually(lambda: caught_up(master), timeout=20)
             slave.pause()  # SIGSTOP: attached, silent
             acked = int((await status_of(master))["slaves"][0]["ackedOffset"])
             bound = acked - acked % SEG  # segments ending at or below it may go
@@ -317,14 +325,9 @@ async def test_master_never_deletes_what_a_stopped_slave_lacks(tmp_path: Path) -
                 assert (await status_of(master))["commitLogMaxOffset"] > acked + 8 * SEG
                 target = int((await status_of(master))["commitLogMaxOffset"])
                 slave.resume()
-
-                async def past_target() -> bool:
-                    # not caught_up(): while the sender goes on, an async slave's ack
-                    # trails the moving end, and equality may not be seen on a busy box
-                    slaves = (await status_of(master))["slaves"]
-                    return bool(slaves) and int(slaves[0]["ackedOffset"]) >= target
-
-                await eventually(past_target, timeout=30)
+                # not caught_up(): while the sender goes on, an async slave's ack trails
+                # the moving end, and equality may not be seen on a busy box
+                await eventually(lambda: slave_past(master, target), timeout=30)
                 # the slave has it all now: the master deletes past the old bound
                 await eventually(lambda: first_segment(master_store) > acked, timeout=10)
             finally:
@@ -337,7 +340,7 @@ async def test_master_never_deletes_what_a_stopped_slave_lacks(tmp_path: Path) -
             shutil.rmtree(slave_store)
             slave = cluster.restart("broker-a", 1)
             await load.send(50)
-            top = await eventually(caught_up, timeout=30)
+            top = await eventually(lambda: caught_up(master), timeout=30)
             assert first_segment(slave_store) >= first_segment(master_store) - SEG > 0
             assert top > acked
     finally:
@@ -361,14 +364,7 @@ async def test_a_slave_killed_and_restarted_within_the_hold_continues(tmp_path: 
             load = Load(producer, "k")
             await load.send(200)
 
-            async def caught_up() -> int | None:
-                st = await status_of(master)
-                slaves = st["slaves"]
-                if slaves and slaves[0]["ackedOffset"] == st["commitLogMaxOffset"]:
-                    return int(st["commitLogMaxOffset"])
-                return None
-
-            acked = int(await eventually(caught_up, timeout=30))
+            acked = int(await eventually(lambda: caught_up(master), timeout=30))
             slave.kill()
             bound = acked - acked % SEG
             stop = asyncio.Event()
@@ -388,12 +384,7 @@ async def test_a_slave_killed_and_restarted_within_the_hold_continues(tmp_path: 
                 assert (await status_of(master))["commitLogMaxOffset"] > acked + 8 * SEG
                 slave = cluster.restart("broker-a", 1)
                 target = int((await status_of(master))["commitLogMaxOffset"])
-
-                async def past_target() -> bool:
-                    slaves = (await status_of(master))["slaves"]
-                    return bool(slaves) and int(slaves[0]["ackedOffset"]) >= target
-
-                await eventually(past_target, timeout=30)
+                await eventually(lambda: slave_past(master, target), timeout=30)
                 await eventually(lambda: first_segment(master_store) > acked, timeout=10)
             finally:
                 stop.set()
