@@ -104,7 +104,10 @@ def decide(
             )
             break
         if replica_limit is not None and info.end > replica_limit:
-            stop = f"segment {info.start} is not on every live slave (slowest at {replica_limit})"
+            stop = (
+                f"segment {info.start} is not on every slave, attached or away "
+                f"(slowest at {replica_limit})"
+            )
             break
         count += 1
         end = info.end
