@@ -92,13 +92,22 @@ class MessageHandlers:
             earlier = self.escaped.find(eid, core.store.get_message_at, req.topic)
             if earlier is not None:
                 # a retried escape whose first answer was lost: answer what we stored
-                # (before the disk and replica checks: it needs no new write)
+                # (before the disk checks: it needs no new write), once its copies are
+                # there as for a first store
                 log.info(
                     "escape %s stored before at %s/%d: not stored again",
                     eid,
                     earlier.store_topic,
                     earlier.queue_offset,
                 )
+                if not req.no_replica_wait:
+                    needed = wp.check_replicas()
+                    if not await wp.confirm(earlier.physical_offset + 1, needed):
+                        metrics.send_errors.labels(**metrics.ident, reason="replica_timeout").inc()
+                        raise SlaveAckTimeout(
+                            f"escape {eid} stored before but not confirmed by "
+                            f"{needed - 1} slave(s) within {core.cfg.slave_ack_timeout_ms} ms"
+                        )
                 resp = broker_pb2.SendMessageResponse(broker_name=core.cfg.broker_name)
                 resp.results.add(
                     msg_id=earlier.msg_id,

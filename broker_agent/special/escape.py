@@ -569,7 +569,13 @@ class EscapeBridge:
             producer_group=props.get(PROPERTY_PRODUCER_GROUP) or self.inner_producer_group,
             topic=topic,
             born_host=self.core.addr,
-            no_replica_wait=True,
+            # the target answers once its slaves hold the message (as RocketMQ's
+            # waitStoreMsgOK): a master that is cut off may be fenced and cut back its
+            # unreplicated tail, and an escape it answered before would be gone, while
+            # we moved our progress past it (long campaign seed 1026: an acting slave's
+            # half message, stored by a master partitioned outbound).  A slow copy makes
+            # us retry; the escape id makes the repeat one store.
+            no_replica_wait=False,
             entries=[
                 broker_pb2.SendEntry(
                     body=body, properties=props, born_ts_ms=born_ts_ms or 0, flag=flags

@@ -443,6 +443,9 @@ async def test_a_named_group_and_queue_is_where_it_goes_or_it_fails(env: Env) ->
     assert (r.target, r.group, r.queue_id) == ("broker_c", "broker_c", 3)
     [sent] = env.masters["broker_c"].sends
     assert sent.queue_id == 3
+    # answered once the target's slaves hold it: a target cut off and fenced cuts back
+    # what it did not replicate (long campaign seed 1026)
+    assert not sent.no_replica_wait
     # the neighbour master is not another group's
     assert neighbour.write_path.appends == []
     r = await slave.escape.put_message_to_specific_queue(
