@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import json
 from collections.abc import Iterable
 
 from ha_controller.client.admin import NameserverClient
@@ -64,13 +65,23 @@ async def masters_online(namesrv: str, groups: Iterable[str]) -> None:
 
 
 async def acting(namesrv: str, group: str, addr: str, topic: str = "TX") -> None:
-    """Wait until the route of ``topic`` shows ``addr`` as ``group``'s id 0."""
+    """Wait until the route of ``topic`` shows ``addr`` as ``group``'s id 0, and the
+    broker at ``addr`` knows it serves so (the nameserver publishes the route a few
+    milliseconds before its notice reaches the slave: an ack sent in between is
+    refused, seen on a fresh clone)."""
 
     async def ok() -> bool:
         async with NameserverClient([namesrv]) as ns:
             route = await ns.route(topic)
         broker = route.broker(group)
-        return broker is not None and broker.broker_addrs.get(0) == addr
+        if broker is None or broker.broker_addrs.get(0) != addr:
+            return False
+        async with ConnectionPool() as pool:
+            resp = await pool.call_pb(
+                addr, RequestCode.GET_BROKER_STATUS, common_pb2.Empty(), broker_pb2.BrokerStatus
+            )
+        st = json.loads(resp.json)
+        return not st["isolated"] and (st["role"] == "master" or bool(st["acting"]))
 
     await eventually(ok, timeout=20, interval=0.1)
 
