@@ -271,23 +271,17 @@ class EscapeBridge:
             return []
         return [b for b in self.neighbours.local_brokers() if b.core is not self.core]
 
-    def local_master(self) -> tuple[CorePort, WritePort] | None:
-        """This broker if it is a master; else an online master in the same process."""
-        if self.core.acting.is_master:
-            return self.core, self.write_path
-        for other in self._others():
-            if other.core.acting.is_master and not other.core.isolated:
-                return other.core, other.write_path
-        return None
-
-    def _local_master_of(self, group: str) -> tuple[CorePort, WritePort] | None:
-        """The online master of ``group`` in this process (this broker included)."""
-        if self.core.cfg.broker_name == group and self.core.acting.is_master:
-            return self.core, self.write_path
+    def local_master(self, group: str = "") -> tuple[CorePort, WritePort] | None:
+        """This broker if it is a master; else an online master in the same process
+        (of ``group`` only, when named)."""
+        own = self.core
+        if own.acting.is_master and group in ("", own.cfg.broker_name):
+            return own, self.write_path
         for other in self._others():
             core = other.core
-            if core.cfg.broker_name == group and core.acting.is_master and not core.isolated:
-                return core, other.write_path
+            if group in ("", core.cfg.broker_name) and core.acting.is_master:
+                if not core.isolated:
+                    return core, other.write_path
         return None
 
     def _local_core_of(self, group: str) -> CorePort | None:
@@ -450,7 +444,7 @@ class EscapeBridge:
         WritePath.put); elsewhere it is dropped."""
         key = stable_hash(topic + self.core.addr)
         self._check_still_serving(kind)
-        master = self._local_master_of(to_group) if to_group else self.local_master()
+        master = self.local_master(to_group)
         if master is not None:
             try:
                 config = master[1].topic_for_write(topic)
