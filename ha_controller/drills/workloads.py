@@ -644,7 +644,8 @@ async def offset_probe(
     process: str = "prober",
     clock_ms: Callable[[], int] = now_ms,
 ) -> dict[str, int]:
-    """Read the committed offset of every queue of ``topic`` from its group's id 0."""
+    """Read the committed offset of every queue of ``topic`` from its group's id 0
+    (0 for a queue it has no offset of)."""
     out: dict[str, int] = {}
     async with PullConsumer(namesrv, consumer_group) as consumer:
         for mq in await consumer.queues(topic):
@@ -654,8 +655,10 @@ async def offset_probe(
             except (HaError, OSError) as exc:
                 log.warning("offset probe of %s failed: %s", mq, exc)
                 continue
-            if offset < 0:
-                continue
+            # No offset at all (a master that lost or never stored the group's offsets)
+            # makes a consumer start over at the queue's first message, as this
+            # workload's pull loop does: a rollback to 0 when something was committed.
+            offset = max(offset, 0)
             name = mq_name(mq)
             out[name] = offset
             history.record(
