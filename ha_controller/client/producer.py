@@ -415,7 +415,7 @@ class Producer(AsyncLifecycle):
             signer=credentials.sign if credentials is not None else None,
         )
         self._nameserver = NameserverClient(parse_namesrv_addrs(namesrv_addrs), self._pool)
-        self.routes = RouteCache(self._nameserver, watch=route_watch)
+        self.routes = RouteCache(self._nameserver, watch=route_watch, owner=f"producer {group}")
         self.isolation = EndpointIsolation(isolation_s)
         #: per-attempt timeouts from observed RTTs; used only when the attempt has
         #: another group to fall back on (else the whole ``send_timeout_ms``)

@@ -135,7 +135,7 @@ class PullConsumer(AsyncLifecycle):
         self._own_routes = routes is None
         if routes is None:
             nameserver = NameserverClient(parse_namesrv_addrs(namesrv_addrs), self._pool)
-            routes = RouteCache(nameserver, watch=route_watch)
+            routes = RouteCache(nameserver, watch=route_watch, owner=f"pull consumer {group}")
         self.routes = routes
         self._closed = False
 

@@ -180,7 +180,7 @@ class PushConsumer(AsyncLifecycle):
             ssl_context=tls, signer=credentials.sign if credentials is not None else None
         )
         self._nameserver = NameserverClient(parse_namesrv_addrs(namesrv_addrs), self._pool)
-        self.routes = RouteCache(self._nameserver, watch=route_watch)
+        self.routes = RouteCache(self._nameserver, watch=route_watch, owner=f"consumer {group}")
         self._pull = PullConsumer(
             namesrv_addrs,
             group,

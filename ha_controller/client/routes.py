@@ -155,7 +155,10 @@ class RouteCache(AsyncLifecycle):
         watch: bool = True,
         watch_max_wait_ms: int = 30_000,
         watch_backoff_s: tuple[float, float] = (0.1, 5.0),
+        owner: str = "",
     ) -> None:
+        #: who uses the cache (``"producer G"``, ``"consumer G"``), named in its log lines
+        self.owner = owner
         self.nameserver = nameserver
         self.refresh_interval_s = refresh_interval_s
         self.watch_enabled = watch
@@ -269,7 +272,15 @@ class RouteCache(AsyncLifecycle):
         self._fifo.pop(topic, None)
         for broker in route.broker_datas:
             self._brokers[broker.broker_name] = broker
-        log.debug("route of %s changed: %s", topic, route.to_json())
+        log.info(
+            "route of %s%s: %s",
+            topic,
+            f" ({self.owner})" if self.owner else "",
+            "; ".join(
+                f"{b.broker_name} {dict(sorted(b.broker_addrs.items()))}"
+                for b in route.broker_datas
+            ),
+        )
         for listener in list(self._listeners):
             try:
                 listener(topic, route)

@@ -75,7 +75,9 @@ class SimpleConsumer(AsyncLifecycle):
             ssl_context=tls, signer=credentials.sign if credentials is not None else None
         )
         self.routes = RouteCache(
-            NameserverClient(parse_namesrv_addrs(namesrv_addrs), self._pool), watch=route_watch
+            NameserverClient(parse_namesrv_addrs(namesrv_addrs), self._pool),
+            watch=route_watch,
+            owner=f"simple consumer {group}",
         )
         self._rr = 0
         self._closed = False

@@ -5,7 +5,9 @@ One drill: start a cluster (:mod:`~ha_controller.drills.cluster`), start the wor
 faults (:mod:`~ha_controller.drills.nemesis`), then always heal, wait for the masters,
 stop the producers and drain (consumers run until every acknowledged message arrived
 or ``drain_timeout_s`` passed), and judge the history with the checker.  Writes
-``DIR/history.jsonl``, ``DIR/verdict.json``, ``DIR/report.html`` and ``DIR/logs/``.
+``DIR/history.jsonl``, ``DIR/verdict.json``, ``DIR/report.html`` and ``DIR/logs/`` (the
+brokers' and nameservers' logs, and ``clients.log``: what the drill's own clients and
+nemesis logged at INFO and above).
 
 Scenarios (:data:`SCENARIOS`):
 
@@ -864,6 +866,7 @@ async def run_drill(options: DrillOptions) -> DrillResult:
     cluster = DrillCluster(spec, log_dir=out / "logs")
     history = HistoryWriter(out / "history.jsonl")
     drained = False
+    client_log = _ClientLog(out / "logs" / "clients.log")
     try:
         where = "network namespaces" if options.netns else "loopback"
         say(
@@ -882,6 +885,7 @@ async def run_drill(options: DrillOptions) -> DrillResult:
             say(f"drill failed: keeping the brokers' stores in {keep}")
             await _shielded_thread(functools.partial(cluster.close, keep))
     finally:
+        client_log.close()
         history.close()
         await _shielded_thread(cluster.close)
     (out / "verdict.json").write_text(verdict.to_json() + "\n", encoding="utf-8")
@@ -890,6 +894,38 @@ async def run_drill(options: DrillOptions) -> DrillResult:
     elapsed = time.monotonic() - t0
     _print_verdict(verdict, events, drained, out, elapsed, start_ms, say)
     return DrillResult(options, out, verdict, drained, elapsed)
+
+
+class _ClientLog:
+    """Copy the ``ha_controller`` loggers at INFO and above (the clients' route changes
+    and failed requests, the nemesis) into ``path`` until :meth:`close`, without
+    making the terminal louder than the root logger's level."""
+
+    def __init__(self, path: Path) -> None:
+        path.parent.mkdir(parents=True, exist_ok=True)
+        self._handler = logging.FileHandler(path, encoding="utf-8")
+        self._handler.setLevel(logging.INFO)
+        self._handler.setFormatter(
+            logging.Formatter("%(asctime)s %(levelname)s %(name)s: %(message)s")
+        )
+        root = logging.getLogger()
+        self._logger = logging.getLogger("ha_controller")
+        self._level = self._logger.level
+        self._quieted = [(h, h.level) for h in root.handlers]
+        for h, level in self._quieted:
+            h.setLevel(max(level, root.getEffectiveLevel()))
+        if self._logger.getEffectiveLevel() > logging.INFO:
+            self._logger.setLevel(logging.INFO)
+        self._logger.addHandler(self._handler)
+
+    def close(self) -> None:
+        if self._handler not in self._logger.handlers:
+            return
+        self._logger.removeHandler(self._handler)
+        self._handler.close()
+        self._logger.setLevel(self._level)
+        for h, level in self._quieted:
+            h.setLevel(level)
 
 
 async def _shielded_thread(fn: Callable[[], object]) -> None:

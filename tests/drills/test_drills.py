@@ -34,6 +34,13 @@ async def test_kill_master(run) -> None:
     assert all(f.end_ms is not None and f.recovery_ms is not None for f in faults)
     # the other group takes the writes at once; reads go on through the acting slave
     assert all(f.recovery_ms < 10_000 for f in faults if f.recovery_ms is not None)
+    # the drill keeps its clients' log: each route the push consumer saw (first, with
+    # the master gone, with it back)
+    clients = (result.out / "logs" / "clients.log").read_text(encoding="utf-8")
+    routes = [
+        line for line in clients.splitlines() if "route of DrillTopic (consumer drill-push)" in line
+    ]
+    assert len(routes) >= 3, clients
 
 
 async def test_master_return_keeps_offsets(run) -> None:
