@@ -28,8 +28,11 @@ Value schemas, per ``f`` (``?`` marks an optional key):
     A send invoke without any completion counts as ``info``.
 ``receive``
     ok ``{"key", "msg_id", "broker", "queue_id", "queue_offset", "consumer",
-    "consumer_group", "group"?, "due_ts_ms"?, "topic"?}``; one event per delivered
-    message (a batch pull records one event per message, all with the same ``t_ms``).
+    "consumer_group", "group"?, "due_ts_ms"?, "topic"?, "stored_ms"?}``; one event per
+    delivered message (a batch pull records one event per message, all with the same
+    ``t_ms``).  ``stored_ms`` is the store time of the copy read, by the broker's clock
+    (for a delayed message: when it was put into its topic); the checkers do not use it,
+    it tells a message stored late from one read late.
     invoke/fail/info of ``receive`` (polls) are ignored by the checkers.
 ``ack``
     ok ``{"key", "consumer", "consumer_group"}``: the consumer acknowledged (POP ack,
@@ -305,6 +308,7 @@ class Receive(_Value):
     group: str | None = None
     due_ts_ms: int | None = None
     topic: str | None = None
+    stored_ms: int | None = None
 
 
 @dataclass(frozen=True, slots=True)

@@ -382,6 +382,7 @@ def record_receive(
             group=m.message_group,
             due_ts_ms=int(due) if due and due.isdigit() else None,
             topic=m.topic,
+            stored_ms=m.store_ts_ms or None,
         ),
         t_ms=t_ms,
     )

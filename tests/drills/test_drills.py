@@ -41,6 +41,13 @@ async def test_kill_master(run) -> None:
         line for line in clients.splitlines() if "route of DrillTopic (consumer drill-push)" in line
     ]
     assert len(routes) >= 3, clients
+    # each delivery names when the broker stored the copy read (late stored vs late read)
+    receipts = [
+        e
+        for e in read_history(result.out / "history.jsonl")
+        if e.f == "receive" and e.type == "ok" and e.value.get("key")
+    ]
+    assert receipts and all(e.value["stored_ms"] <= e.t_ms + 1000 for e in receipts)
 
 
 async def test_master_return_keeps_offsets(run) -> None:
