@@ -351,6 +351,7 @@ class OrderlyPushConsumer(PushConsumer):
             epoch = await self._until_locked(mq)
             if epoch is None:
                 return  # the queue was taken away from this client
+            await self._commit_settled(state)  # read the last commit, not one in flight
             committed = await self._initial_offset(mq)
             state.tracker.reset(max(committed, 0))
             state.last_committed = committed if committed >= 0 else None

@@ -11,7 +11,8 @@ Like RocketMQ's ``DefaultMQPushConsumer`` in clustering mode:
   (concurrently within a batch), retries a failed message after a short
   backoff a bounded number of times, and commits offsets — only up to the
   lowest unfinished message, like ``ProcessQueue.removeMessage`` — after each
-  batch and every 5 s.
+  batch (in the background: a slow commit never holds up the next pull) and
+  every 5 s.
 
 Pulls and commits go to the group's id-0 address, which is the acting slave
 while the master is away, so consumption goes on through a failover.  All
@@ -120,6 +121,8 @@ class _QueueState:
     ready: bool = False
     commit_lock: asyncio.Lock = dataclasses.field(default_factory=asyncio.Lock)
     task: asyncio.Task[None] | None = None
+    #: the commit the pull loop started after its last batch (never awaited by it)
+    committing: asyncio.Task[None] | None = None
 
 
 class PushConsumer(AsyncLifecycle):
@@ -388,14 +391,35 @@ class PushConsumer(AsyncLifecycle):
             with contextlib.suppress(TimeoutError):
                 async with asyncio.timeout(5.0):
                     await asyncio.gather(*(self._commit_state(s) for s in states))
+        background = [s.committing for s in states if s.committing is not None]
+        for task in background:
+            task.cancel()
+        if background:
+            await asyncio.wait(background)
 
     # ---- offsets --------------------------------------------------------------------------
 
     async def _commit_loop(self) -> None:
         while True:
             await asyncio.sleep(self.commit_interval_s)
-            for state in list(self._queues.values()):
-                await self._commit_state(state)
+            # concurrently: a broker that answers slowly delays only its own queues
+            await asyncio.gather(*(self._commit_state(s) for s in list(self._queues.values())))
+
+    def _commit_soon(self, state: _QueueState) -> None:
+        """Commit ``state``'s offset in the background, unless a commit of it is under
+        way.  The pull loop never waits for a commit: one to a broker that answers
+        slowly (packet loss, a frozen master) would stop the queue's reads for up to
+        the commit's attempts times its timeout, though the reads may go elsewhere."""
+        if state.committing is not None and not state.committing.done():
+            return
+        state.committing = asyncio.get_running_loop().create_task(
+            self._commit_state(state), name=f"commit-{state.mq}"
+        )
+
+    async def _commit_settled(self, state: _QueueState) -> None:
+        """Wait until the background commit of ``state`` (if any) has ended."""
+        if state.committing is not None:
+            await asyncio.wait([state.committing])
 
     async def _commit_state(self, state: _QueueState) -> None:
         async with state.commit_lock:
@@ -472,7 +496,7 @@ class PushConsumer(AsyncLifecycle):
                 )
                 offset = result.next_begin_offset
                 state.tracker.reset(offset)
-                await self._commit_state(state)
+                self._commit_soon(state)
                 continue
             if result.messages:
                 state.tracker.add(
@@ -483,7 +507,7 @@ class PushConsumer(AsyncLifecycle):
             elif state.tracker.inflight == 0:
                 state.tracker.reset(result.next_begin_offset)
             offset = result.next_begin_offset
-            await self._commit_state(state)
+            self._commit_soon(state)
             if not result.messages and loop.time() - started < 0.01:
                 await asyncio.sleep(0.05)  # the broker did not hold the pull: do not spin
 

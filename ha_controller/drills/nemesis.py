@@ -183,6 +183,22 @@ class RoleObserver:
             return None
         return 0
 
+    async def replicas_attached(self, group: str) -> bool:
+        """Whether ``group``'s id-0 broker serves as master with every slave that runs
+        attached: what a SYNC send needs.  Traffic that starts before that has its
+        first sends refused (``InSyncReplicasNotEnough``) and the producers avoid the
+        group for a while."""
+        targets = self.cluster.broker_targets(group)
+        master = next((t for t in targets if parse_target(t)[1] == 0), None)
+        if master is None or not self.cluster.alive(master):
+            return False
+        status = await self._get(self.cluster.http(master), "/api/v1/status")
+        if not isinstance(status, dict) or status.get("isolated") or status.get("role") != "master":
+            return False
+        attached = {int(s["brokerId"]) for s in status.get("slaves", []) if "brokerId" in s}
+        running = {parse_target(t)[1] for t in targets if t != master and self.cluster.alive(t)}
+        return running <= attached
+
     def master_online(self, group: str) -> bool:
         g = self.groups.get(group)
         return bool(g and g.get("masterOnline"))

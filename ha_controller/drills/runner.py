@@ -975,6 +975,11 @@ async def _cancel(task: asyncio.Task[None]) -> None:
 async def _with_workloads(d: Drill, scenario: Scenario) -> bool:
     o = d.options
     await eventually(lambda: all(d.observer.master_online(g) for g in o.groups), 60, 0.1)
+
+    async def attached() -> bool:
+        return all([await d.observer.replicas_attached(g) for g in o.groups])
+
+    await eventually(attached, 60, 0.1)
     topics = [TOPIC, *([FIFO_TOPIC] if o.fifo else []), *scenario.topics]
     async with NameserverClient(d.cluster.namesrv_addrs) as ns:
         for topic in topics:

@@ -97,6 +97,9 @@ class FakeBroker:
         self.queues: dict[tuple[str, int], list[broker_pb2.Message]] = defaultdict(list)
         self.offsets: dict[tuple[str, str, int], int] = {}
         self.commits: list[tuple[str, str, int, int]] = []
+        #: while cleared, commits are held unanswered (a broker that answers slowly)
+        self.commit_gate = asyncio.Event()
+        self.commit_gate.set()
         self.clients: dict[str, set[str]] = defaultdict(set)
         self.pull_timeouts: list[tuple[int, int]] = []
         self.arrived = asyncio.Condition()
@@ -192,6 +195,7 @@ class FakeBroker:
     async def _update(
         self, ctx: RequestContext, req: broker_pb2.ConsumerOffsetRequest
     ) -> broker_pb2.OffsetResponse:
+        await self.commit_gate.wait()
         self.offsets[(req.consumer_group, req.topic, req.queue_id)] = req.offset
         self.commits.append((req.consumer_group, req.topic, req.queue_id, req.offset))
         return broker_pb2.OffsetResponse()
@@ -631,6 +635,45 @@ async def test_push_consumer_commits_only_up_to_the_lowest_unfinished(
         release.set()
         await eventually(lambda: a.offsets[("CG", "T", 0)] == 6)
     assert 0 not in done and 1 not in done
+
+
+async def test_a_commit_left_unanswered_does_not_hold_up_the_next_pull(
+    ns: FakeNameserver, brokers: tuple[FakeBroker, FakeBroker]
+) -> None:
+    """Commits used to be awaited between pulls: a broker answering commits slowly
+    (packet loss: 3 attempts of 3 s) stopped the queue's reads meanwhile (campaign seed
+    1000: delayed messages read 6 s after they were due)."""
+    a, _ = brokers
+    await ns.set_route(one_group_route(a, 1))
+    await a.put("T", 0, 3)
+    consumed: list[int] = []
+
+    async def listener(m: ReceivedMessage) -> bool:
+        consumed.append(m.queue_offset)
+        return True
+
+    consumer = PushConsumer(
+        ns.addr,
+        "CG",
+        "T",
+        listener,
+        client_id="me",
+        suspend_timeout_ms=300,
+        request_timeout_ms=30_000,
+        commit_interval_s=0.05,
+    )
+    async with consumer:
+        await eventually(lambda: consumed == [0, 1, 2])
+        await eventually(lambda: a.offsets.get(("CG", "T", 0)) == 3)
+        a.commit_gate.clear()
+        await a.put("T", 0, 1)
+        await eventually(lambda: len(consumed) == 4)  # the commit of 4 is held meanwhile
+        await a.put("T", 0, 1)
+        await eventually(lambda: len(consumed) == 5)
+        assert a.offsets[("CG", "T", 0)] == 3
+        a.commit_gate.set()
+        await eventually(lambda: a.offsets.get(("CG", "T", 0)) == 5)
+    assert consumed == [0, 1, 2, 3, 4]
 
 
 async def test_two_push_consumers_split_the_queues_averagely(
