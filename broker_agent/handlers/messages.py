@@ -78,12 +78,13 @@ class MessageHandlers:
         core.check_writable_master("SEND_MESSAGE")
         if not req.entries:
             raise BadRequest("send with no messages")
-        if core.auth.enabled and not ctx.authenticated:
-            # only a cluster member's (signed) send carries an escape id
-            # (auth.MEMBER_DATA_CODES).  A client's is dropped, not refused: a consumer
-            # that sends a received message on copies its properties, and an escaped
-            # message has one.  Stored, it would count as an escape once a restart reads
-            # the ids back from the log.
+        if not req.member_escape or (core.auth.enabled and not ctx.authenticated):
+            # only a cluster member's escape (marked, and signed when there is a secret:
+            # auth.MEMBER_DATA_CODES) carries an escape id.  A client's is dropped, not
+            # refused: a consumer that sends a received message on copies its
+            # properties, and an escaped message has one; honoured, its send could be
+            # taken for a repeat of the escape and not stored.  Stored, it would count
+            # as an escape once a restart reads the ids back from the log.
             for entry in req.entries:
                 if PROPERTY_ESCAPE_ID in entry.properties:
                     del entry.properties[PROPERTY_ESCAPE_ID]

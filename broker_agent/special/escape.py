@@ -570,6 +570,7 @@ class EscapeBridge:
             # half message, stored by a master partitioned outbound).  A slow copy makes
             # us retry; the escape id makes the repeat one store.
             no_replica_wait=False,
+            member_escape=bool(escape_id),
             entries=[
                 broker_pb2.SendEntry(
                     body=body, properties=props, born_ts_ms=born_ts_ms or 0, flag=flags

@@ -71,20 +71,22 @@ class Message(_message.Message):
     def __init__(self, topic: _Optional[str] = ..., body: _Optional[bytes] = ..., properties: _Optional[_Mapping[str, str]] = ..., queue_id: _Optional[int] = ..., queue_offset: _Optional[int] = ..., commit_log_offset: _Optional[int] = ..., msg_id: _Optional[str] = ..., born_ts_ms: _Optional[int] = ..., born_host: _Optional[str] = ..., store_ts_ms: _Optional[int] = ..., store_host: _Optional[str] = ..., broker_name: _Optional[str] = ..., reconsume_times: _Optional[int] = ..., flag: _Optional[int] = ..., sys_flag: _Optional[int] = ...) -> None: ...
 
 class SendMessageRequest(_message.Message):
-    __slots__ = ("producer_group", "topic", "queue_id", "entries", "born_host", "no_replica_wait")
+    __slots__ = ("producer_group", "topic", "queue_id", "entries", "born_host", "no_replica_wait", "member_escape")
     PRODUCER_GROUP_FIELD_NUMBER: _ClassVar[int]
     TOPIC_FIELD_NUMBER: _ClassVar[int]
     QUEUE_ID_FIELD_NUMBER: _ClassVar[int]
     ENTRIES_FIELD_NUMBER: _ClassVar[int]
     BORN_HOST_FIELD_NUMBER: _ClassVar[int]
     NO_REPLICA_WAIT_FIELD_NUMBER: _ClassVar[int]
+    MEMBER_ESCAPE_FIELD_NUMBER: _ClassVar[int]
     producer_group: str
     topic: str
     queue_id: int
     entries: _containers.RepeatedCompositeFieldContainer[SendEntry]
     born_host: str
     no_replica_wait: bool
-    def __init__(self, producer_group: _Optional[str] = ..., topic: _Optional[str] = ..., queue_id: _Optional[int] = ..., entries: _Optional[_Iterable[_Union[SendEntry, _Mapping]]] = ..., born_host: _Optional[str] = ..., no_replica_wait: _Optional[bool] = ...) -> None: ...
+    member_escape: bool
+    def __init__(self, producer_group: _Optional[str] = ..., topic: _Optional[str] = ..., queue_id: _Optional[int] = ..., entries: _Optional[_Iterable[_Union[SendEntry, _Mapping]]] = ..., born_host: _Optional[str] = ..., no_replica_wait: _Optional[bool] = ..., member_escape: _Optional[bool] = ...) -> None: ...
 
 class SendEntry(_message.Message):
     __slots__ = ("body", "properties", "born_ts_ms", "flag", "sys_flag")

@@ -35,8 +35,10 @@ async def send_raw(
     *,
     body: bytes = b"m",
     no_replica_wait: bool = False,
+    member_escape: bool = False,
 ) -> broker_pb2.SendResult:
-    """One SEND_MESSAGE of one message straight to a broker (no client, no retry)."""
+    """One SEND_MESSAGE of one message straight to a broker (no client, no retry);
+    ``member_escape`` marks it as a broker's escape, as the escape bridge does."""
     resp = await pool.call_pb(
         addr,
         RequestCode.SEND_MESSAGE,
@@ -45,6 +47,7 @@ async def send_raw(
             topic=topic,
             queue_id=queue_id,
             no_replica_wait=no_replica_wait,
+            member_escape=member_escape,
             entries=[broker_pb2.SendEntry(body=body, properties=properties)],
         ),
         broker_pb2.SendMessageResponse,

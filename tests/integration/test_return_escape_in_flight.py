@@ -136,7 +136,13 @@ async def test_a_master_stores_a_repeated_escape_once(tmp_path: Path) -> None:
             ) -> broker_pb2.SendResult:
                 props = {"UNIQ_KEY": escape_id, "ESCAPE_ID": escape_id}
                 return await send_raw(
-                    pool, master.rpc, TOPIC, queue_id, props, no_replica_wait=True
+                    pool,
+                    master.rpc,
+                    TOPIC,
+                    queue_id,
+                    props,
+                    no_replica_wait=True,
+                    member_escape=True,  # a client may set it too: the signature counts
                 )
 
             first = await send(member, "g9/delay/100/5", 0)
@@ -177,9 +183,10 @@ async def test_a_master_stores_a_repeated_escape_once(tmp_path: Path) -> None:
 async def test_without_a_secret_a_message_sent_on_with_its_escape_id_is_stored(
     tmp_path: Path,
 ) -> None:
-    """No cluster secret: a consumer that sends a received, once escaped, message on to
-    another topic copies its ESCAPE_ID.  The broker stores it (it is not a repeat of the
-    escape), and a repeat of the escape is still answered with its first store."""
+    """No cluster secret: a consumer that sends a received, once escaped, message on
+    copies its ESCAPE_ID.  The broker stores it, to another topic or to the same one (it
+    is not a repeat of the escape: the send is not marked as a broker's escape), and a
+    repeat of the escape is still answered with its first store."""
     other = "EscapeForwarded"
     cluster: Cluster = run_cluster(("g1",), 1, workdir=tmp_path)
     master = cluster.broker("g1", 0)
@@ -189,12 +196,18 @@ async def test_without_a_secret_a_message_sent_on_with_its_escape_id_is_stored(
         await create_topic_on(master.rpc, other, 1)
         async with ConnectionPool() as pool:
             props = {"UNIQ_KEY": "u1", "ESCAPE_ID": "g9/delay/100/5"}
-            first = await send_raw(pool, master.rpc, TOPIC, 0, props, no_replica_wait=True)
+            escape = {"no_replica_wait": True, "member_escape": True}
+            first = await send_raw(pool, master.rpc, TOPIC, 0, props, **escape)
             sent_on = await send_raw(pool, master.rpc, other, 0, props, no_replica_wait=True)
-            again = await send_raw(pool, master.rpc, TOPIC, 1, props, no_replica_wait=True)
+            same_topic = await send_raw(pool, master.rpc, TOPIC, 0, props, no_replica_wait=True)
+            again = await send_raw(pool, master.rpc, TOPIC, 1, props, **escape)
             forwarded = await messages_on(pool, [master.rpc], other, 1)
+            stored = await messages_on(pool, [master.rpc], TOPIC, QUEUES)
         assert sent_on.msg_id != first.msg_id
         assert [m.msg_id for m in forwarded] == [sent_on.msg_id]
+        assert forwarded[0].properties.get("ESCAPE_ID") is None  # dropped: not an escape
+        assert same_topic.msg_id != first.msg_id
         assert (again.msg_id, again.queue_offset) == (first.msg_id, first.queue_offset)
+        assert sorted(m.msg_id for m in stored) == sorted([first.msg_id, same_topic.msg_id])
     finally:
         cluster.stop()
