@@ -8,6 +8,7 @@ import dataclasses
 import os
 import ssl
 from dataclasses import dataclass, field
+from typing import Final
 
 from google.protobuf.message import Message
 
@@ -126,6 +127,11 @@ class GroupInfo:
         return min(self.members)
 
 
+#: A nameserver read not answered within this long is asked of the next nameserver too
+#: (a route is answered in about a millisecond; a frozen nameserver answers nothing).
+HEDGE_AFTER_MS: Final = 300
+
+
 class NameserverClient(AsyncLifecycle):
     """Talks to one of several nameservers, moving on when one fails.
 
@@ -157,19 +163,47 @@ class NameserverClient(AsyncLifecycle):
         self._next = 0
 
     async def _call(
-        self, method: int, req: Message, resp_type: type[M], timeout_ms: int = 3000
+        self,
+        method: int,
+        req: Message,
+        resp_type: type[M],
+        timeout_ms: int = 3000,
+        *,
+        hedge_ms: int | None = HEDGE_AFTER_MS,
     ) -> M:
+        """Ask the nameserver that answered last; when it fails, or (``hedge_ms``) has
+        not answered within that time, ask the next one too, and take the first answer.
+        A frozen nameserver then costs a read ``hedge_ms``, not the whole timeout (a
+        long poll passes ``hedge_ms=None``: waiting is its answer)."""
+        n = len(self.addrs)
+        order = [(self._next + i) % n for i in range(n)]
         failures: list[tuple[str, BaseException]] = []
-        for i in range(len(self.addrs)):
-            addr = self.addrs[(self._next + i) % len(self.addrs)]
-            try:
-                out = await self.pool.call_pb(addr, method, req, resp_type, timeout_ms)
-            except (BrokerUnavailable, RequestTimeout, ConnectionError) as exc:
-                failures.append((addr, exc))
-                await self.pool.discard(addr)
-                continue
-            self._next = (self._next + i) % len(self.addrs)
-            return out
+        pending: dict[asyncio.Future[M], int] = {}
+        started = 0
+        try:
+            while started < n or pending:
+                if started < n and (not pending or hedge_ms is not None):
+                    k = order[started]
+                    call = self.pool.call_pb(self.addrs[k], method, req, resp_type, timeout_ms)
+                    pending[asyncio.ensure_future(call)] = k
+                    started += 1
+                hedge = hedge_ms / 1000 if hedge_ms is not None and started < n else None
+                done, _ = await asyncio.wait(
+                    pending, timeout=hedge, return_when=asyncio.FIRST_COMPLETED
+                )
+                for fut in done:
+                    k = pending.pop(fut)
+                    exc = fut.exception()
+                    if exc is None:
+                        self._next = k
+                        return fut.result()
+                    if not isinstance(exc, BrokerUnavailable | RequestTimeout | ConnectionError):
+                        raise exc
+                    failures.append((self.addrs[k], exc))
+                    await self.pool.discard(self.addrs[k])
+        finally:
+            for fut in pending:
+                fut.cancel()
         where = ", ".join(f"{addr} ({_reason(exc)})" for addr, exc in failures)
         noun = "the nameserver at" if len(failures) == 1 else "any nameserver:"
         raise NameserverUnavailable(f"cannot reach {noun} {where}") from failures[-1][1]
@@ -192,6 +226,7 @@ class NameserverClient(AsyncLifecycle):
             ),
             nameserver_pb2.WatchRouteResponse,
             timeout_ms=max_wait_ms + 2000,
+            hedge_ms=None,
         )
         return pb.version, route_from_pb(pb.route) if pb.found else None
 

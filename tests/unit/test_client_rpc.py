@@ -46,6 +46,9 @@ class FakeNameserver:
         self.version = 0
         self.route_calls = 0
         self.watch_calls = 0
+        #: while cleared, route reads are held unanswered (a frozen nameserver)
+        self.answering = asyncio.Event()
+        self.answering.set()
         self.changed = asyncio.Condition()
         d = Dispatcher()
         d.add(RequestCode.GET_ROUTEINFO_BY_TOPIC, nameserver_pb2.GetRouteInfoRequest, self._route)
@@ -67,6 +70,7 @@ class FakeNameserver:
         self, ctx: RequestContext, req: nameserver_pb2.GetRouteInfoRequest
     ) -> common_pb2.TopicRoute:
         self.route_calls += 1
+        await self.answering.wait()
         route = self.routes.get(req.topic)
         if route is None:
             raise TopicNotFound(req.topic)
@@ -474,6 +478,29 @@ async def test_route_watch_delivers_a_failover_in_milliseconds(
     finally:
         await cache.aclose()
         await client.aclose()
+
+
+async def test_a_frozen_nameserver_costs_a_route_read_the_hedge_not_the_timeout(
+    ns: FakeNameserver, two_groups: tuple[FakeBroker, FakeBroker]
+) -> None:
+    """Campaign seed 1014: with one of two nameservers frozen, an acting slave's escape
+    waited 3 s (the request timeout) for its route before asking the other nameserver.
+    Now the other is asked once the first has not answered within the hedge (0.3 s)."""
+    frozen = FakeNameserver()
+    await frozen.start()
+    await frozen.set_route(two_group_route(*two_groups))
+    frozen.answering.clear()
+    client = NameserverClient([frozen.addr, ns.addr])
+    try:
+        async with asyncio.timeout(2.0):  # the request timeout is 3 s
+            route = await client.route("T")
+            assert [b.broker_name for b in route.broker_datas] == ["broker-a", "broker-b"]
+            await client.route("T")  # straight to the one that answered
+        assert (frozen.route_calls, ns.route_calls) == (1, 2)
+    finally:
+        frozen.answering.set()
+        await client.aclose()
+        await frozen.server.aclose(grace_s=0.1)
 
 
 async def test_route_watch_reports_a_topic_that_appears_later(ns: FakeNameserver) -> None:
