@@ -582,6 +582,12 @@ class HaSlave:
             dispatched = self.store.reput()
             if dispatched:
                 self._on_dispatched(dispatched)
+        else:
+            # a keepalive: answer it, so that an idle master still counts us as a copy
+            # that confirms (HaMaster.confirming); silent for 2 s, we would count only
+            # while caught up, and a burst after an idle spell would be refused
+            # (InSyncReplicasNotEnough) until our first acknowledgement arrived
+            self._report()
         self.transfer_ok.set()
 
     async def aclose(self) -> None:

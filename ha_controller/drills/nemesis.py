@@ -185,7 +185,7 @@ class RoleObserver:
 
     async def replicas_attached(self, group: str) -> bool:
         """Whether ``group``'s id-0 broker serves as master with every slave that runs
-        attached: what a SYNC send needs.  Traffic that starts before that has its
+        attached and confirming: what a SYNC send needs.  Traffic that starts before that has its
         first sends refused (``InSyncReplicasNotEnough``) and the producers avoid the
         group for a while."""
         targets = self.cluster.broker_targets(group)
@@ -195,7 +195,11 @@ class RoleObserver:
         status = await self._get(self.cluster.http(master), "/api/v1/status")
         if not isinstance(status, dict) or status.get("isolated") or status.get("role") != "master":
             return False
-        attached = {int(s["brokerId"]) for s in status.get("slaves", []) if "brokerId" in s}
+        attached = {
+            int(s["brokerId"])
+            for s in status.get("slaves", [])
+            if "brokerId" in s and s.get("confirming")
+        }
         running = {parse_target(t)[1] for t in targets if t != master and self.cluster.alive(t)}
         return running <= attached
 
