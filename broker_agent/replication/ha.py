@@ -369,6 +369,8 @@ class HaSlave:
         self.master_ha_addr: str | None = None
         self.master_max_offset = 0
         self.conn: RpcConnection | None = None
+        #: the master address ``conn`` goes to (reports go out only while it is current)
+        self._conn_addr: str | None = None
         self._addr_changed = asyncio.Event()
         self.transfer_ok = asyncio.Event()
         self.last_transfer_at = 0.0
@@ -379,9 +381,11 @@ class HaSlave:
         if ha_addr != self.master_ha_addr:
             log.info("HA master address %s -> %s", self.master_ha_addr, ha_addr)
             self.master_ha_addr = ha_addr
-            # the run loop wakes on this, closes the old link and attaches to the new one
+            # the run loop wakes on this, closes the old link and attaches to the new
+            # one; until then nothing is reported on the old link (_report).  The link is
+            # kept, not forgotten: told "gone" and "back" in one instant (two nameserver
+            # notices), the loop keeps the same link, and it must go on acknowledging
             self._addr_changed.set()
-            self.conn = None
 
     @property
     def stalled(self) -> str | None:
@@ -393,7 +397,14 @@ class HaSlave:
     @property
     def replicating(self) -> bool:
         """A link to the master is up and the store takes what it streams."""
-        return self.conn is not None and not self.conn.closed and self._stalled is None
+        return self._current_conn() is not None and self._stalled is None
+
+    def _current_conn(self) -> RpcConnection | None:
+        """The open link to the master we are told about, if any."""
+        conn = self.conn
+        if conn is None or conn.closed or self._conn_addr != self.master_ha_addr:
+            return None
+        return conn
 
     @property
     def lag_bytes(self) -> int:
@@ -443,7 +454,7 @@ class HaSlave:
                 backoff = min(backoff * 2, 2.0)
                 continue
             backoff = 0.1
-            self.conn = conn
+            self.conn, self._conn_addr = conn, addr
             self.last_transfer_at = time.monotonic()  # the silence watchdog starts now
             self._report()
             log.info(
@@ -512,10 +523,11 @@ class HaSlave:
     def _report(self, *, now: bool = False) -> None:
         """HA_REPORT_OFFSET with our commit-log end; ``now`` writes it at once instead
         of at the end of this event-loop tick."""
-        if self.conn is None or self.conn.closed:
+        conn = self._current_conn()
+        if conn is None:
             return
         with contextlib.suppress(ConnectionClosed):
-            self.conn.oneway(
+            conn.oneway(
                 RequestCode.HA_REPORT_OFFSET,
                 broker_pb2.HaReport(
                     max_offset=self.store.commitlog_max_offset,
@@ -524,7 +536,7 @@ class HaSlave:
                 ).SerializeToString(),
             )
             if now:
-                self.conn.flush()
+                conn.flush()
 
     async def _on_transfer(self, ctx: RequestContext, body: bytes) -> None:
         # Runs synchronously up to the first await, so transfers apply in order.
