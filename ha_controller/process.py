@@ -78,11 +78,12 @@ def run(main: Coroutine[Any, Any, T], *, choice: str | None = None) -> T:
         return runner.run(main)
 
 
+#: One line of every process log (brokers, nameservers, a drill's clients.log)
+LOG_FORMAT = "%(asctime)s %(levelname)s %(name)s: %(message)s"
+
+
 def setup_logging(level: str = "INFO") -> None:
-    logging.basicConfig(
-        level=getattr(logging, level.upper(), logging.INFO),
-        format="%(asctime)s %(levelname)s %(name)s: %(message)s",
-    )
+    logging.basicConfig(level=getattr(logging, level.upper(), logging.INFO), format=LOG_FORMAT)
 
 
 def quiet_accept_errors(loop: asyncio.AbstractEventLoop, interval_s: float = 10.0) -> None:

@@ -185,9 +185,9 @@ class RoleObserver:
 
     async def replicas_attached(self, group: str) -> bool:
         """Whether ``group``'s id-0 broker serves as master with every slave that runs
-        attached and confirming: what a SYNC send needs.  Traffic that starts before that has its
-        first sends refused (``InSyncReplicasNotEnough``) and the producers avoid the
-        group for a while."""
+        attached and confirming: what a SYNC send needs.  Traffic that starts before
+        that has its first sends refused (``InSyncReplicasNotEnough``) and the
+        producers avoid the group for a while."""
         targets = self.cluster.broker_targets(group)
         master = next((t for t in targets if parse_target(t)[1] == 0), None)
         if master is None or not self.cluster.alive(master):

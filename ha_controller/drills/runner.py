@@ -119,6 +119,7 @@ from ha_controller.drills.workloads import (
     TransactionWorkload,
     offset_probe,
 )
+from ha_controller.process import LOG_FORMAT
 from ha_controller.protocol.errors import HaError
 from ha_controller.protocol.properties import now_ms
 from ha_controller.testing import EventuallyTimeout, eventually
@@ -905,9 +906,7 @@ class _ClientLog:
         path.parent.mkdir(parents=True, exist_ok=True)
         self._handler = logging.FileHandler(path, encoding="utf-8")
         self._handler.setLevel(logging.INFO)
-        self._handler.setFormatter(
-            logging.Formatter("%(asctime)s %(levelname)s %(name)s: %(message)s")
-        )
+        self._handler.setFormatter(logging.Formatter(LOG_FORMAT))
         root = logging.getLogger()
         self._logger = logging.getLogger("ha_controller")
         self._level = self._logger.level
