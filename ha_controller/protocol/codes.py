@@ -51,6 +51,8 @@ class RequestCode(enum.IntEnum):
     # ha-controller's own
     WATCH_ROUTE = 900001
     GET_BROKER_STATUS = 900002
+    # a connection's liveness probe, answered by the peer's connection layer (rpc/connection.py)
+    RPC_PING = 900003
     HA_REPORT_OFFSET = 900010
     HA_TRANSFER = 900011
     GET_COMMITLOG_RANGE = 900012

@@ -39,7 +39,7 @@ from typing import Any, TypeVar, cast
 from google.protobuf.message import DecodeError, Message
 
 from ha_controller.protocol import envelope
-from ha_controller.protocol.codes import method_name
+from ha_controller.protocol.codes import RequestCode, method_name
 from ha_controller.protocol.errors import (
     BadRequest,
     BrokerUnavailable,
@@ -216,6 +216,11 @@ class RpcConnection(asyncio.BufferedProtocol):
         self.attrs: dict[str, Any] = {}
         #: signs outgoing requests (a cluster member's pool sets it); None: unsigned
         self.signer: Signer | None = None
+        # liveness of an outgoing connection (RpcLimits.liveness_probe_ms): when the peer
+        # was last heard, or a wait for it began; when the unanswered probe went out
+        self._heard_at = time.monotonic()
+        self._probe_sent: float | None = None
+        self._watch: asyncio.TimerHandle | None = None
 
     # ---- public API ------------------------------------------------------
 
@@ -251,7 +256,10 @@ class RpcConnection(asyncio.BufferedProtocol):
         timeout_ms = self.limits.default_timeout_ms if timeout_ms is None else timeout_ms
         serial = self._next_serial()
         fut: asyncio.Future[envelope.Response] = asyncio.get_running_loop().create_future()
+        if not self._pending:
+            self._heard_at = time.monotonic()  # silence counts from the first pending call
         self._pending[serial] = fut
+        self._arm_watch()
         try:
             self._write(
                 envelope.encode_request(
@@ -370,6 +378,7 @@ class RpcConnection(asyncio.BufferedProtocol):
         return view[: max(1, min(room, len(view)))]
 
     def buffer_updated(self, nbytes: int) -> None:
+        self._heard_at = time.monotonic()
         if len(self._head) < 2:
             self._head += bytes(_scratch_buffer()[: min(nbytes, 2 - len(self._head))])
         try:
@@ -445,6 +454,67 @@ class RpcConnection(asyncio.BufferedProtocol):
         self._last_activity = time.monotonic()
         if self._listener is not None:
             self._resume_reading("write_backlog")
+
+    # ---- liveness (outgoing connections) ---------------------------------
+
+    def _arm_watch(self, delay_s: float | None = None) -> None:
+        probe_ms = self.limits.liveness_probe_ms
+        if self._watch is not None or self._listener is not None or probe_ms <= 0:
+            return
+        self._watch = asyncio.get_running_loop().call_later(
+            probe_ms / 1000 if delay_s is None else max(delay_s, 0.0), self._check_liveness
+        )
+
+    def _check_liveness(self) -> None:
+        """While calls are pending: probe a silent peer, abort when the probe is unheard.
+
+        Any byte from the peer counts as an answer, so a peer busy with a long reply or a
+        held pull keeps its connection; only one that sends nothing at all (frozen, cut
+        off, or behind TCP's retransmission back-off) loses it."""
+        self._watch = None
+        if self.closed or not self._pending:
+            self._probe_sent = None
+            return
+        now = time.monotonic()
+        probe_s = self.limits.liveness_probe_ms / 1000
+        if self._probe_sent is not None and self._heard_at < self._probe_sent:
+            waited = now - self._probe_sent
+            timeout_s = self.limits.liveness_timeout_ms / 1000
+            if waited < timeout_s:
+                self._arm_watch(timeout_s - waited)
+                return
+            silent_ms = (now - self._heard_at) * 1000
+            log.warning(
+                "dropping the connection to %s: nothing heard for %.0f ms with %d calls "
+                "pending, a liveness probe included",
+                self.dialled or self.peer,
+                silent_ms,
+                len(self._pending),
+            )
+            self._shutdown(
+                ConnectionClosed(
+                    f"{self.dialled or self.peer} sent nothing for {silent_ms:.0f} ms, "
+                    "not even the answer to a liveness probe"
+                ),
+                abort=True,
+            )
+            return
+        self._probe_sent = None
+        if now - self._heard_at < probe_s:
+            self._arm_watch(self._heard_at + probe_s - now)
+            return
+        self._probe_sent = now
+        with contextlib.suppress(ConnectionClosed):
+            self._write(
+                envelope.encode_request(
+                    self._next_serial(),
+                    RequestCode.RPC_PING,
+                    b"",
+                    timeout_ms=self.limits.liveness_timeout_ms,
+                    max_block_bytes=self.limits.max_block_bytes,
+                )
+            )
+        self._arm_watch(self.limits.liveness_timeout_ms / 1000)
 
     # ---- bounds (accepted connections) -----------------------------------
 
@@ -572,6 +642,9 @@ class RpcConnection(asyncio.BufferedProtocol):
             return
         self._close_reason = reason
         self._closed.set()
+        if self._watch is not None:
+            self._watch.cancel()
+            self._watch = None
         self._wbuf, self._wbuf_bytes = [], 0
         # what is left of an incomplete frame is garbage now: free it at once
         self._decoder = FrameDecoder(self.limits.max_list_size, self.limits.max_frame_bytes)
@@ -610,6 +683,20 @@ class RpcConnection(asyncio.BufferedProtocol):
 
     def _on_request(self, req: envelope.Request) -> None:
         received = time.monotonic()
+        if req.method == RequestCode.RPC_PING:
+            # answered here, before any guard, limit or handler: it tells the peer only that
+            # this connection and its event loop are alive
+            if not req.oneway:
+                with contextlib.suppress(ConnectionClosed):
+                    self._write(
+                        envelope.encode_response(
+                            req.serial_no,
+                            req.method,
+                            b"",
+                            max_block_bytes=self.limits.max_block_bytes,
+                        )
+                    )
+            return
         if self._stopping:
             self._reply_error(req, ServiceStopping("service is stopping"))
             return

@@ -101,6 +101,19 @@ class RpcLimits:
         ``conn_frame_buffer_bytes`` of requests, and ``max_inflight_requests``), instead
         of everything it asks for; such a connection then goes idle and is closed.  This
         bound is per connection; the listener has no shared budget for replies.
+    ``liveness_probe_ms`` (1 s) and ``liveness_timeout_ms`` (2 s)
+        An outgoing connection with calls pending that has heard nothing from its peer for
+        ``liveness_probe_ms`` sends a one-frame probe (``RPC_PING``, answered by the peer's
+        connection layer at once, even while a held pull waits); when nothing at all
+        arrives within ``liveness_timeout_ms`` of the probe, the connection is aborted and
+        its pending calls fail with the retriable ``ConnectionClosed``, so the next call
+        dials afresh (one log line names the peer).  A connection that lived
+        through a partition otherwise waits out TCP's retransmission back-off after the
+        heal (seconds, growing with the partition), and a frozen peer holds a long-poll
+        pull for its whole timeout.  RocketMQ's client closes a channel whose call timed
+        out (``clientCloseSocketIfTimeout``); this finds the dead channel sooner and never
+        drops one that is merely slow to answer, since any byte from the peer counts.
+        ``0`` turns the probe off.
     ``accept_backoff_ms`` (100 ms) and ``accept_backoff_max_ms`` (1 s)
         When ``accept()`` fails for lack of descriptors or memory (EMFILE, ENFILE,
         ENOBUFS, ENOMEM) the listener waits this long, doubling up to the maximum, and
@@ -119,6 +132,8 @@ class RpcLimits:
     conn_frame_buffer_bytes: int = _bounded(16 * _KIB, ge=1 * _KIB, le=1 * _GIB)
     assembly_budget_bytes: int = _bounded(64 * _MIB, ge=64 * _KIB, le=64 * _GIB)
     write_high_water_bytes: int = _bounded(256 * _KIB, ge=4 * _KIB, le=1 * _GIB)
+    liveness_probe_ms: int = _bounded(1000, ge=0)
+    liveness_timeout_ms: int = _bounded(2000, ge=1)
     accept_backoff_ms: int = _bounded(100, ge=1)
     accept_backoff_max_ms: int = _bounded(1000, ge=1)
 
