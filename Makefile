@@ -28,7 +28,7 @@ demo: $(STAMP)
 	$(BIN)/hactl demo
 
 test: $(STAMP) tools lint typecheck
-	$(BIN)/pytest -q $(PYTEST_ARGS)
+	$(BIN)/pytest -q --durations=30 $(PYTEST_ARGS)
 
 lint: $(STAMP)
 	$(BIN)/ruff check .
