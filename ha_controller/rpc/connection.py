@@ -378,12 +378,11 @@ class RpcConnection(asyncio.BufferedProtocol):
         return view[: max(1, min(room, len(view)))]
 
     def buffer_updated(self, nbytes: int) -> None:
-        self._heard_at = time.monotonic()
+        self._heard_at = now = time.monotonic()
         if len(self._head) < 2:
             self._head += bytes(_scratch_buffer()[: min(nbytes, 2 - len(self._head))])
         try:
             frames = self._decoder.feed(_scratch_buffer()[:nbytes])
-            now = time.monotonic()
             if frames:
                 self._got_frame = True
                 self._last_activity = now
