@@ -6,6 +6,11 @@ master: its special services run and it serves the master-only operations.
 It stops the moment id 0 is back.  Every transition returns a one-line
 ``Decision`` that the service logs and acts on.
 
+A returning master in pre-online is not registered, so every nameserver lists no master
+for its group while it syncs: a slave it contacted (:meth:`returning_master`) keeps
+replicating from it through such views for the hold's length, whether it acts or not,
+instead of dropping the link the master's pre-online waits for.
+
 A returning master contacts its acting slave (EXCHANGE_BROKER_HA_INFO) before it takes
 the slave's tables.  From then on the slave is *held*: it stops handing special work
 on, so that the tables the master takes count everything it delivered, until the
@@ -54,6 +59,9 @@ class ActingState:
         self._clock = clock
         #: while a returning master syncs from this acting slave: when the hold ends
         self.held_until: float | None = None
+        #: until when the returning master that last contacted this slave keeps its HA
+        #: address through views that list no master (see :meth:`returning_master`)
+        self.returning_until: float | None = None
 
     @property
     def is_master(self) -> bool:
@@ -84,6 +92,18 @@ class ActingState:
             return "master"
         # a held slave still shows as acting: the hold lasts the master's pre-online
         return "acting" if self.chosen else "slave"
+
+    def returning_master(self, master_addr: str | None, ha_addr: str, for_s: float) -> None:
+        """A master in pre-online told this slave where to replicate from: follow it,
+        and keep following it for ``for_s`` seconds (renewed by each contact) when a
+        view lists no master, which is what its pre-online looks like to a nameserver.
+        A view that names a master ends this, as does the master's own registration."""
+        self.master_addr = master_addr or self.master_addr
+        self.master_ha_addr = ha_addr
+        self.returning_until = self._clock() + for_s
+
+    def _returning(self) -> bool:
+        return self.returning_until is not None and self._clock() < self.returning_until
 
     def hold(self, for_s: float) -> Decision:
         """A returning master is about to take this slave's tables: stop handing special
@@ -134,10 +154,18 @@ class ActingState:
         should_run = self.broker_id == min_id
         master_offline = offline_addr is not None and offline_addr == self.master_addr
         if master_offline or (prev == MASTER_ID and min_id != MASTER_ID):
-            master_offline = True
-            self.master_addr = None
-            self.master_ha_addr = None
+            # a master gone offline, unless it is the one in pre-online that contacted
+            # us: the view is older than its return (a slave that starts first assumes
+            # id 0 until its first view, and a master restarted at once is expired
+            # after it called), and dropping its link would stall that pre-online for
+            # its whole HA-attach timeout
+            master_offline = not self._returning()
+            if master_offline:
+                self.master_addr = None
+                self.master_ha_addr = None
         master_online = min_id == MASTER_ID and min_addr is not None
+        if master_online:
+            self.returning_until = None
         if master_online:
             self.master_addr = min_addr
             if master_ha_addr:

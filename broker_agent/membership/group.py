@@ -108,8 +108,9 @@ class MemberGroupSync:
             # a (returning) master tells this slave where to replicate from
             if not core.acting.is_master:
                 if core.ha_slave is not None:
-                    core.acting.master_addr = req.master_addr or core.acting.master_addr
-                    core.acting.master_ha_addr = req.master_ha_addr
+                    core.acting.returning_master(
+                        req.master_addr or None, req.master_ha_addr, RETURN_HOLD_S
+                    )
                     core.ha_slave.set_master(req.master_ha_addr)
                 await self._hold_for_return(req.master_addr)
             return broker_pb2.BrokerHaInfo()

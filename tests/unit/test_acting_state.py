@@ -126,3 +126,28 @@ def test_a_fresh_table_is_oldest_and_acting_bumps_at_once(tmp_path: Path) -> Non
     # a returning master that lost its file adopts the acting slave's table
     assert fresh.adopt_if_newer(acting.entries(), acting.data_version.copy())
     assert fresh.query("g", "t", 0) == 33
+
+
+def test_a_returning_master_keeps_its_link_through_views_that_list_no_master() -> None:
+    """Fresh-clone run (test_retention, on a loaded machine): the slave started first and
+    assumed id 0; the master, isolated in pre-online, told it its HA address; 10 ms later
+    the slave's first view (no master listed: the master is not registered while it
+    syncs) made it drop that address, and the pre-online waited 10 s for the slave's HA
+    link before trying again."""
+    now = [0.0]
+    s = ActingState(broker_id=1, enable_slave_acting_master=True, clock=lambda: now[0])
+    s.returning_master("m:1", "m:2", 20)
+    d = s.on_min_broker_change(-1, None)  # the nameserver waits for the slaves' positions
+    assert d.changed and not d.master_offline
+    assert (s.master_addr, s.master_ha_addr) == ("m:1", "m:2")
+    # chosen to act meanwhile (the master's pre-online outlasted the nameserver's grace):
+    # it acts, and still replicates from the master that will hold it
+    d = s.on_min_broker_change(1, "s1:1", offline_addr="m:1")
+    assert d.start_special_services and not d.master_offline and s.master_ha_addr == "m:2"
+    d = s.on_min_broker_change(0, "m:1", master_ha_addr="m:2")  # it registered
+    assert d.master_online and d.stop_special_services and s.returning_until is None
+    # a master that contacted the slave and then never registered is let go after the hold
+    s.returning_master("m:1", "m:2", 20)
+    now[0] = 20.0
+    d = s.on_min_broker_change(1, "s1:1", offline_addr="m:1")
+    assert d.master_offline and s.master_ha_addr is None and s.master_addr is None

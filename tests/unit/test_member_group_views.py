@@ -22,6 +22,7 @@ from broker_agent.membership import group as group_module
 from broker_agent.membership.group import STRAGGLER_WAIT_MS, MemberGroupSync
 from broker_agent.membership.preonline import PreOnline
 from broker_agent.membership.views import believed_view, fresh_window_ms, has_live_master
+from broker_agent.replication.ha import HaSlave
 from ha_controller.config import BrokerConfig
 from ha_controller.proto import broker_pb2, nameserver_pb2
 from ha_controller.protocol.codes import RequestCode
@@ -279,3 +280,23 @@ async def test_a_fenced_masters_pre_online_waits_for_its_special_work_under_way(
     assert asked == [0]
     await core.pool.aclose()
     core.store.close()
+
+
+async def test_a_view_without_a_master_does_not_cut_a_returning_masters_ha_link(
+    tmp_path: Path,
+) -> None:
+    """The slave learns where its returning master replicates from (EXCHANGE_BROKER_HA_INFO
+    in the master's pre-online); the nameservers, which the master has not registered
+    with yet, list no master.  The slave's HA side keeps the master's address."""
+    slave = Slave(tmp_path, [ACTING])
+    async with slave as sync:
+        core = sync.core
+        ha = HaSlave(core.store, SLAVE, 1, lambda _d: None, broker_name="g1")
+        core.ha_slave = ha
+        returning = broker_pb2.BrokerHaInfo(master_ha_addr="10.0.0.1:10912", master_addr=MASTER)
+        await sync.exchange_ha_info(cast(Any, None), returning)
+        assert ha.master_ha_addr == "10.0.0.1:10912"
+        await sync.apply_min_broker(-1, None, None, None)
+        await sync.apply_min_broker(1, SLAVE, MASTER, None)
+        assert ha.master_ha_addr == "10.0.0.1:10912"
+        assert core.acting.acting  # it acts until the master holds it
