@@ -123,7 +123,11 @@ class BrokerCore:
             cfg.cluster_secret, on_refused=self.metrics.auth_refusal, sign_all=cfg.acl.enabled
         )
         self.pool = ConnectionPool(
-            connect_timeout_ms=2000, ssl_context=cfg.tls.client_context(), signer=self.auth.sign
+            connect_timeout_ms=2000,
+            ssl_context=cfg.tls.client_context(),
+            signer=self.auth.sign,
+            # a nameserver expires a broker whose registration connection closes
+            sessions=cfg.namesrv_addrs,
         )
         #: the client ACL; the guard also checks group names (ha_controller.acl)
         self.acl = Acl.from_config(cfg.acl, on_denied=self.metrics.acl_denial)

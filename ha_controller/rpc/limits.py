@@ -113,7 +113,9 @@ class RpcLimits:
         pull for its whole timeout.  RocketMQ's client closes a channel whose call timed
         out (``clientCloseSocketIfTimeout``); this finds the dead channel sooner and never
         drops one that is merely slow to answer, since any byte from the peer counts.
-        ``0`` turns the probe off.
+        A broker's connections to its nameservers never probe: a nameserver expires a
+        broker whose registration connection closes, and one frozen for a while must
+        find its brokers still there when it resumes.  ``0`` turns the probe off.
     ``accept_backoff_ms`` (100 ms) and ``accept_backoff_max_ms`` (1 s)
         When ``accept()`` fails for lack of descriptors or memory (EMFILE, ENFILE,
         ENOBUFS, ENOMEM) the listener waits this long, doubling up to the maximum, and

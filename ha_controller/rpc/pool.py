@@ -4,8 +4,10 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import dataclasses
 import ssl
 import time
+from collections.abc import Collection
 
 from google.protobuf.message import Message
 
@@ -21,6 +23,12 @@ class ConnectionPool:
     the peer send requests back on our connections (e.g. a broker asking a
     producer to check a transaction).  ``signer`` signs the requests of every
     connection the pool makes (a cluster member's control-plane requests).
+
+    ``sessions`` are addresses whose peer binds state to our connection and drops it
+    when the connection closes (a nameserver expires a broker whose registration
+    connection closes): their connections never probe a silent peer
+    (``RpcLimits.liveness_probe_ms``), so a frozen nameserver that resumes finds them
+    open; a call on them still times out as usual.
     """
 
     def __init__(
@@ -32,8 +40,11 @@ class ConnectionPool:
         connect_timeout_ms: int = 3000,
         idle_close_s: float = 300.0,
         signer: Signer | None = None,
+        sessions: Collection[str] = (),
     ) -> None:
         self.limits = limits or RpcLimits()
+        self._sessions = frozenset(sessions)
+        self._session_limits = dataclasses.replace(self.limits, liveness_probe_ms=0)
         self._ssl = ssl_context
         self._dispatcher = dispatcher
         self._connect_timeout_ms = connect_timeout_ms
@@ -63,7 +74,7 @@ class ConnectionPool:
                 conn = await connect(
                     addr,
                     dispatcher=self._dispatcher,
-                    limits=self.limits,
+                    limits=self._session_limits if addr in self._sessions else self.limits,
                     ssl_context=self._ssl,
                     timeout_ms=self._connect_timeout_ms,
                 )

@@ -138,3 +138,17 @@ async def test_an_idle_connection_is_never_probed() -> None:
             assert received == []
         finally:
             await conn.aclose()
+
+
+async def test_a_session_connection_is_never_dropped_by_the_probe() -> None:
+    """A nameserver expires a broker whose registration connection closes: a broker's
+    pool lists its nameservers as sessions, so a frozen nameserver that resumes finds
+    the connection still open (its calls time out as before)."""
+    async with silent_peer() as (addr, received):
+        async with ConnectionPool(limits=FAST, sessions=[addr]) as pool:
+            conn = await pool.get(addr)
+            with pytest.raises(RequestTimeout):
+                await pool.call(addr, 1, b"x", timeout_ms=1_000)
+            assert not conn.closed
+            frames = FrameDecoder(3584, 1 << 20).feed(b"".join(received))
+            assert [envelope.decode(f.serial_no, f.payload).method for f in frames] == [1]
