@@ -180,7 +180,9 @@ class PushConsumer(AsyncLifecycle):
         self.tls = tls
         self.credentials = credentials
         self._pool = ConnectionPool(
-            ssl_context=tls, signer=credentials.sign if credentials is not None else None
+            ssl_context=tls,
+            signer=credentials.sign if credentials is not None else None,
+            on_reconnect=self._reconnected,
         )
         self._nameserver = NameserverClient(parse_namesrv_addrs(namesrv_addrs), self._pool)
         self.routes = RouteCache(self._nameserver, watch=route_watch, owner=f"consumer {group}")
@@ -292,6 +294,21 @@ class PushConsumer(AsyncLifecycle):
         ).SerializeToString()
         addrs = self.routes.topic_broker_addrs(self.topic)
         await asyncio.gather(*(self._heartbeat_to(addr, body) for addr in addrs))
+
+    def _reconnected(self, addr: str) -> None:
+        """A new connection to ``addr`` replaced one that closed: a broker forgets the
+        consumers of a closed connection, and the others' rebalance would leave this
+        client out until its next periodic heartbeat; say hello at once."""
+        if (
+            self._tg is None
+            or self._closing
+            or addr not in self.routes.topic_broker_addrs(self.topic)
+        ):
+            return
+        body = broker_pb2.ClientHeartbeat(
+            client_id=self.client_id, consumer_groups=[self.group]
+        ).SerializeToString()
+        self._tg.create_task(self._heartbeat_to(addr, body), name=f"push-hello-{addr}")
 
     async def _heartbeat_to(self, addr: str, body: bytes) -> None:
         try:

@@ -7,7 +7,7 @@ import contextlib
 import dataclasses
 import ssl
 import time
-from collections.abc import Collection
+from collections.abc import Callable, Collection
 
 from google.protobuf.message import Message
 
@@ -29,6 +29,11 @@ class ConnectionPool:
     connection closes): their connections never probe a silent peer
     (``RpcLimits.liveness_probe_ms``), so a frozen nameserver that resumes finds them
     open; a call on them still times out as usual.
+
+    ``on_reconnect(addr)`` is called when the pool dials an address whose earlier
+    connection closed (the peer restarted, the probe dropped it, it idled out): a peer
+    that forgets a client with its connection (a broker's consumer list) hears from the
+    client again at once instead of at its next periodic heartbeat.
     """
 
     def __init__(
@@ -41,7 +46,9 @@ class ConnectionPool:
         idle_close_s: float = 300.0,
         signer: Signer | None = None,
         sessions: Collection[str] = (),
+        on_reconnect: Callable[[str], None] | None = None,
     ) -> None:
+        self._on_reconnect = on_reconnect
         self.limits = limits or RpcLimits()
         self._sessions = frozenset(sessions)
         self._session_limits = dataclasses.replace(self.limits, liveness_probe_ms=0)
@@ -79,7 +86,10 @@ class ConnectionPool:
                     timeout_ms=self._connect_timeout_ms,
                 )
                 conn.signer = self._signer
+                again = addr in self._conns
                 self._conns[addr] = conn
+                if again and self._on_reconnect is not None:
+                    self._on_reconnect(addr)
             self._last_used[addr] = time.monotonic()
             return conn
 

@@ -152,3 +152,15 @@ async def test_a_session_connection_is_never_dropped_by_the_probe() -> None:
             assert not conn.closed
             frames = FrameDecoder(3584, 1 << 20).feed(b"".join(received))
             assert [envelope.decode(f.serial_no, f.payload).method for f in frames] == [1]
+
+
+async def test_the_pool_says_when_it_dials_an_address_again() -> None:
+    async with slow_server(0.0) as (server, _):
+        redialled: list[str] = []
+        async with ConnectionPool(limits=FAST, on_reconnect=redialled.append) as pool:
+            first = await pool.get(server.bound)
+            assert await pool.get(server.bound) is first
+            assert redialled == []  # the first dial is no reconnect
+            await first.aclose()
+            await pool.get(server.bound)
+            assert redialled == [server.bound]
