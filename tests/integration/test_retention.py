@@ -338,10 +338,14 @@ async def test_master_never_deletes_what_a_stopped_slave_lacks(tmp_path: Path) -
             # a slave that lost its volume starts over from the master's start, not 0
             slave.kill()
             shutil.rmtree(slave_store)
+            start = first_segment(master_store)
             slave = cluster.restart("broker-a", 1)
             await load.send(50)
             top = await eventually(lambda: caught_up(master), timeout=30)
-            assert first_segment(slave_store) >= first_segment(master_store) - SEG > 0
+            # the master's start when the slave came back (its retention goes on deleting
+            # by time meanwhile, while the slave's fresh copies are not old yet: a loaded
+            # fresh-clone run saw the master two segments further by the time of this check)
+            assert first_segment(slave_store) >= start - SEG > 0
             assert top > acked
     finally:
         slave.resume()
