@@ -7,12 +7,12 @@ copy (written by the drill's history writer) is read from the copy.
 
 Only DataFrame APIs are used (no RDDs, no ``sparkContext``), so the job runs in local
 mode, under ``spark-submit`` and over Spark Connect.  Nothing proportional to the history
-reaches the driver: the counts come back as one row per history, the fault list (small)
-is collected, and the unavailability windows come back as one row per (fault start,
-write/read, group) plus the cluster: failures are joined with the broadcast fault epochs
-to open the windows, successes with the broadcast openings to close them (first only
-successes issued within ``CLOSE_HORIZON_MS`` of an opening, then, for windows still
-open, all of them).  The
+reaches the driver: the whole verdict is three ``collect`` calls of small rows (bounded
+by histories x faults x groups x topics, never by events), each the union of several
+aggregates.  The unavailability windows are put together on the driver from per
+(history, kind, group, fault epoch) failure aggregates (their openings) and, for each
+scope, the earliest success in each bucket between two consecutive openings (their
+closes).  The
 ``availability`` summary is derived from the fault list by :class:`Verdict` itself, as in
 the checker.
 
@@ -24,6 +24,7 @@ each file's drill directory, and :func:`verdicts_of` judges such a frame.
 
 from __future__ import annotations
 
+import bisect
 import json
 import os
 from collections.abc import Mapping, Sequence
@@ -32,7 +33,7 @@ from pathlib import Path
 from typing import Any
 
 from pyspark import StorageLevel
-from pyspark.sql import Column, DataFrame, SparkSession, Window
+from pyspark.sql import Column, DataFrame, Row, SparkSession, Window
 from pyspark.sql import functions as F
 from pyspark.sql.types import (
     BooleanType,
@@ -43,11 +44,12 @@ from pyspark.sql.types import (
 )
 
 from ha_controller.drills.checker import (
-    TARGET_BROKER_RE,
+    AVAILABILITY_KINDS,
     CheckOptions,
     FaultWindow,
     Verdict,
     no_writable_master_spans,
+    target_group,
 )
 from ha_controller.drills.history import DELAY_LEVELS_MS, VALUE_FIELDS, columnar_copy
 
@@ -127,10 +129,6 @@ def _flat(events: DataFrame) -> DataFrame:
 
 HistorySource = str | os.PathLike[str] | Sequence[Any] | DataFrame
 
-#: an unavailability window is first closed by a success issued within this long of its
-#: opening; windows still open after that are closed by an unbounded search
-CLOSE_HORIZON_MS = 60_000
-
 
 def compute_verdict(
     spark: SparkSession,
@@ -197,9 +195,12 @@ def verdicts_of(
     The events that name a key are grouped by (history, key) once (:func:`_keys`, the
     one shuffle of the whole history); everything per key, per (key, consumer group)
     and the write operations of the availability windows is derived from those rows
-    (cached), without joining events back.  The other event kinds are small.  Events
-    read from JSON lines are cached once (each further scan would parse the JSON
-    again); Parquet is scanned again instead, column by column.
+    (cached), without joining events back.  Everything else is read in three rounds,
+    each one ``collect`` of small rows (:func:`_first_round`, :func:`_second_round`,
+    :func:`_closes`), and the fault windows are put together on the driver
+    (:class:`_Windows`).  Events read from JSON lines are cached once (each further
+    scan would parse the JSON again); Parquet is scanned again instead, column by
+    column.
     """
     opts = options if options is not None else CheckOptions()
     ev = _flat(events)
@@ -208,27 +209,31 @@ def verdicts_of(
         ev = ev.persist(StorageLevel.MEMORY_AND_DISK)
     keys = _keys(ev, opts).persist(StorageLevel.MEMORY_AND_DISK)
     try:
-        # build the cache in a job of its own: the jobs below read it from several
-        # stages at once, and each would otherwise compute the rows it finds missing
-        keys.count()
-        hids = spark.createDataFrame([(name,) for name in names], "hid string")
-        faults = _faults(ev, keys)
-        # the spans without a writable master, per history (few rows, from the faults)
-        held = spark.createDataFrame(
-            [
-                (hid, a, b)
-                for hid, windows in faults.items()
-                for a, b in no_writable_master_spans(windows)
-            ],
-            "hid string, held_from long, held_until long",
-        )
-        counts = _counts(ev, keys, hids, held, opts)
+        # the cache of the key rows is built by the one query of this round that reads
+        # them (several readers at once would each compute the rows they find missing)
+        first = _Rows(_collect(_first_round(ev, keys, opts)))
+        win = _Windows(first.every("fault"))
+        held = {
+            hid: spans
+            for hid in win.hids
+            if (spans := no_writable_master_spans(win.stubs(hid, first.write_groups(hid))))
+        }
+        second = _Rows(_collect(_second_round(spark, ev, keys, opts, win.epochs, held)))
+        win.open(second.every("ops"))
+        scopes = win.scopes()
+        if scopes:
+            win.close(_collect([_closes(spark, ev, keys, scopes)]))
     finally:
         keys.unpersist()
         if cache_events:
             ev.unpersist()
+    faults = win.faults()
     return {
-        name: Verdict(scenario=name, counts=counts[name], faults=faults.get(name, ()))
+        name: Verdict(
+            scenario=name,
+            counts=_counts(name, first, second),
+            faults=faults.get(name, ()),
+        )
         for name in names
     }
 
@@ -354,28 +359,84 @@ def _keys(ev: DataFrame, opts: CheckOptions) -> DataFrame:
     )
 
 
-def _counts(
-    ev: DataFrame, keys: DataFrame, hids: DataFrame, held: DataFrame, opts: CheckOptions
-) -> dict[str, dict[str, int]]:
+#: the columns of the small rows every round collects (:func:`_collect`): which part of
+#: the verdict a row belongs to, its history, and up to three names and five numbers
+_SMALL_COLUMNS = ("part", "hid", "s1", "s2", "s3", "n1", "n2", "n3", "n4", "n5", "groups")
+
+
+def _part(name: str, frame: DataFrame, **columns: Column | str) -> DataFrame:
+    """``frame`` as rows of part ``name`` (``hid`` plus ``columns`` by small-row name)."""
+    return frame.select(
+        F.lit(name).alias("part"),
+        "hid",
+        *[
+            (F.col(c) if isinstance(c, str) else c).alias(alias)
+            for alias, c in sorted(columns.items())
+        ],
+    )
+
+
+def _collect(parts: Sequence[DataFrame]) -> list[Row]:
+    """One ``collect`` of the union of small frames made by :func:`_part`."""
+    union = reduce(lambda a, b: a.unionByName(b, allowMissingColumns=True), parts)
+    return union.collect()  # small rows: bounded by histories x faults x groups x topics
+
+
+class _Rows:
+    """Collected small rows by part and history."""
+
+    def __init__(self, rows: Sequence[Row]) -> None:
+        self._parts: dict[tuple[str, str], list[Row]] = {}
+        for r in rows:
+            self._parts.setdefault((str(r["part"]), str(r["hid"])), []).append(r)
+
+    def of(self, part: str, hid: str) -> list[Row]:
+        return self._parts.get((part, hid), [])
+
+    def every(self, part: str) -> list[Row]:
+        return [r for (p, _hid), rows in self._parts.items() if p == part for r in rows]
+
+    def total(self, part: str, hid: str, column: str) -> int:
+        return sum(int(r[column] or 0) for r in self.of(part, hid))
+
+    def write_groups(self, hid: str) -> list[str]:
+        return sorted({str(g) for r in self.of("keys", hid) for g in r["groups"] or ()})
+
+
+def _total(name: str, expr: Column) -> Column:
+    return F.coalesce(F.sum(expr), F.lit(0)).cast("long").alias(name)
+
+
+def _flag(cond: Column) -> Column:
+    return F.when(cond, 1).otherwise(0)
+
+
+def _first_round(ev: DataFrame, keys: DataFrame, opts: CheckOptions) -> list[DataFrame]:
+    """The key counts and the groups the write operations name (the one reader of the
+    key rows here, so it builds their cache), the fault events, the lock and offset
+    counts and the subscriptions the events declare."""
     col = F.col
-
-    def total(name: str, expr: Column) -> Column:
-        return F.coalesce(F.sum(expr), F.lit(0)).cast("long").alias(name)
-
-    def flag(cond: Column) -> Column:
-        return F.when(cond, 1).otherwise(0)
-
-    key_counts = keys.groupBy("hid").agg(
-        total("acknowledged", flag(col("acked"))),
-        total("delivered", col("n_recv")),
-        total("unexpected", F.when(col("unexpected"), col("n_recv"))),
-        total(
-            "recovered",
-            flag(col("sent") & col("ok_t").isNull() & ~col("rolled_back") & (col("n_recv") > 0)),
+    # the groups of a key's write operations (as :func:`_operations` names them)
+    op_groups = F.when(
+        F.size("outcomes") > 0,
+        F.transform(
+            "outcomes",
+            lambda o: F.when(o["type"] == "ok", o["broker"]).otherwise(
+                F.coalesce(o["broker"], col("inv_broker"))
+            ),
         ),
-        total(
-            "unresolved_transactions",
-            flag(
+    ).when(col("t_inv").isNotNull(), F.array(col("inv_broker")))
+    key_counts = keys.groupBy("hid").agg(
+        _total("n1", _flag(col("acked"))),
+        _total("n2", col("n_recv")),
+        _total("n3", F.when(col("unexpected"), col("n_recv"))),
+        _total(
+            "n4",
+            _flag(col("sent") & col("ok_t").isNull() & ~col("rolled_back") & (col("n_recv") > 0)),
+        ),
+        _total(
+            "n5",
+            _flag(
                 col("is_tx")
                 & col("ok_t").isNotNull()
                 & ~col("committed")
@@ -383,12 +444,73 @@ def _counts(
                 & (col("n_recv") == 0)
             ),
         ),
+        F.array_distinct(F.flatten(F.collect_set(F.array_compact(op_groups)))).alias("groups"),
+    )
+    faults = ev.where(
+        (col("f") == "fault")
+        & col("type").isin("info", "ok")
+        & col("kind").isNotNull()
+        & col("target").isNotNull()
+    )
+    subscribed = (
+        ev.where(
+            (col("f") == "subscribe") & col("topic").isNotNull() & col("consumer_group").isNotNull()
+        )
+        .select("hid", "topic", "consumer_group")
+        .distinct()
+    )
+    return [
+        _part("keys", key_counts, n1="n1", n2="n2", n3="n3", n4="n4", n5="n5", groups="groups"),
+        _part("fault", faults, s1="type", s2="kind", s3="target", n1="t_ms"),  # one per fault
+        _part(
+            "grants",
+            _double_grants(ev, opts.lock_lease_ms).groupBy("hid").agg(_total("n", col("n"))),
+            n1="n",
+        ),
+        _part(
+            "rollbacks",
+            _offset_rollbacks(ev).groupBy("hid").agg(_total("n", F.lit(1))),
+            n1="n",
+        ),
+        _part("subscribed", subscribed, s1="topic", s2="consumer_group"),
+    ]
+
+
+def _second_round(
+    spark: SparkSession,
+    ev: DataFrame,
+    keys: DataFrame,
+    opts: CheckOptions,
+    epochs: Mapping[str, Sequence[int]],
+    held: Mapping[str, Sequence[tuple[int, int]]],
+) -> list[DataFrame]:
+    """The failures of every (history, kind, group, fault epoch) (a count and the
+    earliest issue, for the windows' openings; epoch 0 is before the first fault), the
+    counts of the (consumer group, key) pairs, the topics they subscribe, the
+    acknowledged keys per topic and the FIFO order violations.
+
+    ``epochs``: each history's distinct fault starts, sorted; ``held``: its spans
+    without a writable master (for ``late_delayed``)."""
+    col = F.col
+    ops = _operations(ev, keys)
+    if epochs:
+        starts = spark.createDataFrame(
+            [(hid, list(s)) for hid, s in epochs.items()], "e_hid string, starts array<long>"
+        )
+        ops = ops.join(F.broadcast(starts), col("hid") == col("e_hid"), "left")
+        epoch = F.when(col("starts").isNull(), F.lit(0)).otherwise(
+            F.size(F.filter("starts", lambda s: s <= col("t")))
+        )
+    else:
+        epoch = F.lit(0)
+    failed = ~col("ok")
+    per_epoch = ops.groupBy("hid", "op", "grp", epoch.alias("e")).agg(
+        F.count(F.when(failed, 1)).alias("n_fail"),
+        F.min(F.when(failed, col("issued"))).alias("issued"),
     )
 
     # every receipt of a key that is not unexpected, with the key's attributes (no join
-    # with the key rows; grouping the exploded receipts still shuffles them, about one
-    # row per key: computing the pairs inside each key's row with array functions
-    # instead measured slower)
+    # with the key rows)
     with_acks = "acks" in keys.columns
     rec = keys.where(~col("unexpected") & (col("n_recv") > 0)).select(
         "hid",
@@ -424,68 +546,44 @@ def _counts(
         ).otherwise(col("n") - 1)
     else:
         redelivered = col("n") - 1
-    pair_counts = pairs.groupBy("hid").agg(
-        total("duplicated", redelivered),
-        total("received_acked_pairs", flag(col("acked"))),
-    )
     # late: acknowledged delayed keys only; the time between due and the first delivery
     # without a writable master anywhere does not count (checker module docstring)
-    delayed = pairs.where(col("due").isNotNull() & col("acked")).select(
-        "hid", "key", "cg", "due", "first_t", "tol"
-    )
-    p, h = delayed.alias("p"), F.broadcast(held.alias("h"))
-    # (least and greatest skip nulls: a pair that met no span must count 0, not
-    # first_t - due)
-    covered = F.when(
-        col("h.held_from").isNotNull(),
-        F.least(col("p.first_t"), col("h.held_until"))
-        - F.greatest(col("p.due"), col("h.held_from")),
-    ).otherwise(F.lit(0))
-    late_counts = (
-        p.join(
-            h,
-            (col("p.hid") == col("h.hid"))
-            & (col("h.held_from") < col("p.first_t"))
-            & (col("h.held_until") > col("p.due")),
-            "left",
+    judged = pairs
+    covered: Column = F.lit(0).cast("long")
+    if held:
+        spans = spark.createDataFrame(
+            [(hid, [(a, b) for a, b in s]) for hid, s in held.items()],
+            "h_hid string, spans array<struct<a: long, b: long>>",
         )
-        .groupBy(col("p.hid").alias("hid"), "p.key", "p.cg", "p.due", "p.first_t", "p.tol")
-        .agg(F.coalesce(F.sum(covered), F.lit(0)).alias("held"))
-        .select(
-            "hid",
-            (
-                (col("first_t") - col("held") > col("due") + col("tol"))
-                | (col("first_t") < col("due") - F.lit(opts.early_tolerance_ms))
-            ).alias("late"),
-        )
-        .groupBy("hid")
-        .agg(total("late_delayed", flag(col("late"))))
-    )
-
-    # lost = sum over acknowledged keys of max(groups subscribing the key's topic, 1)
-    #        - (groups that received the key)
-    subscribed = (
-        ev.where(
-            (col("f") == "subscribe") & col("topic").isNotNull() & col("consumer_group").isNotNull()
-        )
-        .select("hid", "topic", col("consumer_group").alias("cg"))
-        .unionByName(pairs.select("hid", "topic", "cg"))
-        .distinct()
-        .groupBy("hid", "topic")
-        .agg(F.count(F.lit(1)).alias("ng"))
-    )
-    expected_pairs = (
-        keys.where(col("acked"))
-        .groupBy("hid", "topic")
-        .agg(F.count(F.lit(1)).alias("na"))
-        .join(subscribed, ["hid", "topic"], "left")
-        .groupBy("hid")
-        .agg(
-            total(
-                "expected_pairs",
-                col("na") * F.greatest(F.coalesce(col("ng"), F.lit(0)), F.lit(1)),
+        judged = pairs.join(F.broadcast(spans), col("hid") == col("h_hid"), "left")
+        covered = F.when(col("spans").isNull(), F.lit(0).cast("long")).otherwise(
+            F.aggregate(
+                "spans",
+                F.lit(0).cast("long"),
+                lambda acc, s: (
+                    acc
+                    + F.greatest(
+                        F.lit(0).cast("long"),
+                        F.least(col("first_t"), s["b"]) - F.greatest(col("due"), s["a"]),
+                    )
+                ),
             )
         )
+    late = (
+        col("due").isNotNull()
+        & col("acked")
+        & (
+            (col("first_t") - covered > col("due") + col("tol"))
+            | (col("first_t") < col("due") - F.lit(opts.early_tolerance_ms))
+        )
+    )
+    pair_counts = judged.groupBy("hid").agg(
+        _total("duplicated", redelivered),
+        _total("received_acked_pairs", _flag(col("acked"))),
+        _total("late", _flag(late)),
+    )
+    acked_topics = (
+        keys.where(col("acked")).groupBy("hid", "topic").agg(F.count(F.lit(1)).alias("n"))
     )
 
     # FIFO: first receipt per (cg, consumer, key), ranked by send-ok time per stream.
@@ -507,28 +605,47 @@ def _counts(
     order_counts = (
         firsts.withColumn("prev_max", F.max("ok_t").over(stream))
         .groupBy("hid")
-        .agg(total("order_violations", flag(col("ok_t") < col("prev_max"))))
+        .agg(_total("n", _flag(col("ok_t") < col("prev_max"))))
     )
-
-    aggs = [
-        key_counts,
-        pair_counts,
-        late_counts,
-        expected_pairs,
-        order_counts,
-        _double_grants(ev, opts.lock_lease_ms)
-        .groupBy("hid")
-        .agg(total("double_lock_grants", col("n"))),
-        _offset_rollbacks(ev).groupBy("hid").agg(total("offset_rollbacks", F.lit(1))),
+    return [
+        _part("ops", per_epoch, s1="op", s2="grp", n1="e", n2="n_fail", n3="issued"),
+        _part(
+            "pairs",
+            pair_counts,
+            n1="duplicated",
+            n2="received_acked_pairs",
+            n3="late",
+        ),
+        _part("subscribed", pairs.select("hid", "topic", "cg").distinct(), s1="topic", s2="cg"),
+        _part("acked_topic", acked_topics, s1="topic", n1="n"),
+        _part("order", order_counts, n1="n"),
     ]
-    table = reduce(lambda a, b: a.join(F.broadcast(b), "hid", "left"), aggs, hids)
-    rows = table.collect()  # one row per history
-    out: dict[str, dict[str, int]] = {}
-    for row in rows:
-        d = {k: int(v or 0) for k, v in row.asDict().items() if k != "hid"}
-        d["lost"] = d.pop("expected_pairs") - d.pop("received_acked_pairs")
-        out[str(row["hid"])] = d
-    return out
+
+
+def _counts(hid: str, first: _Rows, second: _Rows) -> dict[str, int]:
+    """The counts of history ``hid`` from the collected rows."""
+    # lost = sum over acknowledged keys of max(groups subscribing the key's topic, 1)
+    #        - (groups that received the key)
+    groups_of_topic: dict[str, set[str]] = {}
+    for r in (*first.of("subscribed", hid), *second.of("subscribed", hid)):
+        groups_of_topic.setdefault(str(r["s1"]), set()).add(str(r["s2"]))
+    expected_pairs = sum(
+        int(r["n1"]) * max(len(groups_of_topic.get(str(r["s1"]), ())), 1)
+        for r in second.of("acked_topic", hid)
+    )
+    return {
+        "acknowledged": first.total("keys", hid, "n1"),
+        "delivered": first.total("keys", hid, "n2"),
+        "lost": expected_pairs - second.total("pairs", hid, "n2"),
+        "duplicated": second.total("pairs", hid, "n1"),
+        "unexpected": first.total("keys", hid, "n3"),
+        "recovered": first.total("keys", hid, "n4"),
+        "order_violations": second.total("order", hid, "n1"),
+        "late_delayed": second.total("pairs", hid, "n3"),
+        "unresolved_transactions": first.total("keys", hid, "n5"),
+        "double_lock_grants": first.total("grants", hid, "n1"),
+        "offset_rollbacks": first.total("rollbacks", hid, "n1"),
+    }
 
 
 def _double_grants(ev: DataFrame, lease_ms: int) -> DataFrame:
@@ -610,55 +727,6 @@ def _offset_rollbacks(ev: DataFrame) -> DataFrame:
     )
 
 
-def _faults(ev: DataFrame, keys: DataFrame) -> dict[str, tuple[FaultWindow, ...]]:
-    col = F.col
-    faults = ev.where((col("f") == "fault") & col("kind").isNotNull() & col("target").isNotNull())
-    starts = faults.where(col("type") == "info").select(
-        "hid", col("t_ms").alias("start"), "kind", "target"
-    )
-    heals = faults.where(col("type") == "ok").select(
-        col("hid").alias("hh"),
-        col("t_ms").alias("ht"),
-        col("kind").alias("hk"),
-        col("target").alias("htg"),
-    )
-    ended = (
-        starts.groupBy("hid", "start", "kind", "target")
-        .agg(F.count(F.lit(1)).alias("n"))
-        .join(
-            heals,
-            (col("hid") == col("hh"))
-            & (col("kind") == col("hk"))
-            & (col("target") == col("htg"))
-            & (col("ht") >= col("start")),
-            "left",
-        )
-        .groupBy("hid", "start", "kind", "target", "n")
-        .agg(F.min("ht").alias("end"))
-    )
-    rows = ended.orderBy("hid", "start", "kind", "target").collect()  # one row per fault
-    if not rows:
-        return {}
-    avail = _Availability(_availability(ev, keys, starts))
-    out: dict[str, list[FaultWindow]] = {}
-    for r in rows:
-        hid, start = str(r["hid"]), int(r["start"])
-        window = FaultWindow(
-            str(r["kind"]),
-            str(r["target"]),
-            start,
-            None if r["end"] is None else int(r["end"]),
-            avail.window(hid, start, "write", None),
-            avail.window(hid, start, "read", None),
-            {g: avail.window(hid, start, "write", g) for g in avail.groups(hid, "write")},
-            {g: avail.window(hid, start, "read", g) for g in avail.groups(hid, "read")},
-            avail.unattributed(hid, start, "write"),
-            avail.unattributed(hid, start, "read"),
-        )
-        out.setdefault(hid, []).extend([window] * int(r["n"]))
-    return {hid: tuple(ws) for hid, ws in out.items()}
-
-
 def _operations(ev: DataFrame, keys: DataFrame) -> DataFrame:
     """Writes and reads as the availability windows see them (checker docstring):
     ``hid, op ("write"|"read"), ok, t, issued, grp`` (``grp`` null: no group named).
@@ -694,166 +762,194 @@ def _operations(ev: DataFrame, keys: DataFrame) -> DataFrame:
     return answered.unionByName(unanswered).unionByName(reads)
 
 
-def _availability(ev: DataFrame, keys: DataFrame, starts: DataFrame) -> list[Mapping[str, Any]]:
-    """The unavailability windows of every fault start (``starts``: ``hid, start,
-    target``), one row per (start, op, scope) that opened a window, plus one row per
-    group seen."""
+#: an availability scope: (history, "write"|"read", group, or None for the cluster)
+_Scope = tuple[str, str, str | None]
+
+
+def _closes(
+    spark: SparkSession,
+    ev: DataFrame,
+    keys: DataFrame,
+    scopes: Mapping[_Scope, Sequence[int]],
+) -> DataFrame:
+    """The earliest success closing each window, as small rows.
+
+    ``scopes``: the distinct openings of every scope, sorted.  A success closes a window
+    opened at ``w`` when it was issued and recorded at or after ``w``, i.e. when
+    ``least(issued, t) >= w``; it is put in the bucket of the last opening at or before
+    that, and the earliest ``t`` of each (scope, bucket) comes back: the window opened
+    at the ``k``-th opening closes at the earliest of the buckets ``k`` and after
+    (:meth:`_Windows.close`).  At most one row per opening and scope."""
     col = F.col
-    ops = _operations(ev, keys).persist(StorageLevel.MEMORY_AND_DISK)
-    try:
-        ops.count()  # once, before several stages read it (see verdicts_of)
-        # a fault's epoch ends at the next later fault start of its history
-        later = (
-            Window.partitionBy("hid").orderBy("start").rangeBetween(1, Window.unboundedFollowing)
+    table = spark.createDataFrame(
+        [(hid, op, grp, list(ws)) for (hid, op, grp), ws in scopes.items()],
+        "w_hid string, w_op string, w_grp string, ws array<long>",
+    )
+    reached = F.least(col("issued"), col("t"))
+    return _part(
+        "close",
+        _operations(ev, keys)
+        .where(col("ok"))
+        .join(
+            F.broadcast(table),
+            (col("hid") == col("w_hid"))
+            & (col("op") == col("w_op"))
+            & (col("w_grp").isNull() | (col("grp") == col("w_grp"))),
         )
-        epochs = (
-            starts.select("hid", "start")
-            .distinct()
-            .select(col("hid").alias("e_hid"), "start", F.min("start").over(later).alias("until"))
+        .select(
+            col("w_hid").alias("hid"),
+            "w_op",
+            "w_grp",
+            F.size(F.filter("ws", lambda w: w <= reached)).alias("bucket"),
+            "t",
         )
-        # a fault on a broker opens its group's write window at the fault's start
-        targeted = (
-            starts.select(
-                "hid",
-                "start",
-                F.lit("write").alias("op"),
-                F.regexp_extract(col("target"), TARGET_BROKER_RE, 1).alias("grp"),
-                col("start").alias("from"),
-            )
-            .where(col("grp") != "")
-            .distinct()
-        )
-        opened = (
-            ops.where(~col("ok"))
-            .join(
-                F.broadcast(epochs),
-                (col("hid") == col("e_hid"))
-                & (col("t") >= col("start"))
-                & (col("until").isNull() | (col("t") < col("until"))),
-            )
-            .withColumn("from", F.greatest(col("issued"), col("start")))
-        )
-        wkeys = ["hid", "start", "op"]
-        windows = (
-            opened.where(col("grp").isNotNull())
-            .select(*wkeys, "grp", "from")
-            .unionByName(targeted)
-            .groupBy(*wkeys, "grp")
-            .agg(F.min("from").alias("ws"), F.lit(0).cast("long").alias("unattributed"))
-            .withColumn("cluster", F.lit(False))
-            .unionByName(
-                opened.groupBy(*wkeys)
-                .agg(
-                    F.min("from").alias("ws"),
-                    F.count(F.when(col("grp").isNull(), 1)).alias("unattributed"),
-                )
-                .withColumn("grp", F.lit(None).cast("string"))
-                .withColumn("cluster", F.lit(True))
-            )
-        )
-        w = windows.select(
-            col("hid").alias("w_hid"),
-            col("start").alias("w_start"),
-            col("op").alias("w_op"),
-            col("grp").alias("w_grp"),
-            col("cluster").alias("w_cluster"),
-            col("ws").alias("w_ws"),
-        )
-        # the first success of the scope issued (and recorded) at or after the opening:
-        # first looked for within CLOSE_HORIZON_MS of it (each success meets only the
-        # windows opened shortly before it), then without bound for windows still open
-        successes = ops.where(col("ok"))
+        .where(col("bucket") > 0)
+        .groupBy("hid", "w_op", "w_grp", "bucket")
+        .agg(F.min("t").alias("t")),
+        s1="w_op",
+        s2="w_grp",
+        n1="bucket",
+        n2="t",
+    )
 
-        def closes(scope: DataFrame, horizon_ms: int | None) -> dict[tuple[Any, ...], int]:
-            cond = (
-                (col("hid") == col("w_hid"))
-                & (col("op") == col("w_op"))
-                & (col("w_cluster") | (col("grp") == col("w_grp")))
-                & (col("issued") >= col("w_ws"))
-                & (col("t") >= col("w_ws"))
-            )
-            if horizon_ms is not None:
-                cond = cond & (col("issued") < col("w_ws") + F.lit(horizon_ms))
-            found = (
-                successes.join(F.broadcast(scope), cond)
-                .groupBy("w_hid", "w_start", "w_op", "w_grp")
-                .agg(F.min("t").alias("we"))
-                .collect()  # one row per window
-            )
-            return {(r["w_hid"], r["w_start"], r["w_op"], r["w_grp"]): int(r["we"]) for r in found}
 
-        opened_rows = windows.collect()  # faults x groups rows
-        ends = closes(w, CLOSE_HORIZON_MS)
-        still_open = [
-            r for r in opened_rows if (r["hid"], r["start"], r["op"], r["grp"]) not in ends
+class _Windows:
+    """The faults of every history and their unavailability windows, put together on
+    the driver from the collected rows, as the checker defines them (its ``_faults``):
+    the fault events (:meth:`__init__`), the failures per (scope, epoch)
+    (:meth:`open`), and the earliest success per (scope, bucket) (:meth:`close`)."""
+
+    def __init__(self, fault_rows: Sequence[Row]) -> None:
+        self._starts: dict[str, list[tuple[int, str, str]]] = {}
+        self._heals: dict[tuple[str, str, str], list[int]] = {}
+        for r in fault_rows:
+            hid, t, kind, target = str(r["hid"]), int(r["n1"]), str(r["s2"]), str(r["s3"])
+            if r["s1"] == "info":
+                self._starts.setdefault(hid, []).append((t, kind, target))
+            else:
+                self._heals.setdefault((hid, kind, target), []).append(t)
+        for starts in self._starts.values():
+            starts.sort()
+        for heals in self._heals.values():
+            heals.sort()
+        #: each history's distinct fault starts, sorted (epoch k starts at the k-th)
+        self.epochs = {hid: sorted({s for s, _, _ in v}) for hid, v in self._starts.items()}
+        self._groups: dict[tuple[str, str], set[str]] = {}
+        self._opened: dict[tuple[_Scope, int], int] = {}  # (scope, start) -> opening
+        self._unattributed: dict[tuple[str, str, int], int] = {}  # (hid, op, epoch)
+        self._closed: dict[tuple[_Scope, int], int] = {}  # (scope, opening) -> close
+
+    @property
+    def hids(self) -> list[str]:
+        return sorted(self._starts)
+
+    def _end(self, hid: str, start: int, kind: str, target: str) -> int | None:
+        healed = self._heals.get((hid, kind, target), [])
+        i = bisect.bisect_left(healed, start)
+        return healed[i] if i < len(healed) else None
+
+    def stubs(self, hid: str, write_groups: Sequence[str]) -> list[FaultWindow]:
+        """The faults of ``hid`` without their windows (every write group at 0): what
+        :func:`no_writable_master_spans` reads."""
+        return [
+            FaultWindow(
+                kind,
+                target,
+                start,
+                self._end(hid, start, kind, target),
+                0,
+                write_unavailable_ms=dict.fromkeys(write_groups, 0),
+            )
+            for start, kind, target in self._starts.get(hid, [])
         ]
-        if still_open:
-            scope = w.join(
-                F.broadcast(
-                    ev.sparkSession.createDataFrame(
-                        [(r["hid"], r["start"], r["op"], r["grp"]) for r in still_open],
-                        "o_hid string, o_start long, o_op string, o_grp string",
-                    )
-                ),
-                (col("w_hid") == col("o_hid"))
-                & (col("w_start") == col("o_start"))
-                & (col("w_op") == col("o_op"))
-                & col("w_grp").eqNullSafe(col("o_grp")),
-                "left_semi",
-            )
-            ends.update(closes(scope, None))
-        measured: list[Mapping[str, Any]] = [
-            {
-                **r.asDict(),
-                "we": ends.get((r["hid"], r["start"], r["op"], r["grp"])),
-            }
-            for r in opened_rows
-        ]
-        seen = (
-            ops.where(col("grp").isNotNull())
-            .select("hid", "op", "grp")
-            .distinct()
-            .collect()  # groups
-        )
-        return measured + [
-            {"hid": r["hid"], "op": r["op"], "grp": r["grp"], "start": None} for r in seen
-        ]
-    finally:
-        ops.unpersist()
 
-
-class _Availability:
-    """The collected rows of :func:`_availability`, read as the checker reports them."""
-
-    def __init__(self, rows: Sequence[Mapping[str, Any]]) -> None:
-        self._groups: dict[tuple[str, str], list[str]] = {}
-        self._windows: dict[tuple[str, int, str, str | None], tuple[int, int | None, int]] = {}
+    def open(self, rows: Sequence[Row]) -> None:
+        """The openings, from one row per (history, kind, group, epoch) with the number
+        of failures and their earliest issue (``_second_round``'s ``ops``)."""
+        failed: dict[tuple[_Scope, int], tuple[int, int | None]] = {}
         for r in rows:
-            hid, op = str(r["hid"]), str(r["op"])
-            if r["start"] is None:
-                self._groups.setdefault((hid, op), []).append(str(r["grp"]))
+            hid, op, grp = str(r["hid"]), str(r["s1"]), r["s2"]
+            if grp is not None:
+                self._groups.setdefault((hid, op), set()).add(str(grp))
+            e, n, issued = int(r["n1"]), int(r["n2"]), r["n3"]
+            if e == 0 or n == 0:
                 continue
-            grp = None if r["cluster"] else str(r["grp"])
-            we = None if r["we"] is None else int(r["we"])
-            self._windows[(hid, int(r["start"]), op, grp)] = (
-                int(r["ws"]),
-                we,
-                int(r["unattributed"]),
-            )
+            if grp is None:
+                self._unattributed[(hid, op, e)] = n
+            for scope in ((hid, op, None), *(((hid, op, str(grp)),) if grp is not None else ())):
+                was_n, was_t = failed.get((scope, e), (0, None))
+                t = int(issued) if was_t is None else min(was_t, int(issued))
+                failed[(scope, e)] = (was_n + n, t)
+        for hid, starts in self._starts.items():
+            targeted: dict[int, set[str]] = {}
+            for start, _kind, target in starts:
+                group = target_group(target)
+                if group is not None:
+                    targeted.setdefault(start, set()).add(group)
+            for e, start in enumerate(self.epochs[hid], 1):
+                for op in AVAILABILITY_KINDS:
+                    for grp in (None, *sorted(self._groups.get((hid, op), ()))):
+                        scope = (hid, op, grp)
+                        if op == "write" and grp is not None and grp in targeted.get(start, ()):
+                            self._opened[(scope, start)] = start
+                        elif (scope, e) in failed:
+                            issued = failed[(scope, e)][1]
+                            assert issued is not None
+                            self._opened[(scope, start)] = max(issued, start)
 
-    def groups(self, hid: str, op: str) -> list[str]:
-        return sorted(self._groups.get((hid, op), []))
+    def scopes(self) -> dict[_Scope, list[int]]:
+        """Every scope with an opened window -> its distinct openings, sorted."""
+        out: dict[_Scope, set[int]] = {}
+        for (scope, _start), opened in self._opened.items():
+            out.setdefault(scope, set()).add(opened)
+        return {scope: sorted(ws) for scope, ws in out.items()}
 
-    def window(self, hid: str, start: int, op: str, grp: str | None) -> int | None:
-        found = self._windows.get((hid, start, op, grp))
-        if found is None:
+    def close(self, rows: Sequence[Row]) -> None:
+        """The closes, from the earliest success per (scope, bucket) (:func:`_closes`)."""
+        scopes = self.scopes()
+        earliest: dict[_Scope, dict[int, int]] = {}
+        for r in rows:
+            scope = (str(r["hid"]), str(r["s1"]), None if r["s2"] is None else str(r["s2"]))
+            earliest.setdefault(scope, {})[int(r["n1"])] = int(r["n2"])
+        for scope, ws in scopes.items():
+            found = earliest.get(scope, {})
+            best: int | None = None
+            for k in range(len(ws), 0, -1):  # bucket k holds successes from ws[k - 1] on
+                t = found.get(k)
+                if t is not None and (best is None or t < best):
+                    best = t
+                if best is not None:
+                    self._closed[(scope, ws[k - 1])] = best
+
+    def _window(self, scope: _Scope, start: int) -> int | None:
+        opened = self._opened.get((scope, start))
+        if opened is None:
             return 0  # no failure in the epoch
-        ws, we, _ = found
-        return None if we is None else we - ws
+        closed = self._closed.get((scope, opened))
+        return None if closed is None else closed - opened
 
-    def unattributed(self, hid: str, start: int, op: str) -> int:
-        found = self._windows.get((hid, start, op, None))
-        return 0 if found is None else found[2]
+    def faults(self) -> dict[str, tuple[FaultWindow, ...]]:
+        out: dict[str, tuple[FaultWindow, ...]] = {}
+        for hid, starts in self._starts.items():
+            epoch = {start: e for e, start in enumerate(self.epochs[hid], 1)}
+            write_groups = sorted(self._groups.get((hid, "write"), ()))
+            read_groups = sorted(self._groups.get((hid, "read"), ()))
+            out[hid] = tuple(
+                FaultWindow(
+                    kind,
+                    target,
+                    start,
+                    self._end(hid, start, kind, target),
+                    self._window((hid, "write", None), start),
+                    self._window((hid, "read", None), start),
+                    {g: self._window((hid, "write", g), start) for g in write_groups},
+                    {g: self._window((hid, "read", g), start) for g in read_groups},
+                    self._unattributed.get((hid, "write", epoch[start]), 0),
+                    self._unattributed.get((hid, "read", epoch[start]), 0),
+                )
+                for start, kind, target in starts
+            )
+        return out
 
 
 def compute_dir_verdict(

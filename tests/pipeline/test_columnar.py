@@ -3,47 +3,33 @@ and judged exactly like the JSON lines."""
 
 from __future__ import annotations
 
-import importlib.util
 import json
-import sys
+import random
 from pathlib import Path
-from types import ModuleType
 from typing import TYPE_CHECKING
 
 import pytest
 
-from ha_controller.drills.checker import check
+from ha_controller.drills.checker import check, no_writable_master_spans
 from ha_controller.drills.history import (
     EndTx,
+    Event,
+    Fault,
     HistoryWriter,
     Receive,
     SendInvoke,
     SendOk,
+    SendOutcome,
     Subscribe,
     columnar_copy,
     write_columnar,
 )
-from ha_controller.pipeline import verdict
 from ha_controller.pipeline.verdict import compute_verdict, compute_verdicts, read_events
 
 if TYPE_CHECKING:
     from pyspark.sql import SparkSession
 
 T0 = 1_700_000_000_000
-
-
-def _handmade() -> ModuleType:
-    """The checker's hand-made cases (tests/unit/test_checker.py), loaded once."""
-    loaded = sys.modules.get("hac_handmade_cases")
-    if loaded is not None:
-        return loaded
-    path = Path(__file__).resolve().parents[2] / "tests" / "unit" / "test_checker.py"
-    spec = importlib.util.spec_from_file_location("hac_handmade_cases", path)
-    assert spec is not None and spec.loader is not None
-    module = importlib.util.module_from_spec(spec)
-    sys.modules["hac_handmade_cases"] = module
-    spec.loader.exec_module(module)
-    return module
 
 
 def _history(path: Path, *, columnar: bool = True) -> None:
@@ -125,17 +111,77 @@ def test_no_copy_of_a_history_that_does_not_fit_the_schema(tmp_path: Path, line:
     assert columnar_copy(path) is None
 
 
-@pytest.mark.parametrize("case", ["fault_recovery", "group_gap"])
-def test_windows_still_open_past_the_horizon_are_closed_by_a_full_search(
-    spark: SparkSession, tmp_path: Path, monkeypatch: pytest.MonkeyPatch, case: str
-) -> None:
-    handmade = _handmade()
-    events = getattr(handmade, f"case_{case}")().events
-    path = tmp_path / "history.jsonl"
-    with HistoryWriter(path) as writer:
-        writer.write_all(events)
-    monkeypatch.setattr(verdict, "CLOSE_HORIZON_MS", 1)  # every window outlives it
-    got = compute_verdict(spark, path, scenario=case)
-    expected = check(path, scenario=case)
-    assert any(v for w in expected.faults for v in w.write_unavailable_ms.values())
-    assert got.to_json() == expected.to_json()
+def _random_history(path: Path, seed: int) -> None:
+    """Sends, polls and faults on three groups at random, dense enough that failures and
+    successes of every scope straddle the fault epochs: some sends unanswered or failing
+    without a broker, faults on masters that overlap (spans without a writable master),
+    two faults starting at once, one never healed; delayed keys delivered late or not."""
+    rng = random.Random(seed)
+    groups = ("broker-a", "broker-b", "broker-c")
+    with HistoryWriter(path) as h:
+        h.record("c", "info", Subscribe("c", "G", "T"), t_ms=T0)
+        for i in range(300):
+            t = T0 + 10 * i
+            key = f"k{i}"
+            broker = rng.choice(groups)
+            delayed = rng.random() < 0.2
+            h.record(
+                "p",
+                "invoke",
+                SendInvoke(key, "T", delay_ms=2_000 if delayed else None),
+                t_ms=t,
+            )
+            outcome = rng.random()
+            done = t + rng.randrange(1, 400)
+            if outcome < 0.6:
+                h.record("p", "ok", SendOk(key, f"m{i}", broker, 0, i), t_ms=done)
+                due = t + (2_000 if delayed else 0)
+                h.record(
+                    "c",
+                    "ok",
+                    Receive(key, f"m{i}", broker, 0, i, "c", "G"),
+                    t_ms=due + rng.randrange(0, 2_500),
+                )
+            elif outcome < 0.85:
+                named = broker if rng.random() < 0.5 else None
+                h.record("p", rng.choice(("fail", "info")), SendOutcome(key, "x", named), t_ms=done)
+            # else: never answered
+            if rng.random() < 0.3:
+                polled = rng.choice((*groups, None))
+                h.write(
+                    Event(
+                        t + rng.randrange(0, 50),
+                        "c",
+                        rng.choice(("fail", "info")),
+                        "receive",
+                        {"error": "timeout"} if polled is None else {"broker": polled},
+                    )
+                )
+        for n in range(6):
+            start = T0 + rng.randrange(0, 2_000)
+            target = f"{groups[n % 3]}/{rng.choice((0, 0, 0, 1))}"
+            kind = rng.choice(("kill", "pause", "partition", "netem"))
+            h.record("nemesis", "info", Fault(kind, target), t_ms=start)
+            if n == 0:
+                h.record("nemesis", "info", Fault("partition", "nameserver"), t_ms=start)
+            if n != 5:
+                h.record(
+                    "nemesis", "ok", Fault(kind, target), t_ms=start + rng.randrange(500, 2_500)
+                )
+
+
+def test_random_windows_equal_in_one_pass(spark: SparkSession, tmp_path: Path) -> None:
+    """Many histories judged in the same jobs: every fault window, count and summary as
+    the checker's (the windows are put together from small rows on the driver)."""
+    paths = {f"r{seed}": tmp_path / f"r{seed}" / "history.jsonl" for seed in range(8)}
+    for seed, path in enumerate(paths.values()):
+        _random_history(path, seed)
+    got = compute_verdicts(spark, paths)
+    expected = {name: check(path, scenario=name) for name, path in paths.items()}
+    for name in paths:
+        assert got[name].mismatches(expected[name]) == [], name
+        assert got[name].to_json() == expected[name].to_json(), name
+    faults = [f for v in expected.values() for f in v.faults]
+    assert any(f.recovery_ms is None or f.recovery_ms > 0 for f in faults)
+    assert any(w for f in faults for w in f.write_unavailable_ms.values())
+    assert any(no_writable_master_spans(v.faults) for v in expected.values())
