@@ -94,6 +94,11 @@ def build_session(
                 "spark.ui.enabled": "false",
                 "spark.ui.showConsoleProgress": "false",
                 "spark.sql.shuffle.partitions": "8",
+                # adaptive execution re-plans (and generates code again) after every
+                # shuffle stage and submits each as a job of its own: the verdict went
+                # from 31 jobs to 5 and its JVM CPU from 99-105 s to 93 s at 2 M lines
+                # (docs/benchmarks.md); its partition coalescing gains nothing at 8
+                "spark.sql.adaptive.enabled": "false",
             }
         )
         if (master or "local[*]").startswith("local"):
