@@ -324,7 +324,16 @@ def _keys(ev: DataFrame, opts: CheckOptions) -> DataFrame:
                 F.when(is_ack, F.struct(col("consumer_group").alias("cg"), "t_ms"))
             ).alias("acks")
         )
-    per_key = ev.where(col("key").isNotNull() & wanted).groupBy("hid", "key").agg(*aggs)
+    # shuffled by key alone: the rows stay partitioned by ``key``, an attribute every
+    # later grouping per (key, ...) names, so those need no shuffle of their own (the
+    # hash partitioning of a grouping by (hid, key) is on a literal ``hid`` when one
+    # history is judged, which later groupings do not recognise)
+    per_key = (
+        ev.where(col("key").isNotNull() & wanted)
+        .repartition("key")
+        .groupBy("hid", "key")
+        .agg(*aggs)
+    )
     return (
         per_key.select(
             "hid",
@@ -524,20 +533,17 @@ def _second_round(
         *(["acks"] if with_acks else []),
         F.explode("receipts").alias("r"),
     )
-    pair_aggs = [
-        F.count(F.lit(1)).alias("n"),
-        F.min("r.t_ms").alias("first_t"),
-        F.first("topic").alias("topic"),
-        F.first("acked").alias("acked"),
-        F.first("due").alias("due"),
-        F.first("tol").alias("tol"),
-    ]
+    # the key's attributes are grouping columns (one value per key), not first()
+    # aggregates: fixed-width buffers only, so a hash aggregate and no sort
+    pair_aggs = [F.count(F.lit(1)).alias("n"), F.min("r.t_ms").alias("first_t")]
     if with_acks:
         ack_t = F.array_min(
             F.transform(F.filter("acks", lambda a: a["cg"] == col("r.cg")), lambda a: a["t_ms"])
         )
         pair_aggs.append(F.count(F.when(col("r.t_ms") > ack_t, 1)).alias("after_ack"))
-    pairs = rec.groupBy("hid", "key", col("r.cg").alias("cg")).agg(*pair_aggs)
+    pairs = rec.groupBy("hid", "key", col("r.cg").alias("cg"), "topic", "acked", "due", "tol").agg(
+        *pair_aggs
+    )
     if opts.redelivery == "after_ack":
         redelivered = col("after_ack")
     elif opts.after_ack_groups:
@@ -589,12 +595,15 @@ def _second_round(
     # FIFO: first receipt per (cg, consumer, key), ranked by send-ok time per stream.
     firsts = (
         rec.where(col("acked") & col("group").isNotNull())
-        .groupBy("hid", "key", col("r.cg").alias("cg"), col("r.consumer").alias("consumer"))
-        .agg(
-            F.min(F.struct(col("r.t_ms").alias("t_ms"), col("r.qo").alias("qo"))).alias("first"),
-            F.first("group").alias("group"),
-            F.first("ok_t").alias("ok_t"),
+        .groupBy(
+            "hid",
+            "key",
+            col("r.cg").alias("cg"),
+            col("r.consumer").alias("consumer"),
+            "group",
+            "ok_t",
         )
+        .agg(F.min(F.struct(col("r.t_ms").alias("t_ms"), col("r.qo").alias("qo"))).alias("first"))
         .select("hid", "cg", "consumer", "key", "group", "ok_t", "first.t_ms", "first.qo")
     )
     stream = (
