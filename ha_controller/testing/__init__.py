@@ -37,9 +37,26 @@ if TYPE_CHECKING:
 
     from ha_controller.client.message import MessageQueue, ReceivedMessage
     from ha_controller.client.pull_consumer import PullConsumer
+    from ha_controller.rpc import Dispatcher, RpcLimits, RpcServer
 
 T = TypeVar("T")
 H = TypeVar("H", bound="ProcessHandle")
+
+
+@contextlib.asynccontextmanager
+async def serving(
+    dispatcher: Dispatcher, *, limits: RpcLimits | None = None, name: str = "test"
+) -> AsyncIterator[RpcServer]:
+    """An in-process ``RpcServer`` of ``dispatcher`` on a loopback port (``server.bound``),
+    closed on exit."""
+    from ha_controller.rpc import RpcServer
+
+    server = RpcServer(dispatcher, limits=limits, name=name)
+    await server.start("127.0.0.1", 0)
+    try:
+        yield server
+    finally:
+        await server.aclose(grace_s=0.5)
 
 
 class EventuallyTimeout(AssertionError):

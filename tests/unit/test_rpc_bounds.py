@@ -26,6 +26,7 @@ from ha_controller.protocol.framing import TOKEN
 from ha_controller.rpc import Dispatcher, RequestContext, RpcLimits, RpcServer, connect
 from ha_controller.rpc.bounds import AssemblyBudget, Throttle
 from ha_controller.rpc.metrics import RPC_METRICS, RpcCollector
+from ha_controller.testing import serving
 
 # --- AssemblyBudget --------------------------------------------------------------------
 
@@ -194,9 +195,10 @@ def address(server: RpcServer) -> tuple[str, int]:
 
 
 @contextlib.asynccontextmanager
-async def serving(
+async def serving_lengths(
     limits: RpcLimits, reply_bytes: int = 0
 ) -> AsyncIterator[tuple[RpcServer, list[int]]]:
+    """A server whose method 1 answers the request's length (and ``reply_bytes`` more)."""
     calls = [0]
 
     async def handler(ctx: RequestContext, body: bytes) -> bytes:
@@ -205,16 +207,12 @@ async def serving(
 
     d = Dispatcher()
     d.add_raw(1, handler)
-    server = RpcServer(d, limits=limits, name="test")
-    await server.start("127.0.0.1", 0)
-    try:
+    async with serving(d, limits=limits) as server:
         yield server, calls
-    finally:
-        await server.aclose(grace_s=0.5)
 
 
 async def test_the_connection_cap_closes_one_more_at_once() -> None:
-    async with serving(RpcLimits(max_connections=3)) as (server, _):
+    async with serving_lengths(RpcLimits(max_connections=3)) as (server, _):
         conns = [await connect(server.bound) for _ in range(3)]
         reader, writer = await asyncio.open_connection(*address(server))
         try:
@@ -234,7 +232,7 @@ async def test_the_connection_cap_closes_one_more_at_once() -> None:
 
 async def test_a_peer_that_does_not_read_its_replies_stops_being_read_until_it_does() -> None:
     limits = RpcLimits(write_high_water_bytes=64 * KIB)
-    async with serving(limits, reply_bytes=32 * KIB) as (server, calls):
+    async with serving_lengths(limits, reply_bytes=32 * KIB) as (server, calls):
         reader, writer = await asyncio.open_connection(*address(server))
         try:
             total = 2000  # 64 MiB of replies if they were all produced
@@ -267,7 +265,7 @@ async def test_large_frames_share_the_budget_without_deadlock() -> None:
     limits = RpcLimits(
         conn_frame_buffer_bytes=1 * KIB, assembly_budget_bytes=64 * KIB, max_frame_bytes=1 * MIB
     )
-    async with serving(limits) as (server, _):
+    async with serving_lengths(limits) as (server, _):
         peak = 0
 
         async def watch() -> None:
@@ -293,7 +291,7 @@ async def test_large_frames_share_the_budget_without_deadlock() -> None:
 
 
 async def test_rpc_metrics_are_exported_per_listener() -> None:
-    async with serving(RpcLimits()) as (server, _):
+    async with serving_lengths(RpcLimits()) as (server, _):
         registry = CollectorRegistry()
         registry.register(RpcCollector(lambda: [server], {"cluster": "c"}))
         async with await connect(server.bound) as conn:

@@ -20,6 +20,7 @@ from ha_controller.protocol.errors import ConnectionClosed, RequestTimeout
 from ha_controller.protocol.framing import FrameDecoder
 from ha_controller.rpc import Dispatcher, RequestContext, RpcLimits, RpcServer, connect
 from ha_controller.rpc.pool import ConnectionPool
+from ha_controller.testing import serving
 
 FAST = RpcLimits(liveness_probe_ms=200, liveness_timeout_ms=300)
 
@@ -64,12 +65,8 @@ async def slow_server(hold_s: float) -> AsyncIterator[tuple[RpcServer, list[int]
 
     d = Dispatcher(guard=guard)
     d.add_raw(1, held)
-    server = RpcServer(d, limits=FAST, name="slow")
-    await server.start("127.0.0.1", 0)
-    try:
+    async with serving(d, limits=FAST, name="slow") as server:
         yield server, guarded
-    finally:
-        await server.aclose(grace_s=0.5)
 
 
 async def test_a_call_to_a_peer_that_sends_nothing_fails_after_the_probe_not_its_timeout() -> None:
