@@ -10,9 +10,10 @@ starts: Python workers run this interpreter (``PYSPARK_PYTHON``), the driver bin
 loopback with ``SPARK_LOCAL_HOSTNAME=localhost`` (an unresolvable hostname kills the
 JVM), and the workers can import ``ha_controller`` (the data source is cloudpickled by
 reference to its module).  In local mode the driver JVM, which does all the work, runs
-the serial garbage collector (:data:`LOCAL_DRIVER_JAVA_OPTIONS`) unless the caller sets
-``spark.driver.extraJavaOptions``.  Only DataFrame APIs are used by the pipeline, so
-the same code runs in local mode, under ``spark-submit`` and over Spark Connect.
+the serial garbage collector (:data:`LOCAL_DRIVER_JAVA_OPTIONS`) unless the caller or
+``spark-defaults.conf`` sets ``spark.driver.extraJavaOptions``.  Only DataFrame APIs
+are used by the pipeline, so the same code runs in local mode, under ``spark-submit``
+and over Spark Connect.
 
 ``log_level`` (``hactl analyze`` asks for ``ERROR``) quiets the JVM's log4j from its
 start: the driver JVM gets a log4j2 configuration at that level (the banner lines
@@ -34,8 +35,10 @@ from pyspark.sql import SparkSession
 
 __all__ = ["LOCAL_DRIVER_JAVA_OPTIONS", "build_session", "prepare_environment", "project_root"]
 
-#: the driver JVM's options in local mode unless the caller gives its own
+#: the driver JVM's options in local mode unless the caller or spark-defaults.conf
+#: gives its own
 LOCAL_DRIVER_JAVA_OPTIONS = "-XX:+UseSerialGC"
+_DRIVER_JAVA_OPTIONS = "spark.driver.extraJavaOptions"
 
 #: log4j2 for the driver JVM at one level; the PySpark gateway's and the REPL's loggers
 #: at the same level, so Spark does not announce a different shell default.
@@ -111,13 +114,14 @@ def build_session(
                 {
                     "spark.driver.host": "127.0.0.1",
                     "spark.driver.bindAddress": "127.0.0.1",
-                    # the driver JVM does all the work in local mode: the serial
-                    # collector took the verdict's JVM CPU at 2 M lines from 92-97 s
-                    # (G1, the JDK's default) to 74-83 s on two cores
-                    # (docs/benchmarks.md); a caller's own options replace it
-                    "spark.driver.extraJavaOptions": LOCAL_DRIVER_JAVA_OPTIONS,
                 }
             )
+            if not _spark_defaults_set(_DRIVER_JAVA_OPTIONS):
+                # the driver JVM does all the work in local mode: the serial collector
+                # took the verdict's JVM CPU at 2 M lines from 92-111 s (G1, the JDK's
+                # default) to 74-93 s on two cores (docs/benchmarks.md); a caller's
+                # own options replace it, and so do spark-defaults.conf's
+                settings[_DRIVER_JAVA_OPTIONS] = LOCAL_DRIVER_JAVA_OPTIONS
         if local_dir is not None:
             settings["spark.local.dir"] = str(local_dir)
             settings["spark.sql.warehouse.dir"] = str(Path(local_dir) / "warehouse")
@@ -126,8 +130,8 @@ def build_session(
     settings.update(config or {})
     if log_level is not None and remote is None:
         option = f"-Dlog4j2.configurationFile={_log4j2_file(log_level.upper()).as_uri()}"
-        current = settings.get("spark.driver.extraJavaOptions", "")
-        settings["spark.driver.extraJavaOptions"] = f"{current} {option}".strip()
+        current = settings.get(_DRIVER_JAVA_OPTIONS, "")
+        settings[_DRIVER_JAVA_OPTIONS] = f"{current} {option}".strip()
     for key, value in settings.items():
         builder = builder.config(key, value)
     session = builder.getOrCreate()
@@ -136,6 +140,24 @@ def build_session(
     elif log_level is not None:
         session.sparkContext.setLogLevel(log_level.upper())  # a reused JVM too
     return session
+
+
+def _spark_defaults_set(key: str) -> bool:
+    """Whether the ``spark-defaults.conf`` that ``spark-submit`` reads sets ``key``
+    (``SPARK_CONF_DIR``, else ``SPARK_HOME/conf``, else the pyspark package's ``conf``)."""
+    if os.environ.get("SPARK_CONF_DIR"):
+        conf = Path(os.environ["SPARK_CONF_DIR"])
+    elif os.environ.get("SPARK_HOME"):
+        conf = Path(os.environ["SPARK_HOME"]) / "conf"
+    else:
+        import pyspark
+
+        conf = Path(pyspark.__file__).resolve().parent / "conf"
+    try:
+        lines = (conf / "spark-defaults.conf").read_text(encoding="utf-8").splitlines()
+    except OSError:
+        return False
+    return any(line.split(None, 1)[:1] == [key] for line in lines)
 
 
 def _log4j2_file(level: str) -> Path:

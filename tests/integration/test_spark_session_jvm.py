@@ -52,3 +52,24 @@ def test_local_driver_runs_the_serial_collector_with_the_log_level(tmp_path: Pat
     assert driver["collectors"] == ["Copy", "MarkSweepCompact"], driver
     assert "-XX:+UseSerialGC" in driver["arguments"]
     assert any(a.startswith("-Dlog4j2.configurationFile=") for a in driver["arguments"])
+
+
+def test_spark_defaults_conf_keeps_its_own_driver_options(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The default is not put over the options of the spark-defaults.conf that
+    ``spark-submit`` reads (a ``--conf`` would win over the file)."""
+    from ha_controller.pipeline import session
+
+    monkeypatch.setenv("SPARK_CONF_DIR", str(tmp_path))
+    assert not session._spark_defaults_set("spark.driver.extraJavaOptions")  # no file
+    (tmp_path / "spark-defaults.conf").write_text(
+        "# spark.driver.extraJavaOptions -XX:+UseG1GC\n"
+        "spark.driver.memory 2g\n"
+        "spark.driver.extraJavaOptionsX nothing\n"
+    )
+    assert not session._spark_defaults_set("spark.driver.extraJavaOptions")
+    (tmp_path / "spark-defaults.conf").write_text(
+        "spark.driver.memory 2g\nspark.driver.extraJavaOptions   -XX:+UseParallelGC\n"
+    )
+    assert session._spark_defaults_set("spark.driver.extraJavaOptions")
