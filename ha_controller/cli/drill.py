@@ -182,7 +182,8 @@ def add_commands(sub: Any) -> None:
         "directory (DIR/campaign.json) every drill is judged in one Spark job and "
         "DIR/campaign.spark.json is written and compared with campaign.json.  Exit 0 only "
         "when the verdict (campaign) is ok and equals the recorded one.  Spark logs only "
-        "errors (log4j at ERROR).",
+        "errors (log4j at ERROR).  In local mode the driver JVM runs the serial garbage "
+        "collector unless spark-defaults.conf sets spark.driver.extraJavaOptions.",
     )
     an.add_argument("dir", type=Path, metavar="DIR", help="a drill or campaign output directory")
     an.add_argument("--master", help="Spark master URL or sc:// address (default local[*])")
