@@ -423,6 +423,31 @@ class NatsCluster:
             )
         for port, proc in zip(self.client_ports, self.procs, strict=True):
             await wait_port(port, proc, 30)
+        await self._wait_jetstream(30)
+
+    async def _wait_jetstream(self, timeout_s: float) -> None:
+        """Until JetStream answers an account-info request (the cluster has elected its
+        meta leader): open ports alone are not enough, and a first round started on
+        them timed out."""
+        import nats
+
+        loop = asyncio.get_running_loop()
+        deadline = loop.time() + timeout_s
+        nc = await nats.connect(self.url(0), connect_timeout=1, max_reconnect_attempts=-1)
+        try:
+            js = nc.jetstream(timeout=1)
+            while True:
+                try:
+                    await js.account_info()
+                    return
+                except Exception as exc:
+                    if loop.time() > deadline:
+                        raise Unavailable(
+                            f"JetStream not ready after {timeout_s} s: {exc!r}"
+                        ) from exc
+                    await asyncio.sleep(0.2)
+        finally:
+            await nc.close()
 
     def url(self, index: int) -> str:
         return f"nats://{LOOPBACK}:{self.client_ports[index]}"
