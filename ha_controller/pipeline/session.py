@@ -26,6 +26,7 @@ from __future__ import annotations
 
 import atexit
 import os
+import re
 import sys
 import tempfile
 from collections.abc import Mapping
@@ -157,7 +158,8 @@ def _spark_defaults_set(key: str) -> bool:
         lines = (conf / "spark-defaults.conf").read_text(encoding="utf-8").splitlines()
     except OSError:
         return False
-    return any(line.split(None, 1)[:1] == [key] for line in lines)
+    # Java properties: the key ends at the first whitespace, ``=`` or ``:``
+    return any(re.split(r"[\s=:]", line.strip(), maxsplit=1)[0] == key for line in lines)
 
 
 def _log4j2_file(level: str) -> Path:

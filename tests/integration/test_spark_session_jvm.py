@@ -69,7 +69,10 @@ def test_spark_defaults_conf_keeps_its_own_driver_options(
         "spark.driver.extraJavaOptionsX nothing\n"
     )
     assert not session._spark_defaults_set("spark.driver.extraJavaOptions")
-    (tmp_path / "spark-defaults.conf").write_text(
-        "spark.driver.memory 2g\nspark.driver.extraJavaOptions   -XX:+UseParallelGC\n"
-    )
-    assert session._spark_defaults_set("spark.driver.extraJavaOptions")
+    for line in (
+        "spark.driver.extraJavaOptions   -XX:+UseParallelGC",
+        "  spark.driver.extraJavaOptions=-XX:+UseParallelGC",
+        "spark.driver.extraJavaOptions: -XX:+UseParallelGC",
+    ):
+        (tmp_path / "spark-defaults.conf").write_text(f"spark.driver.memory 2g\n{line}\n")
+        assert session._spark_defaults_set("spark.driver.extraJavaOptions"), line
