@@ -117,7 +117,7 @@ def build_session(
                     "spark.driver.bindAddress": "127.0.0.1",
                 }
             )
-            if not _spark_defaults_set(_DRIVER_JAVA_OPTIONS):
+            if _spark_default(_DRIVER_JAVA_OPTIONS) is None:
                 # the driver JVM does all the work in local mode: the serial collector
                 # took the verdict's JVM CPU at 2 M lines from 92-111 s (G1, the JDK's
                 # default) to 74-93 s on two cores (docs/benchmarks.md); a caller's
@@ -131,7 +131,9 @@ def build_session(
     settings.update(config or {})
     if log_level is not None and remote is None:
         option = f"-Dlog4j2.configurationFile={_log4j2_file(log_level.upper()).as_uri()}"
-        current = settings.get(_DRIVER_JAVA_OPTIONS, "")
+        # added to the options in force: the caller's, else spark-defaults.conf's (a
+        # --conf of the log option alone would replace the file's options)
+        current = settings.get(_DRIVER_JAVA_OPTIONS) or _spark_default(_DRIVER_JAVA_OPTIONS) or ""
         settings[_DRIVER_JAVA_OPTIONS] = f"{current} {option}".strip()
     for key, value in settings.items():
         builder = builder.config(key, value)
@@ -143,9 +145,15 @@ def build_session(
     return session
 
 
-def _spark_defaults_set(key: str) -> bool:
-    """Whether the ``spark-defaults.conf`` that ``spark-submit`` reads sets ``key``
-    (``SPARK_CONF_DIR``, else ``SPARK_HOME/conf``, else the pyspark package's ``conf``)."""
+#: one line of a Java properties file: the key ends at the first whitespace, ``=`` or
+#: ``:``; the value follows one optional ``=`` or ``:`` and the blanks around it
+_PROPERTY = re.compile(r"\s*(?P<key>[^\s=:#!][^\s=:]*)\s*[=:]?\s*(?P<value>.*?)\s*")
+
+
+def _spark_default(key: str) -> str | None:
+    """``key``'s value in the ``spark-defaults.conf`` that ``spark-submit`` reads
+    (``SPARK_CONF_DIR``, else ``SPARK_HOME/conf``, else the pyspark package's
+    ``conf``), None when it is not set there (the last line naming it wins)."""
     if os.environ.get("SPARK_CONF_DIR"):
         conf = Path(os.environ["SPARK_CONF_DIR"])
     elif os.environ.get("SPARK_HOME"):
@@ -157,9 +165,13 @@ def _spark_defaults_set(key: str) -> bool:
     try:
         lines = (conf / "spark-defaults.conf").read_text(encoding="utf-8").splitlines()
     except OSError:
-        return False
-    # Java properties: the key ends at the first whitespace, ``=`` or ``:``
-    return any(re.split(r"[\s=:]", line.strip(), maxsplit=1)[0] == key for line in lines)
+        return None
+    value = None
+    for line in lines:
+        m = _PROPERTY.fullmatch(line)
+        if m is not None and m["key"] == key:
+            value = m["value"]
+    return value
 
 
 def _log4j2_file(level: str) -> Path:
