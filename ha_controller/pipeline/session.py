@@ -96,6 +96,9 @@ def build_session(
         remote = os.environ["SPARK_REMOTE"]
     builder = SparkSession.builder.appName(app_name)
     settings: dict[str, str] = {"spark.sql.session.timeZone": "UTC"}
+    # what spark-defaults.conf gives the driver JVM (spark-submit reads it; a --conf of
+    # the same key replaces it)
+    file_options = _spark_default(_DRIVER_JAVA_OPTIONS) if remote is None else None
     if remote is None:
         builder = builder.master(master or "local[*]")
         settings.update(
@@ -117,7 +120,7 @@ def build_session(
                     "spark.driver.bindAddress": "127.0.0.1",
                 }
             )
-            if _spark_default(_DRIVER_JAVA_OPTIONS) is None:
+            if file_options is None:
                 # the driver JVM does all the work in local mode: the serial collector
                 # took the verdict's JVM CPU at 2 M lines from 92-111 s (G1, the JDK's
                 # default) to 74-93 s on two cores (docs/benchmarks.md); a caller's
@@ -131,9 +134,8 @@ def build_session(
     settings.update(config or {})
     if log_level is not None and remote is None:
         option = f"-Dlog4j2.configurationFile={_log4j2_file(log_level.upper()).as_uri()}"
-        # added to the options in force: the caller's, else spark-defaults.conf's (a
-        # --conf of the log option alone would replace the file's options)
-        current = settings.get(_DRIVER_JAVA_OPTIONS) or _spark_default(_DRIVER_JAVA_OPTIONS) or ""
+        # added to the options in force: the caller's, else the file's
+        current = settings.get(_DRIVER_JAVA_OPTIONS) or file_options or ""
         settings[_DRIVER_JAVA_OPTIONS] = f"{current} {option}".strip()
     for key, value in settings.items():
         builder = builder.config(key, value)
