@@ -431,21 +431,22 @@ class NatsCluster:
         them timed out."""
         import nats
 
-        loop = asyncio.get_running_loop()
-        deadline = loop.time() + timeout_s
+        from ha_controller.testing import EventuallyTimeout, eventually
+
         nc = await nats.connect(self.url(0), connect_timeout=1, max_reconnect_attempts=-1)
+        js = nc.jetstream(timeout=1)
+
+        async def answers() -> bool:
+            try:
+                await js.account_info()
+            except Exception:  # no meta leader yet, or no answer within the timeout
+                return False
+            return True
+
         try:
-            js = nc.jetstream(timeout=1)
-            while True:
-                try:
-                    await js.account_info()
-                    return
-                except Exception as exc:
-                    if loop.time() > deadline:
-                        raise Unavailable(
-                            f"JetStream not ready after {timeout_s} s: {exc!r}"
-                        ) from exc
-                    await asyncio.sleep(0.2)
+            await eventually(answers, timeout=timeout_s, interval=0.2)
+        except EventuallyTimeout as exc:
+            raise Unavailable(f"JetStream not ready after {timeout_s} s") from exc
         finally:
             await nc.close()
 
