@@ -6,6 +6,10 @@ VENV := .venv
 BIN := $(VENV)/bin
 STAMP := $(VENV)/.installed
 PYTEST_ARGS ?=
+# pytest workers for `make test`: most tests wait on real processes and timeouts, so
+# three workers on two cores finish in about half the time of one (tests/conftest.py
+# keeps each test file, and each directory sharing a Spark session, on one worker)
+TEST_WORKERS ?= 3
 
 .PHONY: demo test tools lint typecheck unit integration proto bench bench-nameserver clean
 
@@ -28,7 +32,7 @@ demo: $(STAMP)
 	$(BIN)/hactl demo
 
 test: $(STAMP) tools lint typecheck
-	$(BIN)/pytest -q --durations=30 $(PYTEST_ARGS)
+	$(BIN)/pytest -q --durations=30 -n $(TEST_WORKERS) $(PYTEST_ARGS)
 
 lint: $(STAMP)
 	$(BIN)/ruff check .
