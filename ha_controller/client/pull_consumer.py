@@ -169,9 +169,15 @@ class PullConsumer(AsyncLifecycle):
         max_msgs: int = 32,
         suspend_timeout_ms: int = DEFAULT_SUSPEND_TIMEOUT_MS,
         tags: Sequence[str] | None = None,
+        commit_offset: int = -1,
     ) -> PullResult:
         """Pull from ``offset``; the broker holds the request up to ``suspend_timeout_ms``
-        when nothing is there yet (0 = answer at once).  ``tags`` filters by tag."""
+        when nothing is there yet (0 = answer at once).  ``tags`` filters by tag.
+
+        ``commit_offset`` >= 0 also stores the group's offset of ``mq`` (RocketMQ's
+        ``commitOffset`` in the pull header): the master or the acting slave applies it
+        before it reads; any other broker ignores it, so it is no substitute for
+        :meth:`commit` when the commit must be known to have landed."""
         if max_msgs < 1:
             raise ValueError(f"max_msgs must be >= 1, got {max_msgs}")
         wanted = None if tags is None or "*" in tags else frozenset(tags)
@@ -182,7 +188,7 @@ class PullConsumer(AsyncLifecycle):
             queue_offset=offset,
             max_msg_nums=max_msgs,
             suspend_timeout_ms=max(0, suspend_timeout_ms),
-            commit_offset=-1,
+            commit_offset=commit_offset,
             tags=sorted(wanted or ()),
         )
         response = await self._call(

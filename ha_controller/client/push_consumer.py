@@ -10,9 +10,11 @@ Like RocketMQ's ``DefaultMQPushConsumer`` in clustering mode:
   from the first offset), long-polls, hands each message to the listener
   (concurrently within a batch), retries a failed message after a short
   backoff a bounded number of times, and commits offsets — only up to the
-  lowest unfinished message, like ``ProcessQueue.removeMessage`` — after each
-  batch (in the background: a slow commit never holds up the next pull) and
-  every 5 s.
+  lowest unfinished message, like ``ProcessQueue.removeMessage`` — in the next
+  pull after each batch (``commit_offset`` in the pull request, as RocketMQ's
+  consumer does with the master: no request of its own, so a slow commit never
+  holds up the next pull) and with a request of its own every 5 s and when a
+  queue is stopped.
 
 Pulls and commits go to the group's id-0 address, which is the acting slave
 while the master is away, so consumption goes on through a failover.  All
@@ -121,8 +123,11 @@ class _QueueState:
     ready: bool = False
     commit_lock: asyncio.Lock = dataclasses.field(default_factory=asyncio.Lock)
     task: asyncio.Task[None] | None = None
-    #: the commit the pull loop started after its last batch (never awaited by it)
+    #: the commit the pull loop started in the background (never awaited by it)
     committing: asyncio.Task[None] | None = None
+    #: the last offset a pull carried (applied by the master or acting slave; any other
+    #: broker ignores it, so the explicit commits still run: ``last_committed``)
+    carried: int | None = None
 
 
 class PushConsumer(AsyncLifecycle):
@@ -433,6 +438,16 @@ class PushConsumer(AsyncLifecycle):
             self._commit_state(state), name=f"commit-{state.mq}"
         )
 
+    def _offset_to_carry(self, state: _QueueState) -> int:
+        """The offset the next pull of ``state`` carries, or -1: the committable offset
+        when it is new to both the explicit commits and the pulls."""
+        if not state.ready:
+            return -1
+        offset = state.tracker.committable
+        if offset < 0 or offset == state.last_committed or offset == state.carried:
+            return -1
+        return offset
+
     async def _commit_settled(self, state: _QueueState) -> None:
         """Wait until the background commit of ``state`` (if any) has ended."""
         if state.committing is not None:
@@ -494,10 +509,13 @@ class PushConsumer(AsyncLifecycle):
         loop = asyncio.get_running_loop()
         while keep_going():
             started = loop.time()
+            carry = self._offset_to_carry(state)
             try:
                 result = await self._pull.pull(
-                    mq, offset, self.batch, self.suspend_timeout_ms, self.tags
+                    mq, offset, self.batch, self.suspend_timeout_ms, self.tags, carry
                 )
+                if carry >= 0:
+                    state.carried = carry
             except (HaError, OSError) as exc:
                 log.warning("pull of %s at %d failed: %s", mq, offset, exc)
                 await asyncio.sleep(self.pull_error_backoff_s)
@@ -523,8 +541,7 @@ class PushConsumer(AsyncLifecycle):
                     return
             elif state.tracker.inflight == 0:
                 state.tracker.reset(result.next_begin_offset)
-            offset = result.next_begin_offset
-            self._commit_soon(state)
+            offset = result.next_begin_offset  # the next pull carries the commit
             if not result.messages and loop.time() - started < 0.01:
                 await asyncio.sleep(0.05)  # the broker did not hold the pull: do not spin
 

@@ -104,6 +104,10 @@ class FakeBroker:
         #: while cleared, commits are held unanswered (a broker that answers slowly)
         self.commit_gate = asyncio.Event()
         self.commit_gate.set()
+        #: offsets pulls carried (``commit_offset``), applied as a master applies them
+        #: unless ``apply_carried`` is cleared (a broker that ignores them: a plain slave)
+        self.carried: list[tuple[str, str, int, int]] = []
+        self.apply_carried = True
         self.clients: dict[str, set[str]] = defaultdict(set)
         self.pull_timeouts: list[tuple[int, int]] = []
         self.arrived = asyncio.Condition()
@@ -174,6 +178,10 @@ class FakeBroker:
         self, ctx: RequestContext, req: broker_pb2.PullMessageRequest
     ) -> broker_pb2.PullMessageResponse:
         self.pull_timeouts.append((req.suspend_timeout_ms, ctx.timeout_ms))
+        if req.commit_offset >= 0:
+            self.carried.append((req.consumer_group, req.topic, req.queue_id, req.commit_offset))
+            if self.apply_carried:
+                self.offsets[(req.consumer_group, req.topic, req.queue_id)] = req.commit_offset
         key = (req.topic, req.queue_id)
         with contextlib.suppress(TimeoutError):
             async with asyncio.timeout(req.suspend_timeout_ms / 1000):
@@ -664,13 +672,65 @@ async def test_push_consumer_commits_only_up_to_the_lowest_unfinished(
     assert 0 not in done and 1 not in done
 
 
+async def test_the_next_pull_carries_the_commit_of_a_batch(
+    ns: FakeNameserver, brokers: tuple[FakeBroker, FakeBroker]
+) -> None:
+    """No request of its own per batch (at one message per pull that doubled the master's
+    requests): the pull after a batch carries its offset, as RocketMQ's does."""
+    a, _ = brokers
+    await ns.set_route(one_group_route(a, 1))
+    await a.put("T", 0, 3)
+    consumed: list[int] = []
+
+    async def listener(m: ReceivedMessage) -> bool:
+        consumed.append(m.queue_offset)
+        return True
+
+    consumer = PushConsumer(
+        ns.addr, "CG", "T", listener, client_id="me", suspend_timeout_ms=300, commit_interval_s=60
+    )
+    async with consumer:
+        await eventually(lambda: a.offsets.get(("CG", "T", 0)) == 3)
+        assert a.commits == []
+        await a.put("T", 0, 2)
+        await eventually(lambda: a.offsets.get(("CG", "T", 0)) == 5)
+        assert a.commits == []
+        # each new offset once (0 first: the group had none, as the explicit commits did)
+        assert [c[3] for c in a.carried] == [0, 3, 5]
+    assert consumed == [0, 1, 2, 3, 4]
+
+
+async def test_commits_land_where_pulls_carrying_them_are_ignored(
+    ns: FakeNameserver, brokers: tuple[FakeBroker, FakeBroker]
+) -> None:
+    """A broker that is neither master nor acting slave ignores a carried offset; the
+    periodic commit still stores it (a carried offset never counts as committed)."""
+    a, _ = brokers
+    a.apply_carried = False
+    await ns.set_route(one_group_route(a, 1))
+    await a.put("T", 0, 3)
+
+    async def listener(m: ReceivedMessage) -> bool:
+        return True
+
+    consumer = PushConsumer(
+        ns.addr, "CG", "T", listener, client_id="me", suspend_timeout_ms=300, commit_interval_s=0.1
+    )
+    async with consumer:
+        await eventually(lambda: a.offsets.get(("CG", "T", 0)) == 3)
+        assert [c[3] for c in a.commits] == [3]
+        assert [c[3] for c in a.carried] == [0, 3]
+
+
 async def test_a_commit_left_unanswered_does_not_hold_up_the_next_pull(
     ns: FakeNameserver, brokers: tuple[FakeBroker, FakeBroker]
 ) -> None:
     """Commits used to be awaited between pulls: a broker answering commits slowly
     (packet loss: 3 attempts of 3 s) stopped the queue's reads meanwhile (campaign seed
-    1000: delayed messages read 6 s after they were due)."""
+    1000: delayed messages read 6 s after they were due).  Pulls carry no offsets here
+    (a broker that ignores them), so the explicit commits are the ones held."""
     a, _ = brokers
+    a.apply_carried = False
     await ns.set_route(one_group_route(a, 1))
     await a.put("T", 0, 3)
     consumed: list[int] = []
