@@ -13,8 +13,8 @@ Like RocketMQ's ``DefaultMQPushConsumer`` in clustering mode:
   lowest unfinished message, like ``ProcessQueue.removeMessage`` — in the next
   pull after each batch (``commit_offset`` in the pull request, as RocketMQ's
   consumer does with the master: no request of its own, so a slow commit never
-  holds up the next pull) and with a request of its own every 5 s and when a
-  queue is stopped.
+  holds up the next pull; every pull carries it until a request has stored it)
+  and with a request of its own every 5 s and when a queue is stopped.
 
 Pulls and commits go to the group's id-0 address, which is the acting slave
 while the master is away, so consumption goes on through a failover.  All
@@ -125,9 +125,6 @@ class _QueueState:
     task: asyncio.Task[None] | None = None
     #: the commit the pull loop started in the background (never awaited by it)
     committing: asyncio.Task[None] | None = None
-    #: the last offset a pull carried (applied by the master or acting slave; any other
-    #: broker ignores it, so the explicit commits still run: ``last_committed``)
-    carried: int | None = None
 
 
 class PushConsumer(AsyncLifecycle):
@@ -439,14 +436,17 @@ class PushConsumer(AsyncLifecycle):
         )
 
     def _offset_to_carry(self, state: _QueueState) -> int:
-        """The offset the next pull of ``state`` carries, or -1: the committable offset
-        when it is new to both the explicit commits and the pulls."""
-        if not state.ready:
+        """The offset the next pull of ``state`` carries, or -1.
+
+        Every pull carries the committable offset until a commit request of its own has
+        stored it (``last_committed``): the broker that took a carried offset may die
+        before its slaves have it, and a pull retried on the acting slave must carry it
+        again; a broker that is neither master nor acting slave ignores it.  Nothing is
+        carried while a commit request is on its way, which a pull could overtake."""
+        if not state.ready or state.commit_lock.locked():
             return -1
         offset = state.tracker.committable
-        if offset < 0 or offset == state.last_committed or offset == state.carried:
-            return -1
-        return offset
+        return -1 if offset < 0 or offset == state.last_committed else offset
 
     async def _commit_settled(self, state: _QueueState) -> None:
         """Wait until the background commit of ``state`` (if any) has ended."""
@@ -514,8 +514,6 @@ class PushConsumer(AsyncLifecycle):
                 result = await self._pull.pull(
                     mq, offset, self.batch, self.suspend_timeout_ms, self.tags, carry
                 )
-                if carry >= 0:
-                    state.carried = carry
             except (HaError, OSError) as exc:
                 log.warning("pull of %s at %d failed: %s", mq, offset, exc)
                 await asyncio.sleep(self.pull_error_backoff_s)
