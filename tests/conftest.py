@@ -22,6 +22,7 @@ def _work_unit(nodeid: str) -> str:
     return parts[1] if len(parts) > 2 and parts[1] in _SPARK_DIRS else path
 
 
+@pytest.hookimpl(optionalhook=True)  # a hook of pytest-xdist: no error without it
 def pytest_xdist_make_scheduler(config: pytest.Config, log: Any) -> Any:
     """``make test`` runs the suite on several workers (pytest-xdist ``-n``).  Every test
     file runs whole on one worker, so its module-scoped fixtures (a cluster, a topic a
