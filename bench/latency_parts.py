@@ -30,7 +30,6 @@ import sys
 import tempfile
 import time
 from pathlib import Path
-from typing import Any
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
@@ -43,28 +42,6 @@ from ha_controller.client.pull_consumer import PullConsumer
 from ha_controller.process import run
 
 
-class Cluster(OursCluster):
-    """``compare.py``'s deployment with extra server settings."""
-
-    def __init__(self, workdir: Path, extra_env: dict[str, str]) -> None:
-        super().__init__(workdir)
-        self.extra_env = extra_env
-
-    async def start(self) -> None:
-        import ha_controller.testing as testing
-
-        plain = testing.run_cluster
-
-        def with_env(*args: Any, env: dict[str, str] | None = None, **kw: Any) -> Any:
-            return plain(*args, env={**(env or {}), **self.extra_env}, **kw)
-
-        testing.run_cluster = with_env  # type: ignore[assignment]
-        try:
-            await super().start()
-        finally:
-            testing.run_cluster = plain
-
-
 def _row(name: str, xs: list[float]) -> str:
     s = sorted(xs)
     return (
@@ -75,7 +52,7 @@ def _row(name: str, xs: list[float]) -> str:
 
 async def main(args: argparse.Namespace) -> None:
     extra = dict(kv.split("=", 1) for kv in args.server_env)
-    cluster = Cluster(Path(tempfile.mkdtemp(prefix="hac-latparts-")), extra)
+    cluster = OursCluster(Path(tempfile.mkdtemp(prefix="hac-latparts-")), env=extra)
     await cluster.start()
     driver = OursDriver(cluster, coalesce=args.coalesce)
     try:

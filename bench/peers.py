@@ -474,6 +474,8 @@ class OursCluster:
     workdir: Path
     groups: tuple[str, ...] = ("broker-a",)
     cluster: object | None = None
+    #: more server settings (``HAC_*``), over the ones below
+    env: dict[str, str] = field(default_factory=dict)
 
     async def start(self) -> None:
         from ha_controller.testing import run_cluster
@@ -493,6 +495,7 @@ class OursCluster:
                 # expiry checked every 100 ms (the tests' 500 ms would add up to half a
                 # second to the pause trial's read recovery; RocketMQ's default is 5 s)
                 "HAC_SCAN_NOT_ACTIVE_BROKER_INTERVAL_MS": "100",
+                **self.env,
             },
         )
         from ha_controller.client.admin import NameserverClient
