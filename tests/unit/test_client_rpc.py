@@ -8,6 +8,7 @@ import contextlib
 import time
 from collections import defaultdict
 from collections.abc import AsyncIterator, Callable
+from typing import Any
 
 import pytest
 
@@ -672,22 +673,30 @@ async def test_push_consumer_commits_only_up_to_the_lowest_unfinished(
     assert 0 not in done and 1 not in done
 
 
+async def _consumer_of_one_queue(
+    ns: FakeNameserver, a: FakeBroker, consumed: list[int], **kwargs: Any
+) -> PushConsumer:
+    """A push consumer of group CG on topic T: one queue on ``a`` holding three messages,
+    and a listener that records each offset it gets in ``consumed``."""
+    await ns.set_route(one_group_route(a, 1))
+    await a.put("T", 0, 3)
+
+    async def listener(m: ReceivedMessage) -> bool:
+        consumed.append(m.queue_offset)
+        return True
+
+    return PushConsumer(ns.addr, "CG", "T", listener, client_id="me", **kwargs)
+
+
 async def test_the_next_pull_carries_the_commit_of_a_batch(
     ns: FakeNameserver, brokers: tuple[FakeBroker, FakeBroker]
 ) -> None:
     """No request of its own per batch (at one message per pull that doubled the master's
     requests): the pull after a batch carries its offset, as RocketMQ's does."""
     a, _ = brokers
-    await ns.set_route(one_group_route(a, 1))
-    await a.put("T", 0, 3)
     consumed: list[int] = []
-
-    async def listener(m: ReceivedMessage) -> bool:
-        consumed.append(m.queue_offset)
-        return True
-
-    consumer = PushConsumer(
-        ns.addr, "CG", "T", listener, client_id="me", suspend_timeout_ms=300, commit_interval_s=60
+    consumer = await _consumer_of_one_queue(
+        ns, a, consumed, suspend_timeout_ms=300, commit_interval_s=60
     )
     async with consumer:
         await eventually(lambda: a.offsets.get(("CG", "T", 0)) == 3)
@@ -707,15 +716,7 @@ async def test_pulls_carry_the_offset_until_a_commit_request_stored_it(
     pull carries it again (a retry on the acting slave too) until the periodic commit
     request has stored it."""
     a, _ = brokers
-    await ns.set_route(one_group_route(a, 1))
-    await a.put("T", 0, 3)
-
-    async def listener(m: ReceivedMessage) -> bool:
-        return True
-
-    consumer = PushConsumer(
-        ns.addr, "CG", "T", listener, client_id="me", suspend_timeout_ms=100, commit_interval_s=1
-    )
+    consumer = await _consumer_of_one_queue(ns, a, [], suspend_timeout_ms=100, commit_interval_s=1)
     async with consumer:
         await eventually(lambda: [c[3] for c in a.carried][-3:] == [3, 3, 3])  # empty pulls
         await eventually(lambda: [c[3] for c in a.commits] == [3], timeout=5)
@@ -732,14 +733,8 @@ async def test_commits_land_where_pulls_carrying_them_are_ignored(
     periodic commit still stores it (a carried offset never counts as committed)."""
     a, _ = brokers
     a.apply_carried = False
-    await ns.set_route(one_group_route(a, 1))
-    await a.put("T", 0, 3)
-
-    async def listener(m: ReceivedMessage) -> bool:
-        return True
-
-    consumer = PushConsumer(
-        ns.addr, "CG", "T", listener, client_id="me", suspend_timeout_ms=300, commit_interval_s=0.1
+    consumer = await _consumer_of_one_queue(
+        ns, a, [], suspend_timeout_ms=300, commit_interval_s=0.1
     )
     async with consumer:
         await eventually(lambda: a.offsets.get(("CG", "T", 0)) == 3)
@@ -756,23 +751,9 @@ async def test_a_commit_left_unanswered_does_not_hold_up_the_next_pull(
     (a broker that ignores them), so the explicit commits are the ones held."""
     a, _ = brokers
     a.apply_carried = False
-    await ns.set_route(one_group_route(a, 1))
-    await a.put("T", 0, 3)
     consumed: list[int] = []
-
-    async def listener(m: ReceivedMessage) -> bool:
-        consumed.append(m.queue_offset)
-        return True
-
-    consumer = PushConsumer(
-        ns.addr,
-        "CG",
-        "T",
-        listener,
-        client_id="me",
-        suspend_timeout_ms=300,
-        request_timeout_ms=30_000,
-        commit_interval_s=0.05,
+    consumer = await _consumer_of_one_queue(
+        ns, a, consumed, suspend_timeout_ms=300, request_timeout_ms=30_000, commit_interval_s=0.05
     )
     async with consumer:
         await eventually(lambda: consumed == [0, 1, 2])
