@@ -31,6 +31,7 @@ import struct
 from collections.abc import Callable, Generator, Iterable, Iterator, Sequence
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Literal, overload
 
 from ha_controller.protocol.errors import CorruptRecord, OffsetOutOfRange, StoreError, StoreFull
 from ha_controller.protocol.record import (
@@ -38,7 +39,9 @@ from ha_controller.protocol.record import (
     BLANK_MAGIC,
     BLANK_MIN_SIZE,
     Blank,
+    DispatchHead,
     StoredMessage,
+    decode_dispatch,
     decode_header,
     decode_record,
     encode_blank_header,
@@ -554,15 +557,29 @@ class CommitLog:
                 break
         return b"".join(out)
 
+    @overload
     def scan(
-        self, start: int, end: int | None = None
-    ) -> Iterator[tuple[int, StoredMessage | Blank, int]]:
+        self, start: int, end: int | None = None, *, heads: Literal[False] = False
+    ) -> Iterator[tuple[int, StoredMessage | Blank, int]]: ...
+
+    @overload
+    def scan(
+        self, start: int, end: int | None = None, *, heads: Literal[True]
+    ) -> Iterator[tuple[int, DispatchHead | Blank, int]]: ...
+
+    def scan(
+        self, start: int, end: int | None = None, *, heads: bool = False
+    ) -> Iterator[tuple[int, StoredMessage | DispatchHead | Blank, int]]:
         """Yield ``(offset, record, size)`` for every verified record from ``start``.
 
         ``start`` must be a record boundary.  Raises :class:`CorruptRecord` (the message
         names the offset) at the first record that fails to decode, a zero or torn tail,
         a record whose physical offset is wrong or a segment that is not the last one and
         does not end with a blank.  ``end`` defaults to :attr:`max_offset`.
+
+        ``heads=True`` yields :class:`DispatchHead` instead of messages, and checks no CRC
+        (:func:`decode_dispatch`): for bytes checked when they were appended (a slave's
+        reput), not for recovery.
         """
         stop = self.max_offset if end is None else min(end, self.max_offset)
         offset = start
@@ -571,7 +588,9 @@ class CommitLog:
             seg = self._segments[idx]
             is_last = idx == len(self._segments) - 1
             seg_stop = min(seg.written_end, stop)
-            offset = yield from self._scan_segment(seg, offset, seg_stop)
+            offset = yield from self._scan_segment(
+                seg, offset, seg_stop, decode_dispatch if heads else decode_record
+            )
             if offset >= stop:
                 break
             if offset < seg.start + self._segment_size:
@@ -582,8 +601,12 @@ class CommitLog:
                 )
 
     def _scan_segment(
-        self, seg: Segment, offset: int, seg_stop: int
-    ) -> Generator[tuple[int, StoredMessage | Blank, int], None, int]:
+        self,
+        seg: Segment,
+        offset: int,
+        seg_stop: int,
+        decode: Callable[[bytes, int], tuple[StoredMessage | DispatchHead | Blank, int]],
+    ) -> Generator[tuple[int, StoredMessage | DispatchHead | Blank, int], None, int]:
         """Yield records of one segment from ``offset`` to ``seg_stop``; return the end."""
         seg_size = self._segment_size
         while offset < seg_stop:
@@ -615,7 +638,7 @@ class CommitLog:
                 if magic == BLANK_MAGIC or (length and pos + length > len(chunk)):
                     break  # handled by the outer loop with a fresh read
                 try:
-                    record, size = decode_record(chunk, pos)
+                    record, size = decode(chunk, pos)
                 except CorruptRecord as exc:
                     raise CorruptRecord(f"commit log offset {here}: {exc}") from exc
                 assert record is not BLANK

@@ -85,6 +85,7 @@ from ha_controller.protocol.record import (
     BLANK,
     BLANK_MIN_SIZE,
     MIN_RECORD_SIZE,
+    DispatchHead,
     StoredMessage,
     decode_record,
     encode_record,
@@ -603,9 +604,17 @@ class MessageStore:
         return cq
 
     def _dispatch(
-        self, msg: StoredMessage, size: int, *, recovering: bool = False
+        self,
+        msg: StoredMessage | DispatchHead,
+        size: int,
+        *,
+        recovering: bool = False,
+        write: bool = True,
     ) -> tuple[Dispatched | None, bool]:
-        """Write the consume-queue entry of ``msg`` idempotently; returns (entry, gap)."""
+        """Write the consume-queue entry of ``msg`` idempotently; returns (entry, gap).
+
+        ``write=False``: the queue is made ready for the entry (rebased, or cut back where
+        it disagrees) but the caller appends it, as the next of a run (see reput)."""
         if not _TOPIC_RE.match(msg.topic):
             logger.error("record at %d has an invalid topic %r", msg.physical_offset, msg.topic)
             return None, False
@@ -651,7 +660,8 @@ class MessageStore:
             )
             self.dispatch_gaps += 1
             return None, True
-        cq.append(msg.physical_offset, size, th)
+        if write:
+            cq.append(msg.physical_offset, size, th)
         return (
             Dispatched(
                 msg.topic, msg.queue_id, qoff, th, msg.physical_offset, size, msg.store_ts_ms
@@ -660,24 +670,67 @@ class MessageStore:
         )
 
     def _reput_locked(self, max_bytes: int | None) -> list[Dispatched]:
+        """Dispatch from the reput offset on.  The entries that continue a queue are
+        gathered into runs and each run written with one ``pwrite`` per queue file, as
+        :meth:`put_batch` does (a slave's reput wrote one per entry: 16 % of its CPU in
+        the produce profile); any other case goes through :meth:`_dispatch` first."""
         out: list[Dispatched] = []
         start = max(self._reput_offset, self._cl.min_offset)
         self._reput_offset = start
         if start >= self._cl.max_offset:
             return out
+        runs: dict[tuple[str, int], tuple[ConsumeQueue, list[tuple[int, int, int]]]] = {}
         try:
-            for offset, record, size in self._cl.scan(start):
+            for offset, record, size in self._cl.scan(start, heads=True):
                 if record is not BLANK:
-                    dispatched, _ = self._dispatch(record, size)
-                    if dispatched is not None:
-                        out.append(dispatched)
+                    key = (record.topic, record.queue_id)
+                    run = runs.get(key)
+                    if run is not None and record.queue_offset == run[0].max_offset + len(run[1]):
+                        th = tag_hash(record.tags)
+                        run[1].append((offset, size, th))
+                        out.append(
+                            Dispatched(
+                                record.topic,
+                                record.queue_id,
+                                record.queue_offset,
+                                th,
+                                offset,
+                                size,
+                                record.store_ts_ms,
+                            )
+                        )
+                    else:
+                        if run is not None:
+                            self._write_runs({key: runs.pop(key)})
+                        dispatched, _ = self._dispatch(record, size, write=False)
+                        if dispatched is not None:
+                            entry = (offset, size, dispatched.tag_hash)
+                            runs[key] = (self._cqs[key], [entry])
+                            out.append(dispatched)
                 self._reput_offset = offset + size
                 if max_bytes is not None and self._reput_offset - start >= max_bytes:
                     break
         except CorruptRecord:
             logger.exception("store %s: reput found a corrupt record", self._dir)
+            self._write_runs(runs)  # the whole records before it
             raise
+        self._write_runs(runs)
         return out
+
+    def _write_runs(
+        self, runs: Mapping[tuple[str, int], tuple[ConsumeQueue, list[tuple[int, int, int]]]]
+    ) -> None:
+        """Append each run to its queue.  When one fails, the reput goes back to the
+        first record not written, so the next reput dispatches again from there (what
+        was written is found in place and skipped)."""
+        pending = list(runs.values())
+        for i, (cq, entries) in enumerate(pending):
+            try:
+                cq.append_many(entries)
+            except StoreError:
+                first = min(run[0][0] for _, run in pending[i:])
+                self._reput_offset = min(self._reput_offset, first)
+                raise
 
     def reput(self, max_bytes: int = 16 * MiB) -> list[Dispatched]:
         """Dispatch commit-log records not yet in consume queues (replicated bytes).

@@ -63,8 +63,10 @@ __all__ = [
     "MIN_RECORD_SIZE",
     "Blank",
     "BufferLike",
+    "DispatchHead",
     "RecordHeader",
     "StoredMessage",
+    "decode_dispatch",
     "decode_header",
     "decode_properties",
     "decode_record",
@@ -376,6 +378,76 @@ def decode_record(
         store_ts_ms=store_ts,
     )
     return msg, total
+
+
+class DispatchHead(NamedTuple):
+    """What a consume-queue entry needs of a record (:func:`decode_dispatch`)."""
+
+    topic: str
+    queue_id: int
+    queue_offset: int
+    physical_offset: int
+    store_ts_ms: int
+    tags: str | None
+
+
+_TAGS_PAIR: Final = (PROPERTY_TAGS + NAME_VALUE_SEPARATOR).encode()
+_PAIR_END: Final = PROPERTY_SEPARATOR.encode()
+
+
+def _tags_in(props: bytes) -> str | None:
+    """The TAGS value of an encoded property string: the last pair named TAGS, as
+    :func:`decode_properties` keeps it (a value cannot hold the name separator, so a
+    match is a pair's name when it starts the string or follows a pair's end)."""
+    i = props.rfind(_TAGS_PAIR)
+    while i > 0 and props[i - 1 : i] != _PAIR_END:
+        i = props.rfind(_TAGS_PAIR, 0, i)
+    if i < 0:
+        return None
+    start = i + len(_TAGS_PAIR)
+    stop = props.find(_PAIR_END, start)
+    try:
+        return str(props[start : len(props) if stop < 0 else stop], "utf-8")
+    except UnicodeDecodeError as exc:
+        raise CorruptRecord(f"invalid UTF-8 in the TAGS property: {exc}") from exc
+
+
+def decode_dispatch(
+    buf: BufferLike, pos: int = 0, end: int | None = None
+) -> tuple[DispatchHead | Blank, int]:
+    """The record at ``pos`` as far as dispatching it to its consume queue needs; returns
+    ``(head or BLANK, record size)``.
+
+    For bytes whose CRC this store checked when it took them in (a slave's reput of
+    what :meth:`~broker_agent.store.MessageStore.append_replicated` appended): lengths,
+    magic and inner lengths are checked as :func:`decode_record` does, the CRC is not,
+    and neither the body nor the properties are decoded (only the tags are looked up).
+    """
+    with memoryview(buf) as view:
+        total, magic = _check_prefix(view, pos, _limit(view, end))
+        if magic == BLANK_MAGIC:
+            return BLANK, total
+        (_, _, _, _, queue_id, queue_offset, physical, _, store_ts) = _HEAD.unpack_from(view, pos)
+        rec_end = pos + total
+        p = pos + HEADER_SIZE
+        for width in (_U16, _U16):  # born host, store host: skipped
+            if p + width.size > rec_end:
+                raise CorruptRecord("field length runs past the record end")
+            (length,) = width.unpack_from(view, p)
+            p += width.size + length
+        topic, p = _read_str(view, p, rec_end, _U16)
+        if p + 4 > rec_end:
+            raise CorruptRecord("field length runs past the record end")
+        (props_len,) = _U32.unpack_from(view, p)
+        p += 4
+        if p + props_len + 4 > rec_end:
+            raise CorruptRecord("field runs past the record end")
+        tags = _tags_in(bytes(view[p : p + props_len])) if props_len else None
+        p += props_len
+        (body_len,) = _U32.unpack_from(view, p)
+        if p + 4 + body_len != rec_end:
+            raise CorruptRecord(f"body length {body_len} disagrees with record length {total}")
+    return DispatchHead(topic, queue_id, queue_offset, physical, store_ts, tags), total
 
 
 def iter_records(

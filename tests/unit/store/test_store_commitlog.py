@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import os
 import random
+from collections.abc import Sequence
 from dataclasses import replace
 from pathlib import Path
 
@@ -11,7 +12,8 @@ import pytest
 
 from broker_agent.store import MessageStore, StoreConfig
 from broker_agent.store.commitlog import CommitLog
-from ha_controller.protocol.errors import CorruptRecord, OffsetOutOfRange
+from broker_agent.store.consumequeue import ConsumeQueue
+from ha_controller.protocol.errors import CorruptRecord, OffsetOutOfRange, StoreError
 from ha_controller.protocol.record import (
     BLANK,
     BLANK_MIN_SIZE,
@@ -171,6 +173,38 @@ def test_reput_reports_each_dispatched_entry(tmp_path: Path) -> None:
         ]
         assert slave.reput() == []
         assert slave.max_offset("T", 0) == 20
+
+
+def test_a_failed_queue_write_in_reput_is_dispatched_again(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The reput writes runs of entries per queue; when one queue's write fails, the
+    next reput starts again at its first unwritten record and the queues end up as the
+    master's (entries already written are found in place, not doubled)."""
+    real = ConsumeQueue.append_many
+    failures = []
+
+    def failing_once(cq: ConsumeQueue, entries: Sequence[tuple[int, int, int]]) -> None:
+        if cq.topic == "T1" and cq.queue_id == 2 and not failures:
+            failures.append(len(entries))
+            raise StoreError("injected: no space left on device")
+        real(cq, entries)
+
+    with (
+        MessageStore.open(tmp_path / "m", CFG) as master,
+        MessageStore.open(tmp_path / "s", CFG) as slave,
+    ):
+        fill(master, 200, seed=8)
+        slave.append_replicated(0, master.read_commitlog(0, 1 << 30))
+        monkeypatch.setattr(ConsumeQueue, "append_many", failing_once)
+        with pytest.raises(StoreError, match="injected"):
+            slave.reput(max_bytes=1 << 30)
+        assert failures and slave.dispatch_behind_bytes > 0
+        while slave.dispatch_behind_bytes:
+            slave.reput(max_bytes=30000)
+        assert slave.reput() == []
+        assert slave.topics_and_queues() == master.topics_and_queues()
+    assert cq_files(tmp_path / "m") == cq_files(tmp_path / "s")
 
 
 def test_slave_can_start_at_a_master_segment_start(tmp_path: Path) -> None:

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import struct
 import zlib
+from dataclasses import replace
 
 import pytest
 from hypothesis import given
@@ -16,7 +17,9 @@ from ha_controller.protocol.record import (
     HEADER_SIZE,
     MESSAGE_MAGIC,
     MIN_RECORD_SIZE,
+    DispatchHead,
     StoredMessage,
+    decode_dispatch,
     decode_header,
     decode_properties,
     decode_record,
@@ -92,6 +95,75 @@ def test_round_trip_inside_a_larger_buffer(msg: StoredMessage, pre: bytes, post:
         msg.queue_offset,
         msg.physical_offset,
     )
+
+
+_with_tags = st.builds(
+    lambda msg, tags, before: replace(
+        msg,
+        properties=(
+            {**msg.properties, "TAGS": tags}
+            if before
+            else {"TAGS": tags, **{k: v for k, v in msg.properties.items() if k != "TAGS"}}
+        ),
+    ),
+    messages,
+    _text,
+    st.booleans(),
+)
+
+
+@given(st.one_of(messages, _with_tags), st.binary(max_size=20), st.binary(max_size=20))
+def test_dispatch_head_agrees_with_the_full_decode(
+    msg: StoredMessage, pre: bytes, post: bytes
+) -> None:
+    data = encode_record(msg)
+    head, size = decode_dispatch(memoryview(pre + data + post), len(pre))
+    assert size == len(data)
+    assert head == DispatchHead(
+        msg.topic, msg.queue_id, msg.queue_offset, msg.physical_offset, msg.store_ts_ms, msg.tags
+    )
+
+
+@pytest.mark.parametrize(
+    ("properties", "tags"),
+    [
+        ({}, None),
+        ({"XTAGS": "no"}, None),
+        ({"XTAGS": "no", "TAGS": "yes"}, "yes"),
+        ({"TAGS": "yes", "XTAGS": "no"}, "yes"),
+        ({"KEYS": "TAGS", "TAGS": "t1||t2"}, "t1||t2"),
+        ({"TAGS": ""}, ""),
+        ({"A": "TAGS"}, None),
+    ],
+)
+def test_dispatch_head_finds_the_tags_pair_only(
+    properties: dict[str, str], tags: str | None
+) -> None:
+    head, _ = decode_dispatch(encode_record(sample(properties=properties)))
+    assert isinstance(head, DispatchHead) and head.tags == tags
+    assert tag_hash(head.tags) == tag_hash(sample(properties=properties).tags)
+
+
+def test_dispatch_head_detects_every_truncation_and_bad_inner_lengths() -> None:
+    data = encode_record(sample())
+    for cut in range(len(data)):
+        with pytest.raises(CorruptRecord):
+            decode_dispatch(data[:cut])
+    assert decode_dispatch(encode_blank(100)) == (BLANK, 100)
+
+
+@given(messages, st.data())
+def test_dispatch_head_of_a_corrupt_record_raises_only_corrupt_record(
+    msg: StoredMessage, data: st.DataObject
+) -> None:
+    """It checks no CRC: a flipped byte may decode, but never raises anything else."""
+    raw = bytearray(encode_record(msg))
+    i = data.draw(st.integers(0, len(raw) - 1))
+    raw[i] ^= data.draw(st.integers(1, 255))
+    try:
+        decode_dispatch(bytes(raw))
+    except CorruptRecord:
+        pass
 
 
 def test_layout_is_big_endian_and_crc_covers_after_crc_field() -> None:
