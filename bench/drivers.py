@@ -119,7 +119,10 @@ class OursDriver:
     async def send(self, dest: str, body: bytes, timeout_s: float) -> None:
         from ha_controller.client import Message
 
-        await asyncio.wait_for(self._producer.send(Message(dest, body)), timeout_s)
+        # asyncio.timeout, not wait_for: wait_for wraps every send in a task of its own
+        # (the peers' clients take the timeout as an argument and start no task either)
+        async with asyncio.timeout(timeout_s):
+            await self._producer.send(Message(dest, body))
 
     async def subscribe(self, dest: str, group: str, on_body: OnBody) -> Subscription:
         from ha_controller.client import PushConsumer

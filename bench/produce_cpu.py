@@ -1,6 +1,7 @@
 """CPU per produced message on each process of the durable produce path.
 
     .venv/bin/python bench/produce_cpu.py [-n 20000] [--rounds 3] [--window 64] [--size 1024]
+        [--coalesce 64]
 
 Starts our cluster as ``compare.py`` does (nameserver, master + 1 SYNC slave), sends ``n``
 durable messages per round with ``window`` sends in flight, and reads the CPU time
@@ -57,7 +58,7 @@ async def produce(driver: OursDriver, dest: str, n: int, size: int, window: int)
 async def main(args: argparse.Namespace) -> None:
     cluster = OursCluster(Path(tempfile.mkdtemp(prefix="hac-cpu-")))
     await cluster.start()
-    driver = OursDriver(cluster)
+    driver = OursDriver(cluster, coalesce=args.coalesce)
     try:
         await driver.open()
         pids: dict[str, int] = {
@@ -97,4 +98,7 @@ if __name__ == "__main__":
     parser.add_argument("--rounds", type=int, default=3)
     parser.add_argument("--window", type=int, default=64, help="sends in flight")
     parser.add_argument("--size", type=int, default=1024, help="body bytes")
+    parser.add_argument(
+        "--coalesce", type=int, default=64, help="producer coalesce_max_messages (1 = off)"
+    )
     asyncio.run(main(parser.parse_args()))
