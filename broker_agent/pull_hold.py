@@ -93,6 +93,8 @@ class PullHoldService:
         self._clock = clock
         self._table: dict[tuple[str, int], dict[int, _Hold]] = {}
         self._held = 0
+        # the broker's own services waiting for the next message of a queue (arrival)
+        self._arrivals: dict[tuple[str, int], list[asyncio.Future[None]]] = {}
         self._serials = itertools.count()
         self._closed = False
         self.rejected_count = 0
@@ -153,6 +155,27 @@ class PullHoldService:
             timer.cancel()
             self._remove(h)
 
+    async def arrival(self, topic: str, queue_id: int, timeout_s: float) -> bool:
+        """Wait for the next message dispatched to ``topic``/``queue_id`` (True) or
+        ``timeout_s`` (False): for the broker's own services (the schedule service's
+        loops), which look at the queue first, in the same tick.  Not a held pull: not
+        counted, not bounded, not answered by :meth:`close` (the caller is cancelled)."""
+        key = (topic, queue_id)
+        fut: asyncio.Future[None] = asyncio.get_running_loop().create_future()
+        self._arrivals.setdefault(key, []).append(fut)
+        try:
+            async with asyncio.timeout(timeout_s):
+                await fut
+            return True
+        except TimeoutError:
+            return False
+        finally:
+            waiters = self._arrivals.get(key)
+            if waiters is not None and fut in waiters:
+                waiters.remove(fut)
+                if not waiters:
+                    del self._arrivals[key]
+
     def _remove(self, h: _Hold) -> None:
         holds = self._table.get(h.key)
         if holds is not None and holds.pop(h.serial, None) is not None:
@@ -169,6 +192,10 @@ class PullHoldService:
     def _notify(
         self, topic: str, queue_id: int, max_offset: int, tag_hash: int | None, reason: WakeReason
     ) -> int:
+        if self._arrivals:
+            for fut in self._arrivals.pop((topic, queue_id), ()):
+                if not fut.done():
+                    fut.set_result(None)
         holds = self._table.get((topic, queue_id))
         if not holds:
             return 0

@@ -248,3 +248,38 @@ async def test_hold_cancelled_after_wake_is_not_double_counted(svc: PullHoldServ
 def test_max_held_must_be_positive() -> None:
     with pytest.raises(ValueError, match="max_held"):
         PullHoldService(max_held=0, clock=monotonic_ms)
+
+
+async def test_arrival_wakes_the_services_waiting_on_that_queue_only(
+    svc: PullHoldService,
+) -> None:
+    """The schedule service's loops wait for their queue with arrival(): woken by the
+    next notify of that queue, never counted as held pulls."""
+    a1 = asyncio.create_task(svc.arrival("SCHEDULE", 2, 30))
+    a2 = asyncio.create_task(svc.arrival("SCHEDULE", 2, 30))
+    other = asyncio.create_task(svc.arrival("SCHEDULE", 3, 0.2))
+    await asyncio.sleep(0.01)
+    assert svc.held_count == 0
+    assert svc.notify("SCHEDULE", 2, 1) == 0  # no held pull answered
+    assert list(await asyncio.wait_for(asyncio.gather(a1, a2), 1)) == [True, True]
+    assert not other.done()
+    assert await other is False  # its own timeout; nothing arrived in queue 3
+
+
+async def test_arrival_that_times_out_leaves_nothing_behind(svc: PullHoldService) -> None:
+    for _ in range(50):
+        assert await svc.arrival("TIMER", 0, 0.001) is False
+    task = asyncio.create_task(svc.arrival("TIMER", 0, 30))
+    await asyncio.sleep(0.01)
+    task.cancel()
+    with pytest.raises(asyncio.CancelledError):
+        await task
+    assert svc._arrivals == {}
+    # a notify after them finds no waiter, and a new waiter is woken by the next one
+    svc.notify("TIMER", 0, 5)
+    task = asyncio.create_task(svc.arrival("TIMER", 0, 30))
+    await asyncio.sleep(0.01)
+    svc.check_all(lambda topic, queue_id: 0)  # the backstop names only held pulls' queues
+    assert not task.done()
+    svc.notify("TIMER", 0, 6)
+    assert await asyncio.wait_for(task, 1) is True
