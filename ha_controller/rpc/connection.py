@@ -73,6 +73,13 @@ M = TypeVar("M", bound=Message)
 READ_CHUNK = 256 * 1024
 #: bytes a connection first asks the assembly budget for (then as much as it holds)
 BUDGET_CHUNK = 64 * 1024
+#: a response at least this large is written at once, not with the rest of its tick.
+#: Several requests read in one tick (a consumer's pulls of its queues) ran one after
+#: the other and their answers left together after the last: the client then worked
+#: through all of them while this side idled, and sent the next requests together
+#: (a convoy; pulls of 32 messages took 5-7 ms for 1 ms of work).  A large answer
+#: pays for its own write call many times over.
+FLUSH_NOW_BYTES = 16 * 1024
 
 _scratch = threading.local()
 
@@ -758,14 +765,15 @@ class RpcConnection(asyncio.BufferedProtocol):
             log.debug("dropping late response to %s from %s", method_name(req.method), self.peer)
             return
         with contextlib.suppress(ConnectionClosed):
-            self._write(
-                envelope.encode_response(
-                    req.serial_no,
-                    req.method,
-                    result or b"",
-                    max_block_bytes=self.limits.max_block_bytes,
-                )
+            frame = envelope.encode_response(
+                req.serial_no,
+                req.method,
+                result or b"",
+                max_block_bytes=self.limits.max_block_bytes,
             )
+            self._write(frame)
+            if len(frame) >= FLUSH_NOW_BYTES:
+                self.flush()
 
 
 async def connect(
