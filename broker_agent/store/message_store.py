@@ -701,7 +701,10 @@ class MessageStore:
                         )
                     else:
                         if run is not None:
-                            self._write_runs({key: runs.pop(key)})
+                            # _dispatch must see this queue as written; all runs go now,
+                            # so that a failed write rewinds past every unwritten one
+                            self._write_runs(runs)
+                            runs.clear()
                         dispatched, _ = self._dispatch(record, size, write=False)
                         if dispatched is not None:
                             entry = (offset, size, dispatched.tag_hash)
@@ -721,8 +724,8 @@ class MessageStore:
         self, runs: Mapping[tuple[str, int], tuple[ConsumeQueue, list[tuple[int, int, int]]]]
     ) -> None:
         """Append each run to its queue.  When one fails, the reput goes back to the
-        first record not written, so the next reput dispatches again from there (what
-        was written is found in place and skipped)."""
+        first record of the runs not written, so the next reput dispatches again from
+        there (what was written is found in place and skipped)."""
         pending = list(runs.values())
         for i, (cq, entries) in enumerate(pending):
             try:

@@ -207,6 +207,39 @@ def test_a_failed_queue_write_in_reput_is_dispatched_again(
     assert cq_files(tmp_path / "m") == cq_files(tmp_path / "s")
 
 
+def test_a_failed_write_where_a_queue_breaks_off_loses_no_other_queue(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A record that does not continue its queue's run (here a gap: queue offset 7
+    after 3) has the runs written before it is dispatched.  When that write fails, the
+    reput must go back to the first unwritten record of every run, also of a queue whose
+    run began earlier (T/1 here), or those entries are never written."""
+    layout = [("T", 1, 0), ("T", 1, 1), *[("T", 0, q) for q in range(4)], ("T", 0, 7), ("T", 1, 2)]
+    raw = bytearray()
+    for topic, qid, qoff in layout:
+        msg = StoredMessage(topic=topic, queue_id=qid, body=b"x" * 100, queue_offset=qoff)
+        raw += encode_record(replace(msg, physical_offset=len(raw)))
+    real = ConsumeQueue.append_many
+    failures = []
+
+    def failing_once(cq: ConsumeQueue, entries: Sequence[tuple[int, int, int]]) -> None:
+        if cq.queue_id == 0 and not failures:
+            failures.append(len(entries))
+            raise StoreError("injected: no space left on device")
+        real(cq, entries)
+
+    with MessageStore.open(tmp_path / "s", CFG) as slave:
+        slave.append_replicated(0, bytes(raw))
+        monkeypatch.setattr(ConsumeQueue, "append_many", failing_once)
+        with pytest.raises(StoreError, match="injected"):
+            slave.reput()
+        while slave.dispatch_behind_bytes:
+            slave.reput()
+        assert failures == [4]
+        assert (slave.min_offset("T", 1), slave.max_offset("T", 1)) == (0, 3)
+        assert (slave.min_offset("T", 0), slave.max_offset("T", 0)) == (0, 4)
+
+
 def test_slave_can_start_at_a_master_segment_start(tmp_path: Path) -> None:
     with (
         MessageStore.open(tmp_path / "m", CFG) as master,
