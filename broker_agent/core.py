@@ -22,6 +22,7 @@ from typing import Any
 
 from broker_agent.membership.acting import ActingState
 from broker_agent.membership.lease import Lease
+from broker_agent.metadata import acl_table
 from broker_agent.metadata.offsets import ConsumerOffsetManager
 from broker_agent.metrics import BrokerMetrics
 from broker_agent.pull_hold import PullHoldService
@@ -32,12 +33,12 @@ from broker_agent.store.diskspace import SpaceLevel
 from broker_agent.store.message_store import MessageStore, StoreConfig
 from broker_agent.store.retention import CleanResult
 from broker_agent.topics import TopicConfigManager
-from ha_controller.acl import Acl
+from ha_controller.acl import Acl, AclHolder, load_acl_file
 from ha_controller.acl import guard as acl_guard
 from ha_controller.auth import ClusterAuth
 from ha_controller.config import BrokerConfig
 from ha_controller.protocol.errors import BrokerIsolated, NotMaster, NotWritable
-from ha_controller.protocol.properties import now_ms
+from ha_controller.protocol.properties import HALF_TOPIC, PROPERTY_REAL_TOPIC, now_ms
 from ha_controller.routing import BrokerMemberGroup
 from ha_controller.rpc import ConnectionPool, Dispatcher, RpcConnection
 
@@ -129,9 +130,19 @@ class BrokerCore:
             # a nameserver expires a broker whose registration connection closes
             sessions=cfg.namesrv_addrs,
         )
-        #: the client ACL; the guard also checks group names (ha_controller.acl)
-        self.acl = Acl.from_config(cfg.acl, on_denied=self.metrics.acl_denial)
-        self.dispatcher = Dispatcher(guard=acl_guard(self.auth, self.acl))
+        #: the client ACL, its table kept in the store (broker_agent.metadata.acl_table);
+        #: the guard also checks group names (ha_controller.acl)
+        holder = None
+        if cfg.acl.enabled:
+            assert cfg.acl.file is not None  # checked at load
+            holder = AclHolder(
+                acl_table.load_table(self.store_dir, load_acl_file(cfg.acl.file)),
+                persist=acl_table.persister(self.store_dir),
+            )
+        self.acl = Acl.from_config(cfg.acl, on_denied=self.metrics.acl_denial, holder=holder)
+        self.dispatcher = Dispatcher(
+            guard=acl_guard(self.auth, self.acl, half_topic=self.half_message_topic)
+        )
         self.addr = ""  # advertised RPC address, set once bound
         self.ha_addr = ""
         self.http_addr = ""
@@ -160,6 +171,23 @@ class BrokerCore:
         #: the store state last acted on (membership.writability)
         self.store_state_seen: tuple[bool, SpaceLevel] = self.store_state()
         self.update_role_metrics()
+
+    def acl_key(self) -> dict[str, Any]:
+        """The ACL table this broker has, as its registration and heartbeats tell it
+        (nothing without an ACL)."""
+        if self.acl.holder is None:
+            return {}
+        revision, digest = self.acl.holder.key()
+        return {"acl_revision": revision, "acl_digest": digest}
+
+    def half_message_topic(self, req: Any) -> str | None:
+        """The real topic of the half message an END_TRANSACTION resolves (None when
+        this broker holds no such half): what the request is authorised against."""
+        msg = self.store.get_message_at(HALF_TOPIC, 0, req.half_queue_offset)
+        if msg is None or (req.transaction_id and msg.uniq_key != req.transaction_id):
+            return None
+        # a half without its real topic (never written so) counts as the brokers' own
+        return msg.properties.get(PROPERTY_REAL_TOPIC) or msg.topic
 
     # ---- ownership of background work -----------------------------------------
 

@@ -31,6 +31,8 @@ from broker_agent.membership.preonline import PreOnline
 from broker_agent.membership.registration import Registrar
 from broker_agent.membership.sync import MetadataSync
 from broker_agent.membership.writability import WritabilityWatch
+from broker_agent.metadata.acl_table import AclTableSync
+from broker_agent.metadata.versioned import VersionedTable
 from broker_agent.metrics import BrokerMetrics
 from broker_agent.replication.catchup import CatchUp, CommitLogRangeService
 from broker_agent.replication.ha import HaSlave
@@ -41,6 +43,9 @@ from broker_agent.special.ports import Neighbours
 from broker_agent.special.schedule import ScheduleService
 from broker_agent.special.transaction import TransactionService, store_target
 from broker_agent.write_path import WritePath
+from ha_controller.acl import AclTable
+from ha_controller.acl.service import AclService
+from ha_controller.acl.sync import push_table
 from ha_controller.config import BrokerConfig
 from ha_controller.protocol.errors import HaError
 from ha_controller.routing import BrokerMemberGroup
@@ -77,7 +82,21 @@ class BrokerService:
         self.transactions = TransactionService(core, self.write_path, self.escape)
         self.pop = PopService(core, self.write_path, self.escape)
         self.locks = LockService(self)
-        special_tables = [*self.schedule.tables(), self.transactions.table(), *self.pop.tables()]
+        special_tables: list[VersionedTable] = [
+            *self.schedule.tables(),
+            self.transactions.table(),
+            *self.pop.tables(),
+        ]
+        # ACL 2.0 at runtime: changes made here, the table kept in step like the others
+        AclService(
+            core.acl,
+            core.dispatcher,
+            cluster_enabled=core.auth.enabled,
+            changes=True,
+            on_change=self._spread_acl,
+        )
+        if core.acl.holder is not None:
+            special_tables.append(AclTableSync(core.acl.holder))
         self.metadata_sync = MetadataSync(
             core,
             special_tables,
@@ -103,6 +122,14 @@ class BrokerService:
         self.locks.register(core.dispatcher)
         self._listener: Listener | None = None
         self._serving_stopped = False
+
+    def _spread_acl(self, table: AclTable) -> None:
+        """A change made here goes to the nameservers, which spread it to every broker."""
+        for ns in self.cfg.namesrv_addrs:
+            self.core.spawn(self._push_acl(ns, table), f"acl-push-{ns}")
+
+    async def _push_acl(self, ns: str, table: AclTable) -> None:
+        await push_table(self.core.pool, ns, table)
 
     # ---- what the listeners and the container see ---------------------------------
 

@@ -180,10 +180,19 @@ def _fields(*parts: bytes) -> bytes:
     return b"".join(struct.pack(">I", len(p)) + p for p in parts)
 
 
-def request_mac(key: bytes, method: int, timestamp_ms: int, nonce: bytes, body: bytes) -> bytes:
-    """The signature of one request: method, timestamp and nonce, then the body."""
-    head = struct.pack(">iqB", method, timestamp_ms, len(nonce)) + nonce
+def request_mac(
+    key: bytes, method: int, timestamp_ms: int, nonce: bytes, body: bytes, extra: bytes = b""
+) -> bytes:
+    """The signature of one request: method, timestamp and nonce (and ``extra``, a
+    gateway's on-behalf fields), then the body."""
+    head = struct.pack(">iqB", method, timestamp_ms, len(nonce)) + nonce + extra
     return hmac.new(key, head + body, hashlib.sha256).digest()
+
+
+def on_behalf_fields(user: str, source_ip: str) -> bytes:
+    """What a gateway's request for a client signs besides the request (never empty,
+    so that no such signature is valid as a plain member's)."""
+    return _fields(b"on-behalf", user.encode(), source_ip.encode())
 
 
 class ReplayCache:
@@ -217,6 +226,37 @@ class ReplayCache:
         return True
 
 
+#: A numbered nonce: ``0x01 | session (15 random bytes) | counter (8 bytes)``.
+NUMBERED_NONCE_VERSION = 1
+SESSION_BYTES = 15
+NUMBERED_NONCE_LEN = 1 + SESSION_BYTES + 8
+
+
+def numbered_nonce(session: bytes, counter: int) -> bytes:
+    return bytes([NUMBERED_NONCE_VERSION]) + session + counter.to_bytes(8, "big")
+
+
+def split_nonce(nonce: bytes) -> tuple[bytes, int] | None:
+    """(session, counter) of a numbered nonce, None for any other shape."""
+    if len(nonce) != NUMBERED_NONCE_LEN or nonce[0] != NUMBERED_NONCE_VERSION:
+        return None
+    return nonce[1 : 1 + SESSION_BYTES], int.from_bytes(nonce[1 + SESSION_BYTES :], "big")
+
+
+class NumberedNonces:
+    """One signer's numbered nonces: a random session, a counter from 1."""
+
+    __slots__ = ("_counter", "_session")
+
+    def __init__(self) -> None:
+        self._session = secrets.token_bytes(SESSION_BYTES)
+        self._counter = 0
+
+    def next(self) -> bytes:
+        self._counter += 1
+        return numbered_nonce(self._session, self._counter)
+
+
 class ClusterAuth:
     """One process's side of cluster authentication; ``enabled`` with a secret.
 
@@ -241,6 +281,7 @@ class ClusterAuth:
         self._clock_ms = clock_ms
         self.max_skew_ms = max_skew_ms
         self.nonces = ReplayCache(max_nonces)
+        self._numbered = NumberedNonces()
         self._log = Throttle(LOG_INTERVAL_S)
         #: sign every request, not only the control plane's (a broker whose cluster
         #: has a client ACL: its escape sends, pulls and route queries are a member's)
@@ -262,6 +303,21 @@ class ClusterAuth:
         nonce = secrets.token_bytes(NONCE_BYTES)
         return RequestAuth(ts, nonce, request_mac(self._rpc_key, method, ts, nonce, body))
 
+    def sign_on_behalf(
+        self, method: int, body: bytes, user: str, source_ip: str
+    ) -> RequestAuth | None:
+        """A gateway's request for client ``user`` connected from ``source_ip``: signed
+        with the cluster key over both (None without a secret).  The receiver
+        authorises it as that user from that address, and refuses a copy of it
+        (numbered nonces, :mod:`ha_controller.acl.replay`)."""
+        if self._rpc_key is None:
+            return None
+        ts = self._clock_ms()
+        nonce = self._numbered.next()
+        extra = on_behalf_fields(user, source_ip)
+        mac = request_mac(self._rpc_key, method, ts, nonce, body, extra)
+        return RequestAuth(ts, nonce, mac, "", user, source_ip)
+
     def check(self, ctx: RequestContext, body: bytes) -> None:
         """Refuse (raise) an unsigned control request, a bad, stale or replayed
         signature; mark a good one ``ctx.authenticated``.  Nothing without a secret."""
@@ -272,6 +328,9 @@ class ClusterAuth:
         method = ctx.method
         if auth is not None and auth.access_key:
             auth = None  # a client's, signed as an ACL user: checked by the ACL
+        if auth is not None and auth.on_behalf_of:
+            self._check_on_behalf(ctx, body, key, auth)
+            return
         if auth is None:
             if requires_signature(method, body):
                 raise self.refuse(
@@ -324,6 +383,38 @@ class ClusterAuth:
                 ReplayedRequest(f"{method_name(method)}: a copy of a request already served"),
             )
         ctx.authenticated = True
+
+    def _check_on_behalf(
+        self, ctx: RequestContext, body: bytes, key: bytes, auth: RequestAuth
+    ) -> None:
+        """A gateway's request for a client: a good signature makes it that client's
+        (``ctx.on_behalf``), to be authorised by the ACL as that user; never a
+        member's.  Its replay check is the ACL's (numbered nonces)."""
+        method = ctx.method
+        off = self._clock_ms() - auth.timestamp_ms
+        if abs(off) > self.max_skew_ms:
+            raise self.refuse(
+                "stale",
+                method,
+                ctx.peer,
+                SignatureInvalid(
+                    f"{method_name(method)} signed {off} ms from this server's clock "
+                    f"(the window is ±{self.max_skew_ms} ms: synchronise the clocks)"
+                ),
+            )
+        extra = on_behalf_fields(auth.on_behalf_of, auth.source_ip)
+        expected = request_mac(key, method, auth.timestamp_ms, auth.nonce, body, extra)
+        if len(auth.nonce) > 255 or not hmac.compare_digest(expected, auth.signature):
+            raise self.refuse(
+                "bad_signature",
+                method,
+                ctx.peer,
+                SignatureInvalid(
+                    f"{method_name(method)} for {auth.on_behalf_of[:64]!r}: the signature "
+                    "does not match this server's cluster_secret"
+                ),
+            )
+        ctx.on_behalf = (auth.on_behalf_of, auth.source_ip)
 
     def refuse(self, reason: str, method: int, peer: str, exc: HaError) -> HaError:
         """Count and log (at most once per 10 s) a refusal; returns ``exc`` to raise."""

@@ -539,10 +539,14 @@ class AclConfig(_Validated):
     # Serve unsigned requests as without an ACL (the demo profile); false = every
     # client request must be signed by a user of the file.
     allow_anonymous: bool = True
-    # The users: a TOML file of [[users]] tables (access_key, secret_key, admin,
-    # default_topic_perm, default_group_perm, topic_perms, group_perms), like
-    # RocketMQ's plain_acl.yml; mount it from a secret, it holds the secret keys.
+    # The users a node starts with: a TOML file of [[users]] tables (access_key,
+    # secret_key, admin, default_topic_perm, default_group_perm, topic_perms,
+    # group_perms), like RocketMQ's plain_acl.yml; mount it from a secret, it holds the
+    # secret keys.  Users and ACLs changed at runtime (hactl user, hactl acl) replace it.
     file: str | None = _opt(None, check=_not_empty)
+    # Write an audit line for every allowed request too (logger ha_controller.acl.audit);
+    # refusals are always written.
+    audit_allowed: bool = False
 
     def _rules(self) -> Iterator[tuple[tuple[str, ...], str]]:
         if self.enabled and self.file is None:
@@ -891,11 +895,14 @@ class ProxyConfig(_Validated):
     # Timeout of one request to a broker.
     broker_timeout_ms: int = 3000
     # The cluster's secret: the gateway's own requests (heartbeats, routes) are signed
-    # with it; clients' requests are signed as their ACL user (docs/security.md).
+    # with it, and so are clients' requests, on behalf of their ACL user (docs/security.md).
     cluster_secret: str | None = _opt(None, check=_not_empty, secret=True)
     tls: TlsConfig = field(default_factory=TlsConfig)
     # The client ACL: the SDKs' Credentials are checked against its users.
     acl: AclConfig = field(default_factory=AclConfig)
+    # How often the gateway fetches the cluster's ACL table from the nameservers (with a
+    # cluster secret): users and ACLs changed at runtime take effect within about this.
+    acl_sync_interval_ms: int = _opt(1000, ge=100, le=60_000)
     log_level: LogLevel = "INFO"
 
     def _rules(self) -> Iterator[tuple[tuple[str, ...], str]]:

@@ -19,10 +19,13 @@ import ipaddress
 import logging
 import socket
 import time
+from collections.abc import Coroutine
 from typing import Any
 
 from ha_controller.acl import Acl
 from ha_controller.acl import guard as acl_guard
+from ha_controller.acl.service import AclService
+from ha_controller.acl.sync import AclSpread
 from ha_controller.auth import ClusterAuth
 from ha_controller.config import NameserverConfig
 from ha_controller.proto import common_pb2, nameserver_pb2
@@ -147,6 +150,15 @@ class NameserverService:
             signer=self.auth.sign,
         )
         self.dispatcher = Dispatcher(guard=acl_guard(self.auth, self.acl))
+        #: ACL 2.0 at runtime: tables between members, and their spread to brokers
+        self.acl_service = AclService(
+            self.acl, self.dispatcher, cluster_enabled=self.auth.enabled, changes=False
+        )
+        self.acl_spread = (
+            AclSpread(self.acl.holder, self.pool, self._spawn, self._broker_addrs)
+            if self.acl.holder is not None and self.auth.enabled
+            else None
+        )
         self._changed = asyncio.Condition()
         self._watchers = 0
         self._tg: asyncio.TaskGroup | None = None
@@ -185,6 +197,20 @@ class NameserverService:
         self._after_mutation(changes)
 
     # ---- background -------------------------------------------------------
+
+    def _spawn(self, coro: Coroutine[Any, Any, None], name: str) -> None:
+        """Background work owned by the service's TaskGroup (closed when not running)."""
+        if self._tg is None:
+            coro.close()
+        else:
+            self._tg.create_task(coro, name=name)
+
+    def _broker_addrs(self) -> list[str]:
+        return [m["addr"] for g in self.table.groups_view() for m in g["members"]]
+
+    def _acl_observed(self, addr: str, revision: int | None, digest: str) -> None:
+        if self.acl_spread is not None:
+            self.acl_spread.observed(addr, revision, digest)
 
     async def run(self, stop: asyncio.Event) -> None:
         """Run the scanner (and notifications) until ``stop`` is set."""
@@ -386,6 +412,11 @@ class NameserverService:
             )
         ctx.conn.attrs["registered"] = True
         self.metrics.registrations.labels("ok").inc()
+        self._acl_observed(
+            req.broker_addr,
+            req.acl_revision if req.HasField("acl_revision") else None,
+            req.acl_digest,
+        )
         self.metrics.min_broker_id_changes.labels(req.cluster, req.broker_name)  # at 0
         self._after_mutation(outcome.notifications)
         return nameserver_pb2.RegisterBrokerResponse(
@@ -420,6 +451,11 @@ class NameserverService:
         if outcome.notifications or self.table.generation != generation:
             # its report made another slave the acting one of a masterless group
             self._after_mutation(outcome.notifications)
+        self._acl_observed(
+            req.broker_addr,
+            req.acl_revision if req.HasField("acl_revision") else None,
+            req.acl_digest,
+        )
         return common_pb2.Empty()
 
     async def _query_data_version(

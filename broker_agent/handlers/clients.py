@@ -11,13 +11,13 @@ from ha_controller.proto import broker_pb2, common_pb2
 from ha_controller.protocol.codes import RequestCode
 from ha_controller.protocol.errors import BadRequest, NotMaster
 from ha_controller.protocol.topics import perm_problem, queue_nums_problem, topic_name_problem
-from ha_controller.rpc import RequestContext, RpcConnection
+from ha_controller.rpc import RequestContext
 from ha_controller.wire import data_version_to_pb, topic_config_from_pb, topic_config_to_pb
 
 log = logging.getLogger(__name__)
 
 #: A producer seen on a connection (HEART_BEAT): the transaction service's check-back.
-ProducerSeen = Callable[[RpcConnection, list[str]], None]
+ProducerSeen = Callable[[RequestContext, list[str]], None]
 
 
 class ClientHandlers:
@@ -47,7 +47,7 @@ class ClientHandlers:
         self, ctx: RequestContext, req: broker_pb2.ClientHeartbeat
     ) -> common_pb2.Empty:
         self.core.consumers.heartbeat(ctx.conn, req.client_id, list(req.consumer_groups))
-        self._producer_seen(ctx.conn, list(req.producer_groups))
+        self._producer_seen(ctx, list(req.producer_groups))
         return common_pb2.Empty()
 
     async def client_unregister(

@@ -61,6 +61,7 @@ class Registrar:
             pre_online_done=True,
             max_offset=core.store.commitlog_max_offset,
             store_writable=core.store.writable,
+            **core.acl_key(),
         )
         if cfg.enable_slave_acting_master:
             req.heartbeat_timeout_ms = cfg.broker_not_active_timeout_ms
@@ -190,6 +191,7 @@ class Registrar:
                         broker_name=cfg.broker_name,
                         max_offset=core.store.commitlog_max_offset,
                         store_writable=core.store.writable,
+                        **core.acl_key(),
                     ),
                     common_pb2.Empty,
                     timeout_ms=cfg.send_heartbeat_timeout_ms,

@@ -21,6 +21,7 @@ from broker_agent.special.steps import SpecialSteps
 from broker_agent.store.message_store import GetResult, PutResult
 from broker_agent.topics import TopicConfigManager
 from broker_agent.write_path import Record, Stored
+from ha_controller.acl import Acl
 from ha_controller.config import BrokerConfig
 from ha_controller.protocol.record import StoredMessage
 from ha_controller.routing import TopicConfig
@@ -69,6 +70,8 @@ class CorePort(Protocol):
     pool: ConnectionPool
     dispatcher: Dispatcher
     special_steps: SpecialSteps
+    #: the client ACL (who of the producers may be asked about a transaction)
+    acl: Acl
 
     def spawn(self, coro: Coroutine[Any, Any, None], name: str) -> None: ...
 

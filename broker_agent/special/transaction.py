@@ -47,6 +47,7 @@ from broker_agent.metadata.versioned import VersionedTable, fetch_table
 from broker_agent.special.escape_ids import escape_id
 from broker_agent.special.ports import CorePort, EscapePort, WritePort
 from broker_agent.store.message_store import GetMessageStatus, PutResult
+from ha_controller.acl.rules import PUB, topic_need
 from ha_controller.dataversion import DataVersion
 from ha_controller.proto import broker_pb2, common_pb2
 from ha_controller.protocol.codes import RequestCode
@@ -280,6 +281,17 @@ class HalfProgress:
 # --- the service ----------------------------------------------------------------
 
 
+@dataclass(frozen=True, slots=True)
+class _Producer:
+    """A producer connection as a HEART_BEAT left it: when, and who (a cluster member,
+    an ACL user and its address, or None: anonymous)."""
+
+    seen: float
+    user: str | None
+    ip: Any
+    member: bool
+
+
 class TransactionService:
     """Half/op messages, END_TRANSACTION, GET_TRANSACTION_OFFSETS and the check loop."""
 
@@ -299,7 +311,7 @@ class TransactionService:
         self._escaping: dict[int, asyncio.Event] = {}
         # half offset -> (group it was escaped to, its half offset there), while acting
         self._escaped_to: dict[int, tuple[str, int]] = {}
-        self._producers: dict[str, dict[RpcConnection, float]] = {}
+        self._producers: dict[str, dict[RpcConnection, _Producer]] = {}
         self.escaped = 0
         self.checked = 0
         core.dispatcher.add(
@@ -350,23 +362,29 @@ class TransactionService:
         self._escaped_to.clear()
         self._wake.set()
 
-    def producer_seen(self, conn: RpcConnection, groups: list[str]) -> None:
-        """HEART_BEAT (or a half send) on ``conn`` for producer ``groups``."""
-        now = time.monotonic()
+    def producer_seen(self, ctx: RequestContext, groups: list[str]) -> None:
+        """HEART_BEAT on ``ctx``'s connection for producer ``groups``, by the user the
+        guard authorised it as (a claim of a group is not authorised: a check goes
+        only to a producer whose user may publish to the half message's topic)."""
+        seen = _Producer(time.monotonic(), ctx.acl_user, ctx.acl_ip, ctx.authenticated)
         for group in groups:
             if group:
-                self._producers.setdefault(group, {})[conn] = now
+                self._producers.setdefault(group, {})[ctx.conn] = seen
 
     def connection_closed(self, conn: RpcConnection) -> None:
         for conns in self._producers.values():
             conns.pop(conn, None)
 
-    def _producer_conns(self, group: str) -> list[RpcConnection]:
+    def _producer_conns(self, group: str, topic: str) -> list[RpcConnection]:
+        """Live producers of ``group`` that may publish to ``topic``, newest first."""
         now = time.monotonic()
         conns = self._producers.get(group, {})
-        for conn in [c for c, t in conns.items() if c.closed or now - t > PRODUCER_EXPIRY_S]:
+        for conn in [c for c, p in conns.items() if c.closed or now - p.seen > PRODUCER_EXPIRY_S]:
             del conns[conn]
-        return sorted(conns, key=lambda c: conns[c], reverse=True)
+        need = topic_need(topic, PUB)
+        acl = self.core.acl
+        allowed = [c for c, p in conns.items() if p.member or acl.permits(p.user, need, p.ip)]
+        return sorted(allowed, key=lambda c: conns[c].seen, reverse=True)
 
     # ---- handlers --------------------------------------------------------------
 
@@ -381,6 +399,14 @@ class TransactionService:
         if req.transaction_id and msg.uniq_key != req.transaction_id:
             raise BadRequest(
                 f"half message at {offset} is transaction {msg.uniq_key}, not {req.transaction_id}"
+            )
+        group = msg.properties.get(PROPERTY_PRODUCER_GROUP, "")
+        if group and req.producer_group != group and not ctx.authenticated:
+            # RocketMQ's EndTransactionProcessor refuses it too ("the producer group
+            # wrong"); a member's forward of a resolution is the cluster's
+            raise BadRequest(
+                f"half message at {offset} belongs to producer group {group!r}, not "
+                f"{req.producer_group[:128]!r}"
             )
         tid = msg.uniq_key
         escaping = self._escaping.get(offset)
@@ -635,7 +661,7 @@ class TransactionService:
             broker_name=core.cfg.broker_name,
             broker_addr=core.addr,
         ).SerializeToString()
-        for conn in self._producer_conns(group):
+        for conn in self._producer_conns(group, topic):
             try:
                 conn.oneway(RequestCode.CHECK_TRANSACTION_STATE, request)
             except ConnectionClosed:
@@ -643,7 +669,12 @@ class TransactionService:
             self.checked += 1
             log.debug("checking transaction %s (half %d) with %s", msg.uniq_key, offset, conn.peer)
             return True
-        log.info("no live producer of group %r to check transaction %s", group, msg.uniq_key)
+        log.info(
+            "no live producer of group %r that may publish to %r to check transaction %s",
+            group,
+            topic,
+            msg.uniq_key,
+        )
         return False
 
     async def _escape(self, msg: StoredMessage) -> bool:

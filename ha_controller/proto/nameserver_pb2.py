@@ -25,7 +25,7 @@ _sym_db = _symbol_database.Default()
 from ha_controller.proto import common_pb2 as ha__controller_dot_proto_dot_common__pb2
 
 
-DESCRIPTOR = _descriptor_pool.Default().AddSerializedFile(b'\n$ha_controller/proto/nameserver.proto\x12\x0ehac.nameserver\x1a ha_controller/proto/common.proto\"\xe7\x03\n\x15RegisterBrokerRequest\x12\x0f\n\x07\x63luster\x18\x01 \x01(\t\x12\x13\n\x0b\x62roker_addr\x18\x02 \x01(\t\x12\x13\n\x0b\x62roker_name\x18\x03 \x01(\t\x12\x11\n\tbroker_id\x18\x04 \x01(\x03\x12\x0f\n\x07ha_addr\x18\x05 \x01(\t\x12!\n\x14heartbeat_timeout_ms\x18\x06 \x01(\x03H\x00\x88\x01\x01\x12!\n\x14\x65nable_acting_master\x18\x07 \x01(\x08H\x01\x88\x01\x01\x12.\n\rtopic_configs\x18\x08 \x03(\x0b\x32\x17.hac.common.TopicConfig\x12-\n\x0c\x64\x61ta_version\x18\t \x01(\x0b\x32\x17.hac.common.DataVersion\x12\x14\n\x0ctimestamp_ms\x18\n \x01(\x03\x12\x11\n\tsignature\x18\x0b \x01(\x0c\x12\x17\n\x0fpre_online_done\x18\x0c \x01(\x08\x12\x17\n\nmax_offset\x18\r \x01(\x03H\x02\x88\x01\x01\x12\x1b\n\x0estore_writable\x18\x0e \x01(\x08H\x03\x88\x01\x01\x42\x17\n\x15_heartbeat_timeout_msB\x17\n\x15_enable_acting_masterB\r\n\x0b_max_offsetB\x11\n\x0f_store_writable\"E\n\x16RegisterBrokerResponse\x12\x13\n\x0bmaster_addr\x18\x01 \x01(\t\x12\x16\n\x0emaster_ha_addr\x18\x02 \x01(\t\"\x90\x01\n\x17UnregisterBrokerRequest\x12\x0f\n\x07\x63luster\x18\x01 \x01(\t\x12\x13\n\x0b\x62roker_addr\x18\x02 \x01(\t\x12\x13\n\x0b\x62roker_name\x18\x03 \x01(\t\x12\x11\n\tbroker_id\x18\x04 \x01(\x03\x12\x14\n\x0ctimestamp_ms\x18\x05 \x01(\x03\x12\x11\n\tsignature\x18\x06 \x01(\x0c\"\xab\x01\n\x16\x42rokerHeartbeatRequest\x12\x0f\n\x07\x63luster\x18\x01 \x01(\t\x12\x13\n\x0b\x62roker_addr\x18\x02 \x01(\t\x12\x13\n\x0b\x62roker_name\x18\x03 \x01(\t\x12\x17\n\nmax_offset\x18\x04 \x01(\x03H\x00\x88\x01\x01\x12\x1b\n\x0estore_writable\x18\x05 \x01(\x08H\x01\x88\x01\x01\x42\r\n\x0b_max_offsetB\x11\n\x0f_store_writable\"\x96\x01\n\x17QueryDataVersionRequest\x12\x0f\n\x07\x63luster\x18\x01 \x01(\t\x12\x13\n\x0b\x62roker_addr\x18\x02 \x01(\t\x12\x13\n\x0b\x62roker_name\x18\x03 \x01(\t\x12\x11\n\tbroker_id\x18\x04 \x01(\x03\x12-\n\x0c\x64\x61ta_version\x18\x05 \x01(\x0b\x32\x17.hac.common.DataVersion\"Z\n\x18QueryDataVersionResponse\x12\x0f\n\x07\x63hanged\x18\x01 \x01(\x08\x12-\n\x0c\x64\x61ta_version\x18\x02 \x01(\x0b\x32\x17.hac.common.DataVersion\"$\n\x13GetRouteInfoRequest\x12\r\n\x05topic\x18\x01 \x01(\t\"5\n\x0c\x43lusterEntry\x12\x0f\n\x07\x63luster\x18\x01 \x01(\t\x12\x14\n\x0c\x62roker_names\x18\x02 \x03(\t\"f\n\x0b\x43lusterInfo\x12.\n\x08\x63lusters\x18\x01 \x03(\x0b\x32\x1c.hac.nameserver.ClusterEntry\x12\'\n\x07\x62rokers\x18\x02 \x03(\x0b\x32\x16.hac.common.BrokerData\"C\n\x1bGetBrokerMemberGroupRequest\x12\x0f\n\x07\x63luster\x18\x01 \x01(\t\x12\x13\n\x0b\x62roker_name\x18\x02 \x01(\t\"\xa5\x02\n\x11\x42rokerMemberGroup\x12\x0f\n\x07\x63luster\x18\x01 \x01(\t\x12\x13\n\x0b\x62roker_name\x18\x02 \x01(\t\x12H\n\x0c\x62roker_addrs\x18\x03 \x03(\x0b\x32\x32.hac.nameserver.BrokerMemberGroup.BrokerAddrsEntry\x12\x1d\n\x10\x61\x63ting_broker_id\x18\x04 \x01(\x03H\x00\x88\x01\x01\x12 \n\x13master_heard_ms_ago\x18\x05 \x01(\x03H\x01\x88\x01\x01\x1a\x32\n\x10\x42rokerAddrsEntry\x12\x0b\n\x03key\x18\x01 \x01(\x03\x12\r\n\x05value\x18\x02 \x01(\t:\x02\x38\x01\x42\x13\n\x11_acting_broker_idB\x16\n\x14_master_heard_ms_ago\"\xab\x01\n\x1eNotifyMinBrokerIdChangeRequest\x12\x15\n\rmin_broker_id\x18\x01 \x01(\x03\x12\x17\n\x0fmin_broker_addr\x18\x02 \x01(\t\x12\x1b\n\x13offline_broker_addr\x18\x03 \x01(\t\x12\x16\n\x0eha_broker_addr\x18\x04 \x01(\t\x12\x13\n\x0b\x62roker_name\x18\x05 \x01(\t\x12\x0f\n\x07\x63luster\x18\x06 \x01(\t\"N\n\x11WatchRouteRequest\x12\r\n\x05topic\x18\x01 \x01(\t\x12\x15\n\rknown_version\x18\x02 \x01(\t\x12\x13\n\x0bmax_wait_ms\x18\x03 \x01(\x03\"[\n\x12WatchRouteResponse\x12\r\n\x05\x66ound\x18\x01 \x01(\x08\x12\x0f\n\x07version\x18\x02 \x01(\t\x12%\n\x05route\x18\x03 \x01(\x0b\x32\x16.hac.common.TopicRouteb\x06proto3')
+DESCRIPTOR = _descriptor_pool.Default().AddSerializedFile(b'\n$ha_controller/proto/nameserver.proto\x12\x0ehac.nameserver\x1a ha_controller/proto/common.proto\"\xbb\x04\n\x15RegisterBrokerRequest\x12\x0f\n\x07\x63luster\x18\x01 \x01(\t\x12\x13\n\x0b\x62roker_addr\x18\x02 \x01(\t\x12\x13\n\x0b\x62roker_name\x18\x03 \x01(\t\x12\x11\n\tbroker_id\x18\x04 \x01(\x03\x12\x0f\n\x07ha_addr\x18\x05 \x01(\t\x12!\n\x14heartbeat_timeout_ms\x18\x06 \x01(\x03H\x00\x88\x01\x01\x12!\n\x14\x65nable_acting_master\x18\x07 \x01(\x08H\x01\x88\x01\x01\x12.\n\rtopic_configs\x18\x08 \x03(\x0b\x32\x17.hac.common.TopicConfig\x12-\n\x0c\x64\x61ta_version\x18\t \x01(\x0b\x32\x17.hac.common.DataVersion\x12\x14\n\x0ctimestamp_ms\x18\n \x01(\x03\x12\x11\n\tsignature\x18\x0b \x01(\x0c\x12\x17\n\x0fpre_online_done\x18\x0c \x01(\x08\x12\x17\n\nmax_offset\x18\r \x01(\x03H\x02\x88\x01\x01\x12\x1b\n\x0estore_writable\x18\x0e \x01(\x08H\x03\x88\x01\x01\x12\x19\n\x0c\x61\x63l_revision\x18\x0f \x01(\x03H\x04\x88\x01\x01\x12\x17\n\nacl_digest\x18\x10 \x01(\tH\x05\x88\x01\x01\x42\x17\n\x15_heartbeat_timeout_msB\x17\n\x15_enable_acting_masterB\r\n\x0b_max_offsetB\x11\n\x0f_store_writableB\x0f\n\r_acl_revisionB\r\n\x0b_acl_digest\"E\n\x16RegisterBrokerResponse\x12\x13\n\x0bmaster_addr\x18\x01 \x01(\t\x12\x16\n\x0emaster_ha_addr\x18\x02 \x01(\t\"\x90\x01\n\x17UnregisterBrokerRequest\x12\x0f\n\x07\x63luster\x18\x01 \x01(\t\x12\x13\n\x0b\x62roker_addr\x18\x02 \x01(\t\x12\x13\n\x0b\x62roker_name\x18\x03 \x01(\t\x12\x11\n\tbroker_id\x18\x04 \x01(\x03\x12\x14\n\x0ctimestamp_ms\x18\x05 \x01(\x03\x12\x11\n\tsignature\x18\x06 \x01(\x0c\"\xff\x01\n\x16\x42rokerHeartbeatRequest\x12\x0f\n\x07\x63luster\x18\x01 \x01(\t\x12\x13\n\x0b\x62roker_addr\x18\x02 \x01(\t\x12\x13\n\x0b\x62roker_name\x18\x03 \x01(\t\x12\x17\n\nmax_offset\x18\x04 \x01(\x03H\x00\x88\x01\x01\x12\x1b\n\x0estore_writable\x18\x05 \x01(\x08H\x01\x88\x01\x01\x12\x19\n\x0c\x61\x63l_revision\x18\x06 \x01(\x03H\x02\x88\x01\x01\x12\x17\n\nacl_digest\x18\x07 \x01(\tH\x03\x88\x01\x01\x42\r\n\x0b_max_offsetB\x11\n\x0f_store_writableB\x0f\n\r_acl_revisionB\r\n\x0b_acl_digest\"\x96\x01\n\x17QueryDataVersionRequest\x12\x0f\n\x07\x63luster\x18\x01 \x01(\t\x12\x13\n\x0b\x62roker_addr\x18\x02 \x01(\t\x12\x13\n\x0b\x62roker_name\x18\x03 \x01(\t\x12\x11\n\tbroker_id\x18\x04 \x01(\x03\x12-\n\x0c\x64\x61ta_version\x18\x05 \x01(\x0b\x32\x17.hac.common.DataVersion\"Z\n\x18QueryDataVersionResponse\x12\x0f\n\x07\x63hanged\x18\x01 \x01(\x08\x12-\n\x0c\x64\x61ta_version\x18\x02 \x01(\x0b\x32\x17.hac.common.DataVersion\"$\n\x13GetRouteInfoRequest\x12\r\n\x05topic\x18\x01 \x01(\t\"5\n\x0c\x43lusterEntry\x12\x0f\n\x07\x63luster\x18\x01 \x01(\t\x12\x14\n\x0c\x62roker_names\x18\x02 \x03(\t\"f\n\x0b\x43lusterInfo\x12.\n\x08\x63lusters\x18\x01 \x03(\x0b\x32\x1c.hac.nameserver.ClusterEntry\x12\'\n\x07\x62rokers\x18\x02 \x03(\x0b\x32\x16.hac.common.BrokerData\"C\n\x1bGetBrokerMemberGroupRequest\x12\x0f\n\x07\x63luster\x18\x01 \x01(\t\x12\x13\n\x0b\x62roker_name\x18\x02 \x01(\t\"\xa5\x02\n\x11\x42rokerMemberGroup\x12\x0f\n\x07\x63luster\x18\x01 \x01(\t\x12\x13\n\x0b\x62roker_name\x18\x02 \x01(\t\x12H\n\x0c\x62roker_addrs\x18\x03 \x03(\x0b\x32\x32.hac.nameserver.BrokerMemberGroup.BrokerAddrsEntry\x12\x1d\n\x10\x61\x63ting_broker_id\x18\x04 \x01(\x03H\x00\x88\x01\x01\x12 \n\x13master_heard_ms_ago\x18\x05 \x01(\x03H\x01\x88\x01\x01\x1a\x32\n\x10\x42rokerAddrsEntry\x12\x0b\n\x03key\x18\x01 \x01(\x03\x12\r\n\x05value\x18\x02 \x01(\t:\x02\x38\x01\x42\x13\n\x11_acting_broker_idB\x16\n\x14_master_heard_ms_ago\"\xab\x01\n\x1eNotifyMinBrokerIdChangeRequest\x12\x15\n\rmin_broker_id\x18\x01 \x01(\x03\x12\x17\n\x0fmin_broker_addr\x18\x02 \x01(\t\x12\x1b\n\x13offline_broker_addr\x18\x03 \x01(\t\x12\x16\n\x0eha_broker_addr\x18\x04 \x01(\t\x12\x13\n\x0b\x62roker_name\x18\x05 \x01(\t\x12\x0f\n\x07\x63luster\x18\x06 \x01(\t\"N\n\x11WatchRouteRequest\x12\r\n\x05topic\x18\x01 \x01(\t\x12\x15\n\rknown_version\x18\x02 \x01(\t\x12\x13\n\x0bmax_wait_ms\x18\x03 \x01(\x03\"[\n\x12WatchRouteResponse\x12\r\n\x05\x66ound\x18\x01 \x01(\x08\x12\x0f\n\x07version\x18\x02 \x01(\t\x12%\n\x05route\x18\x03 \x01(\x0b\x32\x16.hac.common.TopicRouteb\x06proto3')
 
 _globals = globals()
 _builder.BuildMessageAndEnumDescriptors(DESCRIPTOR, _globals)
@@ -35,33 +35,33 @@ if not _descriptor._USE_C_DESCRIPTORS:
   _globals['_BROKERMEMBERGROUP_BROKERADDRSENTRY']._loaded_options = None
   _globals['_BROKERMEMBERGROUP_BROKERADDRSENTRY']._serialized_options = b'8\001'
   _globals['_REGISTERBROKERREQUEST']._serialized_start=91
-  _globals['_REGISTERBROKERREQUEST']._serialized_end=578
-  _globals['_REGISTERBROKERRESPONSE']._serialized_start=580
-  _globals['_REGISTERBROKERRESPONSE']._serialized_end=649
-  _globals['_UNREGISTERBROKERREQUEST']._serialized_start=652
-  _globals['_UNREGISTERBROKERREQUEST']._serialized_end=796
-  _globals['_BROKERHEARTBEATREQUEST']._serialized_start=799
-  _globals['_BROKERHEARTBEATREQUEST']._serialized_end=970
-  _globals['_QUERYDATAVERSIONREQUEST']._serialized_start=973
-  _globals['_QUERYDATAVERSIONREQUEST']._serialized_end=1123
-  _globals['_QUERYDATAVERSIONRESPONSE']._serialized_start=1125
-  _globals['_QUERYDATAVERSIONRESPONSE']._serialized_end=1215
-  _globals['_GETROUTEINFOREQUEST']._serialized_start=1217
-  _globals['_GETROUTEINFOREQUEST']._serialized_end=1253
-  _globals['_CLUSTERENTRY']._serialized_start=1255
-  _globals['_CLUSTERENTRY']._serialized_end=1308
-  _globals['_CLUSTERINFO']._serialized_start=1310
-  _globals['_CLUSTERINFO']._serialized_end=1412
-  _globals['_GETBROKERMEMBERGROUPREQUEST']._serialized_start=1414
-  _globals['_GETBROKERMEMBERGROUPREQUEST']._serialized_end=1481
-  _globals['_BROKERMEMBERGROUP']._serialized_start=1484
-  _globals['_BROKERMEMBERGROUP']._serialized_end=1777
-  _globals['_BROKERMEMBERGROUP_BROKERADDRSENTRY']._serialized_start=1682
-  _globals['_BROKERMEMBERGROUP_BROKERADDRSENTRY']._serialized_end=1732
-  _globals['_NOTIFYMINBROKERIDCHANGEREQUEST']._serialized_start=1780
-  _globals['_NOTIFYMINBROKERIDCHANGEREQUEST']._serialized_end=1951
-  _globals['_WATCHROUTEREQUEST']._serialized_start=1953
-  _globals['_WATCHROUTEREQUEST']._serialized_end=2031
-  _globals['_WATCHROUTERESPONSE']._serialized_start=2033
-  _globals['_WATCHROUTERESPONSE']._serialized_end=2124
+  _globals['_REGISTERBROKERREQUEST']._serialized_end=662
+  _globals['_REGISTERBROKERRESPONSE']._serialized_start=664
+  _globals['_REGISTERBROKERRESPONSE']._serialized_end=733
+  _globals['_UNREGISTERBROKERREQUEST']._serialized_start=736
+  _globals['_UNREGISTERBROKERREQUEST']._serialized_end=880
+  _globals['_BROKERHEARTBEATREQUEST']._serialized_start=883
+  _globals['_BROKERHEARTBEATREQUEST']._serialized_end=1138
+  _globals['_QUERYDATAVERSIONREQUEST']._serialized_start=1141
+  _globals['_QUERYDATAVERSIONREQUEST']._serialized_end=1291
+  _globals['_QUERYDATAVERSIONRESPONSE']._serialized_start=1293
+  _globals['_QUERYDATAVERSIONRESPONSE']._serialized_end=1383
+  _globals['_GETROUTEINFOREQUEST']._serialized_start=1385
+  _globals['_GETROUTEINFOREQUEST']._serialized_end=1421
+  _globals['_CLUSTERENTRY']._serialized_start=1423
+  _globals['_CLUSTERENTRY']._serialized_end=1476
+  _globals['_CLUSTERINFO']._serialized_start=1478
+  _globals['_CLUSTERINFO']._serialized_end=1580
+  _globals['_GETBROKERMEMBERGROUPREQUEST']._serialized_start=1582
+  _globals['_GETBROKERMEMBERGROUPREQUEST']._serialized_end=1649
+  _globals['_BROKERMEMBERGROUP']._serialized_start=1652
+  _globals['_BROKERMEMBERGROUP']._serialized_end=1945
+  _globals['_BROKERMEMBERGROUP_BROKERADDRSENTRY']._serialized_start=1850
+  _globals['_BROKERMEMBERGROUP_BROKERADDRSENTRY']._serialized_end=1900
+  _globals['_NOTIFYMINBROKERIDCHANGEREQUEST']._serialized_start=1948
+  _globals['_NOTIFYMINBROKERIDCHANGEREQUEST']._serialized_end=2119
+  _globals['_WATCHROUTEREQUEST']._serialized_start=2121
+  _globals['_WATCHROUTEREQUEST']._serialized_end=2199
+  _globals['_WATCHROUTERESPONSE']._serialized_start=2201
+  _globals['_WATCHROUTERESPONSE']._serialized_end=2292
 # @@protoc_insertion_point(module_scope)

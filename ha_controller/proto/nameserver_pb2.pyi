@@ -8,7 +8,7 @@ from typing import ClassVar as _ClassVar, Optional as _Optional, Union as _Union
 DESCRIPTOR: _descriptor.FileDescriptor
 
 class RegisterBrokerRequest(_message.Message):
-    __slots__ = ("cluster", "broker_addr", "broker_name", "broker_id", "ha_addr", "heartbeat_timeout_ms", "enable_acting_master", "topic_configs", "data_version", "timestamp_ms", "signature", "pre_online_done", "max_offset", "store_writable")
+    __slots__ = ("cluster", "broker_addr", "broker_name", "broker_id", "ha_addr", "heartbeat_timeout_ms", "enable_acting_master", "topic_configs", "data_version", "timestamp_ms", "signature", "pre_online_done", "max_offset", "store_writable", "acl_revision", "acl_digest")
     CLUSTER_FIELD_NUMBER: _ClassVar[int]
     BROKER_ADDR_FIELD_NUMBER: _ClassVar[int]
     BROKER_NAME_FIELD_NUMBER: _ClassVar[int]
@@ -23,6 +23,8 @@ class RegisterBrokerRequest(_message.Message):
     PRE_ONLINE_DONE_FIELD_NUMBER: _ClassVar[int]
     MAX_OFFSET_FIELD_NUMBER: _ClassVar[int]
     STORE_WRITABLE_FIELD_NUMBER: _ClassVar[int]
+    ACL_REVISION_FIELD_NUMBER: _ClassVar[int]
+    ACL_DIGEST_FIELD_NUMBER: _ClassVar[int]
     cluster: str
     broker_addr: str
     broker_name: str
@@ -37,7 +39,9 @@ class RegisterBrokerRequest(_message.Message):
     pre_online_done: bool
     max_offset: int
     store_writable: bool
-    def __init__(self, cluster: _Optional[str] = ..., broker_addr: _Optional[str] = ..., broker_name: _Optional[str] = ..., broker_id: _Optional[int] = ..., ha_addr: _Optional[str] = ..., heartbeat_timeout_ms: _Optional[int] = ..., enable_acting_master: _Optional[bool] = ..., topic_configs: _Optional[_Iterable[_Union[_common_pb2.TopicConfig, _Mapping]]] = ..., data_version: _Optional[_Union[_common_pb2.DataVersion, _Mapping]] = ..., timestamp_ms: _Optional[int] = ..., signature: _Optional[bytes] = ..., pre_online_done: _Optional[bool] = ..., max_offset: _Optional[int] = ..., store_writable: _Optional[bool] = ...) -> None: ...
+    acl_revision: int
+    acl_digest: str
+    def __init__(self, cluster: _Optional[str] = ..., broker_addr: _Optional[str] = ..., broker_name: _Optional[str] = ..., broker_id: _Optional[int] = ..., ha_addr: _Optional[str] = ..., heartbeat_timeout_ms: _Optional[int] = ..., enable_acting_master: _Optional[bool] = ..., topic_configs: _Optional[_Iterable[_Union[_common_pb2.TopicConfig, _Mapping]]] = ..., data_version: _Optional[_Union[_common_pb2.DataVersion, _Mapping]] = ..., timestamp_ms: _Optional[int] = ..., signature: _Optional[bytes] = ..., pre_online_done: _Optional[bool] = ..., max_offset: _Optional[int] = ..., store_writable: _Optional[bool] = ..., acl_revision: _Optional[int] = ..., acl_digest: _Optional[str] = ...) -> None: ...
 
 class RegisterBrokerResponse(_message.Message):
     __slots__ = ("master_addr", "master_ha_addr")
@@ -64,18 +68,22 @@ class UnregisterBrokerRequest(_message.Message):
     def __init__(self, cluster: _Optional[str] = ..., broker_addr: _Optional[str] = ..., broker_name: _Optional[str] = ..., broker_id: _Optional[int] = ..., timestamp_ms: _Optional[int] = ..., signature: _Optional[bytes] = ...) -> None: ...
 
 class BrokerHeartbeatRequest(_message.Message):
-    __slots__ = ("cluster", "broker_addr", "broker_name", "max_offset", "store_writable")
+    __slots__ = ("cluster", "broker_addr", "broker_name", "max_offset", "store_writable", "acl_revision", "acl_digest")
     CLUSTER_FIELD_NUMBER: _ClassVar[int]
     BROKER_ADDR_FIELD_NUMBER: _ClassVar[int]
     BROKER_NAME_FIELD_NUMBER: _ClassVar[int]
     MAX_OFFSET_FIELD_NUMBER: _ClassVar[int]
     STORE_WRITABLE_FIELD_NUMBER: _ClassVar[int]
+    ACL_REVISION_FIELD_NUMBER: _ClassVar[int]
+    ACL_DIGEST_FIELD_NUMBER: _ClassVar[int]
     cluster: str
     broker_addr: str
     broker_name: str
     max_offset: int
     store_writable: bool
-    def __init__(self, cluster: _Optional[str] = ..., broker_addr: _Optional[str] = ..., broker_name: _Optional[str] = ..., max_offset: _Optional[int] = ..., store_writable: _Optional[bool] = ...) -> None: ...
+    acl_revision: int
+    acl_digest: str
+    def __init__(self, cluster: _Optional[str] = ..., broker_addr: _Optional[str] = ..., broker_name: _Optional[str] = ..., max_offset: _Optional[int] = ..., store_writable: _Optional[bool] = ..., acl_revision: _Optional[int] = ..., acl_digest: _Optional[str] = ...) -> None: ...
 
 class QueryDataVersionRequest(_message.Message):
     __slots__ = ("cluster", "broker_addr", "broker_name", "broker_id", "data_version")

@@ -24,7 +24,7 @@ _sym_db = _symbol_database.Default()
 
 
 
-DESCRIPTOR = _descriptor_pool.Default().AddSerializedFile(b'\n\x1dha_controller/proto/rpc.proto\x12\x07hac.rpc\"P\n\rRpcConnHeader\x12\x0c\n\x04\x66lag\x18\x01 \x02(\x05\x12\x0f\n\x07traceId\x18\x02 \x01(\x03\x12\x0e\n\x06spanId\x18\x03 \x01(\x03\x12\x10\n\x08parentId\x18\x04 \x01(\x03\"9\n\rRequestHeader\x12\x13\n\x0bserviceType\x18\x01 \x01(\x05\x12\x13\n\x0bprotocolVer\x18\x02 \x01(\x05\"g\n\x0bRequestBody\x12\x0e\n\x06method\x18\x01 \x02(\x05\x12\x0f\n\x07timeout\x18\x02 \x01(\x03\x12\x0f\n\x07request\x18\x03 \x01(\x0c\x12&\n\x08\x61uthInfo\x18\x64 \x01(\x0b\x32\x14.hac.rpc.RequestAuth\"U\n\x0bRequestAuth\x12\x11\n\ttimestamp\x18\x01 \x02(\x03\x12\r\n\x05nonce\x18\x02 \x02(\x0c\x12\x11\n\tsignature\x18\x03 \x02(\x0c\x12\x11\n\taccessKey\x18\x04 \x01(\t\"\x97\x01\n\x0eResponseHeader\x12.\n\x06status\x18\x01 \x02(\x0e\x32\x1e.hac.rpc.ResponseHeader.Status\x12\x13\n\x0bserviceType\x18\x02 \x01(\x05\x12\x13\n\x0bprotocolVer\x18\x03 \x01(\x05\"+\n\x06Status\x12\x0b\n\x07SUCCESS\x10\x00\x12\t\n\x05\x45RROR\x10\x01\x12\t\n\x05\x46\x41TAL\x10\x02\"=\n\x10RspExceptionBody\x12\x15\n\rexceptionName\x18\x01 \x02(\t\x12\x12\n\nstackTrace\x18\x02 \x01(\t\"/\n\x0fRspResponseBody\x12\x0e\n\x06method\x18\x01 \x02(\x05\x12\x0c\n\x04\x64\x61ta\x18\x02 \x02(\x0c')
+DESCRIPTOR = _descriptor_pool.Default().AddSerializedFile(b'\n\x1dha_controller/proto/rpc.proto\x12\x07hac.rpc\"P\n\rRpcConnHeader\x12\x0c\n\x04\x66lag\x18\x01 \x02(\x05\x12\x0f\n\x07traceId\x18\x02 \x01(\x03\x12\x0e\n\x06spanId\x18\x03 \x01(\x03\x12\x10\n\x08parentId\x18\x04 \x01(\x03\"9\n\rRequestHeader\x12\x13\n\x0bserviceType\x18\x01 \x01(\x05\x12\x13\n\x0bprotocolVer\x18\x02 \x01(\x05\"g\n\x0bRequestBody\x12\x0e\n\x06method\x18\x01 \x02(\x05\x12\x0f\n\x07timeout\x18\x02 \x01(\x03\x12\x0f\n\x07request\x18\x03 \x01(\x0c\x12&\n\x08\x61uthInfo\x18\x64 \x01(\x0b\x32\x14.hac.rpc.RequestAuth\"{\n\x0bRequestAuth\x12\x11\n\ttimestamp\x18\x01 \x02(\x03\x12\r\n\x05nonce\x18\x02 \x02(\x0c\x12\x11\n\tsignature\x18\x03 \x02(\x0c\x12\x11\n\taccessKey\x18\x04 \x01(\t\x12\x12\n\nonBehalfOf\x18\x05 \x01(\t\x12\x10\n\x08sourceIp\x18\x06 \x01(\t\"\x97\x01\n\x0eResponseHeader\x12.\n\x06status\x18\x01 \x02(\x0e\x32\x1e.hac.rpc.ResponseHeader.Status\x12\x13\n\x0bserviceType\x18\x02 \x01(\x05\x12\x13\n\x0bprotocolVer\x18\x03 \x01(\x05\"+\n\x06Status\x12\x0b\n\x07SUCCESS\x10\x00\x12\t\n\x05\x45RROR\x10\x01\x12\t\n\x05\x46\x41TAL\x10\x02\"=\n\x10RspExceptionBody\x12\x15\n\rexceptionName\x18\x01 \x02(\t\x12\x12\n\nstackTrace\x18\x02 \x01(\t\"/\n\x0fRspResponseBody\x12\x0e\n\x06method\x18\x01 \x02(\x05\x12\x0c\n\x04\x64\x61ta\x18\x02 \x02(\x0c')
 
 _globals = globals()
 _builder.BuildMessageAndEnumDescriptors(DESCRIPTOR, _globals)
@@ -38,13 +38,13 @@ if not _descriptor._USE_C_DESCRIPTORS:
   _globals['_REQUESTBODY']._serialized_start=183
   _globals['_REQUESTBODY']._serialized_end=286
   _globals['_REQUESTAUTH']._serialized_start=288
-  _globals['_REQUESTAUTH']._serialized_end=373
-  _globals['_RESPONSEHEADER']._serialized_start=376
-  _globals['_RESPONSEHEADER']._serialized_end=527
-  _globals['_RESPONSEHEADER_STATUS']._serialized_start=484
-  _globals['_RESPONSEHEADER_STATUS']._serialized_end=527
-  _globals['_RSPEXCEPTIONBODY']._serialized_start=529
-  _globals['_RSPEXCEPTIONBODY']._serialized_end=590
-  _globals['_RSPRESPONSEBODY']._serialized_start=592
-  _globals['_RSPRESPONSEBODY']._serialized_end=639
+  _globals['_REQUESTAUTH']._serialized_end=411
+  _globals['_RESPONSEHEADER']._serialized_start=414
+  _globals['_RESPONSEHEADER']._serialized_end=565
+  _globals['_RESPONSEHEADER_STATUS']._serialized_start=522
+  _globals['_RESPONSEHEADER_STATUS']._serialized_end=565
+  _globals['_RSPEXCEPTIONBODY']._serialized_start=567
+  _globals['_RSPEXCEPTIONBODY']._serialized_end=628
+  _globals['_RSPRESPONSEBODY']._serialized_start=630
+  _globals['_RSPRESPONSEBODY']._serialized_end=677
 # @@protoc_insertion_point(module_scope)

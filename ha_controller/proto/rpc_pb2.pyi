@@ -39,16 +39,20 @@ class RequestBody(_message.Message):
     def __init__(self, method: _Optional[int] = ..., timeout: _Optional[int] = ..., request: _Optional[bytes] = ..., authInfo: _Optional[_Union[RequestAuth, _Mapping]] = ...) -> None: ...
 
 class RequestAuth(_message.Message):
-    __slots__ = ("timestamp", "nonce", "signature", "accessKey")
+    __slots__ = ("timestamp", "nonce", "signature", "accessKey", "onBehalfOf", "sourceIp")
     TIMESTAMP_FIELD_NUMBER: _ClassVar[int]
     NONCE_FIELD_NUMBER: _ClassVar[int]
     SIGNATURE_FIELD_NUMBER: _ClassVar[int]
     ACCESSKEY_FIELD_NUMBER: _ClassVar[int]
+    ONBEHALFOF_FIELD_NUMBER: _ClassVar[int]
+    SOURCEIP_FIELD_NUMBER: _ClassVar[int]
     timestamp: int
     nonce: bytes
     signature: bytes
     accessKey: str
-    def __init__(self, timestamp: _Optional[int] = ..., nonce: _Optional[bytes] = ..., signature: _Optional[bytes] = ..., accessKey: _Optional[str] = ...) -> None: ...
+    onBehalfOf: str
+    sourceIp: str
+    def __init__(self, timestamp: _Optional[int] = ..., nonce: _Optional[bytes] = ..., signature: _Optional[bytes] = ..., accessKey: _Optional[str] = ..., onBehalfOf: _Optional[str] = ..., sourceIp: _Optional[str] = ...) -> None: ...
 
 class ResponseHeader(_message.Message):
     __slots__ = ("status", "serviceType", "protocolVer")

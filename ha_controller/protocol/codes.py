@@ -41,6 +41,17 @@ class RequestCode(enum.IntEnum):
     DELETE_TOPIC_IN_NAMESRV = 216
     QUERY_DATA_VERSION = 322
     RECALL_MESSAGE = 370
+    # ACL 2.0 (RocketMQ 5.3's codes): users and their policy entries, Super users only
+    AUTH_CREATE_USER = 3001
+    AUTH_UPDATE_USER = 3002
+    AUTH_DELETE_USER = 3003
+    AUTH_GET_USER = 3004
+    AUTH_LIST_USER = 3005
+    AUTH_CREATE_ACL = 3006
+    AUTH_UPDATE_ACL = 3007
+    AUTH_DELETE_ACL = 3008
+    AUTH_GET_ACL = 3009
+    AUTH_LIST_ACL = 3010
     GET_BROKER_MEMBER_GROUP = 901
     BROKER_HEARTBEAT = 904
     NOTIFY_MIN_BROKER_ID_CHANGE = 905
@@ -62,6 +73,9 @@ class RequestCode(enum.IntEnum):
     GET_TRANSACTION_OFFSETS = 900020
     GET_RECALL_TABLE = 900021
     GET_POP_ACK_TABLE = 900022
+    # the ACL table between cluster members (it holds secret keys): ha_controller/acl/
+    GET_ACL_TABLE = 900023
+    PUT_ACL_TABLE = 900024
 
 
 def method_name(method: int) -> str:

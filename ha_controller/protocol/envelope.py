@@ -38,6 +38,10 @@ class RequestAuth:
     nonce: bytes
     signature: bytes
     access_key: str = ""
+    #: a gateway's request for a client: the user it verified and the client's address
+    #: (signed with the cluster key over these too; ``ha_controller.auth``)
+    on_behalf_of: str = ""
+    source_ip: str = ""
 
 
 @dataclass(frozen=True, slots=True)
@@ -150,6 +154,9 @@ def encode_request(
         req.authInfo.signature = auth.signature
         if auth.access_key:
             req.authInfo.accessKey = auth.access_key
+        if auth.on_behalf_of:
+            req.authInfo.onBehalfOf = auth.on_behalf_of
+            req.authInfo.sourceIp = auth.source_ip
     return encode_frame(serial_no, _delimited(conn, header, req), max_block_bytes)
 
 
@@ -196,7 +203,14 @@ def decode(serial_no: int, payload: bytes) -> Request | Response:
     auth = None
     if req.HasField("authInfo"):
         info = req.authInfo
-        auth = RequestAuth(info.timestamp, info.nonce, info.signature, info.accessKey)
+        auth = RequestAuth(
+            info.timestamp,
+            info.nonce,
+            info.signature,
+            info.accessKey,
+            info.onBehalfOf,
+            info.sourceIp,
+        )
     return Request(
         serial_no,
         req.method,

@@ -33,6 +33,8 @@ import grpc
 from google.protobuf.message import DecodeError
 from google.protobuf.message import Message as PbMessage
 
+from ha_controller.acl.rules import PUB, topic_need
+from ha_controller.acl.sync import fetch_newer
 from ha_controller.client.admin import NameserverClient
 from ha_controller.client.producer import EndpointIsolation
 from ha_controller.config import ProxyConfig
@@ -163,7 +165,22 @@ class Gateway(service_pb2_grpc.MessagingServiceServicer):
         invisible-time renewal."""
         async with asyncio.TaskGroup() as tg:
             tg.create_task(self._renew_loop(stop), name="proxy-renewal")
+            if self.auth.acl.holder is not None and self.auth.cluster.enabled:
+                tg.create_task(self._acl_loop(stop), name="proxy-acl")
             await self._housekeeping(stop)
+
+    async def _acl_loop(self, stop: asyncio.Event) -> None:
+        """The cluster's ACL table from the nameservers, every ``acl_sync_interval_ms``
+        (a change reaches the gateway within about that)."""
+        holder = self.auth.acl.holder
+        assert holder is not None
+        while not stop.is_set():
+            for ns in self.cfg.namesrv_addrs:
+                if await fetch_newer(self.ns.pool, ns, holder):
+                    break
+            with contextlib.suppress(TimeoutError):
+                async with asyncio.timeout(self.cfg.acl_sync_interval_ms / 1000):
+                    await stop.wait()
 
     async def _housekeeping(self, stop: asyncio.Event) -> None:
         while not stop.is_set():
@@ -917,7 +934,14 @@ class Gateway(service_pb2_grpc.MessagingServiceServicer):
             uniq,
         )
         command = convert.recover_command(req, tx.encode())
+        # only a producer whose user may publish to the topic is asked (and sees the body)
+        need = topic_need(topic, PUB)
         for session in self.sessions.producers_for(topic, prefer=self._tx_owner.get(uniq)):
+            cid = session.client_id
+            if not self.auth.allows(
+                self.auth.client_ids.owner(cid), need, self.auth.client_ips.get(cid)
+            ):
+                continue
             if self.sessions.push(session, command):
                 self.metrics.transaction_checks.labels(result="forwarded").inc()
                 log.info("transaction %s of %s: asking producer %s", uniq, topic, session.client_id)
@@ -1017,8 +1041,12 @@ class Gateway(service_pb2_grpc.MessagingServiceServicer):
         which = cmd.WhichOneof("command")
         if which != "settings":
             return None  # thread stack traces, verify results: nothing to do here
-        s = self.sessions.get(cid)
         settings = cmd.settings
+        why = self.auth.settings_refusal(settings)
+        if why is not None:
+            log.info("client %s: settings refused: %s", cid, why)
+            return v2s.TelemetryCommand(status=convert.status(v2.FORBIDDEN, why))
+        s = self.sessions.get(cid)
         out = v2.Settings()
         out.CopyFrom(settings)
         if settings.client_type == v2.PRODUCER:

@@ -115,6 +115,12 @@ class RequestContext:
     auth: envelope.RequestAuth | None = None
     #: set by the dispatcher's guard once the signature checked out (a cluster member)
     authenticated: bool = False
+    #: set by the guard for a gateway's request for a client: (user, client address)
+    on_behalf: tuple[str, str] | None = None
+    #: set by the ACL guard: the user the request was authorised as (None: anonymous or
+    #: a member) and the client's address it was judged from
+    acl_user: str | None = None
+    acl_ip: Any = None
 
     @property
     def peer(self) -> str:

@@ -191,7 +191,7 @@ async def test_stranger_cannot_reset_offsets_or_take_locks(acl_cluster: Cluster)
         )
         assert isinstance(exc, AccessDenied), exc
         if creds is STRANGER:
-            assert "SUB on group 'owners'" in str(exc), exc
+            assert "Group:owners Sub" in str(exc), exc
         else:
             assert "anonymous" in str(exc), exc
     assert await query_offset(master.rpc, OWNERS) == 3  # nothing was reset
@@ -219,7 +219,7 @@ async def test_stranger_cannot_reset_offsets_or_take_locks(acl_cluster: Cluster)
 
 
 async def test_admin_requests_need_the_admin_role(acl_cluster: Cluster) -> None:
-    with pytest.raises(AccessDenied, match="admin role"):
+    with pytest.raises(AccessDenied, match="Topic:AclNotMine Create"):
         async with NameserverClient([acl_cluster.namesrv], credentials=APP) as ns:
             await ns.create_topic("AclNotMine", queues=1)
     async with NameserverClient([acl_cluster.namesrv], credentials=ADMIN) as ns:

@@ -38,6 +38,7 @@ from broker_agent.special.steps import SpecialSteps
 from broker_agent.store.message_store import GetMessageStatus, GetResult, PutResult
 from broker_agent.topics import TopicConfigManager
 from broker_agent.write_path import Record, Stored
+from ha_controller.acl import Acl
 from ha_controller.config import BrokerConfig
 from ha_controller.protocol.errors import (
     BadRequest,
@@ -277,6 +278,7 @@ class FakeCore:
         self.dispatcher = Dispatcher()
         self.special_hooks: list[Callable[[bool], None]] = []
         self.special_steps = SpecialSteps()
+        self.acl = Acl(None)  # no client ACL: every producer may be asked
         self.topics_changed_calls = 0
         self.spawned: list[str] = []
         #: where spawn() runs coroutines; None closes them unrun (as BrokerCore does

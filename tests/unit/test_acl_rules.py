@@ -16,16 +16,21 @@ from ha_controller.acl import (
     ANY_USER,
     RULES,
     Acl,
-    AclUser,
+    AclHolder,
+    AclTable,
+    Check,
     Credentials,
     Need,
     Perm,
+    Resource,
+    User,
     guard,
     load_acl_file,
     need_of,
     parse_acl,
     parse_perm,
 )
+from ha_controller.acl.rules import MEMBERS, SUB
 from ha_controller.auth import ClusterAuth
 from ha_controller.client.message import Message, check_size
 from ha_controller.proto import broker_pb2, common_pb2
@@ -42,13 +47,31 @@ from ha_controller.protocol.topics import GROUP_NAME_MAX_LEN, group_name_problem
 from ha_controller.proxy.auth import DATE_FORMAT, GatewayAuth, parse_authorization, sdk_signature
 from ha_controller.rpc.connection import RequestContext
 
-APP = AclUser(
-    "app",
-    "app-secret-key",
-    topic_perms={"orders": Perm.PUB | Perm.SUB, "audit": Perm.SUB},
-    group_perms={"billing": Perm.SUB},
+TABLE = parse_acl(
+    {
+        "users": [
+            {
+                "access_key": "app",
+                "secret_key": "app-secret-key",
+                "topic_perms": ["orders=PUB|SUB", "audit=SUB"],
+                "group_perms": ["billing=SUB"],
+            },
+            {"access_key": "root", "secret_key": "root-secret-key", "admin": True},
+        ]
+    }
 )
-ROOT = AclUser("root", "root-secret-key", admin=True)
+APP = TABLE.users["app"]
+ROOT = TABLE.users["root"]
+APP_CREDS = Credentials("app", "app-secret-key")
+
+
+def acl_of(*users: User, allow_anonymous: bool = True, **kw: object) -> Acl:
+    table = AclTable(
+        0,
+        {u.username: u for u in users},
+        {u.username: TABLE.entries_of(u.username) for u in users if TABLE.entries_of(u.username)},
+    )
+    return Acl(AclHolder(table), allow_anonymous=allow_anonymous, **kw)  # type: ignore[arg-type]
 
 
 @dataclass
@@ -89,13 +112,23 @@ def test_acl_file_loads(tmp_path: Path) -> None:
         'default_topic_perm = "SUB"\n'
         '[[users]]\naccess_key = "b"\nsecret_key = "abcdefgh"\nadmin = true\n'
     )
-    users = load_acl_file(path)
-    assert users["a"].topic_perm("t1") == Perm.PUB
-    assert users["a"].topic_perm("other") == Perm.SUB
-    assert users["a"].group_perm("g") == Perm.SUB
-    assert users["a"].group_perm("other") == Perm.DENY
-    assert users["b"].admin
-    assert "12345678" not in repr(users["a"])
+    table = load_acl_file(path)
+    assert table.revision == 0
+    acl = Acl(AclHolder(table))
+    a = table.users["a"]
+
+    def may(resource: Resource, action: str) -> bool:
+        from ha_controller.acl import Action
+
+        return acl.permits("a", Need((Check(resource, frozenset({Action.parse(action, "")})),)))
+
+    assert may(Resource.topic("t1"), "Pub") and not may(Resource.topic("t1"), "Sub")
+    assert may(Resource.topic("t2"), "Pub") and may(Resource.topic("t2"), "Sub")
+    # the default SUB does not reach t1, whose own permission leaves SUB out
+    assert may(Resource.topic("other"), "Sub") and not may(Resource.topic("other"), "Pub")
+    assert may(Resource.group("g"), "Sub") and not may(Resource.group("other"), "Sub")
+    assert table.users["b"].is_super and not a.is_super
+    assert "12345678" not in repr(a)
 
 
 @pytest.mark.parametrize(
@@ -159,9 +192,9 @@ def test_closed_acl_needs_a_cluster_secret(tmp_path: Path) -> None:
 
 
 def test_signed_request_authenticates_its_user() -> None:
-    acl = Acl([APP, ROOT], allow_anonymous=False)
+    acl = acl_of(APP, ROOT, allow_anonymous=False)
     body = send("orders")
-    auth = APP.credentials.sign(RequestCode.SEND_MESSAGE, body)
+    auth = APP_CREDS.sign(RequestCode.SEND_MESSAGE, body)
     assert auth.access_key == "app"
     assert acl.authenticate(RequestCode.SEND_MESSAGE, body, auth) == APP
     # the signature covers the method and the whole body
@@ -173,7 +206,7 @@ def test_signed_request_authenticates_its_user() -> None:
 
 def test_refusals_are_counted_by_reason() -> None:
     seen: list[tuple[int, str]] = []
-    acl = Acl([APP], allow_anonymous=False, on_denied=lambda m, r: seen.append((m, r)))
+    acl = acl_of(APP, allow_anonymous=False, on_denied=lambda m, r: seen.append((m, r)))
     body = send("orders")
     code = RequestCode.SEND_MESSAGE
     with pytest.raises(AccessDenied, match="anonymous"):
@@ -182,20 +215,20 @@ def test_refusals_are_counted_by_reason() -> None:
         acl.authenticate(code, body, Credentials("ghost", "ghost-secret").sign(code, body))
     with pytest.raises(AccessDenied, match="signature"):
         acl.authenticate(code, body, Credentials("app", "guessed-secret").sign(code, body))
-    old = APP.credentials.sign(code, body, now_ms=int(time.time() * 1000) - 60_000)
+    old = APP_CREDS.sign(code, body, now_ms=int(time.time() * 1000) - 60_000)
     with pytest.raises(AccessDenied, match="clock"):
         acl.authenticate(code, body, old)
     assert [r for _, r in seen] == ["anonymous", "unknown_user", "bad_signature", "stale"]
 
 
 def test_anonymous_allowed_is_served_as_without_acl() -> None:
-    acl = Acl([APP], allow_anonymous=True)
+    acl = acl_of(APP, allow_anonymous=True)
     assert acl.authenticate(RequestCode.UPDATE_AND_CREATE_TOPIC, b"", None) is None
     acl.authorize(RequestCode.UPDATE_AND_CREATE_TOPIC, None, ADMIN)
 
 
 def test_access_key_travels_in_the_envelope() -> None:
-    auth = APP.credentials.sign(RequestCode.SEND_MESSAGE, b"body")
+    auth = APP_CREDS.sign(RequestCode.SEND_MESSAGE, b"body")
     frame = envelope.encode_request(7, RequestCode.SEND_MESSAGE, b"body", auth=auth)
     payload = frame[12 + 4 :]  # token, serial, listSize, one block's length
     decoded = envelope.decode(7, payload)
@@ -206,51 +239,57 @@ def test_access_key_travels_in_the_envelope() -> None:
 # ---- what each request needs ---------------------------------------------------------
 
 
-def test_every_code_has_a_rule_or_needs_admin() -> None:
+def test_every_code_has_a_rule_or_needs_super() -> None:
     for code in RequestCode:
-        need = need_of(code, b"")
-        if code not in RULES:
-            assert need == ADMIN, code.name
-    admin_codes: tuple[int, ...] = (
-        RequestCode.UPDATE_AND_CREATE_TOPIC,
-        RequestCode.DELETE_TOPIC_IN_BROKER,
-        RequestCode.REGISTER_BROKER,
-        RequestCode.UNREGISTER_BROKER,
+        assert code in RULES, code.name
+    assert need_of(999_999, b"").admin
+    super_only: tuple[int, ...] = (
         RequestCode.GET_ALL_CONSUMER_OFFSET,
-        999_999,
+        RequestCode.AUTH_CREATE_USER,
+        RequestCode.AUTH_LIST_ACL,
     )
-    for method in admin_codes:
-        assert need_of(method, b"") == ADMIN
-    assert need_of(RequestCode.GET_ROUTEINFO_BY_TOPIC, b"") == ANY_USER
+    for method in super_only:
+        assert need_of(method, b"").admin
+    for method in (RequestCode.REGISTER_BROKER, RequestCode.UNREGISTER_BROKER):
+        assert need_of(method, b"") == MEMBERS
+    assert need_of(RequestCode.GET_BROKER_CLUSTER_INFO, b"") == ANY_USER
 
 
 def test_permissions_per_resource() -> None:
-    acl = Acl([APP, ROOT])
+    acl = acl_of(APP, ROOT)
     code = RequestCode.UPDATE_CONSUMER_OFFSET
     acl.authorize(code, APP, need_of(code, offsets("billing")))
-    with pytest.raises(AccessDenied, match="SUB on group 'other'"):
+    with pytest.raises(AccessDenied, match="Group:other Sub"):
         acl.authorize(code, APP, need_of(code, offsets("other")))
-    with pytest.raises(AccessDenied, match="SUB on topic 'secret'"):
+    with pytest.raises(AccessDenied, match="Topic:secret Sub"):
         acl.authorize(code, APP, need_of(code, offsets("billing", "secret")))
-    with pytest.raises(AccessDenied, match="PUB on topic 'audit'; user 'app' has SUB"):
+    with pytest.raises(AccessDenied, match="Topic:audit Pub; user 'app' is denied it"):
         acl.authorize(
             RequestCode.SEND_MESSAGE, APP, need_of(RequestCode.SEND_MESSAGE, send("audit"))
         )
     # a group's retry topic belongs to the group
     acl.authorize(code, APP, need_of(code, offsets("billing", "%RETRY%billing")))
-    with pytest.raises(AccessDenied, match="group 'other'"):
+    with pytest.raises(AccessDenied, match="Group:other"):
         acl.authorize(code, APP, need_of(code, offsets("billing", "%RETRY%other")))
-    with pytest.raises(AccessDenied, match="admin role"):
-        acl.authorize(RequestCode.UPDATE_AND_CREATE_TOPIC, APP, ADMIN)
-    acl.authorize(RequestCode.UPDATE_AND_CREATE_TOPIC, ROOT, ADMIN)
+    create = broker_pb2.CreateTopicRequest()
+    create.topic.topic_name = "orders"
+    topic_code = RequestCode.UPDATE_AND_CREATE_TOPIC
+    with pytest.raises(AccessDenied, match=r"Topic:orders Create\|Update"):
+        acl.authorize(topic_code, APP, need_of(topic_code, create.SerializeToString()))
+    acl.authorize(topic_code, ROOT, need_of(topic_code, create.SerializeToString()))
+    with pytest.raises(AccessDenied, match="needs a Super user"):
+        acl.authorize(RequestCode.AUTH_CREATE_USER, APP, ADMIN)
     lock = broker_pb2.LockBatchRequest(
         consumer_group="billing", mqs=[broker_pb2.MessageQueue(topic="orders")]
     )
     assert need_of(RequestCode.LOCK_BATCH_MQ, lock.SerializeToString()) == Need(
-        topics=(("orders", Perm.SUB),), groups=("billing",)
+        (Check(Resource.group("billing"), SUB), Check(Resource.topic("orders"), SUB))
     )
     lock.only_this_broker = True
-    assert need_of(RequestCode.LOCK_BATCH_MQ, lock.SerializeToString()) == ADMIN
+    assert need_of(RequestCode.LOCK_BATCH_MQ, lock.SerializeToString()) == MEMBERS
+    # a peer's vote is the cluster's: refused to a Super user too
+    with pytest.raises(AccessDenied, match="cluster members"):
+        acl.authorize(RequestCode.LOCK_BATCH_MQ, ROOT, MEMBERS)
 
 
 # ---- the guard -------------------------------------------------------------------------
@@ -258,23 +297,23 @@ def test_permissions_per_resource() -> None:
 
 def test_guard_order_cluster_then_groups_then_acl() -> None:
     cluster = ClusterAuth("cluster-secret", sign_all=True)
-    check = guard(cluster, Acl([APP], allow_anonymous=False))
+    check = guard(cluster, acl_of(APP, allow_anonymous=False))
     code = RequestCode.UPDATE_CONSUMER_OFFSET
     body = offsets("billing")
     # a cluster member passes whatever it asks
     member = RequestCode.GET_ALL_CONSUMER_OFFSET
     check(ctx(member, cluster.sign(member, b"")), b"")
     # a user
-    check(ctx(code, APP.credentials.sign(code, body)), body)
+    check(ctx(code, APP_CREDS.sign(code, body)), body)
     with pytest.raises(AccessDenied):
         check(ctx(code), body)
     # a control request signed by a user is not a member's
     with pytest.raises(SignatureInvalid):
         beat = RequestCode.BROKER_HEARTBEAT
-        check(ctx(beat, APP.credentials.sign(beat, b"")), b"")
+        check(ctx(beat, APP_CREDS.sign(beat, b"")), b"")
     # bad group names are refused before the ACL looks, signed or not
     bad = offsets("../etc")
-    for auth in (None, APP.credentials.sign(code, bad)):
+    for auth in (None, APP_CREDS.sign(code, bad)):
         with pytest.raises(BadRequest, match="group name"):
             check(ctx(code, auth), bad)
 
@@ -327,7 +366,7 @@ def sdk_metadata(ak: str, sk: str, when: datetime) -> list[tuple[str, str]]:
 
 
 def test_gateway_checks_sdk_credentials() -> None:
-    gw = GatewayAuth(Acl([APP], allow_anonymous=False))
+    gw = GatewayAuth(acl_of(APP, allow_anonymous=False))
     now = datetime.now(UTC)
     assert gw.identify(sdk_metadata("app", "app-secret-key", now)) == APP
     # the Python SDK writes its local time with a Z
@@ -348,23 +387,36 @@ def test_gateway_checks_sdk_credentials() -> None:
     assert parse_authorization(
         "MQv2-HMAC-SHA1 Credential=ak, SignedHeaders=x-mq-date-time, Signature=AB01"
     ) == ("ak", "x-mq-date-time", "ab01")
-    assert GatewayAuth(Acl([APP], allow_anonymous=True)).identify([]) is None
+    assert GatewayAuth(acl_of(APP, allow_anonymous=True)).identify([]) is None
 
 
 def test_gateway_signs_as_the_caller_else_as_the_cluster() -> None:
     import contextvars
 
-    gw = GatewayAuth(Acl([APP]), ClusterAuth("cluster-secret", sign_all=True))
+    cluster = ClusterAuth("cluster-secret", sign_all=True)
+    gw = GatewayAuth(acl_of(APP), cluster)
     own = gw.signer(RequestCode.HEART_BEAT, b"")
-    assert own is not None and not own.access_key  # the gateway's own work
+    assert own is not None and not own.access_key and not own.on_behalf_of  # its own work
 
-    def as_caller(user: AclUser | None) -> envelope.RequestAuth | None:
-        GatewayAuth.serve_as(user)
+    def as_caller(user: User | None) -> envelope.RequestAuth | None:
+        GatewayAuth.serve_as(user, None)
         return gw.signer(RequestCode.SEND_MESSAGE, b"x")
 
     signed = contextvars.copy_context().run(as_caller, APP)
-    assert signed is not None and signed.access_key == "app"
+    assert signed is not None and signed.on_behalf_of == "app" and not signed.access_key
     assert contextvars.copy_context().run(as_caller, None) is None  # anonymous caller
+    # the receiver authorises it as that user, never as a member
+    request = ctx(RequestCode.SEND_MESSAGE, signed)
+    cluster.check(request, b"x")
+    assert request.on_behalf == ("app", "") and not request.authenticated
+    with pytest.raises(SignatureInvalid):
+        cluster.check(ctx(RequestCode.SEND_MESSAGE, signed), b"changed")
+    # without a cluster secret the gateway signs as the user itself
+    alone = GatewayAuth(acl_of(APP))
+    plain = contextvars.copy_context().run(
+        lambda: (GatewayAuth.serve_as(APP), alone.signer(RequestCode.SEND_MESSAGE, b"x"))[1]
+    )
+    assert plain is not None and plain.access_key == "app"
 
 
 # ---- the client's size check --------------------------------------------------------------
@@ -382,8 +434,8 @@ def test_message_size_checked_before_sending() -> None:
 
 
 def test_parse_acl_from_a_table() -> None:
-    users = parse_acl({"users": [{"access_key": "a", "secret_key": "12345678"}]})
-    assert users["a"].credentials == Credentials("a", "12345678")
+    table = parse_acl({"users": [{"access_key": "a", "secret_key": "12345678"}]})
+    assert table.users["a"] == User("a", "12345678")
 
 
 def test_gateway_answers_a_denied_request_forbidden() -> None:

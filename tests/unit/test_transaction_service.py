@@ -77,6 +77,11 @@ OLD_MS = 1_000  # born long before any transaction timeout
 # ---- fakes: producer connection, pool, escape (core and write path: special_fakes) ----
 
 
+def seen_on(conn: object) -> RequestContext:
+    """A HEART_BEAT's context on ``conn`` (no ACL: an anonymous producer)."""
+    return RequestContext(cast(RpcConnection, conn), RequestCode.HEART_BEAT, 0.0, 0)
+
+
 class FakeConn:
     """What the service uses of an ``RpcConnection``: a peer, ``closed``, ``oneway``."""
 
@@ -697,7 +702,7 @@ async def test_check_on_master_asks_the_producer_about_an_old_half(master: Broke
     old = send_half(master, tid="TX-old")
     send_half(master, tid="TX-young", born_ts_ms=now_ms())
     producer = FakeConn()
-    master.service.producer_seen(cast(RpcConnection, producer), [GROUP])
+    master.service.producer_seen(seen_on(producer), [GROUP])
 
     await master.service.check_once()
 
@@ -718,7 +723,7 @@ async def test_check_skips_dead_producer_connections(master: Broker) -> None:
     live, broken, closed = FakeConn("p1:1"), FakeConn("p2:1", broken=True), FakeConn("p3:1")
     closed.closed = True
     for conn in (live, broken, closed):  # the most recently seen is tried first
-        master.service.producer_seen(cast(RpcConnection, conn), [GROUP])
+        master.service.producer_seen(seen_on(conn), [GROUP])
 
     await master.service.check_once()
 
@@ -729,7 +734,7 @@ async def test_check_skips_dead_producer_connections(master: Broker) -> None:
 async def test_check_without_a_producer_sends_nothing(master: Broker) -> None:
     send_half(master)
     other_group = FakeConn()
-    master.service.producer_seen(cast(RpcConnection, other_group), ["PG_other"])
+    master.service.producer_seen(seen_on(other_group), ["PG_other"])
 
     for _ in range(5):
         await master.service.check_once()
@@ -743,7 +748,7 @@ async def test_half_is_discarded_after_the_last_check(tmp_path: Path) -> None:
     master = make_broker(tmp_path, config(0, transaction_check_max=2))
     half = send_half(master)
     producer = FakeConn()
-    master.service.producer_seen(cast(RpcConnection, producer), [GROUP])
+    master.service.producer_seen(seen_on(producer), [GROUP])
 
     for _ in range(3):
         await master.service.check_once()
@@ -761,7 +766,7 @@ async def test_check_on_master_reads_ops_and_does_not_check_resolved_halves(
     done = send_half(master, tid="TX-done")
     write_op(master, done, "TX-done")
     producer = FakeConn()
-    master.service.producer_seen(cast(RpcConnection, producer), [GROUP])
+    master.service.producer_seen(seen_on(producer), [GROUP])
 
     await master.service.check_once()
 
