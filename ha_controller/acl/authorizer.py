@@ -304,7 +304,7 @@ class Acl:
         else:
             exc = Overloaded(f"{name}: too many signing sessions within the replay window")
         self._on_denied(method, reason)
-        self._audit_line("DENY", method, key, "-", reason, str(exc))
+        self._audit_line("DENY", name, key, "-", reason, str(exc))
         raise exc
 
     # ---- what --------------------------------------------------------------------------
@@ -326,10 +326,13 @@ class Acl:
         name = name or method_name(method)
         if need.members:
             raise self._deny(
-                method, "no_permission", f"{name} is {need.why or 'for cluster members only'}"
+                method,
+                "no_permission",
+                f"{name} is {need.why or 'for cluster members only'}",
+                name=name,
             )
         if user.is_super:
-            self._allowed(method, user, need, ip)
+            self._allowed(name, user, need, ip)
             return
         if need.admin:
             why = f" ({need.why})" if need.why else ""
@@ -338,6 +341,7 @@ class Acl:
                 "no_permission",
                 f"{name} needs a Super user{why}; {who} is Normal",
                 user=user.username,
+                name=name,
             )
         for check in need.checks:
             problem = self._decide(user, check, ip)
@@ -348,8 +352,9 @@ class Acl:
                     f"{name} needs {check.text()}; {who} {problem}",
                     user=user.username,
                     resource=check.text(),
+                    name=name,
                 )
-        self._allowed(method, user, need, ip)
+        self._allowed(name, user, need, ip)
 
     def permits(self, username: str | None, need: Need, ip: IpAddress | None = None) -> bool:
         """Whether ``username`` (None: anonymous) may do what ``need`` says, without a
@@ -392,24 +397,25 @@ class Acl:
         *,
         user: str = "-",
         resource: str = "-",
+        name: str | None = None,
     ) -> AccessDenied:
         self._on_denied(method, reason)
-        self._audit_line("DENY", method, user, resource, reason, message)
+        self._audit_line("DENY", name or method_name(method), user, resource, reason, message)
         return AccessDenied(message)
 
-    def _allowed(self, method: int, user: User, need: Need, ip: IpAddress | None) -> None:
+    def _allowed(self, name: str, user: User, need: Need, ip: IpAddress | None) -> None:
         if self.audit_allowed:
             resources = ",".join(c.text() for c in need.checks) or ("Super" if need.admin else "-")
             audit_log.info(
                 "ALLOW user=%s ip=%s code=%s resources=%s",
                 user.username,
                 ip if ip is not None else "-",
-                method_name(method),
+                name,
                 resources,
             )
 
     def _audit_line(
-        self, decision: str, method: int, user: str, resource: str, reason: str, detail: str
+        self, decision: str, name: str, user: str, resource: str, reason: str, detail: str
     ) -> None:
         count = self._audit.hit(time.monotonic())
         if count:
@@ -418,7 +424,7 @@ class Acl:
                 "%s user=%s code=%s resource=%s reason=%s: %s%s",
                 decision,
                 user[:64],
-                method_name(method),
+                name,
                 resource[:160],
                 reason,
                 detail,

@@ -8,7 +8,8 @@ One module per area, each adding its sub-commands with ``add_commands(sub)``:
 - :mod:`.tools` — ``produce``, ``consume``, ``topic create|update|delete|list|describe``,
   ``groups``, ``route``: inspect and exercise a running cluster (``--namesrv
   H:P[,H:P]``, ``--json``);
-- :mod:`.drill` — ``drill``, ``analyze``: failover drills and their Spark verdict.
+- :mod:`.drill` — ``drill``, ``analyze``: failover drills and their Spark verdict;
+- :mod:`.acl` — ``user``, ``acl``: ACL 2.0 users and policy entries at runtime.
 
 Importing this package is cheap: each command imports what it needs (the services, the
 client SDK, the drill runner, pyspark, grpc, rich) when it runs, so ``hactl --help`` is
@@ -28,7 +29,7 @@ import sys
 from collections.abc import Sequence
 from typing import Any
 
-from ha_controller.cli import demo, drill, services, tools
+from ha_controller.cli import acl, demo, drill, services, tools
 from ha_controller.cli.common import HelpFormatter
 from ha_controller.protocol.errors import ConfigError, HaError, TlsClosedEarly, TlsError
 
@@ -81,6 +82,7 @@ def build_parser() -> argparse.ArgumentParser:
     demo.add_commands(sub)
     tools.add_commands(sub)  # produce, consume, topic, groups, route
     drill.add_commands(sub)  # drill, analyze
+    acl.add_commands(sub)  # user, acl
     return p
 
 

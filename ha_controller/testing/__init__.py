@@ -597,6 +597,38 @@ def run_cluster(
     return cluster
 
 
+def run_proxy(
+    cluster: Cluster,
+    *args: str,
+    env: Mapping[str, str] | None = None,
+    name: str = "proxy",
+) -> ProcessHandle:
+    """Start ``hactl proxy`` (the gRPC gateway) for ``cluster`` on port 0, with the
+    cluster's environment (secret, ACL, TLS) unless ``env`` says otherwise, and extra
+    flags ``args``."""
+    ready = cluster.workdir / f"{name}.ready.json"
+    handle = ProcessHandle(
+        name=name,
+        argv=hactl_argv(
+            "proxy",
+            "--namesrv",
+            cluster.namesrv,
+            "--listen",
+            "127.0.0.1:0",
+            "--http",
+            "127.0.0.1:0",
+            "--ready-file",
+            str(ready),
+            *args,
+        ),
+        env=_base_env({**cluster.env, **(env or {})}),
+        workdir=cluster.workdir,
+        ready_file=ready,
+        log_path=cluster.workdir / f"{name}.log",
+    )
+    return handle.start()
+
+
 async def stored_messages(
     pull: PullConsumer, queues: Iterable[MessageQueue], *, max_msgs: int = 64
 ) -> AsyncIterator[ReceivedMessage]:
