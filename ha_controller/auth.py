@@ -97,6 +97,8 @@ SIGNED_CODES: frozenset[int] = frozenset(
         RequestCode.GET_RECALL_TABLE,
         RequestCode.GET_POP_ACK_TABLE,
         RequestCode.GET_ALL_SUBSCRIPTIONGROUP_CONFIG,
+        RequestCode.GET_ACL_TABLE,
+        RequestCode.PUT_ACL_TABLE,
     }
 )
 
@@ -126,6 +128,8 @@ REQUIRED_CODES: frozenset[int] = frozenset(
         RequestCode.GET_COMMITLOG_RANGE,
         RequestCode.GET_RECALL_TABLE,
         RequestCode.GET_POP_ACK_TABLE,
+        RequestCode.GET_ACL_TABLE,
+        RequestCode.PUT_ACL_TABLE,
     }
 )
 
