@@ -246,29 +246,32 @@ RULES: Final[dict[int, Rule]] = {
         broker_pb2.PullMessageRequest, _consume, "Topic:<topic>, Group:<group>", "Sub"
     ),
     RequestCode.QUERY_CONSUMER_OFFSET: Rule(
-        broker_pb2.ConsumerOffsetRequest, _query_offset, "Topic:<topic>, Group:<group>", "Sub|Get"
+        broker_pb2.ConsumerOffsetRequest,
+        _query_offset,
+        "Topic:<topic>, Group:<group>",
+        "Sub or Get",
     ),
     RequestCode.UPDATE_CONSUMER_OFFSET: Rule(
         broker_pb2.ConsumerOffsetRequest,
         _update_offset,
         "Topic:<topic>, Group:<group>",
-        "Sub|Update",
+        "Sub or Update",
     ),
     RequestCode.UPDATE_AND_CREATE_TOPIC: Rule(
-        broker_pb2.CreateTopicRequest, _create_topic, "Topic:<topic>", "Create|Update"
+        broker_pb2.CreateTopicRequest, _create_topic, "Topic:<topic>", "Create or Update"
     ),
     RequestCode.GET_ALL_TOPIC_CONFIG: Rule(None, None, "-", "any user", "the topic list"),
     RequestCode.SEARCH_OFFSET_BY_TIMESTAMP: Rule(
-        broker_pb2.QueueOffsetRequest, _queue_query, "Topic:<topic>", "Sub|Get"
+        broker_pb2.QueueOffsetRequest, _queue_query, "Topic:<topic>", "Sub or Get"
     ),
     RequestCode.GET_MAX_OFFSET: Rule(
-        broker_pb2.QueueOffsetRequest, _queue_query, "Topic:<topic>", "Sub|Get"
+        broker_pb2.QueueOffsetRequest, _queue_query, "Topic:<topic>", "Sub or Get"
     ),
     RequestCode.GET_MIN_OFFSET: Rule(
-        broker_pb2.QueueOffsetRequest, _queue_query, "Topic:<topic>", "Sub|Get"
+        broker_pb2.QueueOffsetRequest, _queue_query, "Topic:<topic>", "Sub or Get"
     ),
     RequestCode.GET_EARLIEST_MSG_STORETIME: Rule(
-        broker_pb2.QueueOffsetRequest, _queue_query, "Topic:<topic>", "Sub|Get"
+        broker_pb2.QueueOffsetRequest, _queue_query, "Topic:<topic>", "Sub or Get"
     ),
     RequestCode.HEART_BEAT: Rule(
         broker_pb2.ClientHeartbeat,
@@ -288,7 +291,7 @@ RULES: Final[dict[int, Rule]] = {
         "not the topic the request names",
     ),
     RequestCode.GET_CONSUMER_LIST_BY_GROUP: Rule(
-        broker_pb2.ConsumerListRequest, _consumer_list, "Group:<group>", "Sub|Get"
+        broker_pb2.ConsumerListRequest, _consumer_list, "Group:<group>", "Sub or Get"
     ),
     RequestCode.CHECK_TRANSACTION_STATE: Rule(
         None, None, "-", "served by producers", "a broker asks a producer"
@@ -316,15 +319,15 @@ RULES: Final[dict[int, Rule]] = {
         nameserver_pb2.GetRouteInfoRequest,
         _route,
         "Topic:<topic>",
-        "Pub|Sub|Get",
-        "retry topic: Group Sub|Get; system topics and TBW102: any user",
+        "Pub, Sub or Get",
+        "retry topic: Group Sub or Get; system topics and TBW102: any user",
     ),
     RequestCode.GET_BROKER_CLUSTER_INFO: Rule(None, None, "-", "any user"),
     RequestCode.UPDATE_AND_CREATE_SUBSCRIPTIONGROUP: Rule(
         broker_pb2.UpdateSubscriptionGroupRequest,
         _subscription_group,
         "Group:<group>",
-        "Create|Update",
+        "Create or Update",
     ),
     RequestCode.GET_ALL_SUBSCRIPTIONGROUP_CONFIG: Rule(None, None, "-", "any user"),
     RequestCode.DELETE_TOPIC_IN_BROKER: Rule(
@@ -351,7 +354,7 @@ RULES: Final[dict[int, Rule]] = {
         broker_pb2.AckMessageRequest, _consume, "Topic:<topic>, Group:<group>", "Sub"
     ),
     RequestCode.WATCH_ROUTE: Rule(
-        nameserver_pb2.WatchRouteRequest, _route, "Topic:<topic>", "Pub|Sub|Get", "as a route"
+        nameserver_pb2.WatchRouteRequest, _route, "Topic:<topic>", "Pub, Sub or Get", "as a route"
     ),
     RequestCode.GET_BROKER_STATUS: Rule(None, None, "-", "any user"),
     RequestCode.RPC_PING: Rule(None, None, "-", "any connection", "answered before any guard"),
@@ -490,7 +493,7 @@ def grpc_settings_need(settings: Any) -> Need:
 
 
 GRPC_RULES: Final[dict[str, GrpcRule]] = {
-    "QueryRoute": GrpcRule(_grpc_route, "Topic:<topic>", "Pub|Sub|Get"),
+    "QueryRoute": GrpcRule(_grpc_route, "Topic:<topic>", "Pub, Sub or Get"),
     "Heartbeat": GrpcRule(_grpc_heartbeat, "Group:<group>", "Sub", "consumers only"),
     "SendMessage": GrpcRule(_grpc_send, "Topic:<topic>", "Pub"),
     "QueryAssignment": GrpcRule(_grpc_group_topic, "Topic:<topic>, Group:<group>", "Sub"),
@@ -518,4 +521,5 @@ GRPC_RULES: Final[dict[str, GrpcRule]] = {
     "NotifyClientTermination": GrpcRule(_grpc_group, "Group:<group>", "Sub", "when named"),
     "ChangeInvisibleDuration": GrpcRule(_grpc_invisible, "Topic:<topic>, Group:<group>", "Sub"),
     "RecallMessage": GrpcRule(_grpc_topic_pub, "Topic:<topic>", "Pub"),
+    "SyncLiteSubscription": GrpcRule(None, "-", "not offered"),
 }
