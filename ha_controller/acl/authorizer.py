@@ -30,6 +30,7 @@ No I/O; the clock is injectable.
 
 from __future__ import annotations
 
+import functools
 import hmac
 import ipaddress
 import logging
@@ -84,8 +85,10 @@ class ReplayWindowPassed(ReplayedRequest):
     retriable = True
 
 
+@functools.lru_cache(maxsize=8192)
 def peer_ip(peer: str) -> IpAddress | None:
-    """The IP of ``host:port``, ``[v6]:port`` or a bare address (None: not an IP)."""
+    """The IP of ``host:port``, ``[v6]:port`` or a bare address (None: not an IP;
+    remembered: a connection asks for each of its requests)."""
     host = peer.rpartition(":")[0] if peer.count(":") == 1 or peer.startswith("[") else peer
     host = host.strip("[]").split("%", 1)[0]
     try:
@@ -187,7 +190,7 @@ class Acl:
         self._logged: dict[str, float] = {}
         self._suppressed: dict[str, int] = {}
         self._audit = Throttle(1.0 / AUDIT_LINES_PER_S)
-        self._decisions: dict[tuple[str, Resource, frozenset[Action], Any], str | None] = {}
+        self._decisions: dict[tuple[str, str, str, frozenset[Action], Any], str | None] = {}
         self._decided_on: tuple[int, str] | None = None
 
     @classmethod
@@ -378,7 +381,8 @@ class Acl:
         if self._decided_on != table.key():
             self._decisions.clear()
             self._decided_on = table.key()
-        key = (user.username, check.resource, check.actions, ip)
+        r = check.resource
+        key = (user.username, r.type.value, r.name, check.actions, ip)
         if key in self._decisions:
             return self._decisions[key]
         result = decide(table, user.username, check, ip)
