@@ -39,7 +39,7 @@ from collections.abc import Callable
 from typing import Any, Final
 
 from ha_controller.acl.credentials import user_key
-from ha_controller.acl.model import AclTable, Action, Decision, Resource, User
+from ha_controller.acl.model import AclTable, Action, Decision, User
 from ha_controller.acl.replay import ReplayWindow
 from ha_controller.acl.rules import Check, Need
 from ha_controller.auth import request_mac, wall_ms
