@@ -69,6 +69,7 @@ __all__ = [
 #: the most entries one user's ACL may hold, and the most users (bounded tables)
 MAX_ENTRIES_PER_USER: Final = 1000
 MAX_USERS: Final = 10_000
+MAX_ENTRIES: Final = 100_000
 MAX_SOURCE_IPS: Final = 64
 USERNAME_MAX_LEN: Final = 128
 PASSWORD_MIN_LEN: Final = 8
@@ -461,6 +462,8 @@ class AclTable:
         """Cross-entry rules: every ACL belongs to a user; bounded sizes."""
         if len(self.users) > MAX_USERS:
             raise AclInvalid(f"an ACL table holds at most {MAX_USERS} users")
+        if sum(len(e) for e in self.acls.values()) > MAX_ENTRIES:
+            raise AclInvalid(f"an ACL table holds at most {MAX_ENTRIES} entries")
         for subject, entries in self.acls.items():
             if subject not in self.users:
                 raise AclInvalid(f"the ACL of {subject!r} names a user that does not exist")
