@@ -815,23 +815,23 @@ class RouteTable:
                 return min(group.addrs)
             positions[broker_id] = info.max_offset
         # Positions reported before the master left may be stale (a slave's last
-        # heartbeat can predate the last bytes it received): choose from reports made
-        # after it, waiting up to a quarter of the heartbeat timeout for every slave
-        # (with one slave there is nothing to choose)
-        # (choosing early then switching when a fresher report arrives moves the
-        # group's consumers and special services twice, and redelivers).
+        # heartbeat can predate the last bytes it received): wait for a report made
+        # after it from every slave, up to a quarter of the heartbeat timeout (with one
+        # slave there is nothing to choose; choosing early then switching when a
+        # fresher report arrives moves the group's consumers and special services
+        # twice, and redelivers).  Then choose from every live slave's latest report,
+        # fresh or not: never from the ones that happened to report first, which two
+        # nameservers receiving the reports in different orders would see differently
+        # (and choose two acting slaves).
         since = group.masterless_since
         if since is not None and len(positions) > 1:
-            fresh = {
-                b: pos
-                for b, pos in positions.items()
-                if (info := live[b]) is not None and info.reported_ms >= since
-            }
-            if len(fresh) < len(positions):
+            fresh = sum(
+                1 for b in positions if (info := live[b]) is not None and info.reported_ms >= since
+            )
+            if fresh < len(positions):
                 settle_ms = max(i.heartbeat_timeout_ms for i in live.values() if i) / 4
                 if self._clock() < since + settle_ms:
                     return None
-            positions = fresh or positions
         best = max(positions.values())
         caught_up = [broker_id for broker_id, pos in positions.items() if pos == best]
         writable = [b for b in caught_up if (info := live[b]) is None or info.store_writable]
@@ -887,7 +887,13 @@ class RouteTable:
                     group.broker_name,
                 )
         old = group.acting_id
-        if new is not None and old is not None and new != old and self._keeps_acting(group, old):
+        if (
+            new is not None
+            and old is not None
+            and new != old
+            and self._position(group, new) > self._position(group, old)
+            and self._keeps_acting(group, old)
+        ):
             log.debug(
                 "group %s: slave %d is further now, slave %d keeps acting",
                 group.broker_name,
@@ -919,9 +925,14 @@ class RouteTable:
             ", ".join(report(b) for b in sorted(group.addrs)),
         )
 
+    def _position(self, group: _Group, broker_id: int) -> int:
+        info = self._live.get((group.cluster, group.addrs.get(broker_id, "")))
+        return -1 if info is None or info.max_offset is None else info.max_offset
+
     def _keeps_acting(self, group: _Group, acting_id: int) -> bool:
         """Whether the acting slave keeps acting although another slave now reports a
-        higher position.
+        higher position (a lower id at the same position always takes over: that is
+        the choice every nameserver converges on, whatever order reports came in).
 
         Early on a higher position is news: a report made before the master left
         missed bytes already on their way, so the choice follows it.  Half a heartbeat

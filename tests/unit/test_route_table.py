@@ -1042,12 +1042,54 @@ def test_acting_choice_stops_waiting_for_a_silent_slave(
     table.register_broker(reg(SLAVE2, 2, timeout=4000, pos=100))
     clock.advance(10)
     table.unregister_broker(CLUSTER, MASTER, NAME, 0)
-    table.broker_heartbeat(CLUSTER, SLAVE2, max_offset=100)  # slave 1 is frozen
+    table.broker_heartbeat(CLUSTER, SLAVE2, max_offset=100)  # slave 1 is silent
     assert table.member_group(CLUSTER, NAME).lead_broker_id() == SETTLING
     clock.advance(1001)  # a quarter of the heartbeat timeout
     _, notes = table.scan_not_active()
-    assert [n.min_broker_id for n in notes] == [2]
-    assert table.member_group(CLUSTER, NAME).lead_broker_id() == 2
+    # chosen from every live slave's latest report, not from the one that reported
+    # (another nameserver may have heard slave 1 in time): the lowest id of the
+    # furthest; a slave that stays silent expires and the next one acts
+    assert [n.min_broker_id for n in notes] == [1]
+    assert table.member_group(CLUSTER, NAME).lead_broker_id() == 1
+
+
+@pytest.mark.parametrize("late", [SLAVE1, SLAVE2])
+def test_two_nameservers_hearing_reports_in_opposite_orders_choose_one_slave(
+    clock: FakeClock, late: str
+) -> None:
+    """Issue 34 (5): with two slaves at the same position, the choice took whichever
+    slave reported first after the loss, so two nameservers receiving the reports in
+    different orders could make two different slaves act.  Here nameserver A hears
+    ``late`` only after its settle wait ran out, nameserver B hears both at once; both
+    end on one acting slave, the lowest id, and stay on it."""
+    a, b = RouteTable(clock), RouteTable(clock)
+    for t in (a, b):
+        t.register_broker(reg(MASTER, 0, timeout=4000, pos=90))
+        t.register_broker(reg(SLAVE1, 1, timeout=4000, pos=90))
+        t.register_broker(reg(SLAVE2, 2, timeout=4000, pos=90))
+    clock.advance(10)
+    early = SLAVE2 if late == SLAVE1 else SLAVE1
+    for t in (a, b):
+        t.unregister_broker(CLUSTER, MASTER, NAME, 0)  # the master froze: expired
+    a.broker_heartbeat(CLUSTER, early, max_offset=100)
+    b.broker_heartbeat(CLUSTER, late, max_offset=100)
+    b.broker_heartbeat(CLUSTER, early, max_offset=100)
+    clock.advance(1001)  # A's settle wait runs out without ``late``'s report
+    a.scan_not_active()
+    b.scan_not_active()
+    clock.advance(1500)  # past half the heartbeat timeout: a choice is sticky now
+    a.broker_heartbeat(CLUSTER, late, max_offset=100)
+    clock.advance(300)
+    for t in (a, b):
+        t.broker_heartbeat(CLUSTER, SLAVE1, max_offset=100)
+        t.broker_heartbeat(CLUSTER, SLAVE2, max_offset=100)
+    assert a.acting_broker_id(NAME) == b.acting_broker_id(NAME) == 1
+    assert a.member_group(CLUSTER, NAME).lead_broker_id() == 1
+    # a slave the returning master feeds further does not take over (it would deliver
+    # again what the acting one delivered)
+    for t in (a, b):
+        t.broker_heartbeat(CLUSTER, SLAVE2, max_offset=150)
+    assert a.acting_broker_id(NAME) == b.acting_broker_id(NAME) == 1
 
 
 def test_a_restarted_nameserver_lets_no_slave_act_before_its_master_could_register(
