@@ -332,9 +332,9 @@ async def test_host_matches_peer(host: str, peer: str, ok: bool) -> None:
 
 
 def test_every_table_a_broker_pulls_from_a_peer_is_signed() -> None:
-    """A new versioned table (pre-online and forward sync pull it with ``fetch_table``)
-    must not travel unsigned: its request code belongs in SIGNED_CODES, and in
-    REQUIRED_CODES unless clients ask it too."""
+    """A new versioned table (pre-online and forward sync pull it with ``fetch_table``,
+    or a ``TableSync`` naming its code) must not travel unsigned: its request code
+    belongs in SIGNED_CODES, and in REQUIRED_CODES unless clients ask it too."""
     import re
     from pathlib import Path
 
@@ -345,7 +345,8 @@ def test_every_table_a_broker_pulls_from_a_peer_is_signed() -> None:
     pulled = set()
     for path in root.rglob("*.py"):
         text = path.read_text()
-        for m in re.finditer(r"fetch_table\(\s*\w+,\s*\w+,\s*RequestCode\.(\w+)", text):
+        pulls = r"(?:fetch_table\(\s*\w+,\s*\w+,|TableSync\(\s*\"[^\"]*\",)\s*RequestCode\.(\w+)"
+        for m in re.finditer(pulls, text):
             pulled.add(RequestCode[m.group(1)])
     assert len(pulled) >= 6, pulled  # the regex still finds the pulls
     assert pulled <= SIGNED_CODES, sorted(c.name for c in pulled - SIGNED_CODES)
