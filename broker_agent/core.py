@@ -27,7 +27,7 @@ from broker_agent.metrics import BrokerMetrics
 from broker_agent.pull_hold import PullHoldService
 from broker_agent.replication.ha import HaMaster, HaSlave
 from broker_agent.replication.holds import SlaveHolds
-from broker_agent.special.steps import SpecialSteps
+from broker_agent.special_steps import SpecialSteps
 from broker_agent.store.diskspace import SpaceLevel
 from broker_agent.store.message_store import MessageStore, StoreConfig
 from broker_agent.store.retention import CleanResult

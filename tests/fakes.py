@@ -49,7 +49,7 @@ from broker_agent.metrics import BrokerMetrics
 from broker_agent.pull_hold import PullHoldService
 from broker_agent.special.escape import EscapeBridge
 from broker_agent.special.ports import EscapeResult
-from broker_agent.special.steps import SpecialSteps
+from broker_agent.special_steps import SpecialSteps
 from broker_agent.store.message_store import GetMessageStatus, GetResult, PutResult
 from broker_agent.topics import TopicConfigManager
 from broker_agent.write_path import Record, Stored

@@ -1,7 +1,7 @@
 """CHANGE_MESSAGE_INVISIBLETIME (200053): RocketMQ's ChangeInvisibleTimeProcessor.
 
 A new CK for the one message from now, then an ACK of the old one, in one special
-step (:mod:`broker_agent.special.steps`); the answer carries the new receipt handle.
+step (:mod:`broker_agent.special_steps`); the answer carries the new receipt handle.
 An orderly message's batch keeps its queue until the new time instead (no CK).
 """
 

@@ -126,9 +126,10 @@ class ScheduleService:
                     ]
                     tasks.append(tg.create_task(self.timer_loop.run(), name="schedule-timer"))
                     await self._want_stop.wait()
-                    # a delivery under way finishes with its progress (special.steps);
-                    # the loops start none after it (a fenced master may serve again
-                    # before the wait ends, and its old timer index is stale then)
+                    # a delivery under way finishes with its progress
+                    # (broker_agent.special_steps); the loops start none after it (a
+                    # fenced master may serve again before the wait ends, and its old
+                    # timer index is stale then)
                     self.delivery.stopping = True
                     await self.core.special_steps.idle()
                     for task in tasks:
