@@ -254,7 +254,8 @@ class BrokerCore:
     # ---- special services --------------------------------------------------------
 
     def add_special_service(self, hook: Callable[[bool], None]) -> None:
-        """Register a special service's ``set_running`` (rip32.md §2.6)."""
+        """Register a special service's ``set_running``: they run on the master and on the
+        acting slave (RocketMQ's ``changeSpecialServiceStatus``)."""
         self._special_hooks.append(hook)
 
     def set_special_services(self, should_run: bool) -> None:

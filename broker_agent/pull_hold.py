@@ -1,7 +1,7 @@
 """Long polling: hold a pull that found nothing until a message arrives.
 
-After RocketMQ's ``PullRequestHoldService`` (reference/rpc_clients.md B5 and
-seeds/rocketmq-long-polling.txt).  A pull that finds nothing awaits
+After RocketMQ's ``PullRequestHoldService`` (clients suspend a pull for
+15-20 s; the check below is only the backstop).  A pull that finds nothing awaits
 :meth:`PullHoldService.hold`; the reput task calls :meth:`PullHoldService.notify`
 for every dispatched message, which answers matching holds at once; a
 periodic :meth:`PullHoldService.check_all` (5 s long polling, 1 s short

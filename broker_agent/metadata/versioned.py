@@ -1,4 +1,4 @@
-"""Versioned metadata tables and the two ways they travel (reference/rip32.md §5).
+"""Versioned metadata tables and the two ways they travel (docs/failover.md, pre-online).
 
 Consumer offsets, delay offsets, the timer checkpoint and transaction progress each
 carry a DataVersion.  They move the same two ways:

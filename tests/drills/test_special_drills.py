@@ -1,5 +1,5 @@
 """RIP-32 special-message drills: delayed, transactional and POP messages and strict
-queue locks while a slave acts for its killed master (DESIGN.md §10, issues 4, 5, 7).
+queue locks while a slave acts for its killed master (issues 4, 5, 7).
 
 The default run keeps three short drills (strict locks, POP, delayed: about 70 s with
 the Spark comparisons); strict locks off and transactions are ``slow``

@@ -1,4 +1,4 @@
-"""One session-scoped local[2] SparkSession for the pipeline tests (reference/pyspark.md §3)."""
+"""One session-scoped local[2] SparkSession for the pipeline tests (a JVM each is slow)."""
 
 from __future__ import annotations
 

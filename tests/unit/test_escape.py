@@ -1,6 +1,6 @@
 """The escape bridge against fake peers at the socket seam: a fake nameserver
 serving routes and fake masters answering SEND_MESSAGE / PULL_MESSAGE
-(reference/rip32.md §3.1, §6.2 EscapeBridgeTest, issue #7923).
+(after RocketMQ's EscapeBridgeTest; issue #7923).
 
 The bridge's own broker is small fakes of its ports (``tests/fakes.py``: a fake core
 with an in-memory store and a fake write path), never a BrokerService on disk."""

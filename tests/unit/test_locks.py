@@ -1,4 +1,5 @@
-"""RebalanceLockManager and the strict-mode quorum count (reference/rip32.md sections 4, 6.2)."""
+"""RebalanceLockManager and the strict-mode quorum count (after RocketMQ's
+RebalanceLockManagerTest)."""
 
 from __future__ import annotations
 

@@ -1,5 +1,4 @@
-"""PopService through its handlers and its revive pass, on small fakes of its ports
-(reference/rip32.md §3.3).
+"""PopService through its handlers and its revive pass, on small fakes of its ports.
 
 The broker is a ``FakeCore`` and ``FakeWritePath`` (``tests/fakes.py``: an in-memory
 store, the real plain ActingState / TopicConfigManager / ConsumerOffsetManager,

@@ -1,4 +1,4 @@
-"""PullHoldService: long polling without sockets (reference/rpc_clients.md B5)."""
+"""PullHoldService: long polling without sockets."""
 
 from __future__ import annotations
 

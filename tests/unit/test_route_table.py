@@ -1,6 +1,6 @@
 """RouteTable: registration, liveness, expiry and the acting-master rewrite.
 
-Mirrors RocketMQ's RouteInfoManagerNewTest (reference/rip32.md §6.1) with an
+Mirrors RocketMQ's RouteInfoManagerNewTest with an
 injected clock instead of sleeps.
 """
 

@@ -1,5 +1,5 @@
 """TransactionService through its handlers and its check loop, on small fakes of
-its ports (reference/rip32.md §3.4).
+its ports.
 
 The broker is a ``FakeCore`` and ``FakeWritePath`` (``tests/fakes.py``: an in-memory
 store, the real plain ActingState / TopicConfigManager / ConsumerOffsetManager,
