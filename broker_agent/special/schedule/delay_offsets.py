@@ -11,11 +11,11 @@ no I/O but its file.
 
 from __future__ import annotations
 
-import json
 from collections.abc import Callable, Mapping
 from pathlib import Path
+from typing import Any
 
-from broker_agent.metadata.offsets import write_json_atomic
+from broker_agent.metadata.json_table import JsonTable
 from broker_agent.metadata.versioned import TableSync
 from ha_controller.dataversion import DataVersion, SteppedVersion
 from ha_controller.proto import broker_pb2
@@ -34,43 +34,29 @@ def delay_record(level: int, offset: int) -> dict[str, str]:
     return {"G": DELAY_OFFSET_GROUP, "T": SCHEDULE_TOPIC, "Q": str(level), "O": str(offset)}
 
 
-class DelayOffsetTable:
+class DelayOffsetTable(JsonTable):
     """level -> next schedule-queue offset to deliver, with a stepped DataVersion."""
 
+    persist_when_missing = True
+
     def __init__(self, path: Path | None, version_step: int = 200) -> None:
-        self.path = path
+        super().__init__(path)
         self.offsets: dict[int, int] = {}
         self._version = SteppedVersion(version_step)
-        self._dirty = False
 
     @property
     def data_version(self) -> DataVersion:
         return self._version.version
 
-    def load(self) -> None:
-        if self.path is None:
-            return
-        if not self.path.exists():
-            # Persist the initial version now: a master restarted before its first
-            # update must not invent a newer timestamp than its slaves hold.
-            self._dirty = True
-            self.persist()
-            return
-        data = json.loads(self.path.read_text())
+    def restore(self, data: Any) -> None:
         self.offsets = {int(k): int(v) for k, v in data["offsets"].items()}
         self.data_version.assign(DataVersion.from_dict(data["dataVersion"]))
 
-    def persist(self) -> None:
-        if self.path is None or not self._dirty:
-            return
-        self._dirty = False
-        write_json_atomic(
-            self.path,
-            {
-                "offsets": {str(k): v for k, v in sorted(self.offsets.items())},
-                "dataVersion": self.data_version.to_dict(),
-            },
-        )
+    def payload(self) -> object:
+        return {
+            "offsets": {str(k): v for k, v in sorted(self.offsets.items())},
+            "dataVersion": self.data_version.to_dict(),
+        }
 
     def get(self, level: int) -> int:
         return self.offsets.get(level, 0)

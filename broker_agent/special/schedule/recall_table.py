@@ -9,12 +9,11 @@ holds everywhere.
 
 from __future__ import annotations
 
-import json
 from collections.abc import Callable, Mapping
 from pathlib import Path
-from typing import Final
+from typing import Any, Final
 
-from broker_agent.metadata.offsets import write_json_atomic
+from broker_agent.metadata.json_table import JsonTable
 from broker_agent.metadata.versioned import TableSync
 from ha_controller.dataversion import DataVersion
 from ha_controller.proto import broker_pb2
@@ -30,7 +29,7 @@ MAX_RECALLS: Final = 100_000
 RecallSnapshot = tuple[dict[str, tuple[int, str]], DataVersion]
 
 
-class RecallTable:
+class RecallTable(JsonTable):
     """Recalled scheduled messages: UNIQ_KEY -> (due ms, topic), with a DataVersion
     that moves on every change.  Only grows (a recall is never undone); entries
     whose due time is older than the store's retention are forgotten, and at most
@@ -42,12 +41,11 @@ class RecallTable:
         retention_ms: int = 72 * 3600 * 1000,
         clock: Callable[[], int] = now_ms,
     ) -> None:
-        self.path = path
+        super().__init__(path)
         self.retention_ms = retention_ms
         self._clock = clock
         self.entries: dict[str, tuple[int, str]] = {}
         self.data_version = DataVersion()
-        self._dirty = False
 
     def __contains__(self, uniq_key: object) -> bool:
         return uniq_key in self.entries
@@ -55,26 +53,17 @@ class RecallTable:
     def __len__(self) -> int:
         return len(self.entries)
 
-    def load(self) -> None:
-        if self.path is None or not self.path.exists():
-            return
-        data = json.loads(self.path.read_text())
+    def restore(self, data: Any) -> None:
         self.entries = {
             str(k): (int(v["due"]), str(v.get("topic", ""))) for k, v in data["recalls"].items()
         }
         self.data_version.assign(DataVersion.from_dict(data["dataVersion"]))
 
-    def persist(self) -> None:
-        if self.path is None or not self._dirty:
-            return
-        self._dirty = False
-        write_json_atomic(
-            self.path,
-            {
-                "recalls": {k: {"due": d, "topic": t} for k, (d, t) in self.entries.items()},
-                "dataVersion": self.data_version.to_dict(),
-            },
-        )
+    def payload(self) -> object:
+        return {
+            "recalls": {k: {"due": d, "topic": t} for k, (d, t) in self.entries.items()},
+            "dataVersion": self.data_version.to_dict(),
+        }
 
     def add(self, uniq_key: str, due: int, topic: str = "") -> bool:
         """Record one recall; False when it was known already."""

@@ -16,6 +16,7 @@ import logging
 from collections.abc import Callable, Mapping
 from typing import Final
 
+from broker_agent.metadata.json_table import JsonTable
 from broker_agent.metadata.versioned import VersionedTable
 from broker_agent.special.clock import SYSTEM_CLOCK, Clock
 from broker_agent.special.ports import CorePort, EscapePort, WritePort
@@ -145,13 +146,13 @@ class ScheduleService:
             await asyncio.to_thread(self.persist)
 
     def persist(self) -> None:
-        for table in (self.delay_offsets, self.timer, self.recalls):
+        tables: tuple[JsonTable, ...] = (self.delay_offsets, self.timer, self.recalls)
+        for table in tables:
             try:
                 table.persist()
             except OSError as exc:
                 # a full disk (a master then escapes its deliveries, see EscapeBridge):
                 # the table stays dirty and is written once there is room again
-                table._dirty = True
                 log.warning("cannot persist %s: %s; retrying", type(table).__name__, exc)
 
     # ---- delay levels -------------------------------------------------------------

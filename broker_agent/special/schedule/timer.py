@@ -20,13 +20,13 @@ it adds its message to the recall table (:mod:`.recall_table`).
 from __future__ import annotations
 
 import heapq
-import json
 import logging
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Any
 
-from broker_agent.metadata.offsets import write_json_atomic
+from broker_agent.metadata.json_table import JsonTable
 from broker_agent.metadata.versioned import TableSync
 from broker_agent.special.ports import CorePort, WritePort
 from broker_agent.special.schedule.delivery import IDLE_WAIT_S, OVERDUE_LOG_MS, POLL_S, Delivery
@@ -139,28 +139,20 @@ class TimerMark:
         return cls(int(record["L"]), int(record["O"]), int(record.get("B", "0")))
 
 
-class TimerCheckpointFile:
+class TimerCheckpointFile(JsonTable):
     """The timer checkpoint, persisted; its version moves on every change."""
 
+    persist_when_missing = True
+
     def __init__(self, path: Path | None) -> None:
-        self.path = path
+        super().__init__(path)
         self.cp = TimerCheckpoint()
-        self._dirty = False
 
-    def load(self) -> None:
-        if self.path is None:
-            return
-        if not self.path.exists():
-            self._dirty = True
-            self.persist()
-            return
-        self.cp = TimerCheckpoint.from_dict(json.loads(self.path.read_text()))
+    def restore(self, data: Any) -> None:
+        self.cp = TimerCheckpoint.from_dict(data)
 
-    def persist(self) -> None:
-        if self.path is None or not self._dirty:
-            return
-        self._dirty = False
-        write_json_atomic(self.path, self.cp.to_dict())
+    def payload(self) -> object:
+        return self.cp.to_dict()
 
     def _set(self, mark: TimerMark) -> bool:
         cp = self.cp
