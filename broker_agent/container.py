@@ -4,7 +4,7 @@
 runs them all here, each with its own store, listeners and background loops.
 What the container adds is locality: a slave acting for its lost master
 escapes special messages to a master hosted in the same process (local
-escape, reference/rip32.md §3.1) and reads messages of any group hosted here
+escape, as in RocketMQ's broker container) and reads messages of any group hosted here
 from its store directly.
 """
 

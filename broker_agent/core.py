@@ -28,7 +28,7 @@ from broker_agent.metrics import BrokerMetrics
 from broker_agent.pull_hold import PullHoldService
 from broker_agent.replication.ha import HaMaster, HaSlave
 from broker_agent.replication.holds import SlaveHolds
-from broker_agent.special.steps import SpecialSteps
+from broker_agent.special_steps import SpecialSteps
 from broker_agent.store.diskspace import SpaceLevel
 from broker_agent.store.message_store import MessageStore, StoreConfig
 from broker_agent.store.retention import CleanResult
@@ -282,7 +282,8 @@ class BrokerCore:
     # ---- special services --------------------------------------------------------
 
     def add_special_service(self, hook: Callable[[bool], None]) -> None:
-        """Register a special service's ``set_running`` (rip32.md §2.6)."""
+        """Register a special service's ``set_running``: they run on the master and on the
+        acting slave (RocketMQ's ``changeSpecialServiceStatus``)."""
         self._special_hooks.append(hook)
 
     def set_special_services(self, should_run: bool) -> None:

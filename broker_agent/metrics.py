@@ -1,4 +1,4 @@
-"""Broker metrics (DESIGN.md §7); every series carries the broker's identity."""
+"""Broker metrics (docs/http-and-metrics.md); every series carries the broker's identity."""
 
 from __future__ import annotations
 

@@ -1,7 +1,7 @@
 """Long polling: hold a pull that found nothing until a message arrives.
 
-After RocketMQ's ``PullRequestHoldService`` (reference/rpc_clients.md B5 and
-seeds/rocketmq-long-polling.txt).  A pull that finds nothing awaits
+After RocketMQ's ``PullRequestHoldService`` (clients suspend a pull for
+15-20 s; the check below is only the backstop).  A pull that finds nothing awaits
 :meth:`PullHoldService.hold`; the reput task calls :meth:`PullHoldService.notify`
 for every dispatched message, which answers matching holds at once; a
 periodic :meth:`PullHoldService.check_all` (5 s long polling, 1 s short
@@ -155,11 +155,12 @@ class PullHoldService:
             timer.cancel()
             self._remove(h)
 
-    async def arrival(self, topic: str, queue_id: int, timeout_s: float) -> bool:
+    async def arrival(self, topic: str, queue_id: int, timeout_s: float | None) -> bool:
         """Wait for the next message dispatched to ``topic``/``queue_id`` (True) or
-        ``timeout_s`` (False): for the broker's own services (the schedule service's
-        loops), which look at the queue first, in the same tick.  Not a held pull: not
-        counted, not bounded, not answered by :meth:`close` (the caller is cancelled)."""
+        ``timeout_s`` (False; None: no timeout, the caller bounds the wait): for the
+        broker's own services (the schedule service's loops), which look at the queue
+        first, in the same tick.  Not a held pull: not counted, not bounded, not
+        answered by :meth:`close` (the caller is cancelled)."""
         key = (topic, queue_id)
         fut: asyncio.Future[None] = asyncio.get_running_loop().create_future()
         self._arrivals.setdefault(key, []).append(fut)

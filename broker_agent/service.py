@@ -100,8 +100,7 @@ class BrokerService:
         self.metadata_sync = MetadataSync(
             core,
             special_tables,
-            self.schedule.delay_offsets,
-            self.schedule.timer,
+            self.schedule.progress_records(),
             self.registrar.register_all,
         )
         self.preonline = PreOnline(

@@ -1,6 +1,6 @@
 """DataVersion: (stateVersion, counter, timestamp), compared in that order.
 
-RocketMQ's ``DataVersion`` (reference/rip32.md §5).  Used for topic configs
+RocketMQ's ``DataVersion``.  Used for topic configs
 (nameserver change detection) and for every metadata table an acting slave
 can advance (consumer offsets, delay offsets, timer checkpoint, transaction
 offsets), so that a returning master adopts the newer one in pre-online.

@@ -1,9 +1,9 @@
 """Routing domain types shared by the nameserver, the brokers and the client.
 
 Mirrors RocketMQ's ``PermName``, ``TopicConfig``, ``QueueData``, ``BrokerData``,
-``TopicRouteData`` and ``BrokerMemberGroup`` (reference/rip32.md §1).  The JSON
-shape of a route is the one in DESIGN.md §7.  Collections are kept sorted so
-that every output is deterministic.
+``TopicRouteData`` and ``BrokerMemberGroup``.  The JSON shape of a route is the one
+``GET /api/v1/routes/{topic}`` answers (docs/http-and-metrics.md).  Collections are
+kept sorted so that every output is deterministic.
 """
 
 from __future__ import annotations
@@ -247,7 +247,7 @@ class TopicRouteData:
         return None
 
     def to_json(self) -> dict[str, Any]:
-        """The DESIGN.md §7 shape: ``{"topic", "brokers", "queues"}``."""
+        """The ``GET /api/v1/routes/{topic}`` shape: ``{"topic", "brokers", "queues"}``."""
         return {
             "topic": self.topic,
             "brokers": [b.to_json() for b in self.broker_datas],

@@ -1,4 +1,4 @@
-"""Nameserver metrics (DESIGN.md §7), read from the route table at scrape time."""
+"""Nameserver metrics (docs/http-and-metrics.md), read from the route table at scrape time."""
 
 from __future__ import annotations
 

@@ -1,6 +1,6 @@
 """The nameserver route table: a plain state machine, no I/O.
 
-Follows RocketMQ's ``RouteInfoManager`` with RIP-32 (reference/rip32.md §1):
+Follows RocketMQ's ``RouteInfoManager`` with RIP-32:
 registration with min-broker-id change detection, lightweight heartbeats,
 expiry, write-perm wipe of a group that lost its master and the acting-master
 route rewrite.  The service that wraps it owns sockets, timers and locking
@@ -9,7 +9,7 @@ route rewrite.  The service that wraps it owns sockets, timers and locking
 
 Deliberate differences from RocketMQ:
 - a min-id change is notified on the register and the unregister path alike,
-  and only for groups with ``enable_acting_master`` (DESIGN.md §4);
+  and only for groups with ``enable_acting_master``;
 - notifications carry the broker name;
 - the slave that acts for a masterless group is not simply the lowest live id:
   brokers report their replication position (commit-log end) and whether their store
@@ -307,7 +307,7 @@ class RouteTable:
     def register_broker(
         self, reg: BrokerRegistration, conn_id: Hashable | None = None
     ) -> RegisterOutcome:
-        """Register (or refresh) a broker and its topics (rip32.md §1.2)."""
+        """Register (or refresh) a broker and its topics (REGISTER_BROKER)."""
         now = self._clock()
         names = self._cluster_addr.setdefault(reg.cluster, set())
         if reg.broker_name not in names:
@@ -1062,7 +1062,7 @@ class RouteTable:
         return None if lead is None else lead[0]
 
     def groups_view(self, now_ms: float | None = None) -> list[dict[str, Any]]:
-        """``GET /api/v1/groups`` (DESIGN.md §7), sorted by cluster and name."""
+        """``GET /api/v1/groups`` (docs/http-and-metrics.md), sorted by cluster and name."""
         now = self._clock() if now_ms is None else now_ms
         view: list[dict[str, Any]] = []
         for name in sorted(self._groups, key=lambda n: (self._groups[n].cluster, n)):

@@ -42,7 +42,13 @@ def pytest_xdist_make_scheduler(config: pytest.Config, log: Any) -> Any:
 
 @pytest.hookimpl(trylast=True)
 def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
-    """On an xdist worker, the Spark directories first: they are the longest units, and
-    the others fill in around them."""
+    """Long tests (marked ``slow``, in any directory) are opt-in: they run only when
+    ``-m`` names ``slow``.  On an xdist worker, the Spark directories first: they are
+    the longest units, and the others fill in around them."""
+    if "slow" not in (config.getoption("markexpr") or ""):
+        skip = pytest.mark.skip(reason="long test: run with -m slow")
+        for item in items:
+            if item.get_closest_marker("slow"):
+                item.add_marker(skip)
     if hasattr(config, "workerinput"):
         items.sort(key=lambda item: _work_unit(item.nodeid) not in _SPARK_DIRS)

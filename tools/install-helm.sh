@@ -37,7 +37,11 @@ unavailable() {
 have_pinned() {
   [ -x "$BIN_DIR/helm" ] && [ -x "$BIN_DIR/kubectl" ] || return 1
   [ "$("$BIN_DIR/helm" version --template '{{.Version}}' 2>/dev/null)" = "$HELM_VERSION" ] || return 1
-  "$BIN_DIR/kubectl" version --client 2>/dev/null | grep -q "Client Version: ${KUBECTL_VERSION}$"
+  # the whole output first, then the match: under pipefail `kubectl ... | grep -q` fails
+  # whenever grep has its match before kubectl has written everything (SIGPIPE)
+  local client
+  client="$("$BIN_DIR/kubectl" version --client 2>/dev/null)" || return 1
+  grep -q "Client Version: ${KUBECTL_VERSION}$" <<<"$client"
 }
 
 sha256_of() {

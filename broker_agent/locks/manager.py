@@ -1,7 +1,7 @@
 """Rebalance (ordered-consumption) queue locks, and the strict-mode quorum count.
 
-A plain object without I/O, after RocketMQ's ``RebalanceLockManager``
-(reference/rip32.md section 4).  A lock is ``(consumer group, queue) -> client``
+A plain object without I/O, after RocketMQ's ``RebalanceLockManager``.
+A lock is ``(consumer group, queue) -> client``
 with a last-update time; it lives ``lock_max_live_time_ms`` (60 s) past the
 last lock or renewal.  Clients renew every 20 s and stop trusting a lock after
 30 s, so a live client never loses its lock, and a dead client's lock is

@@ -1,7 +1,7 @@
 """LOCK_BATCH_MQ / UNLOCK_BATCH_MQ on a broker, with RIP-32 strict mode.
 
-After RocketMQ's ``AdminBrokerProcessor.lockBatchMQ`` / ``unlockBatchMQ``
-(reference/rip32.md section 4), with one deliberate difference:
+After RocketMQ's ``AdminBrokerProcessor.lockBatchMQ`` / ``unlockBatchMQ``,
+with one deliberate difference:
 
 * The broker that receives a lock request (the master, or the acting slave
   that the route shows as id 0; a plain slave answers ``NotMaster``) locks the

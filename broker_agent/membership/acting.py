@@ -1,4 +1,4 @@
-"""The broker's acting-master state as a plain object (reference/rip32.md §2.4-2.6).
+"""The broker's acting-master state as a plain object (RIP-32; docs/failover.md).
 
 A slave with ``enable_slave_acting_master`` that learns (min-id notification
 or member-group sync) that it is the group's lowest live id acts for the lost

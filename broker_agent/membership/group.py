@@ -256,7 +256,8 @@ class MemberGroupSync:
         return next((v for v in await self.fetch_views() if has_live_master(v, fresh)), None)
 
     async def loop(self) -> None:
-        """The 1 s backstop for min-id notifications (rip32.md §2.4)."""
+        """The backstop for min-id notifications: every ``sync_broker_member_group_period_ms``
+        (1 s) the member group is read again, as RocketMQ's syncBrokerMemberGroup does."""
         core = self.core
         while True:
             await asyncio.sleep(core.cfg.sync_broker_member_group_period_ms / 1000)

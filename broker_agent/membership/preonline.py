@@ -109,12 +109,13 @@ class PreOnline:
         core = self.core
         cycle = 0
         synced: set[int] = set()
-        # A fenced master's special work under way finishes first (special.steps): a
-        # delivery that was waiting for its replicas when the lease ran out moves its
-        # progress when it ends, and that must not land on the tables taken from the
-        # slaves below (long campaign seed 1027: a delay offset moved past a message
-        # stored after the return, which was never delivered).  Nothing new starts
-        # while isolated, and each step is bounded (a replica wait, escape attempts).
+        # A fenced master's special work under way finishes first
+        # (broker_agent.special_steps): a delivery that was waiting for its replicas
+        # when the lease ran out moves its progress when it ends, and that must not
+        # land on the tables taken from the slaves below (long campaign seed 1027: a
+        # delay offset moved past a message stored after the return, which was never
+        # delivered).  Nothing new starts while isolated, and each step is bounded (a
+        # replica wait, escape attempts).
         if core.special_steps.under_way:
             core.preonline_step = "finishing the special work under way"
             await core.special_steps.idle()

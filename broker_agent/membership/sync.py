@@ -6,26 +6,25 @@ from __future__ import annotations
 import asyncio
 import functools
 import logging
-from collections.abc import Awaitable, Callable, Sequence
+from collections.abc import Awaitable, Callable, Mapping, Sequence
 
 from broker_agent.core import BrokerCore
 from broker_agent.metadata.offsets import ConsumerOffsetSync
 from broker_agent.metadata.versioned import FETCH_TIMEOUT_MS, VersionedTable, forward_sync
-from broker_agent.special.schedule import DelayOffsetTable, TimerCheckpointFile, TimerMark
 from broker_agent.store.message_store import Dispatched
 from ha_controller.proto import broker_pb2, common_pb2
 from ha_controller.protocol.codes import RequestCode
 from ha_controller.protocol.errors import HaError
-from ha_controller.protocol.properties import (
-    DELAY_OFFSET_GROUP,
-    OFFSET_TOPIC,
-    TIMER_CHECKPOINT_GROUP,
-)
+from ha_controller.protocol.properties import OFFSET_TOPIC
 from ha_controller.wire import data_version_from_pb, topic_config_from_pb
 
 log = logging.getLogger(__name__)
 
 SLAVE_SYNC_INTERVAL_S = 2.0
+
+#: Applies one progress record of a special service (its properties), replicated
+#: through the commit log; KeyError or ValueError for a malformed one.
+ProgressApplier = Callable[[Mapping[str, str]], None]
 
 
 class MetadataSync:
@@ -35,15 +34,15 @@ class MetadataSync:
         self,
         core: BrokerCore,
         tables: Sequence[VersionedTable],
-        delay_offsets: DelayOffsetTable,
-        timer: TimerCheckpointFile,
+        progress: Mapping[str, ProgressApplier],
         register: Callable[[], Awaitable[None]],
     ) -> None:
+        """``progress``: how to apply the special services' progress records in the
+        offset topic, by their group ``G`` (the others are consumer offsets)."""
         self.core = core
         #: consumer offsets first, then the special services' tables
         self.tables: list[VersionedTable] = [ConsumerOffsetSync(core.offsets), *tables]
-        self._delay_offsets = delay_offsets
-        self._timer = timer
+        self._progress = dict(progress)
         self._register = register
 
     async def loop(self) -> None:
@@ -107,13 +106,9 @@ class MetadataSync:
             return
         p = m.properties
         try:
-            if p["G"] == DELAY_OFFSET_GROUP:
-                self._delay_offsets.apply_replicated(int(p["Q"]), int(p["O"]))
-                return
-            if p["G"] == TIMER_CHECKPOINT_GROUP:
-                self._timer.apply_replicated(
-                    TimerMark(int(p["L"]), int(p["O"]), int(p.get("B", "0")))
-                )
+            apply = self._progress.get(p["G"])
+            if apply is not None:
+                apply(p)
                 return
             core.offsets.apply_replicated(p["G"], p["T"], int(p["Q"]), int(p["O"]))
         except (KeyError, ValueError):

@@ -7,12 +7,12 @@ can tell in pre-online whether its acting slave's table is newer.
 
 from __future__ import annotations
 
-import json
 import logging
-import os
 from collections.abc import Iterable
 from pathlib import Path
+from typing import Any
 
+from broker_agent.metadata.json_table import JsonTable, write_json_atomic
 from broker_agent.metadata.versioned import fetch_table
 from ha_controller.dataversion import DataVersion, SteppedVersion
 from ha_controller.proto import broker_pb2
@@ -20,34 +20,22 @@ from ha_controller.protocol.codes import RequestCode
 from ha_controller.rpc import ConnectionPool
 from ha_controller.wire import data_version_from_pb
 
+# write_json_atomic: the other persisted tables (topics, holds, subscriptions, POP acks,
+# transactions) import it from here
+__all__ = ["ConsumerOffsetManager", "ConsumerOffsetSync", "OffsetKey", "write_json_atomic"]
+
 log = logging.getLogger(__name__)
 
 OffsetKey = tuple[str, str, int]  # (consumer group, topic, queue id)
 
 
-def write_json_atomic(path: Path, data: object) -> None:
-    """Write JSON durably: temp file, fsync, rename, fsync the directory."""
-    tmp = path.with_name(path.name + ".tmp")
-    with tmp.open("w") as f:
-        json.dump(data, f)
-        f.flush()
-        os.fsync(f.fileno())
-    os.replace(tmp, path)
-    dir_fd = os.open(path.parent, os.O_RDONLY)
-    try:
-        os.fsync(dir_fd)
-    finally:
-        os.close(dir_fd)
-
-
-class ConsumerOffsetManager:
+class ConsumerOffsetManager(JsonTable):
     def __init__(self, path: Path | None, version_step: int = 500) -> None:
-        self.path = path
+        super().__init__(path)
         self.table: dict[OffsetKey, int] = {}
         # A table that has never moved is the oldest of all (timestamp 0), so a
         # returning master that lost its file never outranks its acting slave.
         self._version = SteppedVersion(version_step, DataVersion(0, 0, 0))
-        self._dirty = False
         self._bump_next = False
 
     def bump_on_next_commit(self) -> None:
@@ -59,29 +47,20 @@ class ConsumerOffsetManager:
     def data_version(self) -> DataVersion:
         return self._version.version
 
-    def load(self) -> None:
-        if self.path is None or not self.path.exists():
-            return
-        data = json.loads(self.path.read_text())
+    def restore(self, data: Any) -> None:
         self.table = {
             (e["group"], e["topic"], int(e["queueId"])): int(e["offset"]) for e in data["offsets"]
         }
         self._version.version.assign(DataVersion.from_dict(data["dataVersion"]))
 
-    def persist(self) -> None:
-        if self.path is None or not self._dirty:
-            return
-        self._dirty = False
-        write_json_atomic(
-            self.path,
-            {
-                "offsets": [
-                    {"group": g, "topic": t, "queueId": q, "offset": o}
-                    for (g, t, q), o in sorted(self.table.items())
-                ],
-                "dataVersion": self.data_version.to_dict(),
-            },
-        )
+    def payload(self) -> object:
+        return {
+            "offsets": [
+                {"group": g, "topic": t, "queueId": q, "offset": o}
+                for (g, t, q), o in sorted(self.table.items())
+            ],
+            "dataVersion": self.data_version.to_dict(),
+        }
 
     def commit(self, group: str, topic: str, queue_id: int, offset: int) -> None:
         self.table[(group, topic, queue_id)] = offset

@@ -1,4 +1,4 @@
-"""Versioned metadata tables and the two ways they travel (reference/rip32.md §5).
+"""Versioned metadata tables and the two ways they travel (docs/failover.md, pre-online).
 
 Consumer offsets, delay offsets, the timer checkpoint and transaction progress each
 carry a DataVersion.  They move the same two ways:
@@ -8,14 +8,17 @@ carry a DataVersion.  They move the same two ways:
   adopts it when the slave's version is >= its own.
 
 Each table says how it is fetched, assigned and adopted (:class:`VersionedTable`);
-:func:`forward_sync` and :func:`reverse_sync` are the only loops over them.
+:func:`forward_sync` and :func:`reverse_sync` are the only loops over them.  A table
+served by one argument-less GET_* request can be described by functions alone
+(:class:`TableSync`).
 """
 
 from __future__ import annotations
 
 import logging
 from collections.abc import Callable, Iterable
-from typing import Any, Protocol, TypeVar
+from dataclasses import dataclass
+from typing import Any, Generic, Protocol, TypeVar
 
 from google.protobuf.message import Message
 
@@ -29,6 +32,8 @@ log = logging.getLogger(__name__)
 FETCH_TIMEOUT_MS = 3000
 
 M = TypeVar("M", bound=Message)
+#: a fetched table as a :class:`TableSync` hands it to its functions
+S = TypeVar("S")
 
 
 async def fetch_table(pool: ConnectionPool, addr: str, code: int, response: type[M]) -> M:
@@ -67,6 +72,37 @@ class VersionedTable(Protocol):
     def busy(self) -> bool:
         """True while this broker itself moves the table (no forward sync then)."""
         ...
+
+
+@dataclass
+class TableSync(Generic[M, S]):
+    """A :class:`VersionedTable` made of functions, for a table fetched with one
+    argument-less request ``code`` answered with a ``response``: ``decode`` turns the
+    answer into the snapshot the functions take; ``take`` is :meth:`assign`, ``adopt``
+    :meth:`adopt_if_newer`, ``take_as_is`` :meth:`replace` (``take`` when it is None);
+    what they return besides is ignored."""
+
+    name: str
+    code: int
+    response: type[M]
+    decode: Callable[[M], S]
+    take: Callable[[S], object]
+    adopt: Callable[[S], bool]
+    describe: Callable[[S], str]
+    busy: Callable[[], bool]
+    take_as_is: Callable[[S], object] | None = None
+
+    async def fetch(self, pool: ConnectionPool, addr: str) -> S:
+        return self.decode(await fetch_table(pool, addr, self.code, self.response))
+
+    def assign(self, snapshot: S) -> None:
+        self.take(snapshot)
+
+    def adopt_if_newer(self, snapshot: S) -> bool:
+        return self.adopt(snapshot)
+
+    def replace(self, snapshot: S) -> None:
+        (self.take if self.take_as_is is None else self.take_as_is)(snapshot)
 
 
 async def forward_sync(

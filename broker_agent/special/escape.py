@@ -1,4 +1,4 @@
-"""The escape bridge (reference/rip32.md §3): how special messages leave a broker.
+"""The escape bridge (RIP-32's EscapeBridge): how special messages leave a broker.
 
 A master stores what its special services produce (due delayed messages,
 revived POP messages, ...) in its own store.  A slave acting for a lost

@@ -17,7 +17,7 @@ from broker_agent.membership.acting import ActingState
 from broker_agent.metadata.offsets import ConsumerOffsetManager
 from broker_agent.metrics import BrokerMetrics
 from broker_agent.pull_hold import PullHoldService
-from broker_agent.special.steps import SpecialSteps
+from broker_agent.special_steps import SpecialSteps
 from broker_agent.store.message_store import GetResult, PutResult
 from broker_agent.topics import TopicConfigManager
 from broker_agent.write_path import Record, Stored

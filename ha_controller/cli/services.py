@@ -3,17 +3,17 @@ until SIGTERM/SIGINT.
 
 Settings come from defaults < ``--config`` TOML < ``HAC_*`` environment < flags
 (:mod:`ha_controller.config`); a flag left out is "not given", so the help states each
-default instead of argparse holding it.  The service packages are imported by name
-when a command runs (``hactl --help`` and the tools do not load them).  Failing to
-start — a port in use, a store directory that is a file, a corrupt store file — is one
-line on stderr (:func:`ha_controller.cli.main`), never a traceback.
+default instead of argparse holding it.  The service packages are imported inside the
+command that runs them (``hactl --help`` and the tools do not load them); this module
+is the only one of ``ha_controller`` that imports them (tests/unit/test_architecture.py).
+Failing to start — a port in use, a store directory that is a file, a corrupt store
+file — is one line on stderr (:func:`ha_controller.cli.main`), never a traceback.
 """
 
 from __future__ import annotations
 
 import argparse
 import errno
-import importlib
 import re
 from collections.abc import Awaitable, Callable, Mapping
 from pathlib import Path
@@ -153,7 +153,8 @@ def cmd_nameserver(args: argparse.Namespace) -> int:
         },
     )
     setup_logging(cfg.log_level)
-    app = importlib.import_module("nameserver.app")
+    from nameserver import app
+
     run_service(
         lambda stop: app.serve(cfg, stop, args.ready_file),
         {"--listen": cfg.listen, "--http": cfg.http_listen},
@@ -193,10 +194,12 @@ def cmd_broker(args: argparse.Namespace) -> int:
         )
     }
     if len(configs) == 1:
-        app = importlib.import_module("broker_agent.app")
+        from broker_agent import app
+
         run_service(lambda stop: app.serve(configs[0], stop, args.ready_file), listeners)
     else:  # a broker container: several brokers in this process
-        container = importlib.import_module("broker_agent.container")
+        from broker_agent import container
+
         run_service(lambda stop: container.serve(configs, stop, args.ready_file), listeners)
     return 0
 
@@ -220,7 +223,8 @@ def cmd_proxy(args: argparse.Namespace) -> int:
         },
     )
     setup_logging(cfg.log_level)
-    proxy = importlib.import_module("ha_controller.proxy.app")
+    from ha_controller.proxy import app as proxy
+
     try:
         run_service(
             lambda stop: proxy.serve(cfg, stop, args.ready_file),

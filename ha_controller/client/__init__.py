@@ -1,4 +1,4 @@
-"""Asyncio client SDK: producers, consumers, routes and admin (DESIGN.md section 6)."""
+"""Asyncio client SDK: producers, consumers, routes and admin."""
 
 from ha_controller.acl import Credentials
 from ha_controller.client.admin import GroupInfo, NameserverClient

@@ -1,7 +1,7 @@
 """Public message types of the client SDK and the client message-id generator.
 
 These dataclasses are what applications see; the generated protobuf types stay
-inside the producer and consumers (DESIGN.md §6).  Property names are
+inside the producer and consumers.  Property names are
 RocketMQ's, so that a message looks the same to anyone used to RocketMQ.
 """
 

@@ -1,8 +1,7 @@
 """Orderly (FIFO) push consumption with broker queue locks.
 
-Like RocketMQ's ``ConsumeMessageOrderlyService`` with ``RebalanceImpl.lock``
-(reference/rip32.md section 4, rpc_clients.md "Push consumer and FIFO
-consumption"):
+Like RocketMQ's ``ConsumeMessageOrderlyService`` with ``RebalanceImpl.lock``,
+and RIP-32's quorum locks at the acting slave:
 
 - The consumer locks every queue the rebalance gives it with LOCK_BATCH_MQ at
   the group's id-0 address — the master, or the acting slave the route shows as

@@ -1,22 +1,20 @@
 """The producer: queue selection, retry with endpoint isolation, FIFO by message group.
 
-Behaviour follows the official RocketMQ 5 Java client (reference/rpc_clients.md
-B6): at most ``max_attempts`` (3) immediate attempts; a retriable failure
-isolates the endpoint and the next attempt goes to a queue of another group;
-isolated endpoints are avoided until a heartbeat to them succeeds (or
-``isolation_s`` passes); a FIFO message always goes to the queue its message
-group hashes to (SipHash-2-4, as Java), retried on that same queue.  Routes
+Behaviour follows the official RocketMQ 5 Java client: at most ``max_attempts`` (3)
+immediate attempts; a retriable failure isolates the endpoint and the next attempt
+goes to a queue of another group; isolated endpoints are avoided until a heartbeat to
+them succeeds (or ``isolation_s`` passes); a FIFO message always goes to the queue its
+message group hashes to (SipHash-2-4, as Java), retried on that same queue.  Routes
 come from a ``RouteCache`` and are refreshed at once on ``NotMaster`` or
 ``TopicNotFound`` from a broker.
 
-Transactions follow the RocketMQ 5 clients (reference/rpc_clients.md
-"Transactions"): a producer built with a ``checker`` can ``begin_transaction()``;
-``send(message, transaction=tx)`` stores a half message, and ``tx.commit()`` /
-``tx.rollback()`` send END_TRANSACTION to the id-0 address of the group holding
-it (the acting slave while its master is away).  A transaction left open is
-resolved by the brokers' check: they call the producer back
-(CHECK_TRANSACTION_STATE on its own connection) and the checker's answer is
-sent as END_TRANSACTION; ``UNKNOWN`` leaves it for the next check.
+Transactions follow the RocketMQ 5 clients: a producer built with a ``checker`` can
+``begin_transaction()``; ``send(message, transaction=tx)`` stores a half message, and
+``tx.commit()`` / ``tx.rollback()`` send END_TRANSACTION to the id-0 address of the
+group holding it (the acting slave while its master is away).  A transaction left open
+is resolved by the brokers' check: they call the producer back
+(CHECK_TRANSACTION_STATE on its own connection) and the checker's answer is sent as
+END_TRANSACTION; ``UNKNOWN`` leaves it for the next check.
 """
 
 from __future__ import annotations

@@ -1,12 +1,11 @@
 """The pull consumer: assign queues yourself, long-poll pull, commit offsets.
 
 Every request of a queue goes to its group's id-0 address, which is the
-acting slave while the master is away (reference/rip32.md §4), or to the
+acting slave while the master is away (docs/failover.md), or to the
 lowest live id when a group shows no id 0 at all.  A request that fails on a
 connection error, a timeout or ``NotMaster`` refreshes the route and is
 retried against the (possibly new) address.  Long polls carry an RPC timeout
-longer than the suspend time (RocketMQ: 15-20 s suspend, 30 s RPC timeout;
-reference/rpc_clients.md B5).
+longer than the suspend time (RocketMQ: 15-20 s suspend, 30 s RPC timeout).
 """
 
 from __future__ import annotations

@@ -1,13 +1,13 @@
 """The client's route cache: periodic refresh plus a route watch per topic.
 
 RocketMQ clients poll the nameserver every 30 s; here each topic also holds a
-route watch (a long poll on the route version, DESIGN.md §4) so that a
+route watch (a long poll on the route version, which RocketMQ has not) so that a
 failover reaches the client within milliseconds.  The derived views follow
 ``MQClientInstance.topicRouteData2TopicPublishInfo`` / ``...SubscribeInfo``:
 producers only use writable queues of groups that show an id 0, so a group
 whose master is away (the nameserver shows its acting slave as a read-only
 id 0) gets no sends, while consumers keep reading, locking and committing
-through the id-0 address (reference/rip32.md §1.7 and §4).
+through the id-0 address (docs/failover.md).
 """
 
 from __future__ import annotations

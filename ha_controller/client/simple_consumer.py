@@ -1,7 +1,7 @@
 """The simple consumer: receive / ack / change_invisible_duration over POP.
 
-Like the RocketMQ 5 clients' ``SimpleConsumer`` (reference/rpc_clients.md
-"Simple consumer"): ``receive`` pops up to ``max_message_num`` messages, which
+Like the RocketMQ 5 clients' ``SimpleConsumer``:
+``receive`` pops up to ``max_message_num`` messages, which
 stay invisible to the group for ``invisible_duration_s``; ``ack`` finishes one;
 a message neither acked nor made visible again comes back through the group's
 retry topic ``%RETRY%{group}``, which ``receive`` reads too.  Requests go to each

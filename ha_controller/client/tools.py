@@ -1,6 +1,6 @@
 """The workloads behind ``hactl produce`` and ``hactl consume``: every message gets a
 unique key and a body derived from it, so that any script can audit a run
-(DESIGN.md §8).
+(``--json``: one JSON object per message).
 
 Nothing here prints: each outcome goes to the caller's callback (``on_sent``,
 ``on_message``, ``progress``); ``hactl --json`` turns them into one JSON object per

@@ -1,4 +1,4 @@
-"""In-process history checker: one drill history in, the DESIGN.md §10 verdict out.
+"""In-process history checker: one drill history in, its verdict out (docs/drills.md).
 
 The value schemas are in :mod:`ha_controller.drills.history`.  Events whose required keys
 are missing (a ``send`` or ``receive`` without ``key``, a ``receive`` without
@@ -331,7 +331,7 @@ class Verdict:
 
     def to_dict(self) -> dict[str, Any]:
         """``{"scenario", "ok", "counts": {...}, "faults": [...], "availability": {...}}``
-        (DESIGN.md §10; the module docstring defines every field)."""
+        (the module docstring defines every field)."""
         return {
             "scenario": self.scenario,
             "ok": self.ok,

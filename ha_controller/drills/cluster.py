@@ -1,6 +1,6 @@
 """The drill cluster: a nameserver and broker groups as real ``hactl`` processes.
 
-Two placements (DESIGN.md §10):
+Two placements:
 
 - **loopback** (default): every process listens on ``127.0.0.1`` port 0 and reports its
   addresses through its ready file (:mod:`ha_controller.testing`); faults are process

@@ -1,6 +1,6 @@
 """Drill histories: typed events, a JSON-lines writer and a strict reader.
 
-A history (``history.jsonl``, DESIGN.md §10) holds one JSON object a line::
+A history (``history.jsonl``, docs/drills.md) holds one JSON object a line::
 
     {"t_ms": 1700000000123, "process": "producer-1", "type": "ok", "f": "send",
      "value": {"key": "k-17", "msg_id": "7F00000100002A9F0000000000001F40",

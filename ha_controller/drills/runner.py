@@ -1,4 +1,4 @@
-"""Drill scenarios and the runner behind ``hactl drill`` (DESIGN.md §10).
+"""Drill scenarios and the runner behind ``hactl drill`` (docs/drills.md).
 
 One drill: start a cluster (:mod:`~ha_controller.drills.cluster`), start the workloads
 (:mod:`~ha_controller.drills.workloads`) and the role observer, run the scenario's

@@ -37,9 +37,6 @@
   when the broker did not answer) and every unlock (``unlock`` invoke/ok; a renewal the
   broker refuses is an ``unlock`` info ``"dropped"``: the client stops at once).
 
-:data:`PENDING` names the client APIs these need; :func:`available_workloads` reports
-which exist in the installed client.
-
 All loops run in a task group owned by the workload: ``async with`` starts and stops it;
 cancellation is re-raised.
 """
@@ -48,7 +45,6 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
-import importlib
 import logging
 import random
 from collections.abc import AsyncIterator, Callable, Iterable, Iterator, Sequence
@@ -92,7 +88,6 @@ from ha_controller.protocol.errors import (
 from ha_controller.protocol.properties import PROPERTY_TIMER_DELIVER_MS, now_ms
 
 __all__ = [
-    "PENDING",
     "DelayedProducerWorkload",
     "Delivered",
     "OrderlyWorkload",
@@ -102,30 +97,11 @@ __all__ = [
     "PushWorkload",
     "RecordingQueueLocker",
     "TransactionWorkload",
-    "available_workloads",
     "mq_name",
     "offset_probe",
 ]
 
 log = logging.getLogger(__name__)
-
-#: Workloads waiting for client APIs: name -> (module, attribute) that must exist.
-PENDING: Final[dict[str, tuple[str, str]]] = {
-    "transactional": ("ha_controller.client.producer", "TransactionChecker"),
-    "pop": ("ha_controller.client.simple_consumer", "SimpleConsumer"),
-    "strict-lock": ("ha_controller.client.orderly", "OrderlyPushConsumer"),
-}
-
-
-def available_workloads() -> dict[str, bool]:
-    """Which of :data:`PENDING` the installed client can run."""
-    out: dict[str, bool] = {}
-    for name, (module, attr) in PENDING.items():
-        try:
-            out[name] = hasattr(importlib.import_module(module), attr)
-        except ImportError:
-            out[name] = False
-    return out
 
 
 def mq_name(mq: MessageQueue) -> str:

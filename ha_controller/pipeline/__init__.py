@@ -1,4 +1,4 @@
-"""PySpark pipeline: drill verdicts at any scale and commit-log audits (DESIGN.md §11).
+"""PySpark pipeline: drill verdicts at any scale and commit-log audits.
 
 Modules: :mod:`.session` (SparkSession for local, cluster or Spark Connect),
 :mod:`.verdict` (the drill verdict as DataFrame transforms), :mod:`.commitlog_source`

@@ -1,4 +1,4 @@
-"""Building the SparkSession for the pipeline (reference/pyspark.md).
+"""Building the SparkSession for the pipeline.
 
 ``master`` may be ``local[*]`` (the default), any Spark master URL (``spark://``,
 ``yarn``, ``k8s://``) or a Spark Connect address (``sc://host:15002``), which goes through

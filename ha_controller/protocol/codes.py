@@ -1,7 +1,7 @@
 """The one table of request codes (method ids).
 
 Ids reuse RocketMQ request codes so that operators recognise them
-(see DESIGN.md §3). Codes above 900000 are ha-controller's own.
+(docs/protocol.md lists them). Codes above 900000 are ha-controller's own.
 """
 
 from __future__ import annotations

@@ -4,7 +4,7 @@ Sans-IO: bytes in, frames out; this module never imports asyncio.  The
 blocks of one frame are consecutive slices of ONE byte stream (the RPC
 envelope); a receiver joins them.  A sender cuts the stream into blocks of
 at most ``max_block_bytes`` (8192); a decoder accepts larger blocks up to the
-frame limit, since TubeMQ peers may send them (reference/rpc_clients.md A1).
+frame limit, since TubeMQ peers may send them.
 """
 
 from __future__ import annotations

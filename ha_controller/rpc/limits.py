@@ -1,4 +1,4 @@
-"""Framing, RPC and connection bounds (DESIGN section 3; TubeMQ's listSize/block limits).
+"""Framing, RPC and connection bounds (TubeMQ's listSize/block limits; docs/protocol.md).
 
 Here, not in :mod:`ha_controller.config`, so that the RPC layer and the client SDK do not
 load the TOML/env configuration machinery.  :mod:`ha_controller.config` loads these as

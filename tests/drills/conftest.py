@@ -28,17 +28,6 @@ SHORT: dict[str, Any] = {
 }
 
 
-def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
-    """Long drills are opt-in: they run only when ``-m`` names ``slow``."""
-    if "slow" in (config.getoption("markexpr") or ""):
-        return
-    skip = pytest.mark.skip(reason="long drill: run with -m slow")
-    here = Path(__file__).parent
-    for item in items:
-        if item.get_closest_marker("slow") and here in item.path.parents:
-            item.add_marker(skip)
-
-
 @pytest.fixture(scope="session")
 def spark(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Any]:
     """One local[2] session for the drill histories, or None without pyspark/Java."""

@@ -1,4 +1,4 @@
-"""Short drills with real faults (DESIGN.md §10, §12) and the checker's non-vacuity."""
+"""Short drills with real faults and the checker's non-vacuity."""
 
 from __future__ import annotations
 

@@ -1,5 +1,5 @@
 """Delayed and timer messages keep flowing while a slave acts for its lost master,
-and a returning master does not deliver them again (reference/rip32.md §6.5:
+and a returning master does not deliver them again (RocketMQ's
 ScheduleSlaveActingMasterIT, GetMetadataReverseIT), with real processes.
 
 Delay level 4 is 5 s here (RocketMQ's ITs use 30 s; same logic).

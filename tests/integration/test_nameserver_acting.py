@@ -1,5 +1,5 @@
 """RIP-32 nameserver behaviour over real TCP against a real nameserver process
-(reference/rip32.md §6.1), with simulated brokers speaking the protocol."""
+(after RocketMQ's RouteInfoManager tests), with simulated brokers speaking the protocol."""
 
 from __future__ import annotations
 

@@ -1,5 +1,5 @@
-"""POP while a group's master is away (RocketMQ PopSlaveActingMasterIT,
-reference/rip32.md §3.3 and §6.5), over real processes.
+"""POP while a group's master is away (RocketMQ PopSlaveActingMasterIT),
+over real processes.
 
 16 messages sit on ``popa``; its master dies and the simple consumer pops them
 from the acting slave.  Acked messages never come back; un-acked ones are revived

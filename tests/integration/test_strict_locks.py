@@ -1,6 +1,6 @@
 """Quorum queue locks and orderly consumption across a failover, over real processes.
 
-reference/rip32.md section 4 and RebalanceLockOnSlaveIT (section 6.5): one group
+After RocketMQ's RebalanceLockOnSlaveIT: one group
 of three brokers (master, two slaves) with acting master on; orderly consumers
 lock their queues at the id-0 address.
 """

@@ -1,5 +1,5 @@
-"""Transactions while a group's master is away (RocketMQ TransactionMessageIT,
-reference/rip32.md §6.5 and §3.4), over real processes.
+"""Transactions while a group's master is away (RocketMQ TransactionMessageIT),
+over real processes.
 
 The acting slave escapes unresolved half messages to a live master, which checks
 them with the producer; the committed messages are consumed once, and after the

@@ -1,9 +1,8 @@
-"""One session-scoped local[2] SparkSession for the pipeline tests (reference/pyspark.md §3)."""
+"""One session-scoped local[2] SparkSession for the pipeline tests (a JVM each is slow)."""
 
 from __future__ import annotations
 
 from collections.abc import Iterator
-from pathlib import Path
 from typing import TYPE_CHECKING
 
 import pytest
@@ -22,14 +21,3 @@ if TYPE_CHECKING:
 def spark(tmp_path_factory: pytest.TempPathFactory) -> Iterator[SparkSession]:
     with local_spark(tmp_path_factory.mktemp("spark"), "ha-controller-tests") as session:
         yield session
-
-
-def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
-    """Long pipeline tests are opt-in: they run only when ``-m`` names ``slow``."""
-    if "slow" in (config.getoption("markexpr") or ""):
-        return
-    skip = pytest.mark.skip(reason="long test: run with -m slow")
-    here = Path(__file__).parent
-    for item in items:
-        if item.get_closest_marker("slow") and here in item.path.parents:
-            item.add_marker(skip)

@@ -5,11 +5,11 @@ message-size check."""
 from __future__ import annotations
 
 import time
-from dataclasses import dataclass
 from datetime import UTC, datetime
 from pathlib import Path
 
 import pytest
+from fakes import request_context
 
 from ha_controller.acl import (
     ADMIN,
@@ -74,13 +74,8 @@ def acl_of(*users: User, allow_anonymous: bool = True, **kw: object) -> Acl:
     return Acl(AclHolder(table), allow_anonymous=allow_anonymous, **kw)  # type: ignore[arg-type]
 
 
-@dataclass
-class FakeConn:
-    peer: str = "10.0.0.9:5555"
-
-
 def ctx(method: int, auth: envelope.RequestAuth | None = None) -> RequestContext:
-    return RequestContext(FakeConn(), method, time.monotonic(), 0, auth)  # type: ignore[arg-type]
+    return request_context(method, timeout_ms=0, auth=auth)
 
 
 def offsets(group: str, topic: str = "orders") -> bytes:

@@ -10,7 +10,11 @@ importer's own enclosing packages (they are already being imported when it runs)
 
 The layer rules are checked along import chains, so that a rule also catches what a
 module pulls in through others (the client SDK must not load the config loader,
-not even through ``ha_controller.rpc``); a failure names the whole chain.
+not even through ``ha_controller.rpc``); a failure names the whole chain.  One module
+may cross a package line: ``ha_controller.cli.services``, the front door, starts the
+servers (:data:`FRONT_DOOR`), inside the commands that run them.  No module hides an
+import from this graph (``importlib.import_module`` or ``__import__`` of a module of
+ours, or of a name computed at run time).
 """
 
 from __future__ import annotations
@@ -28,6 +32,21 @@ import pytest
 ROOT = Path(__file__).resolve().parents[2]
 PACKAGES = ("ha_controller", "nameserver", "broker_agent")
 GENERATED = re.compile(r"_pb2(_grpc)?\.pyi?$")
+#: The one module allowed to cross a package line, and what it may import there: the
+#: ``hactl nameserver`` / ``broker`` commands start the servers.
+FRONT_DOOR_MODULE = "ha_controller.cli.services"
+FRONT_DOOR = frozenset(
+    (FRONT_DOOR_MODULE, target)
+    for target in (
+        "nameserver",
+        "nameserver.app",
+        "broker_agent",
+        "broker_agent.app",
+        "broker_agent.container",
+    )
+)
+#: Calls that import a module by a name given at run time.
+DYNAMIC_IMPORTS = frozenset({"import_module", "__import__", "reload"})
 
 
 @dataclass(frozen=True)
@@ -189,10 +208,16 @@ def _cycle_in(graph: Graph, component: set[str]) -> list[Edge]:
     raise AssertionError(f"no cycle through {start} in {sorted(component)}")
 
 
-def chain_to(graph: Graph, source: str, forbidden: tuple[str, ...]) -> list[Edge] | None:
+def chain_to(
+    graph: Graph,
+    source: str,
+    forbidden: tuple[str, ...],
+    allowed: frozenset[tuple[str, str]] = frozenset(),
+) -> list[Edge] | None:
     """A shortest import chain from ``source`` to a module under ``forbidden``, or None.
 
-    The chain may end outside our modules (``asyncio``); it passes only through ours.
+    The chain may end outside our modules (``asyncio``); it passes only through ours,
+    and never along an ``allowed`` (importer, imported) edge.
     """
     came: dict[str, Edge] = {}
     queue = deque([source])
@@ -200,6 +225,8 @@ def chain_to(graph: Graph, source: str, forbidden: tuple[str, ...]) -> list[Edge
     while queue:
         node = queue.popleft()
         for edge in graph.imports[node]:
+            if (edge.source, edge.target) in allowed:
+                continue
             if any(_in(edge.target, f) for f in forbidden):
                 chain = [edge]
                 while chain[0].source != source:
@@ -222,7 +249,7 @@ def assert_never_imports(sources: tuple[str, ...], forbidden: tuple[str, ...]) -
     assert modules, f"no modules under {sources}"
     bad = []
     for module in modules:
-        chain = chain_to(graph, module, forbidden)
+        chain = chain_to(graph, module, forbidden, FRONT_DOOR)
         if chain is not None:
             bad.append(_show(chain))
     assert not bad, (
@@ -249,6 +276,74 @@ def test_graph_sees_every_kind_of_import() -> None:
     assert "ha_controller.rpc" in orderly
     # importing a submodule from outside runs the package's __init__ too
     assert "ha_controller.protocol" in orderly
+
+
+def _dynamic_imports(path: Path) -> Iterator[tuple[int, str]]:
+    """(line, what) of every call that imports by a run-time name: ``import_module``,
+    ``__import__`` or ``reload`` (by any spelling: ``importlib.x``, an alias, a name)."""
+    tree = ast.parse(path.read_text(encoding="utf-8"), filename=str(path))
+    for node in ast.walk(tree):
+        if not isinstance(node, ast.Call):
+            continue
+        func = node.func
+        name = func.attr if isinstance(func, ast.Attribute) else getattr(func, "id", "")
+        if name not in DYNAMIC_IMPORTS:
+            continue
+        arg = node.args[0] if node.args else None
+        what = arg.value if isinstance(arg, ast.Constant) and isinstance(arg.value, str) else ""
+        yield node.lineno, what
+
+
+def test_no_import_is_hidden_from_the_graph() -> None:
+    """A module of ours imported by a run-time name is an edge the rules never see: it
+    must be an import statement.  Only an optional third-party module named by a
+    literal may be loaded so (``uvloop``, when it is installed)."""
+    hidden = []
+    for module, path in sorted(import_graph().files.items()):
+        for line, what in _dynamic_imports(path):
+            ours = any(_in(what, package) for package in PACKAGES)
+            if not what or ours:
+                hidden.append(f"{module} (line {line}): {what or 'a name computed at run time'}")
+    assert not hidden, "imports hidden from the architecture test:\n  " + "\n  ".join(hidden)
+
+
+def test_the_hidden_import_finder_sees_every_spelling(tmp_path: Path) -> None:
+    path = tmp_path / "x.py"
+    path.write_text(
+        "import importlib\n"
+        "from importlib import import_module as load\n"
+        "importlib.import_module('nameserver.app')\n"
+        "__import__(name)\n"
+        "importlib.reload(mod)\n"
+        "importlib.import_module('uvloop')\n"
+    )
+    assert list(_dynamic_imports(path)) == [(3, "nameserver.app"), (4, ""), (5, ""), (6, "uvloop")]
+
+
+def test_the_front_door_imports_the_servers_only_when_a_command_runs() -> None:
+    """``hactl --help`` and the client tools load no server: the front door's imports
+    of the service packages are inside the commands."""
+    graph = import_graph()
+    crossing = {
+        e.target for e in graph.imports[FRONT_DOOR_MODULE] if (e.source, e.target) in FRONT_DOOR
+    }
+    assert crossing == {t for _, t in FRONT_DOOR}, "tests/unit/test_architecture.py FRONT_DOOR"
+    tree = ast.parse(graph.files[FRONT_DOOR_MODULE].read_text(encoding="utf-8"))
+    top = [
+        node.lineno
+        for node in tree.body
+        if isinstance(node, ast.Import | ast.ImportFrom)
+        and any(
+            _in(name, package)
+            for package in ("nameserver", "broker_agent")
+            for name in (
+                [a.name for a in node.names]
+                if isinstance(node, ast.Import)
+                else [node.module or ""]
+            )
+        )
+    ]
+    assert not top, f"{FRONT_DOOR_MODULE} imports a server at module level (lines {top})"
 
 
 def test_cycle_finder_reports_the_chain() -> None:
@@ -314,6 +409,13 @@ def test_layers(sources: tuple[str, ...], forbidden: tuple[str, ...]) -> None:
 
 def test_special_services_do_not_import_the_broker_service() -> None:
     assert_never_imports(("broker_agent.special",), ("broker_agent.service",))
+
+
+def test_membership_does_not_import_the_special_services() -> None:
+    """Membership (registration, the member group, pre-online, forward sync) is below
+    the special services: the broker service hands it their tables and the appliers of
+    their progress records."""
+    assert_never_imports(("broker_agent.membership",), ("broker_agent.special",))
 
 
 def test_only_the_write_path_puts_into_the_store() -> None:

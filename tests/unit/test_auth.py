@@ -6,6 +6,7 @@ signatures, and the nameserver's open-mode rules (``RouteTable.registration_conf
 from __future__ import annotations
 
 import pytest
+from fakes import FakeClock
 
 from ha_controller.auth import (
     MAX_SKEW_MS,
@@ -32,14 +33,6 @@ NOW = 1_800_000_000_000
 HEARTBEAT = RequestCode.BROKER_HEARTBEAT
 
 
-class Clock:
-    def __init__(self, now: int = NOW) -> None:
-        self.now = now
-
-    def __call__(self) -> int:
-        return self.now
-
-
 class Refusals:
     def __init__(self) -> None:
         self.seen: list[tuple[str, int]] = []
@@ -63,8 +56,8 @@ def ctx(method: int, auth: envelope.RequestAuth | None) -> RequestContext:
 
 
 @pytest.fixture
-def clock() -> Clock:
-    return Clock()
+def clock() -> FakeClock:
+    return FakeClock(NOW)
 
 
 @pytest.fixture
@@ -73,7 +66,7 @@ def refusals() -> Refusals:
 
 
 @pytest.fixture
-def server(clock: Clock, refusals: Refusals) -> ClusterAuth:
+def server(clock: FakeClock, refusals: Refusals) -> ClusterAuth:
     return ClusterAuth(SECRET, clock_ms=clock, on_refused=refusals)
 
 
@@ -102,7 +95,7 @@ def test_unsigned_request_has_no_auth() -> None:
 # ---- signing and the guard ------------------------------------------------------------------
 
 
-def test_a_member_signs_control_requests_and_its_escape_sends_only(clock: Clock) -> None:
+def test_a_member_signs_control_requests_and_its_escape_sends_only(clock: FakeClock) -> None:
     member = ClusterAuth(SECRET, clock_ms=clock)
     assert member.sign(HEARTBEAT, b"x") is not None
     # a broker sends SEND_MESSAGE only to escape: signed, so its escape id counts
@@ -113,7 +106,7 @@ def test_a_member_signs_control_requests_and_its_escape_sends_only(clock: Clock)
 
 def test_a_good_signature_is_accepted_once(server: ClusterAuth, refusals: Refusals) -> None:
     body = heartbeat_body()
-    auth = ClusterAuth(SECRET, clock_ms=Clock(NOW - 1000)).sign(HEARTBEAT, body)
+    auth = ClusterAuth(SECRET, clock_ms=FakeClock(NOW - 1000)).sign(HEARTBEAT, body)
     first = ctx(HEARTBEAT, auth)
     server.check(first, body)
     assert first.authenticated
@@ -164,7 +157,7 @@ def test_unsigned_requests(
 
 
 def test_wrong_secret_and_tampered_body_are_refused(
-    server: ClusterAuth, refusals: Refusals, clock: Clock
+    server: ClusterAuth, refusals: Refusals, clock: FakeClock
 ) -> None:
     body = heartbeat_body()
     wrong = ClusterAuth("other", clock_ms=clock).sign(HEARTBEAT, body)
@@ -185,15 +178,15 @@ def test_a_timestamp_outside_the_window_is_refused(
     server: ClusterAuth, refusals: Refusals, off_ms: int
 ) -> None:
     body = heartbeat_body()
-    auth = ClusterAuth(SECRET, clock_ms=Clock(NOW - off_ms)).sign(HEARTBEAT, body)
+    auth = ClusterAuth(SECRET, clock_ms=FakeClock(NOW - off_ms)).sign(HEARTBEAT, body)
     with pytest.raises(SignatureInvalid, match="clock"):
         server.check(ctx(HEARTBEAT, auth), body)
     assert refusals.reasons == ["stale"]
 
 
-def test_a_nonce_is_remembered_for_the_whole_window(server: ClusterAuth, clock: Clock) -> None:
+def test_a_nonce_is_remembered_for_the_whole_window(server: ClusterAuth, clock: FakeClock) -> None:
     body = heartbeat_body()
-    auth = ClusterAuth(SECRET, clock_ms=Clock(NOW)).sign(HEARTBEAT, body)
+    auth = ClusterAuth(SECRET, clock_ms=FakeClock(NOW)).sign(HEARTBEAT, body)
     server.check(ctx(HEARTBEAT, auth), body)
     clock.now = NOW + MAX_SKEW_MS  # still inside: still a replay
     with pytest.raises(ReplayedRequest):
@@ -240,7 +233,7 @@ def test_replay_cache_forgets_expired_nonces_and_refuses_when_full() -> None:
     assert len(cache) == 2
 
 
-def test_a_full_cache_refuses_signed_requests(clock: Clock, refusals: Refusals) -> None:
+def test_a_full_cache_refuses_signed_requests(clock: FakeClock, refusals: Refusals) -> None:
     server = ClusterAuth(SECRET, clock_ms=clock, on_refused=refusals, max_nonces=1)
     member = ClusterAuth(SECRET, clock_ms=clock)
     body = heartbeat_body()
@@ -332,9 +325,9 @@ async def test_host_matches_peer(host: str, peer: str, ok: bool) -> None:
 
 
 def test_every_table_a_broker_pulls_from_a_peer_is_signed() -> None:
-    """A new versioned table (pre-online and forward sync pull it with ``fetch_table``)
-    must not travel unsigned: its request code belongs in SIGNED_CODES, and in
-    REQUIRED_CODES unless clients ask it too."""
+    """A new versioned table (pre-online and forward sync pull it with ``fetch_table``,
+    or a ``TableSync`` naming its code) must not travel unsigned: its request code
+    belongs in SIGNED_CODES, and in REQUIRED_CODES unless clients ask it too."""
     import re
     from pathlib import Path
 
@@ -345,7 +338,8 @@ def test_every_table_a_broker_pulls_from_a_peer_is_signed() -> None:
     pulled = set()
     for path in root.rglob("*.py"):
         text = path.read_text()
-        for m in re.finditer(r"fetch_table\(\s*\w+,\s*\w+,\s*RequestCode\.(\w+)", text):
+        pulls = r"(?:fetch_table\(\s*\w+,\s*\w+,|TableSync\(\s*\"[^\"]*\",)\s*RequestCode\.(\w+)"
+        for m in re.finditer(pulls, text):
             pulled.add(RequestCode[m.group(1)])
     assert len(pulled) >= 6, pulled  # the regex still finds the pulls
     assert pulled <= SIGNED_CODES, sorted(c.name for c in pulled - SIGNED_CODES)

@@ -17,7 +17,8 @@ import pytest
 
 from broker_agent.core import BrokerCore
 from broker_agent.special.escape_ids import escape_id
-from broker_agent.special.pop import Checkpoint, PopService
+from broker_agent.special.pop import Checkpoint
+from broker_agent.special.pop.revive import retry_properties
 from broker_agent.special.schedule import delayed_target, restored
 from broker_agent.store.message_store import PutRequest
 from broker_agent.write_path import CLIENT_HEADROOM_BYTES, WritePath
@@ -132,7 +133,7 @@ def test_a_pop_retry_of_a_message_at_the_limit_can_still_be_escaped(
         due_ms=2**42,
         reput_times=0,
     )
-    out = PopService._retry_properties(stored, ck)
+    out = retry_properties(stored, ck)
     out[PROPERTY_ESCAPE_ID] = escape_id(BROKER, "pop_retry", stored, ck.key)
     retry = _request(retry_topic(GROUP), len(sent.body), out)._replace(born_host=BROKER_HOST)
     assert _size(retry) <= LIMIT

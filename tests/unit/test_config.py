@@ -77,7 +77,7 @@ def assert_one_clear_error(exc: ConfigError, *needles: str) -> None:
     [
         # RocketMQ NamesrvConfig
         ("scan_not_active_broker_interval_ms", 5000),
-        # DESIGN section 9: on here, false in RocketMQ
+        # on here, false in RocketMQ: this product exists for them
         ("support_acting_master", True),
         ("notify_min_broker_id_changed", True),
         ("notify_timeout_ms", 3000),
@@ -111,7 +111,7 @@ def test_nameserver_defaults(key: str, expected: object) -> None:
         ("escape_max_attempts", 10),
         ("escape_send_timeout_ms", 3000),
         ("cluster", "DefaultCluster"),
-        # DESIGN section 9 deviations
+        # deviations: the RIP-32 switches on (false in RocketMQ), replication favours no loss
         ("enable_slave_acting_master", True),
         ("enable_remote_escape", True),
         ("compatible_with_old_namesrv", False),
@@ -119,7 +119,7 @@ def test_nameserver_defaults(key: str, expected: object) -> None:
         ("in_sync_replicas", 2),
         ("total_replicas", 3),
         ("flush_mode", "async"),
-        # DESIGN sections 2, 5, 8
+        # the default ports (docs/architecture.md), topics and long polling
         ("listen", "0.0.0.0:10911"),
         ("ha_listen", "0.0.0.0:10912"),
         ("http_listen", "0.0.0.0:10913"),

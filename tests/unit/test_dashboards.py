@@ -1,6 +1,6 @@
 """Grafana dashboards, provisioning and alert rules, checked structurally.
 
-Every query may only use metric names ha-controller exports (DESIGN.md section 7)
+Every query may only use metric names ha-controller exports (docs/http-and-metrics.md)
 with the labels those metrics carry. When `promtool` is on PATH (Debian:
 `apt-get install prometheus`, or point PROMTOOL at it) the queries are also
 parsed by Prometheus itself and the alert rules' unit tests are run.
@@ -27,7 +27,7 @@ PROVISIONING = ROOT / "grafana" / "provisioning"
 DASHBOARD_FILES = sorted(DASHBOARDS.glob("*.json"))
 
 IDENTITY = frozenset({"cluster", "broker_name", "broker_id"})
-# metric -> labels it carries (DESIGN.md section 7). Broker metrics carry the
+# metric -> labels it carries (docs/http-and-metrics.md). Broker metrics carry the
 # broker identity; target labels (instance, job, ...) exist on every series.
 METRICS: dict[str, frozenset[str]] = {
     # nameserver

@@ -1,8 +1,8 @@
 """The escape bridge against fake peers at the socket seam: a fake nameserver
 serving routes and fake masters answering SEND_MESSAGE / PULL_MESSAGE
-(reference/rip32.md §3.1, §6.2 EscapeBridgeTest, issue #7923).
+(after RocketMQ's EscapeBridgeTest; issue #7923).
 
-The bridge's own broker is small fakes of its ports (``special_fakes``: a fake core
+The bridge's own broker is small fakes of its ports (``tests/fakes.py``: a fake core
 with an in-memory store and a fake write path), never a BrokerService on disk."""
 
 from __future__ import annotations
@@ -16,7 +16,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 import pytest
-from special_fakes import FakeBroker, FakeNeighbours
+from fakes import FakeBroker, FakeNeighbours
 
 from broker_agent.special.escape import (
     EscapeBridge,
@@ -491,7 +491,7 @@ async def test_a_masters_own_record_goes_right_behind_its_message_and_nowhere_el
 async def test_in_a_container_a_slave_escapes_to_the_master_next_to_it(env: Env) -> None:
     slave = env.broker(broker_id=1)
     other_master = env.broker(broker_id=0, name="broker_x")
-    # (type: ignore: a FakeCore is no CorePort to mypy, see special_fakes.FakeBroker)
+    # (type: ignore: a FakeCore is no CorePort to mypy, see fakes.FakeBroker)
     slave.escape.neighbours = FakeNeighbours([slave, other_master])  # type: ignore[assignment]
     three_groups(env)
     local = slave.escape.local_master()

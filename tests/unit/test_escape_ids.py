@@ -11,7 +11,7 @@ import pytest
 
 from broker_agent.special.escape import outcome_unknown
 from broker_agent.special.escape_ids import Escaped, EscapedIds, escape_id
-from broker_agent.special.steps import SpecialSteps
+from broker_agent.special_steps import SpecialSteps
 from ha_controller.protocol.errors import (
     BrokerIsolated,
     BrokerUnavailable,

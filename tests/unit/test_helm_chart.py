@@ -104,7 +104,7 @@ def test_default_values_have_the_documented_shape() -> None:
     assert values["nameserver"]["replicas"] >= 1
     assert values["groups"], "at least one broker group"
     for group in values["groups"]:
-        assert group["replicas"] == 3  # master + two slaves (DESIGN section 9)
+        assert group["replicas"] == 3  # master + two slaves: sync replication to two copies
     assert values["clusterSecret"]["enabled"] is True
     assert values["metrics"]["serviceMonitor"]["enabled"] is False
     assert values["metrics"]["prometheusRule"]["enabled"] is False

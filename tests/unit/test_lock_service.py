@@ -1,4 +1,4 @@
-"""LOCK_BATCH_MQ / UNLOCK_BATCH_MQ with strict mode (reference/rip32.md section 4).
+"""LOCK_BATCH_MQ / UNLOCK_BATCH_MQ with strict mode (quorum locks).
 
 Each fake broker is a real ``LockService`` behind a real ``RpcServer`` on port 0,
 around a small host object instead of a whole ``BrokerService``; the quorum

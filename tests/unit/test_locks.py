@@ -1,8 +1,10 @@
-"""RebalanceLockManager and the strict-mode quorum count (reference/rip32.md sections 4, 6.2)."""
+"""RebalanceLockManager and the strict-mode quorum count (after RocketMQ's
+RebalanceLockManagerTest)."""
 
 from __future__ import annotations
 
 import pytest
+from fakes import FakeClock
 
 from broker_agent.locks.manager import (
     DEFAULT_LOCK_MAX_LIVE_TIME_MS,
@@ -20,17 +22,6 @@ MQ1 = MessageQueueKey("TopicTest", "broker-a", 0)
 MQ2 = MessageQueueKey("TopicTest", "broker-a", 1)
 MQ3 = MessageQueueKey("TopicTest", "broker-a", 2)
 LIVE = DEFAULT_LOCK_MAX_LIVE_TIME_MS
-
-
-class FakeClock:
-    def __init__(self, now_ms: int = 1_000_000) -> None:
-        self.now_ms = now_ms
-
-    def __call__(self) -> int:
-        return self.now_ms
-
-    def advance(self, ms: int) -> None:
-        self.now_ms += ms
 
 
 @pytest.fixture

@@ -1,12 +1,10 @@
-"""PopService through its handlers and its revive pass, on small fakes of its ports
-(reference/rip32.md §3.3).
+"""PopService through its handlers and its revive pass, on small fakes of its ports.
 
-The broker is a ``FakeCore`` and ``FakeWritePath`` (``special_fakes``: an in-memory
+The broker is a ``FakeCore`` and ``FakeWritePath`` (``tests/fakes.py``: an in-memory
 store, the real plain ActingState / TopicConfigManager / ConsumerOffsetManager,
-appends recorded) and a ``FakeEscape`` recording what the service escapes and reads
-back.  Requests go through the handlers the service registered on its dispatcher.
-The service reads the time through its module's ``now_ms`` (it takes no clock), so
-the tests replace that function with a settable clock instead of sleeping out
+appends recorded) and a ``RecordingEscape`` recording what the service escapes and
+reads back.  Requests go through the handlers the service registered on its
+dispatcher.  The service takes a ``FakeClock`` the tests set instead of sleeping out
 invisible times.  No BrokerService, no MessageStore, no sockets.
 """
 
@@ -15,29 +13,35 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import json
-import time
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, TypeVar, cast
+from typing import Any, cast
 
 import pytest
-from google.protobuf.message import Message
-from special_fakes import Appended, FakeCore, FakeStore, FakeWritePath
+from fakes import (
+    Appended,
+    EscapePut,
+    FakeClock,
+    FakeCore,
+    FakeWritePath,
+    RecordingEscape,
+    call_handler,
+)
 
 from broker_agent.metadata import pop_acks as pop_acks_module
 from broker_agent.metadata.pop_acks import PopAckSnapshot, PopAckTable
-from broker_agent.special import pop as pop_module
+from broker_agent.special.clock import SYSTEM_CLOCK, Clock
 from broker_agent.special.escape import EscapeBridge, EscapeResult
 from broker_agent.special.pop import Checkpoint, PopService, ReceiptHandle, revive_topic
+from broker_agent.special.pop.records import MIN_INVISIBLE_MS
+from broker_agent.special.pop.revive import CK_REWRITE_INTERVALS_S
 from broker_agent.special.ports import CorePort, WritePort
-from broker_agent.write_path import Record
 from ha_controller.config import BrokerConfig
 from ha_controller.proto import broker_pb2, common_pb2
 from ha_controller.protocol.codes import RequestCode
 from ha_controller.protocol.errors import (
     BadRequest,
     BrokerIsolated,
-    EscapeFailed,
     NotMaster,
     ReceiptHandleExpired,
     TopicNotFound,
@@ -53,10 +57,7 @@ from ha_controller.protocol.properties import (
 )
 from ha_controller.protocol.record import StoredMessage, make_msg_id
 from ha_controller.routing import Perm, TopicConfig
-from ha_controller.rpc import Dispatcher, RequestContext, RpcConnection
 from ha_controller.testing import eventually
-
-M = TypeVar("M", bound=Message)
 
 TOPIC = "T"
 GROUP = "CID_pop"
@@ -65,97 +66,19 @@ REVIVE = revive_topic("DefaultCluster")
 ESCAPED_REVIVE_QID = 5
 
 
-# ---- fakes: clock, escape (core and write path: special_fakes) ---------------------
-
-
-class Clock:
-    """Milliseconds a test sets; stands in for ``broker_agent.special.pop.now_ms``."""
-
-    def __init__(self, now: int = T0) -> None:
-        self.now = now
-
-    def __call__(self) -> int:
-        return self.now
+# ---- the broker under test (its fakes: tests/fakes.py) ----------------------------------
 
 
 @pytest.fixture
-def clock(monkeypatch: pytest.MonkeyPatch) -> Clock:
-    fake = Clock()
-    monkeypatch.setattr(pop_module, "now_ms", fake)
-    return fake
-
-
-@dataclass(frozen=True)
-class EscapePut:
-    kind: str
-    topic: str
-    body: bytes
-    properties: dict[str, str]
-    flags: int
-    #: the record a master appends right behind it (WritePath.put's ``then``)
-    then: Record | None = None
-    #: the group whose master must store it, and the queue
-    to_group: str = ""
-    to_queue: int | None = None
-
-
-class FakeEscape:
-    """The escape bridge as the POP service calls it: records sent to the revive queue
-    of a remote master, retry messages, and original messages read back (from the
-    stores of the groups it knows; ``get_failures_left`` reads fail first)."""
-
-    def __init__(self, core: FakeCore) -> None:
-        self.stores: dict[str, FakeStore] = {core.cfg.broker_name: core.store}
-        self.puts: list[EscapePut] = []
-        self.gets: list[tuple[str, str, int, int]] = []
-        self.get_failures_left = 0
-        #: a master of this group in the same process takes what is not named elsewhere
-        self.neighbour = ""
-
-    def local_master(self) -> None:
-        return None
-
-    async def put_message_to_specific_queue(
-        self,
-        topic: str,
-        body: bytes,
-        properties: dict[str, str],
-        *,
-        kind: str,
-        flags: int = 0,
-        escape_id: str = "",
-        then: Record | None = None,
-        to_group: str = "",
-        to_queue: int | None = None,
-    ) -> EscapeResult:
-        self.puts.append(
-            EscapePut(kind, topic, body, dict(properties), flags, then, to_group, to_queue)
-        )
-        qid = ESCAPED_REVIVE_QID if topic == REVIVE else 0
-        qid = qid if to_queue is None else to_queue
-        group = to_group or self.neighbour or "broker-b"
-        target = "local" if group == self.neighbour else group
-        return EscapeResult(target, f"MSG{len(self.puts)}", qid, len(self.puts) - 1, group)
-
-    async def get_message(
-        self, topic: str, broker_name: str, queue_id: int, offset: int
-    ) -> StoredMessage | None:
-        self.gets.append((topic, broker_name, queue_id, offset))
-        if self.get_failures_left > 0:
-            self.get_failures_left -= 1
-            raise EscapeFailed(f"cannot read from {broker_name}")
-        store = self.stores.get(broker_name)
-        return None if store is None else store.get_message_at(topic, queue_id, offset)
-
-    def kinds(self) -> list[str]:
-        return [p.kind for p in self.puts]
+def clock() -> FakeClock:
+    return FakeClock(T0)
 
 
 @dataclass
 class Broker:
     core: FakeCore
     write_path: FakeWritePath
-    escape: FakeEscape
+    escape: RecordingEscape
     service: PopService
 
     def records(self, tag: str) -> list[StoredMessage]:
@@ -186,7 +109,9 @@ def config(broker_id: int = 0, **kw: Any) -> BrokerConfig:
     return BrokerConfig(**args)
 
 
-def make_broker(store_dir: Path, cfg: BrokerConfig, *, acting: bool = False) -> Broker:
+def make_broker(
+    store_dir: Path, cfg: BrokerConfig, *, acting: bool = False, clock: Clock = SYSTEM_CLOCK
+) -> Broker:
     addr = f"10.0.0.{cfg.broker_id + 1}:10911"
     core = FakeCore(cfg, addr=addr, store_dir=store_dir)
     core.topics.upsert(TopicConfig(TOPIC, 2, 2, Perm.READ | Perm.WRITE))
@@ -194,28 +119,32 @@ def make_broker(store_dir: Path, cfg: BrokerConfig, *, acting: bool = False) -> 
         core.acting.on_min_broker_change(cfg.broker_id, addr)
         assert core.acting.acting
     write_path = FakeWritePath(core)
-    escape = FakeEscape(core)
+    # records escaped to the revive queue of a remote master, retry messages, and
+    # original messages read back from the stores of the groups it knows
+    escape = RecordingEscape()
+    escape.stores[cfg.broker_name] = core.store
+    escape.specific_queue = ESCAPED_REVIVE_QID
     # the fakes are duck-typed: CorePort names the concrete MessageStore, and the
     # service takes the concrete EscapeBridge (there is no escape port)
     service = PopService(
-        cast(CorePort, core), cast(WritePort, write_path), cast(EscapeBridge, escape)
+        cast(CorePort, core), cast(WritePort, write_path), cast(EscapeBridge, escape), clock
     )
     return Broker(core, write_path, escape, service)
 
 
 @pytest.fixture
-def master(tmp_path: Path, clock: Clock) -> Broker:
-    return make_broker(tmp_path, config(0))
+def master(tmp_path: Path, clock: FakeClock) -> Broker:
+    return make_broker(tmp_path, config(0), clock=clock)
 
 
 @pytest.fixture
-def slave(tmp_path: Path, clock: Clock) -> Broker:
-    return make_broker(tmp_path, config(1))
+def slave(tmp_path: Path, clock: FakeClock) -> Broker:
+    return make_broker(tmp_path, config(1), clock=clock)
 
 
 @pytest.fixture
-def acting(tmp_path: Path, clock: Clock) -> Broker:
-    return make_broker(tmp_path, config(1), acting=True)
+def acting(tmp_path: Path, clock: FakeClock) -> Broker:
+    return make_broker(tmp_path, config(1), acting=True, clock=clock)
 
 
 def produce(broker: Broker, *bodies: bytes, queue_id: int = 0, tags: str = "a") -> None:
@@ -224,19 +153,6 @@ def produce(broker: Broker, *bodies: bytes, queue_id: int = 0, tags: str = "a") 
         broker.core.store.put(
             TOPIC, queue_id, body, {PROPERTY_TAGS: tags}, flags=2, store_host=broker.core.addr
         )
-
-
-async def call(dispatcher: Dispatcher, method: int, request: Message, response_type: type[M]) -> M:
-    """One request through a dispatcher's registered handler, as the server runs it."""
-    handler = dispatcher.get(method)
-    assert handler is not None, f"no handler for {method}"
-    conn = cast(RpcConnection, object())  # the POP handlers never touch the connection
-    out = await handler(
-        RequestContext(conn, method, time.monotonic(), 3000), request.SerializeToString()
-    )
-    response = response_type()
-    response.ParseFromString(out or b"")
-    return response
 
 
 async def pop(
@@ -258,14 +174,14 @@ async def pop(
         tags=list(tags),
         order=order,
     )
-    return await call(
+    return await call_handler(
         broker.core.dispatcher, RequestCode.POP_MESSAGE, request, broker_pb2.PopMessageResponse
     )
 
 
 async def ack(broker: Broker, handle: str) -> None:
     request = broker_pb2.AckMessageRequest(consumer_group=GROUP, topic=TOPIC, receipt_handle=handle)
-    await call(
+    await call_handler(
         broker.core.dispatcher, RequestCode.ACK_MESSAGE, request, broker_pb2.AckMessageResponse
     )
 
@@ -274,7 +190,7 @@ async def change_invisible(broker: Broker, handle: str, invisible_ms: int) -> st
     request = broker_pb2.AckMessageRequest(
         consumer_group=GROUP, topic=TOPIC, receipt_handle=handle, invisible_time_ms=invisible_ms
     )
-    response = await call(
+    response = await call_handler(
         broker.core.dispatcher,
         RequestCode.CHANGE_MESSAGE_INVISIBLETIME,
         request,
@@ -311,7 +227,7 @@ def test_master_creates_the_revive_topic_and_registers_handlers(master: Broker) 
 
 
 async def test_pop_returns_messages_with_receipt_handles_and_commits_the_offset(
-    master: Broker, clock: Clock
+    master: Broker, clock: FakeClock
 ) -> None:
     produce(master, b"m0", b"m1", b"m2")
 
@@ -363,7 +279,7 @@ async def test_pop_filters_tags_and_clamps_the_invisible_time(master: Broker) ->
     resp = await pop(master, tags=("a",), invisible_ms=10)
 
     assert [m.body for m in resp.messages] == [b"a0", b"a2"]
-    assert resp.invisible_time_ms == pop_module.MIN_INVISIBLE_MS
+    assert resp.invisible_time_ms == MIN_INVISIBLE_MS
     [ck] = master.checkpoints()
     assert ck.offsets == (0, 2)
     assert master.core.offsets.query(GROUP, TOPIC, 0) == 3
@@ -542,7 +458,7 @@ async def test_a_ck_a_master_in_the_same_process_took_names_its_group(tmp_path: 
 
 
 async def test_change_invisible_time_writes_a_new_ck_and_acks_the_old_one(
-    master: Broker, clock: Clock
+    master: Broker, clock: FakeClock
 ) -> None:
     produce(master, b"m0")
     old = (await pop(master)).messages[0].properties[PROPERTY_POP_CK]
@@ -558,15 +474,15 @@ async def test_change_invisible_time_writes_a_new_ck_and_acks_the_old_one(
     assert json.loads(ack_record.body) == {"k": first.key, "o": 0}
 
     clock.now = T0 + 30_000  # the first CK is due, but acked
-    await master.service.revive_once()
+    await master.service.revive.revive_once()
     assert master.retried() == []
     clock.now = T0 + 60_005  # the new CK is due
-    await master.service.revive_once()
+    await master.service.revive.revive_once()
     assert [p.body for p in master.retried()] == [b"m0"]
 
 
 async def test_change_invisible_time_in_the_pop_millisecond_gets_a_new_ck_key(
-    master: Broker, clock: Clock
+    master: Broker, clock: FakeClock
 ) -> None:
     """Regression: a new CK for one message of a batch, written in the millisecond of
     the pop, has the batch CK's queue and start offset.  Its pop time must still
@@ -588,28 +504,28 @@ async def test_change_invisible_time_in_the_pop_millisecond_gets_a_new_ck_key(
     assert json.loads(ack_record.body) == {"k": first.key, "o": 0}
 
     clock.now = T0 + 60_000  # both CKs are due; neither message was acked
-    await master.service.revive_once()
+    await master.service.revive.revive_once()
 
     assert sorted(p.body for p in master.retried()) == [b"m0", b"m1"]
-    assert master.service.revived == 2
+    assert master.service.revive.revived == 2
 
 
 # ---- revive ----------------------------------------------------------------------------
 
 
 async def test_revive_redelivers_an_unacked_message_once_it_is_due(
-    master: Broker, clock: Clock
+    master: Broker, clock: FakeClock
 ) -> None:
     produce(master, b"m0", b"m1")
     resp = await pop(master, invisible_ms=10_000)
     await ack(master, resp.messages[0].properties[PROPERTY_POP_CK])
 
     clock.now = T0 + 9_999
-    await master.service.revive_once()
+    await master.service.revive.revive_once()
     assert master.escape.puts == []
 
     clock.now = T0 + 10_000
-    await master.service.revive_once()
+    await master.service.revive.revive_once()
 
     [retry] = master.escape.puts
     assert (retry.kind, retry.topic, retry.body, retry.flags) == (
@@ -626,17 +542,17 @@ async def test_revive_redelivers_an_unacked_message_once_it_is_due(
     )
     assert PROPERTY_POP_CK not in retry.properties
     assert master.escape.gets == [(TOPIC, "broker-a", 0, 1)]
-    assert master.service.revived == 1
+    assert master.service.revive.revived == 1
     # CK and ACK consumed: the revive group's offset is past both
     assert master.core.offsets.query(REVIVE_GROUP, REVIVE, 0) == 2
 
     clock.now = T0 + 100_000
-    await master.service.revive_once()
+    await master.service.revive.revive_once()
     assert len(master.escape.puts) == 1
 
 
 async def test_an_ack_after_the_invisible_time_is_refused_and_the_message_comes_again(
-    master: Broker, clock: Clock
+    master: Broker, clock: FakeClock
 ) -> None:
     """Campaign seed 3000: an ack answered ok while the revive pass was putting the
     message back; the consumer got it again after a successful ack."""
@@ -654,59 +570,59 @@ async def test_an_ack_after_the_invisible_time_is_refused_and_the_message_comes_
     assert len(master.records("ack")) == 1
     assert len(master.checkpoints()) == 1
 
-    await master.service.revive_once()
+    await master.service.revive.revive_once()
     assert [p.body for p in master.retried()] == [b"m1"]  # the refused one, only
 
 
 async def test_an_acting_slave_refuses_a_late_ack_of_the_lost_masters_ck(
-    acting: Broker, clock: Clock
+    acting: Broker, clock: FakeClock
 ) -> None:
     handle = ReceiptHandle(0, T0, 10_000, 0, True, "broker-a", 0, 0)
     clock.now = T0 + 10_001
     with pytest.raises(ReceiptHandleExpired):
         await ack(acting, handle.encode())
-    assert acting.service.acks.entries == {}
+    assert acting.service.revive.acks.entries == {}
 
 
-async def test_revive_leaves_a_fully_acked_ck_alone(master: Broker, clock: Clock) -> None:
+async def test_revive_leaves_a_fully_acked_ck_alone(master: Broker, clock: FakeClock) -> None:
     produce(master, b"m0")
     resp = await pop(master, invisible_ms=10_000)
     await ack(master, resp.messages[0].properties[PROPERTY_POP_CK])
 
     clock.now = T0 + 60_000
-    await master.service.revive_once()
+    await master.service.revive.revive_once()
 
     assert master.escape.puts == []
     assert master.escape.gets == []
     assert master.core.offsets.query(REVIVE_GROUP, REVIVE, 0) == 2
 
 
-async def test_failed_revive_re_puts_the_ck_with_back_off(master: Broker, clock: Clock) -> None:
+async def test_failed_revive_re_puts_the_ck_with_back_off(master: Broker, clock: FakeClock) -> None:
     produce(master, b"m0", b"m1")
     await pop(master, invisible_ms=10_000)
     master.escape.get_failures_left = 1  # reading m0 back fails once
 
     clock.now = T0 + 10_000
-    await master.service.revive_once()
+    await master.service.revive.revive_once()
 
     assert [p.body for p in master.retried()] == [b"m1"]
     first, again = master.checkpoints()
     assert again.key == first.key
     assert (again.offsets, again.reput_times) == ((0,), 1)
-    back_off_ms = pop_module.CK_REWRITE_INTERVALS_S[0] * 1000
+    back_off_ms = CK_REWRITE_INTERVALS_S[0] * 1000
     assert again.due_ms == T0 + 10_000 + back_off_ms
 
     clock.now = T0 + 10_000 + back_off_ms - 1
-    await master.service.revive_once()
+    await master.service.revive.revive_once()
     assert len(master.retried()) == 1
     clock.now = T0 + 10_000 + back_off_ms
-    await master.service.revive_once()
+    await master.service.revive.revive_once()
     assert [p.body for p in master.retried()] == [b"m1", b"m0"]
     assert master.retried()[1].properties[PROPERTY_RECONSUME_TIME] == "1"
 
 
 async def test_acting_slave_revives_the_lost_masters_ck_minus_local_acks(
-    acting: Broker, clock: Clock
+    acting: Broker, clock: FakeClock
 ) -> None:
     """A CK the master wrote before it died sits in the slave's replicated revive
     queue; an ack of such a message (``ck_local``) is applied in memory."""
@@ -720,7 +636,7 @@ async def test_acting_slave_revives_the_lost_masters_ck_minus_local_acks(
     assert acting.write_path.appends == []
 
     clock.now = T0 + 10_000
-    await acting.service.revive_once()
+    await acting.service.revive.revive_once()
 
     [retry] = acting.escape.puts
     assert (retry.kind, retry.topic, retry.body) == ("pop_retry", retry_topic(GROUP), b"m1")
@@ -728,20 +644,20 @@ async def test_acting_slave_revives_the_lost_masters_ck_minus_local_acks(
 
 
 async def test_a_masters_revive_carries_its_ack_so_a_slave_that_acts_does_not_revive_again(
-    tmp_path: Path, clock: Clock
+    tmp_path: Path, clock: FakeClock
 ) -> None:
     """Long campaign, seed 1020: a master cut off mid-revive (a one-way partition: its
     slaves got its writes, it got no acknowledgement) stored the retry message; the
     slave that acted read the CK without any sign of that revive and revived the
     message a second time.  The revive's ACK now goes right behind the retry message."""
-    master = make_broker(tmp_path / "m", config(0))
-    slave = make_broker(tmp_path / "s", config(1), acting=True)
+    master = make_broker(tmp_path / "m", config(0), clock=clock)
+    slave = make_broker(tmp_path / "s", config(1), acting=True, clock=clock)
     for b in (master, slave):
         produce(b, b"m0")
     await pop(master, invisible_ms=10_000)
-    await master.service.revive_once()
+    await master.service.revive.revive_once()
     clock.now = T0 + 10_000
-    await master.service.revive_once()
+    await master.service.revive.revive_once()
     [retry] = master.escape.puts
     assert retry.then is not None
     topic, qid, body, props = retry.then
@@ -749,7 +665,7 @@ async def test_a_masters_revive_carries_its_ack_so_a_slave_that_acts_does_not_re
     master.core.store.put(topic, qid, body, dict(props))  # as WritePath.put appends it
     replicate_revive_queue(master, slave)
 
-    await slave.service.revive_once()
+    await slave.service.revive.revive_once()
     assert slave.escape.puts == []
 
 
@@ -764,20 +680,22 @@ def replicate_revive_queue(master: Broker, slave: Broker) -> None:
 
 
 async def pop_on_master_then_ack_on_acting(
-    tmp_path: Path, *, interval_ms: int = 20
+    tmp_path: Path, clock: FakeClock, *, interval_ms: int = 20
 ) -> tuple[Broker, Broker, list[broker_pb2.Message]]:
     """The master pops m0..m2 (one CK in its revive queue, replicated) and dies; the
     consumer acks m0 and m1 on the acting slave, which read the CK already."""
-    master = make_broker(tmp_path / "m", config(0, pop_revive_interval_ms=interval_ms))
-    acting = make_broker(tmp_path / "s", config(1, pop_revive_interval_ms=interval_ms), acting=True)
+    master = make_broker(tmp_path / "m", config(0, pop_revive_interval_ms=interval_ms), clock=clock)
+    acting = make_broker(
+        tmp_path / "s", config(1, pop_revive_interval_ms=interval_ms), acting=True, clock=clock
+    )
     for b in (master, acting):
         produce(b, b"m0", b"m1", b"m2")
     resp = await pop(master, invisible_ms=10_000)
     assert bodies(resp) == [b"m0", b"m1", b"m2"]
-    await master.service.revive_once()  # the master's revive loop knows the CK
+    await master.service.revive.revive_once()  # the master's revive loop knows the CK
     replicate_revive_queue(master, acting)
 
-    await acting.service.revive_once()
+    await acting.service.revive.revive_once()
     for m in resp.messages[:2]:
         await ack(acting, m.properties[PROPERTY_POP_CK])
     assert acting.escape.puts == []  # no record escaped for these acks
@@ -797,13 +715,13 @@ async def run_for(broker: Broker, predicate: Any, *, timeout: float = 5) -> None
 
 
 async def test_returning_master_adopts_the_acting_slaves_acks_and_never_revives_them(
-    tmp_path: Path, clock: Clock
+    tmp_path: Path, clock: FakeClock
 ) -> None:
-    master, acting, _ = await pop_on_master_then_ack_on_acting(tmp_path)
+    master, acting, _ = await pop_on_master_then_ack_on_acting(tmp_path, clock)
 
     # pre-online of the returning master: the ack table over the wire, then merged
     [sync] = [t for t in master.service.tables() if t.name == "pop acks"]
-    table = await call(
+    table = await call_handler(
         acting.core.dispatcher,
         RequestCode.GET_POP_ACK_TABLE,
         common_pb2.Empty(),
@@ -818,90 +736,92 @@ async def test_returning_master_adopts_the_acting_slaves_acks_and_never_revives_
     assert [p.body for p in master.retried()] == [b"m2"]
 
     clock.now = T0 + 100_000
-    await master.service.revive_once()
+    await master.service.revive.revive_once()
     assert [p.body for p in master.retried()] == [b"m2"]
 
 
-async def test_acting_slaves_acks_survive_its_restart(tmp_path: Path, clock: Clock) -> None:
-    _, acting, _ = await pop_on_master_then_ack_on_acting(tmp_path)
+async def test_acting_slaves_acks_survive_its_restart(tmp_path: Path, clock: FakeClock) -> None:
+    _, acting, _ = await pop_on_master_then_ack_on_acting(tmp_path, clock)
     acting.service.set_active(True)
     path = acting.core.store_dir / "pop_acks.json"
     await run_for(acting, path.exists)  # the loop writes the table
 
-    restarted = make_broker(tmp_path / "s", config(1), acting=True)
+    restarted = make_broker(tmp_path / "s", config(1), acting=True, clock=clock)
     for m in acting.core.store.messages(TOPIC, 0):
         restarted.core.store.put(TOPIC, 0, m.body, dict(m.properties), flags=m.flags)
     replicate_revive_queue(acting, restarted)
     clock.now = T0 + 10_000
-    await restarted.service.revive_once()
+    await restarted.service.revive.revive_once()
     assert [p.body for p in restarted.retried()] == [b"m2"]
 
 
 async def test_ack_table_entries_go_once_the_revive_offset_passed_their_ck(
-    tmp_path: Path, clock: Clock
+    tmp_path: Path, clock: FakeClock
 ) -> None:
     """Bound: the CK finished (acked, the rest revived), the revive queue's offset
     moves past it and its entry is dropped; the offset travels in the table."""
-    _, acting, _ = await pop_on_master_then_ack_on_acting(tmp_path)
-    assert list(acting.service.acks.entries) != []
+    _, acting, _ = await pop_on_master_then_ack_on_acting(tmp_path, clock)
+    assert list(acting.service.revive.acks.entries) != []
 
     clock.now = T0 + 10_000
-    await acting.service.revive_once()
+    await acting.service.revive.revive_once()
     assert [p.body for p in acting.retried()] == [b"m2"]
-    assert acting.service.acks.entries == {}
-    assert acting.service.acks.to_pb().revive_offsets == {0: 1}
-    version = acting.service.acks.data_version.copy()
+    assert acting.service.revive.acks.entries == {}
+    assert acting.service.revive.acks.to_pb().revive_offsets == {0: 1}
+    version = acting.service.revive.acks.data_version.copy()
 
     clock.now = T0 + 100_000
-    await acting.service.revive_once()
+    await acting.service.revive.revive_once()
     assert [p.body for p in acting.retried()] == [b"m2"]
-    assert acting.service.acks.data_version.compare(version) == 0
+    assert acting.service.revive.acks.data_version.compare(version) == 0
 
 
 async def test_a_returning_master_starts_reading_past_what_the_table_finished(
-    tmp_path: Path, clock: Clock
+    tmp_path: Path, clock: FakeClock
 ) -> None:
     """The consumer offsets can be synced before the slave finished a CK and dropped
     its entry: the table's own revive offset keeps the master from reading it."""
-    master, acting, _ = await pop_on_master_then_ack_on_acting(tmp_path)
+    master, acting, _ = await pop_on_master_then_ack_on_acting(tmp_path, clock)
     clock.now = T0 + 10_000
-    await acting.service.revive_once()  # m2 revived, the CK finished and dropped
-    table = acting.service.acks.to_pb()
+    await acting.service.revive.revive_once()  # m2 revived, the CK finished and dropped
+    table = acting.service.revive.acks.to_pb()
     assert list(table.entries) == []
 
     [sync] = [t for t in master.service.tables() if t.name == "pop acks"]
     sync.adopt_if_newer(PopAckSnapshot.from_pb(table))  # master's REVIVE_GROUP offset: 0
-    master.service.restart_state()
-    await master.service.revive_once()
+    master.service.revive.restart_state()
+    await master.service.revive.revive_once()
     assert master.retried() == []
 
 
-async def test_a_plain_slave_takes_the_masters_ack_table(tmp_path: Path, clock: Clock) -> None:
-    master, acting, _ = await pop_on_master_then_ack_on_acting(tmp_path)
+async def test_a_plain_slave_takes_the_masters_ack_table(tmp_path: Path, clock: FakeClock) -> None:
+    master, acting, _ = await pop_on_master_then_ack_on_acting(tmp_path, clock)
     [sync] = [t for t in master.service.tables() if t.name == "pop acks"]
-    snapshot = PopAckSnapshot.from_pb(acting.service.acks.to_pb())
+    snapshot = PopAckSnapshot.from_pb(acting.service.revive.acks.to_pb())
     sync.adopt_if_newer(snapshot)
-    slave = make_broker(tmp_path / "p", config(2))
+    slave = make_broker(tmp_path / "p", config(2), clock=clock)
     [slave_sync] = [t for t in slave.service.tables() if t.name == "pop acks"]
     assert not slave_sync.busy()
-    slave_sync.assign(PopAckSnapshot.from_pb(master.service.acks.to_pb()))
-    assert slave.service.acks.entries == master.service.acks.entries
-    assert slave.service.acks.data_version.compare(master.service.acks.data_version) == 0
+    slave_sync.assign(PopAckSnapshot.from_pb(master.service.revive.acks.to_pb()))
+    assert slave.service.revive.acks.entries == master.service.revive.acks.entries
+    assert (
+        slave.service.revive.acks.data_version.compare(master.service.revive.acks.data_version) == 0
+    )
     master.service.set_active(True)
     assert sync.busy()  # the master's table is its own
 
 
 async def test_a_cut_revive_queue_is_read_from_its_end_not_from_the_tables_offset(
-    master: Broker, clock: Clock
+    master: Broker, clock: FakeClock
 ) -> None:
     """A table finished further than the revive queue now reaches (its log was cut
     back): new checkpoints are still read and revived."""
-    master.service.acks.finished(0, 50)
+    master.service.revive.acks.finished(0, 50)
     master.service.set_active(True)
     produce(master, b"m0")
     await pop(master, invisible_ms=10_000)
     clock.now = T0 + 10_000
-    await master.service.revive_once()
+    await master.service.revive.revive_once()
     assert [p.body for p in master.retried()] == [b"m0"]
 
 
@@ -931,8 +851,8 @@ def test_the_ack_table_stays_bounded_and_round_trips_its_file(
     assert again.data_version.compare(table.data_version) == 0
 
 
-async def test_run_revives_while_active(tmp_path: Path, clock: Clock) -> None:
-    broker = make_broker(tmp_path, config(0, pop_revive_interval_ms=20))
+async def test_run_revives_while_active(tmp_path: Path, clock: FakeClock) -> None:
+    broker = make_broker(tmp_path, config(0, pop_revive_interval_ms=20), clock=clock)
     produce(broker, b"m0")
     await pop(broker, invisible_ms=10_000)
     clock.now = T0 + 10_000
@@ -945,11 +865,11 @@ async def test_run_revives_while_active(tmp_path: Path, clock: Clock) -> None:
         task.cancel()
         with contextlib.suppress(asyncio.CancelledError):
             await task
-    assert broker.service.revived == 1
+    assert broker.service.revive.revived == 1
 
 
-async def test_run_does_not_revive_while_inactive(tmp_path: Path, clock: Clock) -> None:
-    broker = make_broker(tmp_path, config(0, pop_revive_interval_ms=20))
+async def test_run_does_not_revive_while_inactive(tmp_path: Path, clock: FakeClock) -> None:
+    broker = make_broker(tmp_path, config(0, pop_revive_interval_ms=20), clock=clock)
     produce(broker, b"m0")
     await pop(broker, invisible_ms=10_000)
     clock.now = T0 + 10_000
@@ -986,7 +906,7 @@ async def test_orderly_pop_holds_the_queue_until_the_batch_is_acked(master: Brok
 
 
 async def test_an_expired_orderly_batch_comes_again_before_anything_later(
-    master: Broker, clock: Clock
+    master: Broker, clock: FakeClock
 ) -> None:
     produce(master, b"m0", b"m1", b"m2")
     first = await pop(master, max_msgs=2, invisible_ms=5000, order=True)
@@ -1003,7 +923,9 @@ async def test_an_expired_orderly_batch_comes_again_before_anything_later(
     assert bodies(await pop(master, order=True)) == [b"m2"]
 
 
-async def test_change_invisible_keeps_an_orderly_batch_locked(master: Broker, clock: Clock) -> None:
+async def test_change_invisible_keeps_an_orderly_batch_locked(
+    master: Broker, clock: FakeClock
+) -> None:
     produce(master, b"m0", b"m1")
     first = await pop(master, max_msgs=1, invisible_ms=2000, order=True)
     handle = first.messages[0].properties[PROPERTY_POP_CK]
@@ -1017,7 +939,7 @@ async def test_change_invisible_keeps_an_orderly_batch_locked(master: Broker, cl
 async def test_a_groups_consume_orderly_setting_makes_its_pop_orderly(
     master: Broker, tmp_path: Path
 ) -> None:
-    await call(
+    await call_handler(
         master.core.dispatcher,
         RequestCode.UPDATE_AND_CREATE_SUBSCRIPTIONGROUP,
         broker_pb2.UpdateSubscriptionGroupRequest(
@@ -1028,7 +950,7 @@ async def test_a_groups_consume_orderly_setting_makes_its_pop_orderly(
     produce(master, b"m0", b"m1")
     assert bodies(await pop(master, max_msgs=1)) == [b"m0"]  # no order flag needed
     assert bodies(await pop(master)) == []
-    table = await call(
+    table = await call_handler(
         master.core.dispatcher,
         RequestCode.GET_ALL_SUBSCRIPTIONGROUP_CONFIG,
         common_pb2.Empty(),
@@ -1042,7 +964,7 @@ async def test_a_groups_consume_orderly_setting_makes_its_pop_orderly(
 @pytest.mark.parametrize("name", ["", "bad/name", "x" * 300, "CID_RMQ_SYS_X"])
 async def test_a_bad_subscription_group_is_refused(master: Broker, name: str) -> None:
     with pytest.raises(BadRequest):
-        await call(
+        await call_handler(
             master.core.dispatcher,
             RequestCode.UPDATE_AND_CREATE_SUBSCRIPTIONGROUP,
             broker_pb2.UpdateSubscriptionGroupRequest(
@@ -1054,7 +976,7 @@ async def test_a_bad_subscription_group_is_refused(master: Broker, name: str) ->
 
 
 async def test_a_broker_taking_over_waits_one_invisible_time_for_orderly_queues(
-    acting: Broker, clock: Clock
+    acting: Broker, clock: FakeClock
 ) -> None:
     """The lost master's batch may still be in a consumer's hands: the acting slave
     gives the queue to nobody for one invisible time, then the same messages again."""

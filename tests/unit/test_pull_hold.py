@@ -1,4 +1,4 @@
-"""PullHoldService: long polling without sockets (reference/rpc_clients.md B5)."""
+"""PullHoldService: long polling without sockets."""
 
 from __future__ import annotations
 
@@ -8,6 +8,7 @@ from collections.abc import Callable, Coroutine
 from typing import Any
 
 import pytest
+from fakes import FakeClock
 
 from broker_agent.pull_hold import HoldResult, PullHoldService, WakeReason
 from ha_controller.protocol.errors import Overloaded, ServiceStopping
@@ -17,14 +18,6 @@ LONG_MS = 20_000  # a pull consumer's suspend time; never reached in these tests
 
 def monotonic_ms() -> int:
     return time.monotonic_ns() // 1_000_000
-
-
-class FakeClock:
-    def __init__(self, now_ms: int = 5_000) -> None:
-        self.now_ms = now_ms
-
-    def __call__(self) -> int:
-        return self.now_ms
 
 
 async def eventually(predicate: Callable[[], bool], timeout: float = 1.0) -> None:
@@ -125,10 +118,10 @@ async def test_zero_timeout_returns_at_once(svc: PullHoldService) -> None:
 
 async def test_notify_answers_holds_past_deadline_by_clock() -> None:
     # RocketMQ's notifyMessageArriving also answers requests whose suspend time is over.
-    clock = FakeClock()
+    clock = FakeClock(5_000)
     svc = PullHoldService(max_held=4, clock=clock)
     task = await started(svc, svc.hold("T", 0, 10, LONG_MS, tag_filter={1}))
-    clock.now_ms += LONG_MS
+    clock.now += LONG_MS
     assert svc.notify("T", 0, 11, tag_hash=2) == 1  # no match, but expired
     result = await task
     assert result.reason is WakeReason.TIMEOUT
@@ -217,12 +210,12 @@ async def test_backstop_survives_a_failing_queue(
 
 
 async def test_backstop_times_out_expired_holds_by_clock() -> None:
-    clock = FakeClock()
+    clock = FakeClock(5_000)
     svc = PullHoldService(max_held=4, clock=clock)
     task = await started(svc, svc.hold("T", 0, 10, 1_000))
-    clock.now_ms += 999
+    clock.now += 999
     assert svc.check_all(lambda _t, _q: 10) == 0
-    clock.now_ms += 1
+    clock.now += 1
     assert svc.check_all(lambda _t, _q: 10) == 1
     assert (await task).timed_out
 

@@ -1,6 +1,6 @@
 """RouteTable: registration, liveness, expiry and the acting-master rewrite.
 
-Mirrors RocketMQ's RouteInfoManagerNewTest (reference/rip32.md §6.1) with an
+Mirrors RocketMQ's RouteInfoManagerNewTest with an
 injected clock instead of sleeps.
 """
 
@@ -9,6 +9,7 @@ from __future__ import annotations
 import logging
 
 import pytest
+from fakes import FakeClock
 
 from ha_controller.dataversion import DataVersion
 from ha_controller.routing import (
@@ -45,17 +46,6 @@ BASE_TOPIC = "BaseTopic"
 RW = Perm.READ | Perm.WRITE
 
 HA_OF = {MASTER: MASTER_HA, SLAVE1: SLAVE1_HA, SLAVE2: SLAVE2_HA}
-
-
-class FakeClock:
-    def __init__(self, start_ms: float = 1_000_000.0) -> None:
-        self.now = start_ms
-
-    def __call__(self) -> float:
-        return self.now
-
-    def advance(self, ms: float) -> None:
-        self.now += ms
 
 
 def topics(*names: str, perm: int = RW) -> dict[str, TopicConfig]:
@@ -95,7 +85,7 @@ def reg(
 
 @pytest.fixture
 def clock() -> FakeClock:
-    return FakeClock()
+    return FakeClock(1_000_000.0)
 
 
 @pytest.fixture

@@ -1,7 +1,10 @@
 """Delayed and timer messages: the send-side rewrite, the versioned progress
-tables, and the schedule service over small fakes of its ports (``special_fakes``:
-an in-memory store, a fake core and write path, a real escape bridge over them;
-reference/rip32.md §3.2, §5)."""
+tables, and the schedule service over small fakes of its ports (``tests/fakes.py``:
+an in-memory store, a fake core and write path, a real escape bridge over them).
+
+The service runs on a ``FakeClock``: a test moves time by hand and waits until every
+delivery loop waits on the clock again (:func:`idle`), so nothing sleeps for a due
+time and "not delivered yet" is checked at a known moment."""
 
 from __future__ import annotations
 
@@ -14,7 +17,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 import pytest
-from special_fakes import FakeBroker, FakeCore, FakeStore
+from fakes import FakeBroker, FakeClock, FakeCore, FakeStore
 
 from broker_agent.metadata.versioned import forward_sync, reverse_sync
 from broker_agent.special import schedule as schedule_module
@@ -29,6 +32,7 @@ from broker_agent.special.schedule import (
     delayed_target,
     restored,
 )
+from broker_agent.special.schedule.delivery import OVERDUE_LOG_LINES
 from ha_controller.config import BrokerConfig
 from ha_controller.dataversion import DataVersion
 from ha_controller.proto import broker_pb2
@@ -49,6 +53,8 @@ from ha_controller.rpc import RpcServer
 from ha_controller.testing import eventually
 
 TOPIC = "T"
+#: the fake clock's start (ms)
+T0 = 1_700_000_000_000
 
 
 def config(store: Path, broker_id: int = 0, **kw: object) -> BrokerConfig:
@@ -247,10 +253,11 @@ def test_timer_checkpoint_tells_apart_entries_due_in_the_same_millisecond() -> N
 @dataclass
 class Node:
     """One broker as the schedule service sees it: fake core and write path, a real
-    escape bridge over them, and the service under test."""
+    escape bridge over them, and the service under test on the test's clock."""
 
     broker: FakeBroker
     schedule: ScheduleService
+    clock: FakeClock
 
     @property
     def core(self) -> FakeCore:
@@ -261,7 +268,12 @@ NodeFactory = Callable[..., Node]
 
 
 @pytest.fixture
-async def nodes(tmp_path: Path) -> AsyncIterator[NodeFactory]:
+def clock() -> FakeClock:
+    return FakeClock(T0)
+
+
+@pytest.fixture
+async def nodes(tmp_path: Path, clock: FakeClock) -> AsyncIterator[NodeFactory]:
     made: list[Node] = []
     # one in-memory store per store name: a node made again on the same store is a
     # restart (the messages stay; the progress files under store_dir are reloaded)
@@ -271,10 +283,11 @@ async def nodes(tmp_path: Path) -> AsyncIterator[NodeFactory]:
         broker = FakeBroker(
             config(tmp_path / store, broker_id, **kw),
             addr=f"127.0.0.1:{10911 + len(made)}",
-            store=stores.setdefault(store, FakeStore()),
+            store=stores.setdefault(store, FakeStore(clock)),
         )
         core, write_path, escape = broker.core, broker.write_path, broker.escape
-        node = Node(broker, ScheduleService(core, write_path, escape))  # type: ignore[arg-type]
+        service = ScheduleService(core, write_path, escape, clock)  # type: ignore[arg-type]
+        node = Node(broker, service, clock)
         made.append(node)
         return node
 
@@ -284,8 +297,10 @@ async def nodes(tmp_path: Path) -> AsyncIterator[NodeFactory]:
 
 
 def put_delayed(node: Node, props: dict[str, str], queue_id: int = 0) -> None:
-    topic, qid = delayed_target(node.core.cfg, TOPIC, queue_id, props)
-    node.core.store.put(topic, qid, b"body", props, store_host=node.core.addr)
+    """A send of a delayed message, as the write path stores it (waking the loops)."""
+    topic, qid = delayed_target(node.core.cfg, TOPIC, queue_id, props, now=node.clock.now_ms())
+    result = node.core.store.put(topic, qid, b"body", props, store_host=node.core.addr)
+    node.core.holds.notify(topic, qid, result.queue_offset + 1, None)
 
 
 @contextlib.asynccontextmanager
@@ -293,11 +308,25 @@ async def running(node: Node) -> AsyncIterator[None]:
     node.schedule.set_running(True)
     task = asyncio.create_task(node.schedule.run())
     try:
+        await idle(node)
         yield
     finally:
         task.cancel()
         with contextlib.suppress(asyncio.CancelledError):
             await task
+
+
+async def idle(node: Node) -> None:
+    """Until the session's loops (one per delay level, and the timer's) all wait on the
+    clock: whatever the clock and the stored messages let them do is done."""
+    loops = node.core.cfg.max_delay_level + 1
+    await eventually(lambda: node.schedule.running and node.clock.waiting == loops, 5)
+
+
+async def advance(node: Node, ms: int) -> None:
+    """Move the clock on and let the loops act on it."""
+    node.clock.advance(ms)
+    await idle(node)
 
 
 def delivered(node: Node, queue_id: int = 0) -> list[StoredMessage]:
@@ -309,45 +338,51 @@ def delivered(node: Node, queue_id: int = 0) -> list[StoredMessage]:
     ]
 
 
+def uniq_keys(node: Node) -> list[str]:
+    return [m.properties["UNIQ_KEY"] for m in delivered(node)]
+
+
 async def test_master_delivers_a_level_message_when_due(nodes: NodeFactory) -> None:
     master = nodes()
-    sent = time.time()
     put_delayed(master, {"DELAY": "3", "UNIQ_KEY": "u1"}, queue_id=1)  # 500 ms
     async with running(master):
-        msgs = await eventually(lambda: delivered(master, 1), timeout=5)
-    took = time.time() - sent
-    assert 0.45 <= took < 1.5
-    assert msgs[0].properties == {"UNIQ_KEY": "u1"}
-    assert msgs[0].body == b"body"
+        await advance(master, 499)
+        assert delivered(master, 1) == []
+        await advance(master, 1)
+        [msg] = delivered(master, 1)
+    assert msg.store_ts_ms == T0 + 500
+    assert msg.properties == {"UNIQ_KEY": "u1"}
+    assert msg.body == b"body"
     assert master.schedule.delay_offsets.get(3) == 1
 
 
-def timer_pending(node: FakeBroker) -> float | None:
+def timer_pending(node: Node) -> float | None:
     metrics = node.core.metrics
     return metrics.registry.get_sample_value("hac_timer_messages_pending", metrics.ident)
 
 
 async def test_master_delivers_timer_messages_in_due_order(nodes: NodeFactory) -> None:
     master = nodes()
-    now = int(time.time() * 1000)
     for i, after in enumerate([900, 300, 600]):
-        put_delayed(master, {"TIMER_DELIVER_MS": str(now + after), "UNIQ_KEY": f"t{i}"})
+        put_delayed(master, {"TIMER_DELIVER_MS": str(T0 + after), "UNIQ_KEY": f"t{i}"})
     async with running(master):
-        msgs = await eventually(lambda: len(delivered(master)) == 3 and delivered(master), 5)
-        await eventually(lambda: timer_pending(master) == 0, 5)
-    assert [m.properties["UNIQ_KEY"] for m in msgs] == ["t1", "t2", "t0"]
-    for m, after in zip(msgs, [300, 600, 900], strict=True):
-        assert abs(m.store_ts_ms - (now + after)) < 300
+        for count, until in enumerate([300, 600, 900], 1):
+            await advance(master, until - 1 - (master.clock.now_ms() - T0))
+            assert len(delivered(master)) == count - 1
+            await advance(master, 1)
+            assert len(delivered(master)) == count
+        assert timer_pending(master) == 0
+    assert uniq_keys(master) == ["t1", "t2", "t0"]
+    assert [m.store_ts_ms for m in delivered(master)] == [T0 + 300, T0 + 600, T0 + 900]
     assert master.schedule.timer.cp.master_timer_queue_offset == 3
 
 
 async def test_the_pending_timer_messages_are_a_gauge(nodes: NodeFactory) -> None:
     master = nodes()
-    now = int(time.time() * 1000)
     for i in range(3):
-        put_delayed(master, {"TIMER_DELIVER_MS": str(now + 60_000), "UNIQ_KEY": f"t{i}"})
+        put_delayed(master, {"TIMER_DELIVER_MS": str(T0 + 60_000), "UNIQ_KEY": f"t{i}"})
     async with running(master):
-        await eventually(lambda: timer_pending(master) == 3, 5)
+        assert timer_pending(master) == 3
     assert timer_pending(master) == 0  # no timer runs any more
 
 
@@ -358,19 +393,18 @@ async def test_a_catch_up_names_its_late_deliveries_up_to_a_budget(
     meanwhile: the log says where the timer starts and names the late messages, but a
     long outage's thousands do not flood it."""
     master = nodes()
-    now = int(time.time() * 1000)
-    count = schedule_module.OVERDUE_LOG_LINES + 5
+    count = OVERDUE_LOG_LINES + 5
     for i in range(count):
-        put_delayed(master, {"TIMER_DELIVER_MS": str(now + 50), "UNIQ_KEY": f"t{i}"})
-    await asyncio.sleep(1.2)  # all of them more than a second late
+        put_delayed(master, {"TIMER_DELIVER_MS": str(T0 + 50), "UNIQ_KEY": f"t{i}"})
+    master.clock.advance(1200)  # all of them more than a second late
     with caplog.at_level(logging.INFO, logger=schedule_module.__name__):
         async with running(master):
-            await eventually(lambda: len(delivered(master)) == count, 5)
-    lines = [r.getMessage() for r in caplog.records if r.name == schedule_module.__name__]
+            assert len(delivered(master)) == count
+    lines = [r.getMessage() for r in caplog.records if r.name.startswith(schedule_module.__name__)]
     [start] = [m for m in lines if m.startswith("timer: checkpoint")]
-    assert f"{count} to deliver, next due {now + 50} (queue offset 0)" in start
+    assert f"{count} to deliver, next due {T0 + 50} (queue offset 0)" in start
     late = [m for m in lines if "ms after it was due" in m]
-    assert len(late) == schedule_module.OVERDUE_LOG_LINES
+    assert len(late) == OVERDUE_LOG_LINES
     assert late[0].startswith("timer: delivering t0 (queue offset 0) ")
     assert late[-1].endswith("further late deliveries of this session are not logged")
 
@@ -378,9 +412,13 @@ async def test_a_catch_up_names_its_late_deliveries_up_to_a_budget(
 async def test_nothing_is_delivered_while_stopped(nodes: NodeFactory) -> None:
     slave = nodes(broker_id=1)
     put_delayed(slave, {"DELAY": "3"})
+    slave.clock.advance(10_000)  # long due
     task = asyncio.create_task(slave.schedule.run())
     try:
-        await asyncio.sleep(0.8)
+        for _ in range(10):  # the supervisor's turns: it starts no session
+            await asyncio.sleep(0)
+        assert not slave.schedule.running
+        assert slave.clock.waiting == 0  # no delivery loop waits for anything
         assert slave.schedule.delay_offsets.get(3) == 0
     finally:
         task.cancel()
@@ -398,9 +436,8 @@ async def test_a_stopping_session_delivers_nothing_more_while_a_step_finishes(
     read before the fence, delivered two messages the acting slave had delivered."""
     master = nodes()
     core = master.core
-    now = int(time.time() * 1000)
     for i, after in enumerate([300, 700, 900]):
-        put_delayed(master, {"TIMER_DELIVER_MS": str(now + after), "UNIQ_KEY": f"t{i}"})
+        put_delayed(master, {"TIMER_DELIVER_MS": str(T0 + after), "UNIQ_KEY": f"t{i}"})
     other_step = asyncio.Event()
 
     async def pop_revive_awaiting_replicas() -> None:
@@ -408,36 +445,38 @@ async def test_a_stopping_session_delivers_nothing_more_while_a_step_finishes(
             await other_step.wait()
 
     async with running(master):
-        await eventually(lambda: len(delivered(master)) == 1, 5)
+        await advance(master, 300)
+        assert uniq_keys(master) == ["t0"]
         step = asyncio.create_task(pop_revive_awaiting_replicas())
         await asyncio.sleep(0)
         core.isolated = True  # fenced
         master.schedule.set_running(False)
-        await asyncio.sleep(0.2)
+        await eventually(lambda: master.schedule.delivery.stopping, 5)
         # pre-online: the acting slave delivered t1 and t2; the master takes its table
-        taken = TimerCheckpoint(now + 900, 3, master.schedule.timer.cp.version.copy())
+        taken = TimerCheckpoint(T0 + 900, 3, master.schedule.timer.cp.version.copy())
         taken.version.next_version()
         assert master.schedule.timer.adopt_if_newer(taken)
         core.isolated = False  # online again, while the other step is still under way
         master.schedule.set_running(True)
-        await asyncio.sleep(1.0)  # t1 and t2 fall due
+        master.clock.advance(700)  # t1 and t2 fall due
+        await eventually(lambda: master.clock.waiting == 0, 5)  # the old loops ended
         other_step.set()
         await step
-        await asyncio.sleep(0.3)  # the new session starts from the checkpoint taken
-    assert [m.properties["UNIQ_KEY"] for m in delivered(master)] == ["t0"]
+        await idle(master)  # the new session starts from the checkpoint taken
+    assert uniq_keys(master) == ["t0"]
 
 
-async def test_restarted_master_does_not_deliver_again(nodes: NodeFactory, tmp_path: Path) -> None:
+async def test_restarted_master_does_not_deliver_again(nodes: NodeFactory) -> None:
     master = nodes()
-    now = int(time.time() * 1000)
     put_delayed(master, {"DELAY": "3"})
-    put_delayed(master, {"TIMER_DELIVER_MS": str(now + 200)})
+    put_delayed(master, {"TIMER_DELIVER_MS": str(T0 + 200)})
     async with running(master):
-        await eventually(lambda: len(delivered(master)) == 2, 5)
+        await advance(master, 500)
+        assert len(delivered(master)) == 2
     await master.broker.aclose()  # the first master is gone; its store stays
     again = nodes()
     async with running(again):
-        await asyncio.sleep(0.7)
+        await advance(again, 10_000)
     assert len(delivered(again)) == 2
 
 
@@ -470,7 +509,6 @@ async def test_forward_sync_is_skipped_while_delivering(nodes: NodeFactory) -> N
     host, port = await server.start("127.0.0.1", 0)
     try:
         async with running(slave):
-            await eventually(lambda: slave.schedule.running, 2)
             await forward_sync(slave.schedule.tables(), slave.core.pool, f"{host}:{port}")
             assert slave.schedule.delay_offsets.get(2) == 0
         await forward_sync(slave.schedule.tables(), slave.core.pool, f"{host}:{port}")
@@ -484,22 +522,23 @@ async def test_each_delivery_carries_its_progress_to_the_slaves(nodes: NodeFacto
     message (same replication transfer), so a slave that takes over never holds a
     delivered message without knowing it was delivered; and a slave applies it."""
     master = nodes()
-    now = int(time.time() * 1000)
     put_delayed(master, {"DELAY": "1"})
-    put_delayed(master, {"TIMER_DELIVER_MS": str(now + 200)})
+    put_delayed(master, {"TIMER_DELIVER_MS": str(T0 + 200)})
     async with running(master):
-        await eventually(lambda: len(delivered(master)) == 2, 5)
+        await advance(master, 1000)
+        assert len(delivered(master)) == 2
     records = master.broker.write_path.replicated_records
     delay = [r for r in records if r["G"] == DELAY_OFFSET_GROUP]
     timer = [r for r in records if r["G"] == TIMER_CHECKPOINT_GROUP]
     assert delay and delay[-1] == {"G": DELAY_OFFSET_GROUP, "T": SCHEDULE_TOPIC, "Q": "1", "O": "1"}
     assert timer and int(timer[-1]["O"]) == 1
-    assert int(timer[-1]["L"]) >= now + 200 - 1
-    # a slave applying the replicated timer record knows the master's checkpoint
+    assert int(timer[-1]["L"]) >= T0 + 200 - 1
+    # a slave applying the replicated records knows the master's progress
     slave = nodes(broker_id=1, store="b")
-    slave.schedule.timer.apply_replicated(
-        TimerMark(int(timer[-1]["L"]), int(timer[-1]["O"]), int(timer[-1]["B"]))
-    )
+    progress = slave.schedule.progress_records()
+    progress[DELAY_OFFSET_GROUP](delay[-1])
+    progress[TIMER_CHECKPOINT_GROUP](timer[-1])
+    assert slave.schedule.delay_offsets.get(1) == 1
     cp = slave.schedule.timer.cp
     assert (cp.last_read_time_ms, cp.master_timer_queue_offset) == (
         master.schedule.timer.cp.last_read_time_ms,
@@ -535,37 +574,34 @@ async def recall(node: Node, addr: str, uniq: str, deliver_ms: int, topic: str =
 
 async def test_a_recalled_timer_message_is_never_delivered(nodes: NodeFactory) -> None:
     master = nodes()
-    now = int(time.time() * 1000)
     for uniq in ("keep", "drop"):
-        put_delayed(master, {"TIMER_DELIVER_MS": str(now + 700), "UNIQ_KEY": uniq})
+        put_delayed(master, {"TIMER_DELIVER_MS": str(T0 + 700), "UNIQ_KEY": uniq})
     async with serving(master) as addr, running(master):
-        await eventually(lambda: master.schedule._index is not None, 2)
-        assert await recall(master, addr, "drop", now + 700) == "drop"
-        assert await recall(master, addr, "drop", now + 700) == "drop"  # again: same answer
-        await eventually(lambda: delivered(master), 5)
-        await asyncio.sleep(0.4)
-    assert [m.properties["UNIQ_KEY"] for m in delivered(master)] == ["keep"]
+        assert await recall(master, addr, "drop", T0 + 700) == "drop"
+        assert await recall(master, addr, "drop", T0 + 700) == "drop"  # again: same answer
+        await advance(master, 10_000)
+    assert uniq_keys(master) == ["keep"]
     # the marker went into the timer queue through the write path, once
     markers = [a for a in master.broker.write_path.appends if a.topic == TIMER_TOPIC]
     assert [a.properties[PROPERTY_TIMER_DEL_UNIQKEY] for a in markers] == ["drop"]
-    assert master.schedule.recalled_skipped == 1
+    assert master.schedule.delivery.recalled_skipped == 1
 
 
 async def test_recall_of_an_unknown_or_delivered_message_is_refused(nodes: NodeFactory) -> None:
     master = nodes()
-    now = int(time.time() * 1000)
-    put_delayed(master, {"TIMER_DELIVER_MS": str(now + 200), "UNIQ_KEY": "soon"})
+    put_delayed(master, {"TIMER_DELIVER_MS": str(T0 + 200), "UNIQ_KEY": "soon"})
     async with serving(master) as addr, running(master):
-        await eventually(lambda: delivered(master), 5)
+        await advance(master, 200)
+        assert uniq_keys(master) == ["soon"]
         with pytest.raises(NotRecallable, match="already delivered"):
-            await recall(master, addr, "soon", now + 200)
+            await recall(master, addr, "soon", T0 + 200)
         with pytest.raises(NotRecallable, match="no scheduled message"):
-            await recall(master, addr, "never-sent", now + 60_000)
+            await recall(master, addr, "never-sent", T0 + 60_000)
         with pytest.raises(BadRequest):
-            await recall(master, addr, "", now + 60_000)
-        put_delayed(master, {"TIMER_DELIVER_MS": str(now + 60_000), "UNIQ_KEY": "later"})
+            await recall(master, addr, "", T0 + 60_000)
+        put_delayed(master, {"TIMER_DELIVER_MS": str(T0 + 60_000), "UNIQ_KEY": "later"})
         with pytest.raises(NotRecallable, match="no scheduled message"):  # another topic's
-            await recall(master, addr, "later", now + 60_000, topic="other")
+            await recall(master, addr, "later", T0 + 60_000, topic="other")
     assert len(master.schedule.recalls) == 0
     assert not [a for a in master.broker.write_path.appends if a.topic == TIMER_TOPIC]
 
@@ -576,20 +612,17 @@ async def test_the_recall_marker_in_the_timer_queue_alone_keeps_it_undelivered(
     """What a slave taking over has: the replicated timer queue (here: the same store,
     read by a new broker) without the recall table; the marker is enough."""
     master = nodes()
-    now = int(time.time() * 1000)
-    put_delayed(master, {"TIMER_DELIVER_MS": str(now + 800), "UNIQ_KEY": "gone"})
-    put_delayed(master, {"TIMER_DELIVER_MS": str(now + 800), "UNIQ_KEY": "stays"})
+    put_delayed(master, {"TIMER_DELIVER_MS": str(T0 + 800), "UNIQ_KEY": "gone"})
+    put_delayed(master, {"TIMER_DELIVER_MS": str(T0 + 800), "UNIQ_KEY": "stays"})
     async with serving(master) as addr, running(master):
-        await eventually(lambda: master.schedule._index is not None, 2)
-        await recall(master, addr, "gone", now + 800)
+        await recall(master, addr, "gone", T0 + 800)
     await master.broker.aclose()
     (tmp_path / "a" / "recalls.json").unlink()
     again = nodes()
     assert "gone" not in again.schedule.recalls
     async with running(again):
-        await eventually(lambda: delivered(again), 5)
-        await asyncio.sleep(0.4)
-    assert [m.properties["UNIQ_KEY"] for m in delivered(again)] == ["stays"]
+        await advance(again, 10_000)
+    assert uniq_keys(again) == ["stays"]
     assert "gone" in again.schedule.recalls
 
 
@@ -598,11 +631,9 @@ async def test_an_acting_slaves_recall_survives_restart_and_reaches_the_master(
 ) -> None:
     slave = nodes(broker_id=1, store="s")
     slave.core.acting.on_min_broker_change(1, slave.core.addr)
-    now = int(time.time() * 1000)
-    put_delayed(slave, {"TIMER_DELIVER_MS": str(now + 60_000), "UNIQ_KEY": "late"})
+    put_delayed(slave, {"TIMER_DELIVER_MS": str(T0 + 60_000), "UNIQ_KEY": "late"})
     async with serving(slave) as addr, running(slave):
-        await eventually(lambda: slave.schedule._index is not None, 2)
-        await recall(slave, addr, "late", now + 60_000)
+        await recall(slave, addr, "late", T0 + 60_000)
     assert slave.broker.write_path.appends == []  # a slave never appends to its own store
     await slave.broker.aclose()
     again = nodes(broker_id=1, store="s")  # restart: the table is on disk

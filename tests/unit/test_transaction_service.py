@@ -1,9 +1,9 @@
 """TransactionService through its handlers and its check loop, on small fakes of
-its ports (reference/rip32.md §3.4).
+its ports.
 
-The broker is a ``FakeCore`` and ``FakeWritePath`` (``special_fakes``: an in-memory
+The broker is a ``FakeCore`` and ``FakeWritePath`` (``tests/fakes.py``: an in-memory
 store, the real plain ActingState / TopicConfigManager / ConsumerOffsetManager,
-appends recorded) and a ``FakeEscape`` that records what the service hands on.
+appends recorded) and a ``RecordingEscape`` that records what the service hands on.
 Requests go through the handlers the service registered on its dispatcher; a
 ``FakePool`` routes RPCs to another fake broker's dispatcher in the same process.
 No BrokerService, no MessageStore, no sockets: a producer connection is a fake
@@ -14,17 +14,22 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
-import itertools
 import json
-import time
-from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, TypeVar, cast
 
 import pytest
+from fakes import (
+    Appended,
+    FakeConn,
+    FakeCore,
+    FakeWritePath,
+    RecordingEscape,
+    call_handler,
+    request_context,
+)
 from google.protobuf.message import Message
-from special_fakes import Appended, FakeCore, FakeWritePath
 
 from broker_agent.special import transaction as transaction_module
 from broker_agent.special.escape import EscapeBridge, EscapeResult
@@ -62,7 +67,7 @@ from ha_controller.protocol.properties import (
 )
 from ha_controller.protocol.record import StoredMessage
 from ha_controller.routing import Perm, TopicConfig
-from ha_controller.rpc import ConnectionPool, Dispatcher, RequestContext, RpcConnection
+from ha_controller.rpc import ConnectionPool, Dispatcher
 from ha_controller.testing import eventually
 
 M = TypeVar("M", bound=Message)
@@ -74,38 +79,7 @@ TID = "TX-1"
 OLD_MS = 1_000  # born long before any transaction timeout
 
 
-# ---- fakes: producer connection, pool, escape (core and write path: special_fakes) ----
-
-
-def seen_on(conn: object) -> RequestContext:
-    """A HEART_BEAT's context on ``conn`` (no ACL: an anonymous producer)."""
-    return RequestContext(cast(RpcConnection, conn), RequestCode.HEART_BEAT, 0.0, 0)
-
-
-class FakeConn:
-    """What the service uses of an ``RpcConnection``: a peer, ``closed``, ``oneway``."""
-
-    def __init__(self, peer: str = "10.0.0.9:50000", *, broken: bool = False) -> None:
-        self.peer = peer
-        self.closed = False
-        self.broken = broken
-        self.sent: list[tuple[int, bytes]] = []
-
-    def oneway(self, method: int, body: bytes) -> None:
-        if self.broken:
-            raise ConnectionClosed(f"connection to {self.peer} is closed")
-        self.sent.append((method, body))
-
-
-async def call(dispatcher: Dispatcher, method: int, request: Message, response_type: type[M]) -> M:
-    """One request through a dispatcher's registered handler, as the server runs it."""
-    handler = dispatcher.get(method)
-    assert handler is not None, f"no handler for {method}"
-    ctx = RequestContext(cast(RpcConnection, FakeConn()), method, time.monotonic(), 3000)
-    out = await handler(ctx, request.SerializeToString())
-    response = response_type()
-    response.ParseFromString(out or b"")
-    return response
+# ---- fakes: pool, escape (the rest: tests/fakes.py) ---------------------------------
 
 
 class FakePool:
@@ -126,74 +100,11 @@ class FakePool:
         self.calls.append((addr, method))
         if addr not in self.peers:
             raise ConnectionClosed(f"nothing listens at {addr}")
-        return await call(self.peers[addr], method, request, response_type)
+        return await call_handler(self.peers[addr], method, request, response_type)
 
 
-@dataclass(frozen=True)
-class EscapePut:
-    kind: str
-    topic: str
-    body: bytes
-    properties: dict[str, str]
-    flags: int
-    born_ts_ms: int | None
-
-
-class FakeRoutes:
-    """``EscapeRoutes.group_addrs`` from a fixed table."""
-
-    def __init__(self) -> None:
-        self.addrs: dict[str, dict[int, str]] = {}
-
-    async def group_addrs(self, topic: str, group: str) -> dict[int, str]:
-        return dict(self.addrs.get(group, {}))
-
-
-class FakeEscape:
-    """The escape bridge as the transaction service calls it, recording each put;
-    ``failures_left`` puts fail with EscapeFailed first."""
-
-    def __init__(self, target: str = "broker-b") -> None:
-        self.target = target
-        self.puts: list[EscapePut] = []
-        self.routes = FakeRoutes()
-        self.local: tuple[FakeCore, FakeWritePath] | None = None
-        self.failures_left = 0
-        self._offsets = itertools.count(40)
-        #: called after each put (a test changes the world there)
-        self.after_put: Callable[[], None] | None = None
-        #: when set, the target: it stores the escaped half as its own
-        self.remote: Broker | None = None
-
-    def local_master(self) -> tuple[FakeCore, FakeWritePath] | None:
-        return self.local
-
-    async def put_message(
-        self,
-        topic: str,
-        body: bytes,
-        properties: dict[str, str],
-        *,
-        kind: str,
-        queue_id: int | None = None,
-        flags: int = 0,
-        born_ts_ms: int | None = None,
-        escape_id: str = "",
-    ) -> EscapeResult:
-        if self.failures_left > 0:
-            self.failures_left -= 1
-            raise EscapeFailed("no live master")
-        self.puts.append(EscapePut(kind, topic, body, dict(properties), flags, born_ts_ms))
-        if self.remote is not None:  # the target stores the half as its own
-            offset = send_half(self.remote, tid=properties[PROPERTY_UNIQ_KEY], body=body)
-            return EscapeResult(self.target, f"MSG{len(self.puts)}", 1, offset)
-        if self.after_put is not None:
-            self.after_put()
-        return EscapeResult(self.target, f"MSG{len(self.puts)}", 1, next(self._offsets))
-
-
-class GatedEscape(FakeEscape):
-    """A ``FakeEscape`` whose puts of one ``kind`` wait at a gate: ``entered`` is set
+class GatedEscape(RecordingEscape):
+    """A ``RecordingEscape`` whose puts of one ``kind`` wait at a gate: ``entered`` is set
     once such a put is pending, ``release()`` lets it go on (or fail with EscapeFailed,
     with ``fail``).  Puts of other kinds, and those after ``gate_kind = None``, pass."""
 
@@ -239,7 +150,7 @@ class GatedEscape(FakeEscape):
 class Broker:
     core: FakeCore
     write_path: FakeWritePath
-    escape: FakeEscape
+    escape: RecordingEscape
     pool: FakePool
     service: TransactionService
 
@@ -279,7 +190,7 @@ def make_broker(
     cfg: BrokerConfig,
     *,
     acting: bool = False,
-    escape: FakeEscape | None = None,
+    escape: RecordingEscape | None = None,
 ) -> Broker:
     addr = f"10.0.0.{cfg.broker_id + 1}:10911"
     core = FakeCore(cfg, addr=addr, store_dir=store_dir)
@@ -290,7 +201,7 @@ def make_broker(
     pool = FakePool()
     core.pool = cast(ConnectionPool, pool)
     write_path = FakeWritePath(core)
-    escape = FakeEscape() if escape is None else escape
+    escape = RecordingEscape() if escape is None else escape
     # the fakes are duck-typed: CorePort names the concrete MessageStore, and the
     # service takes the concrete EscapeBridge (there is no escape port)
     service = TransactionService(
@@ -341,11 +252,13 @@ async def end(broker: Broker, offset: int, *, commit: bool = True, tid: str = TI
         broker_name=broker.core.cfg.broker_name,
         half_queue_offset=offset,
     )
-    await call(broker.core.dispatcher, RequestCode.END_TRANSACTION, request, common_pb2.Empty)
+    await call_handler(
+        broker.core.dispatcher, RequestCode.END_TRANSACTION, request, common_pb2.Empty
+    )
 
 
 async def offsets_of(broker: Broker) -> broker_pb2.TransactionOffsets:
-    return await call(
+    return await call_handler(
         broker.core.dispatcher,
         RequestCode.GET_TRANSACTION_OFFSETS,
         common_pb2.Empty(),
@@ -600,7 +513,10 @@ async def test_commit_while_the_half_is_being_escaped_follows_the_half(
     escape = GatedEscape("transaction_half")
     acting = make_broker(tmp_path / "a1", config(1), acting=True, escape=escape)
     other = make_broker(tmp_path / "b0", config(0, broker_name="broker-b"))
-    escape.remote = other
+    # the target stores the escaped half as its own
+    escape.stored_at = lambda put: send_half(
+        other, tid=put.properties[PROPERTY_UNIQ_KEY], body=put.body
+    )
     escape.routes.addrs["broker-b"] = {0: other.core.addr}
     acting.pool.peers[other.core.addr] = other.core.dispatcher
     half = send_half(acting)
@@ -702,7 +618,7 @@ async def test_check_on_master_asks_the_producer_about_an_old_half(master: Broke
     old = send_half(master, tid="TX-old")
     send_half(master, tid="TX-young", born_ts_ms=now_ms())
     producer = FakeConn()
-    master.service.producer_seen(seen_on(producer), [GROUP])
+    master.service.producer_seen(request_context(RequestCode.HEART_BEAT, producer), [GROUP])
 
     await master.service.check_once()
 
@@ -723,7 +639,7 @@ async def test_check_skips_dead_producer_connections(master: Broker) -> None:
     live, broken, closed = FakeConn("p1:1"), FakeConn("p2:1", broken=True), FakeConn("p3:1")
     closed.closed = True
     for conn in (live, broken, closed):  # the most recently seen is tried first
-        master.service.producer_seen(seen_on(conn), [GROUP])
+        master.service.producer_seen(request_context(RequestCode.HEART_BEAT, conn), [GROUP])
 
     await master.service.check_once()
 
@@ -734,7 +650,7 @@ async def test_check_skips_dead_producer_connections(master: Broker) -> None:
 async def test_check_without_a_producer_sends_nothing(master: Broker) -> None:
     send_half(master)
     other_group = FakeConn()
-    master.service.producer_seen(seen_on(other_group), ["PG_other"])
+    master.service.producer_seen(request_context(RequestCode.HEART_BEAT, other_group), ["PG_other"])
 
     for _ in range(5):
         await master.service.check_once()
@@ -748,7 +664,7 @@ async def test_half_is_discarded_after_the_last_check(tmp_path: Path) -> None:
     master = make_broker(tmp_path, config(0, transaction_check_max=2))
     half = send_half(master)
     producer = FakeConn()
-    master.service.producer_seen(seen_on(producer), [GROUP])
+    master.service.producer_seen(request_context(RequestCode.HEART_BEAT, producer), [GROUP])
 
     for _ in range(3):
         await master.service.check_once()
@@ -766,7 +682,7 @@ async def test_check_on_master_reads_ops_and_does_not_check_resolved_halves(
     done = send_half(master, tid="TX-done")
     write_op(master, done, "TX-done")
     producer = FakeConn()
-    master.service.producer_seen(seen_on(producer), [GROUP])
+    master.service.producer_seen(request_context(RequestCode.HEART_BEAT, producer), [GROUP])
 
     await master.service.check_once()
 

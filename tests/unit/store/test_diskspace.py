@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import pytest
+from fakes import FakeClock
 
 from broker_agent.store.diskspace import DiskSample, DiskSpace, SpaceLevel
 
@@ -23,15 +24,7 @@ class FakeDisk:
         return DiskSample(self.free, TOTAL)
 
 
-class Clock:
-    def __init__(self) -> None:
-        self.now = 0.0
-
-    def __call__(self) -> float:
-        return self.now
-
-
-def space(disk: FakeDisk, clock: Clock) -> DiskSpace:
+def space(disk: FakeDisk, clock: FakeClock) -> DiskSpace:
     s = DiskSpace(disk, min_free_ratio=0.05, warn_free_ratio=0.10, clock=clock)
     s.refresh()
     return s
@@ -47,7 +40,7 @@ def write(s: DiskSpace, disk: FakeDisk, size: int) -> bool:
 
 
 def test_levels_follow_the_reserves_and_are_decided_on_samples_only() -> None:
-    disk, clock = FakeDisk(20 * MiB), Clock()
+    disk, clock = FakeDisk(20 * MiB), FakeClock(0.0)
     s = space(disk, clock)
     assert (s.level, s.hard_reserve_bytes, s.warn_reserve_bytes) == (
         SpaceLevel.OK,
@@ -68,7 +61,7 @@ def test_levels_follow_the_reserves_and_are_decided_on_samples_only() -> None:
 
 
 def test_time_samples_catch_other_writers_and_returning_space() -> None:
-    disk, clock = FakeDisk(20 * MiB), Clock()
+    disk, clock = FakeDisk(20 * MiB), FakeClock(0.0)
     s = space(disk, clock)
     disk.free = 7 * MiB  # another process wrote to the file system
     assert s.admit(1024)  # the estimate does not know yet
@@ -91,7 +84,7 @@ def test_time_samples_catch_other_writers_and_returning_space() -> None:
 
 
 def test_leaving_a_level_needs_a_margin() -> None:
-    disk, clock = FakeDisk(4 * MiB), Clock()
+    disk, clock = FakeDisk(4 * MiB), FakeClock(0.0)
     s = space(disk, clock)
     assert s.level is SpaceLevel.FULL
     disk.free = 5 * MiB + 1  # just above the hard reserve: not enough to leave FULL
@@ -107,7 +100,7 @@ def test_leaving_a_level_needs_a_margin() -> None:
 
 
 def test_enospc_without_a_reserve_waits_for_room_for_the_failed_append() -> None:
-    disk, clock = FakeDisk(5000), Clock()
+    disk, clock = FakeDisk(5000), FakeClock(0.0)
     s = DiskSpace(disk, min_free_ratio=0.0, warn_free_ratio=0.0, clock=clock)
     s.refresh()
     assert not s.admit(6000)  # cannot fit even without a reserve
@@ -128,7 +121,7 @@ def test_enospc_without_a_reserve_waits_for_room_for_the_failed_append() -> None
 def test_a_failing_sample_keeps_the_level_and_does_not_block_appends(
     caplog: pytest.LogCaptureFixture,
 ) -> None:
-    disk, clock = FakeDisk(20 * MiB), Clock()
+    disk, clock = FakeDisk(20 * MiB), FakeClock(0.0)
     s = space(disk, clock)
     disk.fail = True
     clock.now += 1.0

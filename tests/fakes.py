@@ -1,4 +1,14 @@
-"""Small fakes of the ports the special services see (``broker_agent.special.ports``).
+"""The fakes the unit tests share: a hand-moved clock, a connection, a handler call,
+and small fakes of the ports the special services see (``broker_agent.special.ports``).
+
+- :class:`FakeClock`: time a test sets and moves (``advance``); callable (the clocks
+  that are a ``Callable[[], int | float]``) and a ``broker_agent.special.clock.Clock``
+  (``now_ms``, ``sleep``, ``timeout``), so a service's waits end when the test moves
+  it, not when real time passes;
+- :class:`FakeConn` and :func:`call_handler`: one request through a dispatcher's
+  handler, as the server runs it, on a connection that records one-way sends;
+- :class:`RecordingEscape`: the escape bridge as a special service calls it,
+  recording each put (:class:`EscapePut`).
 
 The special services (escape, schedule, transaction, POP) take ``(core, write_path,
 escape)``.  Their unit tests build those from:
@@ -22,27 +32,35 @@ servers at the socket seam (``RpcServer`` on port 0).
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import itertools
 import re
-from collections.abc import Callable, Coroutine, Mapping, Sequence
+import time
+from collections.abc import AsyncIterator, Callable, Coroutine, Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import Any, TypeVar, cast
+
+from google.protobuf.message import Message
 
 from broker_agent.membership.acting import ActingState
 from broker_agent.metadata.offsets import ConsumerOffsetManager
 from broker_agent.metrics import BrokerMetrics
 from broker_agent.pull_hold import PullHoldService
 from broker_agent.special.escape import EscapeBridge
-from broker_agent.special.steps import SpecialSteps
+from broker_agent.special.ports import EscapeResult
+from broker_agent.special_steps import SpecialSteps
 from broker_agent.store.message_store import GetMessageStatus, GetResult, PutResult
 from broker_agent.topics import TopicConfigManager
 from broker_agent.write_path import Record, Stored
 from ha_controller.acl import Acl
 from ha_controller.config import BrokerConfig
+from ha_controller.protocol import envelope
 from ha_controller.protocol.errors import (
     BadRequest,
     BrokerIsolated,
+    ConnectionClosed,
+    EscapeFailed,
     HaError,
     NotMaster,
     TopicNotFound,
@@ -50,13 +68,245 @@ from ha_controller.protocol.errors import (
 from ha_controller.protocol.properties import OFFSET_TOPIC, PROPERTY_TAGS, now_ms
 from ha_controller.protocol.record import StoredMessage, encoded_size, make_msg_id, tag_hash
 from ha_controller.routing import Perm, TopicConfig
-from ha_controller.rpc import ConnectionPool, Dispatcher
+from ha_controller.rpc import ConnectionPool, Dispatcher, RequestContext, RpcConnection
 
+M = TypeVar("M", bound=Message)
 MiB = 1024 * 1024
 # the real store's rules (broker_agent.store.message_store)
 _TOPIC_RE = re.compile(r"^[%|a-zA-Z0-9_-]{1,127}$")
 _MAX_QUEUE_ID = 0xFFFFFFFF
 _MAX_FILTER_SCAN = 16000
+
+
+# ---- clock -----------------------------------------------------------------------------
+
+
+class FakeClock:
+    """A clock that moves only when the test says so.
+
+    ``now`` is in the unit the code under test reads (milliseconds for most; a float of
+    seconds where the code takes one); calling the clock returns it.  As a
+    ``broker_agent.special.clock.Clock`` ``now`` is milliseconds, and ``sleep`` and
+    ``timeout`` (in seconds) end when :meth:`advance` passes their deadline.
+    ``waiting`` counts the sleeps and timeouts not over yet: a service whose loops all
+    wait on the clock is idle once it equals their number.
+    """
+
+    def __init__(self, now: float = 1_000_000) -> None:
+        self.now = now
+        self._waits: list[tuple[float, Callable[[], None]]] = []
+
+    def __call__(self) -> Any:
+        return self.now
+
+    def now_ms(self) -> int:
+        return int(self.now)
+
+    @property
+    def waiting(self) -> int:
+        return len(self._waits)
+
+    def advance(self, delta: float) -> None:
+        """Move on by ``delta``; the waits whose deadline that passes end (in order)."""
+        self.now += delta
+        due = sorted((w for w in self._waits if w[0] <= self.now), key=lambda w: w[0])
+        for wait in due:
+            self._waits.remove(wait)
+            wait[1]()
+
+    def _wait_until(self, deadline: float, wake: Callable[[], None]) -> Callable[[], None]:
+        """Register ``wake`` for ``deadline`` (called at once when it has passed); the
+        function returned forgets it."""
+        entry = (deadline, wake)
+        if deadline <= self.now:
+            wake()
+            return lambda: None
+        self._waits.append(entry)
+        return lambda: self._waits.remove(entry) if entry in self._waits else None
+
+    async def sleep(self, seconds: float) -> None:
+        done = asyncio.get_running_loop().create_future()
+        forget = self._wait_until(
+            self.now + seconds * 1000, lambda: done.done() or done.set_result(None)
+        )
+        try:
+            await done
+        finally:
+            forget()
+
+    @contextlib.asynccontextmanager
+    async def timeout(self, seconds: float) -> AsyncIterator[None]:
+        loop = asyncio.get_running_loop()
+        async with asyncio.timeout(None) as scope:
+            forget = self._wait_until(
+                self.now + seconds * 1000,
+                lambda: None if scope.expired() else scope.reschedule(loop.time()),
+            )
+            try:
+                yield
+            finally:
+                forget()
+
+
+# ---- a connection and a handler call ----------------------------------------------------
+
+
+class FakeConn:
+    """What the servers' handlers use of an ``RpcConnection``: ``peer``, ``closed``,
+    ``oneway`` (recorded in ``sent``; ``broken``: it raises ConnectionClosed)."""
+
+    def __init__(self, peer: str = "10.0.0.9:50000", *, broken: bool = False) -> None:
+        self.peer = peer
+        self.closed = False
+        self.broken = broken
+        self.sent: list[tuple[int, bytes]] = []
+
+    def oneway(self, method: int, body: bytes) -> None:
+        if self.broken:
+            raise ConnectionClosed(f"connection to {self.peer} is closed")
+        self.sent.append((method, body))
+
+
+def request_context(
+    method: int,
+    conn: FakeConn | None = None,
+    *,
+    timeout_ms: int = 3000,
+    auth: envelope.RequestAuth | None = None,
+) -> RequestContext:
+    """The context a server gives a handler, on a :class:`FakeConn`."""
+    conn = FakeConn() if conn is None else conn
+    return RequestContext(cast(RpcConnection, conn), method, time.monotonic(), timeout_ms, auth)
+
+
+async def call_handler(
+    dispatcher: Dispatcher, method: int, request: Message, response_type: type[M]
+) -> M:
+    """One request through a dispatcher's registered handler, as the server runs it."""
+    handler = dispatcher.get(method)
+    assert handler is not None, f"no handler for {method}"
+    out = await handler(request_context(method), request.SerializeToString())
+    response = response_type()
+    response.ParseFromString(out or b"")
+    return response
+
+
+# ---- an escape bridge that records ------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class EscapePut:
+    """One put a :class:`RecordingEscape` was asked for."""
+
+    kind: str
+    topic: str
+    body: bytes
+    properties: dict[str, str]
+    flags: int
+    born_ts_ms: int | None = None
+    #: the record a master appends right behind it (WritePath.put's ``then``)
+    then: Record | None = None
+    #: the group whose master must store it, and the queue
+    to_group: str = ""
+    to_queue: int | None = None
+
+
+class FakeRoutes:
+    """``EscapeRoutes.group_addrs`` from a fixed table (group -> {broker id: addr})."""
+
+    def __init__(self) -> None:
+        self.addrs: dict[str, dict[int, str]] = {}
+
+    async def group_addrs(self, topic: str, group: str) -> dict[int, str]:
+        return dict(self.addrs.get(group, {}))
+
+
+class RecordingEscape:
+    """The escape bridge as the special services call it, recording every put.
+
+    ``put_message`` answers from ``target`` at the queue offset ``stored_at`` gives
+    (a test's target stores it), else the next of ``offsets``, then calls
+    ``after_put`` (a test changes the world there); ``failures_left`` puts fail with
+    EscapeFailed first.  ``put_message_to_specific_queue`` answers from the group it
+    names (else ``neighbour``, the master of this process, else ``target``) at queue
+    ``to_queue`` (else ``specific_queue``).  ``get_message`` reads from ``stores``
+    (group -> store; ``get_failures_left`` reads fail first).
+    """
+
+    def __init__(self, target: str = "broker-b", *, first_offset: int = 40) -> None:
+        self.target = target
+        self.routes = FakeRoutes()
+        self.puts: list[EscapePut] = []
+        self.gets: list[tuple[str, str, int, int]] = []
+        self.failures_left = 0
+        self.get_failures_left = 0
+        self.offsets = itertools.count(first_offset)
+        self.stored_at: Callable[[EscapePut], int] | None = None
+        self.after_put: Callable[[], None] | None = None
+        self.specific_queue = 0
+        self.neighbour = ""
+        self.stores: dict[str, FakeStore] = {}
+        self.local: tuple[FakeCore, FakeWritePath] | None = None
+
+    def local_master(self) -> tuple[FakeCore, FakeWritePath] | None:
+        return self.local
+
+    def kinds(self) -> list[str]:
+        return [p.kind for p in self.puts]
+
+    async def put_message(
+        self,
+        topic: str,
+        body: bytes,
+        properties: dict[str, str],
+        *,
+        kind: str,
+        queue_id: int | None = None,
+        flags: int = 0,
+        born_ts_ms: int | None = None,
+        progress: Mapping[str, str] | None = None,
+        escape_id: str = "",
+    ) -> EscapeResult:
+        if self.failures_left > 0:
+            self.failures_left -= 1
+            raise EscapeFailed("no live master")
+        put = EscapePut(kind, topic, body, dict(properties), flags, born_ts_ms)
+        self.puts.append(put)
+        offset = next(self.offsets) if self.stored_at is None else self.stored_at(put)
+        if self.after_put is not None:
+            self.after_put()
+        return EscapeResult(self.target, f"MSG{len(self.puts)}", 1, offset)
+
+    async def put_message_to_specific_queue(
+        self,
+        topic: str,
+        body: bytes,
+        properties: dict[str, str],
+        *,
+        kind: str,
+        flags: int = 0,
+        escape_id: str = "",
+        then: Record | None = None,
+        to_group: str = "",
+        to_queue: int | None = None,
+    ) -> EscapeResult:
+        self.puts.append(
+            EscapePut(kind, topic, body, dict(properties), flags, None, then, to_group, to_queue)
+        )
+        qid = self.specific_queue if to_queue is None else to_queue
+        group = to_group or self.neighbour or self.target
+        target = "local" if group == self.neighbour else group
+        return EscapeResult(target, f"MSG{len(self.puts)}", qid, len(self.puts) - 1, group)
+
+    async def get_message(
+        self, topic: str, broker_name: str, queue_id: int, offset: int
+    ) -> StoredMessage | None:
+        self.gets.append((topic, broker_name, queue_id, offset))
+        if self.get_failures_left > 0:
+            self.get_failures_left -= 1
+            raise EscapeFailed(f"cannot read from {broker_name}")
+        store = self.stores.get(broker_name)
+        return None if store is None else store.get_message_at(topic, queue_id, offset)
 
 
 # ---- store ---------------------------------------------------------------------------
