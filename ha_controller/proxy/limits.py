@@ -8,9 +8,9 @@ may ask of it, and how a refusal is told (docs/grpc.md, "Bounds").
 - Calls in progress are counted per ``x-mq-client-id`` and in total, ReceiveMessage
   long polls also on their own (:class:`Admission`); one more is refused with
   ``RESOURCE_EXHAUSTED`` naming the limit (the config key) before the servicer runs.
-- A SendMessage with more than ``max_messages_per_send`` messages is answered with the
-  v2 status RocketMQ uses for a request larger than its limits, ``PAYLOAD_TOO_LARGE``,
-  before anything is sent (:meth:`CallBounds.send_refusal`).
+- A SendMessage with more than ``max_messages_per_send`` messages is answered, before
+  anything is sent, with the v2 status the RocketMQ API defines for a request larger
+  than the server's limits, ``PAYLOAD_TOO_LARGE`` (:meth:`CallBounds.send_refusal`).
 - ``max_request_bytes`` is gRPC's own receive limit (:func:`server_options`): a larger
   request is refused by gRPC with ``RESOURCE_EXHAUSTED`` before the gateway reads it.
 
