@@ -894,6 +894,30 @@ class ProxyConfig(_Validated):
     heartbeat_broker_interval_ms: int = 5000
     # Timeout of one request to a broker.
     broker_timeout_ms: int = 3000
+    # Most messages in one SendMessage; more is answered PAYLOAD_TOO_LARGE and nothing
+    # is sent.  The official SDKs send one message per call, and RocketMQ's proxy
+    # bounds a batch only by its size; the gateway sends a batch's messages one after
+    # another (about 1 ms each), so 1024 keeps one call to about a second, within the
+    # SDKs' 3 s request timeout.
+    max_messages_per_send: int = _opt(1024, ge=1)
+    # Largest serialized request (one gRPC message); gRPC refuses a larger one with
+    # RESOURCE_EXHAUSTED before reading it.  It must hold one 4 MiB body, the largest
+    # the gateway takes, and its properties.
+    max_request_bytes: int = _opt(16 * MIB, ge=4 * MIB + 64 * KIB, le=1 * GIB)
+    # Calls in progress at once (long polls and telemetry streams included); one more
+    # is refused with RESOURCE_EXHAUSTED.  gRPC's backlog of calls not yet picked up
+    # is made twice this (at least 16384), so that a burst gets statuses, not resets.
+    max_concurrent_calls: int = _opt(4096, ge=1)
+    # Calls in progress at once with one `x-mq-client-id` (calls without one share a
+    # single allowance); one more is refused with RESOURCE_EXHAUSTED.
+    max_concurrent_calls_per_client: int = _opt(512, ge=1)
+    # ReceiveMessage calls (long polls) in progress at once.  Each holds a request in
+    # flight on the gateway's one connection to a broker, which takes 1024 at most
+    # (`limits.max_inflight_requests`): 512 leaves the other half for sends and acks.
+    max_concurrent_receives: int = _opt(512, ge=1)
+    # ReceiveMessage calls in progress at once with one `x-mq-client-id`; a push
+    # consumer holds one per broker group of each topic it subscribes.
+    max_concurrent_receives_per_client: int = _opt(64, ge=1)
     # The cluster's secret: the gateway's own requests (heartbeats, routes) are signed
     # with it, and so are clients' requests, on behalf of their ACL user (docs/security.md).
     cluster_secret: str | None = _opt(None, check=_not_empty, secret=True)
@@ -910,6 +934,21 @@ class ProxyConfig(_Validated):
             clash = _listener_clash({"listen": self.listen, "http_listen": self.http_listen})
             if clash is not None:
                 yield clash
+        if self.max_concurrent_calls_per_client > self.max_concurrent_calls:
+            yield (
+                ("max_concurrent_calls_per_client", "max_concurrent_calls"),
+                "one client cannot be allowed more calls than the gateway takes in total",
+            )
+        if self.max_concurrent_receives_per_client > self.max_concurrent_receives:
+            yield (
+                ("max_concurrent_receives_per_client", "max_concurrent_receives"),
+                "one client cannot be allowed more receives than the gateway takes in total",
+            )
+        if self.max_concurrent_receives > self.max_concurrent_calls:
+            yield (
+                ("max_concurrent_receives", "max_concurrent_calls"),
+                "receives are calls: they cannot be allowed more than calls in total",
+            )
         if self.acl.enabled and not self.acl.allow_anonymous and self.cluster_secret is None:
             yield (
                 ("acl.allow_anonymous", "cluster_secret"),

@@ -141,6 +141,7 @@ def run_service(
 
 def cmd_nameserver(args: argparse.Namespace) -> int:
     from ha_controller.config import load_nameserver_config
+    from ha_controller.exposure import warn_if_open
     from ha_controller.process import setup_logging
 
     cfg = load_nameserver_config(
@@ -155,6 +156,7 @@ def cmd_nameserver(args: argparse.Namespace) -> int:
     setup_logging(cfg.log_level)
     from nameserver import app
 
+    warn_if_open(cfg)
     run_service(
         lambda stop: app.serve(cfg, stop, args.ready_file),
         {"--listen": cfg.listen, "--http": cfg.http_listen},
@@ -164,6 +166,7 @@ def cmd_nameserver(args: argparse.Namespace) -> int:
 
 def cmd_broker(args: argparse.Namespace) -> int:
     from ha_controller.config import load_broker_configs
+    from ha_controller.exposure import warn_if_open
     from ha_controller.process import setup_logging
 
     configs = load_broker_configs(
@@ -184,6 +187,7 @@ def cmd_broker(args: argparse.Namespace) -> int:
     for cfg in configs:
         check_store_dir(cfg.store_path)
     setup_logging(configs[0].log_level)
+    warn_if_open(configs)  # one line for the process, a container's brokers together
     listeners = {
         f"{flag} of {cfg.broker_name}/{cfg.broker_id}" if len(configs) > 1 else flag: addr
         for cfg in configs
@@ -207,6 +211,7 @@ def cmd_broker(args: argparse.Namespace) -> int:
 def cmd_proxy(args: argparse.Namespace) -> int:
     """The RocketMQ 5 gRPC gateway (ha_controller/proxy, docs/grpc.md); grpc loads here."""
     from ha_controller.config import load_proxy_config
+    from ha_controller.exposure import warn_if_open
     from ha_controller.process import setup_logging
 
     polling = args.long_polling_timeout_s
@@ -225,6 +230,7 @@ def cmd_proxy(args: argparse.Namespace) -> int:
     setup_logging(cfg.log_level)
     from ha_controller.proxy import app as proxy
 
+    warn_if_open(cfg)
     try:
         run_service(
             lambda stop: proxy.serve(cfg, stop, args.ready_file),

@@ -19,6 +19,7 @@ from ha_controller.admin_http import build_admin_app, start_http
 from ha_controller.config import load_proxy_config, parse_host_port
 from ha_controller.proto.rocketmq.v2 import service_pb2_grpc
 from ha_controller.proxy.auth import AuthInterceptor
+from ha_controller.proxy.limits import server_options
 from ha_controller.proxy.service import Gateway
 from ha_controller.readyfile import format_addr, write_ready_file
 
@@ -28,8 +29,8 @@ log = logging.getLogger(__name__)
 
 #: In-flight calls (long polls included) get this long to finish on shutdown.
 SHUTDOWN_GRACE_S = 3.0
+#: plus the options that follow from the gateway's bounds (proxy/limits.py)
 GRPC_OPTIONS = [
-    ("grpc.max_receive_message_length", 16 * 1024 * 1024),
     ("grpc.max_send_message_length", 16 * 1024 * 1024),
     ("grpc.keepalive_permit_without_calls", 1),
     ("grpc.http2.min_ping_interval_without_data_ms", 5000),
@@ -79,7 +80,11 @@ async def serve(
     cfg: config.ProxyConfig, stop: asyncio.Event, ready_file: str | Path | None
 ) -> None:
     gateway = Gateway(cfg)
-    server = grpc.aio.server(options=GRPC_OPTIONS, interceptors=[AuthInterceptor(gateway.auth)])
+    server = grpc.aio.server(
+        options=[*GRPC_OPTIONS, *server_options(cfg)],
+        # the bounds outermost: a malformed or excess call never reaches the ACL checks
+        interceptors=[gateway.bounds, AuthInterceptor(gateway.auth)],
+    )
     service_pb2_grpc.add_MessagingServiceServicer_to_server(gateway, server)  # type: ignore[no-untyped-call]
     host, port = parse_host_port(cfg.listen)
     target = f"[{host}]:{port}" if ":" in host else f"{host}:{port}"

@@ -27,6 +27,7 @@ from ha_controller.protocol.errors import (
     EscapeFailed,
     HaError,
     InSyncReplicasNotEnough,
+    MessageTooLarge,
     NotMaster,
     NotRecallable,
     NotWritable,
@@ -142,6 +143,8 @@ def code_for(exc: BaseException) -> int:
         return v2.HA_NOT_AVAILABLE
     if isinstance(exc, AccessDenied):  # the client ACL: the user lacks a permission
         return v2.FORBIDDEN
+    if isinstance(exc, MessageTooLarge):  # RocketMQ's proxy: a body over maxMessageSize
+        return v2.MESSAGE_BODY_TOO_LARGE
     if isinstance(exc, BadRequest):
         return v2.BAD_REQUEST
     if isinstance(exc, HaError):
@@ -317,7 +320,7 @@ def send_entry(msg: v2.Message, topic: str) -> SendPlan:
     if not msg.body:
         raise BadRequest("message body is empty")
     if len(msg.body) > MAX_BODY_BYTES:
-        raise BadRequest(f"message body is larger than {MAX_BODY_BYTES} bytes")
+        raise MessageTooLarge(f"message body is larger than {MAX_BODY_BYTES} bytes")
     reserved = SYSTEM_PROPERTIES.intersection(msg.user_properties)
     if reserved:
         raise BadRequest(f"reserved property names in user properties: {sorted(reserved)}")

@@ -47,3 +47,15 @@ class ProxyMetrics:
             "messages handed to push consumers whose invisible time the gateway renews",
             registry=self.registry,
         )
+        self.refused = Counter(
+            "hac_proxy_refused_total",
+            "v2 calls refused by the gateway's bounds, by reason (the limit's config key, "
+            "or malformed)",
+            ["reason"],
+            registry=self.registry,
+        )
+        self.calls = Gauge(
+            "hac_proxy_calls",
+            "v2 calls in progress (long polls and telemetry streams included)",
+            registry=self.registry,
+        )

@@ -67,6 +67,8 @@ from ha_controller.proxy.handles import (
     RecallHandle,
     TransactionId,
 )
+from ha_controller.proxy.limits import CallBounds, ThrottledLog
+from ha_controller.proxy.limits import client_id as _client_id
 from ha_controller.proxy.metrics import ProxyMetrics
 from ha_controller.proxy.renewal import CLIENT_GONE_S, Key, Renewal, RenewalTable, key_of
 from ha_controller.proxy.sessions import CONSUMER, PRODUCER, BoundedMap, Sessions
@@ -88,14 +90,6 @@ MAX_CONCURRENT_RENEWALS: Final = 64
 ISOLATION_S: Final = 5.0
 MAX_BATCH: Final = 32
 MIN_INVISIBLE_MS: Final = 1000
-CLIENT_ID_HEADER: Final = "x-mq-client-id"
-
-
-def _client_id(context: grpc.aio.ServicerContext[Any, Any]) -> str:
-    for key, value in context.invocation_metadata() or ():
-        if key == CLIENT_ID_HEADER:
-            return value if isinstance(value, str) else value.decode()
-    return ""
 
 
 def _retriable(exc: BaseException) -> bool:
@@ -130,6 +124,9 @@ class Gateway(service_pb2_grpc.MessagingServiceServicer):
     def __init__(self, cfg: ProxyConfig, metrics: ProxyMetrics | None = None) -> None:
         self.cfg = cfg
         self.metrics = metrics or ProxyMetrics()
+        # the per-call bounds; the server installs it as an interceptor (proxy/app.py)
+        self.bounds = CallBounds(cfg, self.metrics)
+        self._failures = ThrottledLog(log)  # failed receives: one line per kind per 10 s
         self.client_id = f"{socket.gethostname()}@{os.getpid()}@proxy@{uuid.uuid4().hex[:8]}"
         dispatcher = Dispatcher()
         dispatcher.add_raw(RequestCode.CHECK_TRANSACTION_STATE, self._on_check)
@@ -327,6 +324,12 @@ class Gateway(service_pb2_grpc.MessagingServiceServicer):
     ) -> v2s.SendMessageResponse:
         cid = _client_id(context)
         deadline = time.monotonic() + (context.time_remaining() or 3.0)
+        refused = self.bounds.send_refusal(len(request.messages), cid)
+        if refused is not None:  # before anything is sent
+            self.metrics.requests.labels(
+                method="SendMessage", code=v2.Code.Name(refused.code)
+            ).inc()
+            return v2s.SendMessageResponse(status=refused)
 
         async def work() -> v2s.SendMessageResponse:
             if not request.messages:
@@ -441,7 +444,7 @@ class Gateway(service_pb2_grpc.MessagingServiceServicer):
                 code, text = v2.MESSAGE_NOT_FOUND, "no new message"
         except (HaError, OSError, TimeoutError) as exc:
             code, text = convert.code_for(exc), f"{type(exc).__name__}: {exc}"
-            log.info("ReceiveMessage failed: %s", text)
+            self._failures(type(exc).__name__, logging.INFO, "ReceiveMessage failed: %s", text)
         finally:
             self.metrics.held_receives.dec()
         self.metrics.requests.labels(method="ReceiveMessage", code=v2.Code.Name(code)).inc()

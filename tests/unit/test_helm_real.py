@@ -766,6 +766,54 @@ def test_in_sync_replicas_above_the_group_size_fails(helm: Helm, tmp_path: Path)
     assert "in_sync_replicas 2 exceeds the group's replicas 1" in out.stderr
 
 
+@pytest.mark.parametrize(
+    ("nameservers", "members"),
+    [(2, 1), (1, 2), (None, None)],  # None: the default values (2 nameservers, groups of 3)
+    ids=["two-nameservers", "group-with-a-slave", "defaults"],
+)
+def test_a_replicated_cluster_without_the_secret_does_not_render(
+    helm: Helm, tmp_path: Path, nameservers: int | None, members: int | None
+) -> None:
+    values: dict[str, Any] = {"clusterSecret": {"enabled": False}}
+    if nameservers is not None:
+        values |= {
+            "nameserver": {"replicas": nameservers},
+            "groups": [{"name": "a", "replicas": members}],
+        }
+    path = tmp_path / "v.yaml"
+    path.write_text(yaml.safe_dump(values))
+    out = helm.run("template", RELEASE, CHART, "--values", path, check=False)
+    assert out.returncode != 0, "rendered without the cluster secret"
+    errors = [line for line in out.stderr.splitlines() if line.startswith("Error:")]
+    assert len(errors) == 1 and errors[0].endswith(
+        "clusterSecret.enabled=false needs one nameserver and single-member groups: with "
+        "more, any pod that reaches the ports could register as a group's master or detach "
+        "a slave (docs/security.md); keep clusterSecret.enabled=true (a random secret the "
+        "chart makes, or clusterSecret.existingSecret)"
+    ), out.stderr
+
+
+def test_a_one_pod_demo_renders_in_open_mode_and_says_so(helm: Helm, tmp_path: Path) -> None:
+    path = tmp_path / "v.yaml"
+    path.write_text(
+        yaml.safe_dump(
+            {
+                "clusterSecret": {"enabled": False},
+                "nameserver": {"replicas": 1},
+                "groups": [{"name": "demo", "replicas": 1}],
+            }
+        )
+    )
+    docs = [d for d in yaml.safe_load_all(helm.template(CHART, "--values", path)) if d]
+    assert {d["metadata"]["name"] for d in of_kind(docs, "StatefulSet")} == {
+        f"{RELEASE}-ha-controller-nameserver",
+        f"{RELEASE}-ha-controller-demo",
+    }
+    assert not [d for d in of_kind(docs, "Secret") if d["metadata"]["name"].endswith("-auth")]
+    notes = render_notes(helm, path, tmp_path)
+    assert "WARNING: clusterSecret.enabled=false" in notes
+
+
 # --- NOTES.txt and the `helm test` pod ---------------------------------------------------
 
 

@@ -22,6 +22,7 @@ from ha_controller.protocol.errors import (
     BadRequest,
     BrokerUnavailable,
     InSyncReplicasNotEnough,
+    MessageTooLarge,
     NotMaster,
     NotRecallable,
     Overloaded,
@@ -223,6 +224,15 @@ def test_error_codes_keep_the_sdk_retrying_except_on_overload() -> None:
     # an ack after the invisible time: the SDK is told the handle is no longer good
     assert convert.code_for(ReceiptHandleExpired("x")) == v2.INVALID_RECEIPT_HANDLE
     assert convert.code_for(RuntimeError("x")) == v2.INTERNAL_ERROR
+
+
+def test_a_body_over_the_limit_is_rocketmqs_message_body_too_large() -> None:
+    m = _v2_message()
+    m.body = b"x" * (convert.MAX_BODY_BYTES + 1)
+    with pytest.raises(MessageTooLarge) as caught:
+        convert.send_entry(m, "T")
+    assert convert.code_for(caught.value) == v2.MESSAGE_BODY_TOO_LARGE
+    assert convert.code_for(BadRequest("x")) == v2.BAD_REQUEST
 
 
 def test_tag_filters() -> None:

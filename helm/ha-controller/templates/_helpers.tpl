@@ -304,6 +304,15 @@ acl: the acl values (acl.enabled, acl.allowAnonymous, acl.existingSecret)
 {{- if and .Values.acl.enabled (not .Values.acl.allowAnonymous) (not .Values.clusterSecret.enabled) }}
 {{- fail "acl.allowAnonymous=false needs clusterSecret.enabled: the cluster's own requests are told from clients' by its signature" }}
 {{- end }}
+{{- /* Open mode is for a one-pod demo: with several nameservers or a group with slaves, a
+  pod holding no secret could register as a group's master or detach a slave. */}}
+{{- $replicated := gt (int .Values.nameserver.replicas) 1 }}
+{{- range .Values.groups }}
+{{- if gt (int (default 3 .replicas)) 1 }}{{ $replicated = true }}{{ end }}
+{{- end }}
+{{- if and $replicated (not .Values.clusterSecret.enabled) }}
+{{- fail "clusterSecret.enabled=false needs one nameserver and single-member groups: with more, any pod that reaches the ports could register as a group's master or detach a slave (docs/security.md); keep clusterSecret.enabled=true (a random secret the chart makes, or clusterSecret.existingSecret)" }}
+{{- end }}
 {{- end }}
 
 {{/*
