@@ -56,6 +56,7 @@ from ha_controller.proto.rocketmq.v2 import definition_pb2 as v2
 from ha_controller.proto.rocketmq.v2 import service_pb2 as v2s
 from ha_controller.protocol.envelope import RequestAuth
 from ha_controller.protocol.errors import AccessDenied
+from ha_controller.rpc.bounds import Throttle
 
 log = logging.getLogger(__name__)
 
@@ -384,6 +385,8 @@ class AuthInterceptor(grpc.aio.ServerInterceptor):
 
     def __init__(self, auth: GatewayAuth) -> None:
         self.auth = auth
+        #: one line per interval for refused calls (a client could flood the log)
+        self._refusals = Throttle(10.0)
 
     async def intercept_service(
         self,
@@ -427,7 +430,15 @@ class AuthInterceptor(grpc.aio.ServerInterceptor):
             return auth.call_refusal(method, request, caller)
 
         def refused(why: str) -> PbMessage:
-            log.info("gateway call refused: %s", why)
+            count = self._refusals.hit(time.monotonic())
+            if count:
+                log.info(
+                    "gateway call refused: %s (%d refusal(s) since the last such line; "
+                    "logged at most every %.0f s)",
+                    why,
+                    count,
+                    self._refusals.interval_s,
+                )
             return _forbidden_response(method, v2.FORBIDDEN, why)
 
         async def uu(request: Any, context: grpc.aio.ServicerContext[Any, Any]) -> Any:

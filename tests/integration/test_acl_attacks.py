@@ -43,6 +43,8 @@ PAY = "PAY"
 M1 = "M1"
 PAY_PRODUCERS = "pay-producers"
 PAY_CONSUMERS = "pay-consumers"
+#: the group whose offsets the replay test moves (not the one the SDK reads with)
+PAY_AUDIT = "pay-audit"
 ADMIN = ("admin", "admin-secret-key")
 VICTIM = ("payments", "payments-secret-key")
 MALLORY = ("mallory", "mallory-secret-key")
@@ -57,7 +59,7 @@ admin = true
 access_key = "{VICTIM[0]}"
 secret_key = "{VICTIM[1]}"
 topic_perms = ["{PAY}=PUB|SUB"]
-group_perms = ["{PAY_CONSUMERS}=SUB"]
+group_perms = ["{PAY_CONSUMERS}=SUB", "{PAY_AUDIT}=SUB"]
 
 [[users]]
 access_key = "{MALLORY[0]}"
@@ -481,10 +483,10 @@ async def test_system_topics_and_other_groups_topics_are_refused(
 async def test_a_replayed_offset_commit_is_refused(cluster: Cluster) -> None:
     def commit(offset: int) -> broker_pb2.ConsumerOffsetRequest:
         return broker_pb2.ConsumerOffsetRequest(
-            consumer_group=PAY_CONSUMERS, topic=PAY, queue_id=1, offset=offset
+            consumer_group=PAY_AUDIT, topic=PAY, queue_id=1, offset=offset
         )
 
-    query = broker_pb2.ConsumerOffsetRequest(consumer_group=PAY_CONSUMERS, topic=PAY, queue_id=1)
+    query = broker_pb2.ConsumerOffsetRequest(consumer_group=PAY_AUDIT, topic=PAY, queue_id=1)
     rewind = commit(0)
     # the victim commits 0, then 5; an attacker on the path captured the first
     captured = VICTIM_C.sign(RequestCode.UPDATE_CONSUMER_OFFSET, rewind.SerializeToString())
@@ -510,7 +512,7 @@ async def test_a_replayed_offset_commit_is_refused(cluster: Cluster) -> None:
         broker_pb2.ConsumerOffsetTable,
         auth=member.sign(RequestCode.GET_ALL_CONSUMER_OFFSET, b""),
     )
-    assert any(e.consumer_group == PAY_CONSUMERS for e in table.entries)
+    assert any(e.consumer_group == PAY_AUDIT for e in table.entries)
 
 
 # ---- 1 and 2 through the gateway, with the official Python SDK ----------------------------
