@@ -1,0 +1,236 @@
+"""ReceiveMessage: a long poll over POP, the group's retry topic first.
+
+The v2 queue a request names is a hint: the gateway pops any queue of the group that
+holds the queue (as RocketMQ's proxy does), in slices of :data:`POLL_SLICE_MS` so that
+retry-topic messages and route changes are seen during a long poll.  An orderly
+group's POP is the broker's order=true POP, which keeps each queue to one batch at a
+time whichever gateway pops.  Messages a push consumer asked to auto-renew are tracked
+for renewal (``ha_controller.proxy.ack``).
+"""
+
+from __future__ import annotations
+
+import logging
+import time
+from typing import Any, Final
+
+import grpc
+
+from ha_controller.proto import broker_pb2, common_pb2
+from ha_controller.proto.rocketmq.v2 import definition_pb2 as v2
+from ha_controller.proto.rocketmq.v2 import service_pb2 as v2s
+from ha_controller.protocol.codes import RequestCode
+from ha_controller.protocol.errors import BadRequest, HaError, TopicNotFound
+from ha_controller.protocol.properties import PROPERTY_POP_CK, now_ms, retry_topic
+from ha_controller.proxy import convert
+from ha_controller.proxy.core import MAX_BATCH, MIN_INVISIBLE_MS, GatewayCore
+from ha_controller.proxy.handles import GatewayHandle
+from ha_controller.proxy.limits import ThrottledLog, client_id
+from ha_controller.proxy.renewal import RenewalTable
+
+log = logging.getLogger(__name__)
+
+__all__ = ["POLL_SLICE_MS", "Receiver"]
+
+#: POP waits at most this long per call, so retry-topic messages and route
+#: changes are seen at least this often during a long poll.
+POLL_SLICE_MS: Final = 5000
+
+
+class Receiver:
+    """ReceiveMessage, and whether a consumer group is orderly."""
+
+    def __init__(self, core: GatewayCore, renewals: RenewalTable) -> None:
+        self.core = core
+        self.renewals = renewals
+        self._failures = ThrottledLog(log)  # failed receives: one line per kind per 10 s
+        self._orderly: dict[str, tuple[float, bool]] = {}  # group -> (until, orderly)
+
+    async def receive(
+        self, request: v2s.ReceiveMessageRequest, context: grpc.aio.ServicerContext[Any, Any]
+    ) -> Any:
+        core = self.core
+        messages: list[v2.Message] = []
+        code: int = v2.OK
+        text = "OK"
+        cid = client_id(context)
+        if cid:
+            core.sessions.get(cid)  # a push consumer's long polls keep it alive
+        core.metrics.held_receives.inc()
+        try:
+            messages = await self._receive(request, context)
+            if messages and request.auto_renew and cid:
+                self._track_for_renewal(cid, request, messages)
+            if not messages:
+                code, text = v2.MESSAGE_NOT_FOUND, "no new message"
+        except (HaError, OSError, TimeoutError) as exc:
+            code, text = convert.code_for(exc), f"{type(exc).__name__}: {exc}"
+            self._failures(type(exc).__name__, logging.INFO, "ReceiveMessage failed: %s", text)
+        finally:
+            core.metrics.held_receives.dec()
+        core.count("ReceiveMessage", code)
+        yield v2s.ReceiveMessageResponse(status=convert.status(code, text))
+        if messages:  # the SDKs measure delivery latency from it (Python's push consumer needs it)
+            yield v2s.ReceiveMessageResponse(delivery_timestamp=convert.timestamp_of_ms(now_ms()))
+        for m in messages:
+            yield v2s.ReceiveMessageResponse(message=m)
+
+    def _track_for_renewal(
+        self, cid: str, request: v2s.ReceiveMessageRequest, messages: list[v2.Message]
+    ) -> None:
+        group = request.group.name
+        for m in messages:
+            sp = m.system_properties
+            handle = GatewayHandle.decode(sp.receipt_handle)
+            invisible_ms = convert.ms_of_duration(sp.invisible_duration)
+            if not self.renewals.add(cid, group, m.topic.name, handle, invisible_ms):
+                self.core.metrics.renewals.labels(result="dropped").inc()
+        self.core.metrics.renewing.set(len(self.renewals))
+
+    async def _receive(
+        self, request: v2s.ReceiveMessageRequest, context: grpc.aio.ServicerContext[Any, Any]
+    ) -> list[v2.Message]:
+        cfg = self.core.cfg
+        group = request.group.name
+        mq = request.message_queue
+        topic, broker = mq.topic.name, mq.broker.name
+        if not group or not topic or not broker:
+            raise BadRequest("ReceiveMessage needs a group and a message queue")
+        batch = max(1, min(request.batch_size or MAX_BATCH, MAX_BATCH))
+        invisible_ms = (
+            convert.ms_of_duration(request.invisible_duration)
+            if request.HasField("invisible_duration")
+            else cfg.default_invisible_ms
+        )
+        if invisible_ms < MIN_INVISIBLE_MS:
+            raise BadRequest(f"invisible duration must be >= {MIN_INVISIBLE_MS} ms")
+        poll_ms = (
+            convert.ms_of_duration(request.long_polling_timeout)
+            if request.HasField("long_polling_timeout")
+            else cfg.long_polling_timeout_ms
+        )
+        remaining = context.time_remaining()
+        if remaining is not None:  # answer before the client's deadline
+            poll_ms = min(poll_ms, int(remaining * 1000) - 1000)
+        tags = convert.tags_of(request.filter_expression)
+        deadline = time.monotonic() + max(0, poll_ms) / 1000
+        orderly = await self.group_orderly(group, topic)
+        while True:
+            addr = await self.core.group_addr(topic, broker)
+            got = await self._pop_retry(addr, group, topic, broker, batch, invisible_ms, tags)
+            if got:
+                return got
+            left_ms = int((deadline - time.monotonic()) * 1000)
+            got = await self._pop(
+                addr,
+                group,
+                topic,
+                topic,
+                broker,
+                -1,  # any queue of the group, as RocketMQ's proxy pops (the id is a hint)
+                batch,
+                invisible_ms,
+                max(0, min(left_ms, POLL_SLICE_MS)),
+                tags,
+                order=orderly,
+            )
+            if got or time.monotonic() >= deadline:
+                return got
+
+    async def group_orderly(self, group: str, topic: str) -> bool:
+        """Whether consumer group ``group`` consumes orderly: named in ``fifo_groups``,
+        or its subscription group config (``hactl group update G --orderly``) on a
+        group of ``topic``'s route says so.  Cached for the route TTL (at least 1 s)."""
+        core = self.core
+        if group in core.cfg.fifo_groups:
+            return True
+        now = time.monotonic()
+        cached = self._orderly.get(group)
+        if cached is not None and now < cached[0]:
+            return cached[1]
+        orderly = cached[1] if cached is not None else False
+        try:
+            route = await core.route(topic)
+            addrs = [a for b in route.broker_datas if (a := b.broker_addrs.get(0)) is not None]
+            for addr in addrs:
+                table = await core.pool.call_pb(
+                    addr,
+                    RequestCode.GET_ALL_SUBSCRIPTIONGROUP_CONFIG,
+                    common_pb2.Empty(),
+                    broker_pb2.SubscriptionGroupTable,
+                    core.cfg.broker_timeout_ms,
+                )
+                orderly = any(g.consume_orderly for g in table.groups if g.group_name == group)
+                break  # every master holds the same table (hactl sets it on all)
+        except (HaError, OSError, TimeoutError) as exc:
+            log.info("subscription group of %s not read (%s): orderly=%s kept", group, exc, orderly)
+        self._orderly[group] = (now + max(1.0, core.cfg.route_ttl_ms / 1000), orderly)
+        return orderly
+
+    async def _pop_retry(
+        self,
+        addr: str,
+        group: str,
+        topic: str,
+        broker: str,
+        batch: int,
+        invisible_ms: int,
+        tags: list[str],
+    ) -> list[v2.Message]:
+        """Messages the revive service re-delivered (``%RETRY%group``), no wait."""
+        try:
+            return await self._pop(
+                addr, group, retry_topic(group), topic, broker, -1, batch, invisible_ms, 0, tags
+            )
+        except TopicNotFound:
+            return []
+
+    async def _pop(
+        self,
+        addr: str,
+        group: str,
+        pop_topic: str,
+        topic: str,
+        broker: str,
+        queue_id: int,
+        batch: int,
+        invisible_ms: int,
+        poll_ms: int,
+        tags: list[str],
+        *,
+        order: bool = False,
+    ) -> list[v2.Message]:
+        resp = await self.core.pool.call_pb(
+            addr,
+            RequestCode.POP_MESSAGE,
+            broker_pb2.PopMessageRequest(
+                consumer_group=group,
+                topic=pop_topic,
+                queue_id=queue_id,
+                max_msg_nums=batch,
+                invisible_time_ms=invisible_ms,
+                poll_time_ms=poll_ms,
+                tags=tags,
+                order=order,
+            ),
+            broker_pb2.PopMessageResponse,
+            poll_ms + self.core.cfg.broker_timeout_ms,
+        )
+        invisible = resp.invisible_time_ms or invisible_ms
+        until = (resp.pop_time_ms or now_ms()) + invisible
+        out = []
+        for m in resp.messages:
+            handle = GatewayHandle(
+                broker_name=m.broker_name or broker,
+                pop_topic=pop_topic,
+                queue_id=m.queue_id,
+                queue_offset=m.queue_offset,
+                broker_handle=m.properties.get(PROPERTY_POP_CK, ""),
+                invisible_until_ms=until,
+            )
+            out.append(
+                convert.message_to_v2(
+                    m, topic=topic, receipt_handle=handle.encode(), invisible_ms=invisible
+                )
+            )
+        return out
