@@ -295,6 +295,22 @@ def run_broker(
     return handle.start() if start else handle
 
 
+def run_proxy(
+    namesrv: str,
+    workdir: Path,
+    *,
+    name: str = "proxy",
+    env: Mapping[str, str] | None = None,
+    extra_args: Sequence[str] = (),
+) -> ProcessHandle:
+    """Start ``hactl proxy`` (the RocketMQ 5 gRPC gateway) on port 0 in front of the
+    nameserver ``namesrv`` and wait for its ready file; its ``rpc`` is the endpoint the
+    official SDKs dial."""
+    workdir.mkdir(parents=True, exist_ok=True)
+    args = ("proxy", "--namesrv", namesrv, "--listen", "127.0.0.1:0")
+    return _hactl_handle(ProcessHandle, name, workdir, env, args, extra_args).start()
+
+
 @dataclass
 class ContainerHandle(ProcessHandle):
     """A broker container process; its ready file lists every hosted broker."""
