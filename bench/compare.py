@@ -305,6 +305,20 @@ class Bench:
                 with contextlib.suppress(Exception):
                     await asyncio.wait_for(driver.aclose(), 10)
 
+    async def warm_up(self) -> None:
+        for system in [s for s in self.live() if s not in FAILOVER_ONLY]:
+            driver = self.driver(system)
+            try:
+                await driver.open()
+                await workloads.throughput(
+                    driver, self.dest("warm"), self.args.n // 2, self.args.size, self.args.window
+                )
+            except Exception as exc:
+                say(f"  {system} warm-up FAILED: {exc!r}")
+            finally:
+                with contextlib.suppress(Exception):
+                    await asyncio.wait_for(driver.aclose(), 10)
+
     async def run_failover(self, system: str, fault: str = "kill") -> None:
         """One trial: ``fault`` = "kill" (kill -9) or "pause" (SIGSTOP, then SIGCONT).
 
@@ -443,6 +457,12 @@ class Bench:
                     await self.start(system)
             if not self.live():
                 raise SystemExit("no system could start")
+            if self.args.warmup:
+                # JIT compilers (RocketMQ, Kafka) and first route look-ups: one untimed
+                # throughput run per system before the measured rounds
+                say(f"warm-up: {self.args.warmup} untimed throughput run(s) per system")
+                for _ in range(self.args.warmup):
+                    await self.warm_up()
             for workload, rounds in (
                 ("throughput", self.args.rounds),
                 ("latency", self.args.rounds),
@@ -567,6 +587,7 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     p.add_argument("--size", type=int, default=1024, help="message body bytes")
     p.add_argument("--window", type=int, default=64, help="sends in flight (throughput)")
     p.add_argument("--rounds", type=int, default=3, help="rounds per workload and system")
+    p.add_argument("--warmup", type=int, default=1, help="untimed throughput runs per system first")
     p.add_argument("--rate", type=float, default=500.0, help="msg/s of the latency workload")
     p.add_argument("--seconds", type=float, default=10.0, help="latency workload duration")
     p.add_argument("--failover-rate", type=float, default=200.0, help="msg/s during failover")
@@ -592,7 +613,7 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     p.add_argument("--quick", action="store_true", help="small smoke run")
     args = p.parse_args(argv)
     if args.quick:
-        args.n, args.rounds, args.seconds = 1000, 1, 3.0
+        args.n, args.rounds, args.seconds, args.warmup = 1000, 1, 3.0, 0
     return args
 
 

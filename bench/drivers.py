@@ -26,6 +26,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import logging
+import threading
 from collections.abc import Callable
 from typing import Any, Protocol
 
@@ -467,13 +468,30 @@ class NatsDriver:
 # ---- the official RocketMQ 5 Python SDK (rocketmq-python-client) -------------------------------
 
 
+async def _shutdown(client: Any, timeout_s: float = 20.0) -> None:
+    """``client.shutdown()`` of the SDK in a daemon thread, waited for at most
+    ``timeout_s``: the SDK's PushConsumer can hang in it (its consumption pool waits for
+    a busy thread), and a hung call in asyncio's default executor would hold one of its
+    few threads and block the interpreter's exit."""
+    loop = asyncio.get_running_loop()
+    done: asyncio.Future[None] = loop.create_future()
+
+    def run() -> None:
+        with contextlib.suppress(Exception):
+            client.shutdown()
+        loop.call_soon_threadsafe(lambda: done.done() or done.set_result(None))
+
+    threading.Thread(target=run, name="sdk-shutdown", daemon=True).start()
+    with contextlib.suppress(TimeoutError):
+        await asyncio.wait_for(done, timeout_s)
+
+
 class _SdkSub:
     def __init__(self, consumer: Any) -> None:
         self._consumer = consumer
 
     async def aclose(self) -> None:
-        with contextlib.suppress(Exception):
-            await asyncio.wait_for(asyncio.to_thread(self._consumer.shutdown), 20)
+        await _shutdown(self._consumer)
 
 
 class RmqSdkDriver:
@@ -507,8 +525,7 @@ class RmqSdkDriver:
 
     async def aclose(self) -> None:
         if self._producer is not None:
-            with contextlib.suppress(Exception):
-                await asyncio.wait_for(asyncio.to_thread(self._producer.shutdown), 20)
+            await _shutdown(self._producer)
 
     async def create(self, dest: str) -> None:
         await self.cluster.create_topic(dest, queues=4)

@@ -519,7 +519,7 @@ class RocketMQCluster:
         for name in ["proxy", *self.broker_ports, "namesrv"]:
             proc = self.procs.get(name)
             if proc is not None:
-                await asyncio.to_thread(proc.stop, 15)
+                await asyncio.to_thread(proc.stop, 5)
 
 
 # ---- Kafka -------------------------------------------------------------------------------------
@@ -642,7 +642,7 @@ class KafkaCluster:
 
     async def aclose(self) -> None:
         for proc in self.procs:
-            await asyncio.to_thread(proc.stop, 15)
+            await asyncio.to_thread(proc.stop, 5)
 
 
 def main(argv: list[str]) -> int:

@@ -17,6 +17,7 @@ with the reason; the caller reports it instead of dropping it.
 from __future__ import annotations
 
 import asyncio
+import atexit
 import contextlib
 import json
 import os
@@ -128,7 +129,18 @@ def peak_rss_of(pids: dict[str, int], *, sessions: bool) -> dict[str, dict[str, 
     return out
 
 
-@dataclass
+#: every server process started here and not yet stopped: killed at exit, whatever
+#: happened to the event loop (the last resort behind each cluster's ``aclose()``)
+LIVE: set[Proc] = set()
+
+
+@atexit.register
+def _kill_leftovers() -> None:
+    for proc in list(LIVE):
+        proc.kill9()
+
+
+@dataclass(eq=False)
 class Proc:
     """A server process in its own process group."""
 
@@ -148,6 +160,7 @@ class Proc:
                 stdin=subprocess.DEVNULL,
                 start_new_session=True,
             )
+        LIVE.add(self)
         return self
 
     @property
@@ -166,6 +179,7 @@ class Proc:
             os.killpg(self.popen.pid, signal.SIGKILL)
         with contextlib.suppress(subprocess.TimeoutExpired):
             self.popen.wait(10)
+        LIVE.discard(self)
 
     def pause(self) -> None:
         """SIGSTOP the whole process group (a frozen server: sockets open, no answers)."""
