@@ -46,6 +46,8 @@ from typing import Any
 
 from peers import LOOPBACK, Proc, Unavailable, free_ports, peak_rss_of, wait_port
 
+from ha_controller.testing import FAST_ENV
+
 HERE = Path(__file__).resolve().parent
 PINS = HERE / "peers.sha256"
 #: the newest versions Maven Central serves whole (RocketMQ 5.5.1 is served in part:
@@ -388,6 +390,12 @@ class RocketMQCluster:
                         f"brokerId={bid}",
                         "brokerRole=" + ("SYNC_MASTER" if bid == 0 else "SLAVE"),
                         "enableSlaveActingMaster=true",
+                        # the liveness settings of ha-controller's benchmark deployment
+                        # (ha_controller.testing.FAST_ENV): heartbeat every 300 ms, a
+                        # master not heard of for 2 s expires (RocketMQ: 1 s and 10 s)
+                        f"brokerHeartbeatInterval={FAST_ENV['HAC_BROKER_HEARTBEAT_INTERVAL_MS']}",
+                        "brokerNotActiveTimeoutMillis="
+                        + FAST_ENV["HAC_BROKER_NOT_ACTIVE_TIMEOUT_MS"],
                         "totalReplicas=2",
                         "inSyncReplicas=2",
                     ]
