@@ -270,15 +270,15 @@ class Workload:
             try:
                 tx = self.producer.begin_transaction() if kind == "tx" else None
                 receipt = self.producer.send(msg, tx)
-                mq = receipt.message_queue
+                mq = receipt.message_queue.message_queue0()  # the SDK's own protobuf of it
                 self.history.record(
                     PRODUCER,
                     "ok",
                     SendOk(
                         key,
                         str(receipt.message_id),
-                        str(getattr(mq, "broker_name", "")),
-                        int(getattr(mq, "queue_id", -1)),
+                        mq.broker.name,
+                        mq.id,
                         int(receipt.offset or 0),
                     ),
                 )
@@ -345,7 +345,9 @@ class Workload:
 # ---- one target --------------------------------------------------------------------------------
 
 
-async def run_target(target: Any, schedule: Schedule, out: Path, rate: float) -> dict[str, Any]:
+async def run_target(
+    target: Any, schedule: Schedule, out: Path, rate: float, settle_s: float
+) -> dict[str, Any]:
     out.mkdir(parents=True, exist_ok=True)
     (out / "history.jsonl").unlink(missing_ok=True)
     say(f"{target.name}: starting")
@@ -383,11 +385,12 @@ async def run_target(target: Any, schedule: Schedule, out: Path, rate: float) ->
                         target.resume(fault.target)
                     history.record("nemesis", "ok", value)
             await asyncio.sleep(step.gap_s)
-        await asyncio.sleep(DELAY_MS / 1000 + 5)
+        # the stream goes on after the last heal (does every group take writes again?)
+        await asyncio.sleep(settle_s)
         work.stop_sending.set()
-        # drain: until 15 s without a delivery, at most 90 s
-        deadline = time.monotonic() + 90
-        while time.monotonic() < deadline and time.monotonic() - work.last_receive < 15:
+        # drain: until 30 s without a delivery, at most 120 s
+        deadline = time.monotonic() + 120
+        while time.monotonic() < deadline and time.monotonic() - work.last_receive < 30:
             await asyncio.sleep(1)
     finally:
         await asyncio.to_thread(work.close)
@@ -504,7 +507,7 @@ async def main_async(args: argparse.Namespace) -> int:
         target = makers[name](workdir / name)
         try:
             doc["targets"][target.name] = await run_target(
-                target, schedule, out / target.name, args.rate
+                target, schedule, out / target.name, args.rate, args.settle
             )
         except Exception as exc:
             say(f"{target.name}: FAILED {exc!r}")
@@ -525,6 +528,9 @@ def main() -> int:
     p.add_argument("--faults", type=int, default=4)
     p.add_argument("--families", default="kill,pause,pause-past-expiry")
     p.add_argument("--rate", type=float, default=20.0, help="sends per second")
+    p.add_argument(
+        "--settle", type=float, default=40.0, help="seconds of sends after the last heal"
+    )
     p.add_argument(
         "--targets", nargs="+", default=["rocketmq", "ours"], choices=["rocketmq", "ours"]
     )

@@ -1,13 +1,13 @@
 // The official RocketMQ 5 Java SDK (rocketmq-client-java, pinned in pom.xml) against
 // `hactl proxy`. tests/integration/test_java_sdk.py compiles this file and runs every
-// scenario in one JVM:
+// scenario in one JVM (the first five at once, the master kill alone after them):
 //
 //   java -cp LIB/*:CLASSES Scenarios proxy=HOST:PORT master_pid=PID [only=a,b]
 //
 // Each scenario prints one line "RESULT <name> <json>", which the tests check; a
 // scenario that throws prints "RESULT <name> {"error": ...}" and the next one runs.
 // Every wait is bounded; the JVM exits by itself (System.exit at the end: the SDK's
-// threads must not keep it alive). The master kill runs last.
+// threads must not keep it alive).
 
 import java.nio.charset.StandardCharsets;
 import java.time.Duration;
@@ -19,6 +19,10 @@ import java.util.List;
 import java.util.Map;
 import java.util.concurrent.ConcurrentHashMap;
 import java.util.concurrent.CopyOnWriteArrayList;
+import java.util.concurrent.ExecutorService;
+import java.util.concurrent.Executors;
+import java.util.concurrent.Future;
+import java.util.concurrent.TimeUnit;
 import java.util.function.BooleanSupplier;
 import org.apache.rocketmq.client.apis.ClientConfiguration;
 import org.apache.rocketmq.client.apis.ClientException;
@@ -48,29 +52,46 @@ public final class Scenarios {
         }
         proxy = opts.get("proxy");
         masterPid = Long.parseLong(opts.getOrDefault("master_pid", "0"));
-        List<String> order = List.of("normal", "push", "fifo", "delay", "transaction", "failover");
+        // the first five use topics and groups of their own and run at once; the master
+        // kill runs alone, last
+        List<String> parallel = List.of("normal", "push", "fifo", "delay", "transaction");
         String only = opts.getOrDefault("only", "");
-        for (String name : order) {
-            if (!only.isEmpty() && !List.of(only.split(",")).contains(name)) {
-                continue;
+        List<String> wanted = only.isEmpty() ? null : List.of(only.split(","));
+        ExecutorService pool = Executors.newFixedThreadPool(parallel.size());
+        List<Future<?>> running = new ArrayList<>();
+        for (String name : parallel) {
+            if (wanted == null || wanted.contains(name)) {
+                running.add(pool.submit(() -> report(name)));
             }
-            long start = System.currentTimeMillis();
-            Map<String, Object> out;
-            try {
-                out = run(name);
-            } catch (Throwable e) {
-                out = new LinkedHashMap<>();
-                StringBuilder why = new StringBuilder(e.toString());
-                for (Throwable c = e.getCause(); c != null; c = c.getCause()) {
-                    why.append(" <- ").append(c);
-                }
-                out.put("error", why.toString());
+        }
+        for (Future<?> f : running) {
+            f.get(180, TimeUnit.SECONDS);
+        }
+        pool.shutdown();
+        if (wanted == null || wanted.contains("failover")) {
+            report("failover");
+        }
+        System.exit(0);
+    }
+
+    static void report(String name) {
+        long start = System.currentTimeMillis();
+        Map<String, Object> out;
+        try {
+            out = run(name);
+        } catch (Throwable e) {
+            out = new LinkedHashMap<>();
+            StringBuilder why = new StringBuilder(e.toString());
+            for (Throwable c = e.getCause(); c != null; c = c.getCause()) {
+                why.append(" <- ").append(c);
             }
-            out.put("seconds", (System.currentTimeMillis() - start) / 1000.0);
+            out.put("error", why.toString());
+        }
+        out.put("seconds", (System.currentTimeMillis() - start) / 1000.0);
+        synchronized (System.out) {
             System.out.println("RESULT " + name + " " + json(out));
             System.out.flush();
         }
-        System.exit(0);
     }
 
     static Map<String, Object> run(String name) throws Exception {
