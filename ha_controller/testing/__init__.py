@@ -295,6 +295,22 @@ def run_broker(
     return handle.start() if start else handle
 
 
+def run_proxy(
+    namesrv: str,
+    workdir: Path,
+    *,
+    name: str = "proxy",
+    env: Mapping[str, str] | None = None,
+    extra_args: Sequence[str] = (),
+) -> ProcessHandle:
+    """Start ``hactl proxy`` (the RocketMQ 5 gRPC gateway) on port 0 in front of the
+    nameserver ``namesrv`` and wait for its ready file; its ``rpc`` is the endpoint the
+    official SDKs dial."""
+    workdir.mkdir(parents=True, exist_ok=True)
+    args = ("proxy", "--namesrv", namesrv, "--listen", "127.0.0.1:0")
+    return _hactl_handle(ProcessHandle, name, workdir, env, args, extra_args).start()
+
+
 @dataclass
 class ContainerHandle(ProcessHandle):
     """A broker container process; its ready file lists every hosted broker."""
@@ -526,6 +542,20 @@ class Cluster:
         self.brokers[(name, broker_id)] = handle
         return handle
 
+    def run_proxy(
+        self, *args: str, env: Mapping[str, str] | None = None, name: str = "proxy"
+    ) -> ProcessHandle:
+        """``hactl proxy`` for this cluster (:func:`run_proxy`), with the cluster's
+        environment (secret, ACL, TLS) under ``env`` and an admin HTTP port; ``args``
+        are more flags."""
+        return run_proxy(
+            self.namesrv,
+            self.workdir,
+            name=name,
+            env={**self.env, **(env or {})},
+            extra_args=("--http", "127.0.0.1:0", *args),
+        )
+
     def stop(self) -> None:
         for handle in self.brokers.values():
             handle.kill()
@@ -595,38 +625,6 @@ def run_cluster(
         cluster.stop()
         raise
     return cluster
-
-
-def run_proxy(
-    cluster: Cluster,
-    *args: str,
-    env: Mapping[str, str] | None = None,
-    name: str = "proxy",
-) -> ProcessHandle:
-    """Start ``hactl proxy`` (the gRPC gateway) for ``cluster`` on port 0, with the
-    cluster's environment (secret, ACL, TLS) unless ``env`` says otherwise, and extra
-    flags ``args``."""
-    ready = cluster.workdir / f"{name}.ready.json"
-    handle = ProcessHandle(
-        name=name,
-        argv=hactl_argv(
-            "proxy",
-            "--namesrv",
-            cluster.namesrv,
-            "--listen",
-            "127.0.0.1:0",
-            "--http",
-            "127.0.0.1:0",
-            "--ready-file",
-            str(ready),
-            *args,
-        ),
-        env=_base_env({**cluster.env, **(env or {})}),
-        workdir=cluster.workdir,
-        ready_file=ready,
-        log_path=cluster.workdir / f"{name}.log",
-    )
-    return handle.start()
 
 
 async def stored_messages(

@@ -215,7 +215,6 @@ from ha_controller.testing import (  # noqa: E402
     make_tls_files,
     openssl_missing,
     run_cluster,
-    run_proxy,
     stored_messages,
 )
 
@@ -521,7 +520,7 @@ async def test_a_replayed_offset_commit_is_refused(cluster: Cluster) -> None:
 @pytest.fixture(scope="module")
 def gateway(cluster: Cluster, tls: TlsFiles) -> Iterator[ProcessHandle]:
     # the SDK has no client certificate: server TLS on the gRPC side only
-    handle = run_proxy(cluster, env={"HAC_TLS_REQUIRE_CLIENT_CERT": "false"})
+    handle = cluster.run_proxy(env={"HAC_TLS_REQUIRE_CLIENT_CERT": "false"})
     try:
         yield handle
     finally:

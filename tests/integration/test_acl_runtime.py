@@ -34,7 +34,6 @@ from ha_controller.testing import (
     eventually,
     hactl_argv,
     run_cluster,
-    run_proxy,
 )
 
 pytestmark = pytest.mark.timeout(240)
@@ -88,7 +87,7 @@ async def _settle(c: Cluster) -> None:
 
 @pytest.fixture(scope="module")
 def gateway(cluster: Cluster) -> Iterator[ProcessHandle]:
-    handle = run_proxy(cluster)
+    handle = cluster.run_proxy()
     try:
         yield handle
     finally:

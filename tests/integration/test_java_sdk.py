@@ -1,0 +1,191 @@
+"""The official RocketMQ 5 Java SDK (rocketmq-client-java 5.0.8) against ``hactl proxy``
+in front of a two-group cluster (master + SYNC slave each): normal messages through a
+SimpleConsumer, a PushConsumer, FIFO, delayed messages with a recall, transactions with
+their checker, and a kill -9 of a master in the middle of a stream.
+
+tests/sdk_java/Scenarios.java is compiled here (javac) against the SDK that
+``bash tools/install-java-sdk.sh`` (``make tools``) fetched into .venv/sdk-java, and
+every scenario runs in one JVM, the master kill last; each prints one
+``RESULT <name> {json}`` line, which the tests check.  Without java/javac or the
+installed SDK the tests skip with the installer's one-line reason.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import json
+import os
+import shutil
+import subprocess
+import time
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from ha_controller.testing import hactl_argv, run_cluster, run_proxy
+
+ROOT = Path(__file__).resolve().parents[2]
+SCENARIOS = ROOT / "tests" / "sdk_java" / "Scenarios.java"
+SDK_DIR = Path(os.environ.get("HAC_JAVA_SDK_DIR", ROOT / ".venv" / "sdk-java"))
+SDK_JAR = SDK_DIR / "lib" / "rocketmq-client-java-5.0.8.jar"
+UNAVAILABLE = SDK_DIR.parent / "java-sdk-unavailable"
+TOPICS = ("java-normal", "java-push", "java-fifo", "java-delay", "java-tx", "java-ha")
+ORDERLY_GROUPS = ("java-g-fifo",)
+#: the failover scenario's bound: every acknowledged message consumed within this many
+#: seconds of the last send (the killed group's queues are read from its acting slave)
+FAILOVER_BOUND_S = 30.0
+
+
+def _why_missing() -> str | None:
+    for tool in ("java", "javac"):
+        if shutil.which(tool) is None:
+            return f"{tool} is not installed (the Java SDK tests need a JDK 17)"
+    if not SDK_JAR.exists():
+        if UNAVAILABLE.exists():
+            return UNAVAILABLE.read_text().strip()
+        return "rocketmq-client-java is not installed: run `make tools`"
+    return None
+
+
+pytestmark = pytest.mark.skipif(_why_missing() is not None, reason=_why_missing() or "")
+
+
+def hactl(cluster: Any, *args: str) -> str:
+    done = subprocess.run(
+        hactl_argv(*args, "--namesrv", cluster.namesrv),
+        check=True,
+        capture_output=True,
+        text=True,
+        timeout=20,
+    )
+    return done.stdout
+
+
+@pytest.fixture(scope="module")
+def results() -> Iterator[dict[str, Any]]:
+    """Every scenario's result, from one JVM run against one cluster and gateway."""
+    env = {
+        "HAC_TRANSACTION_TIMEOUT_MS": "1000",
+        "HAC_TRANSACTION_CHECK_INTERVAL_MS": "500",
+    }
+    cluster = run_cluster(("broker-a", "broker-b"), 2, env=env)
+    proxy = None
+    try:
+        proxy = run_proxy(
+            cluster.namesrv, cluster.workdir, extra_args=("--long-polling-timeout-s", "5")
+        )
+        for topic in TOPICS:
+            hactl(cluster, "topic", "create", topic, "--queues", "4")
+        for group in ORDERLY_GROUPS:
+            hactl(cluster, "group", "update", group, "--orderly")
+        classes = cluster.workdir / "java-classes"
+        subprocess.run(
+            ["javac", "-d", str(classes), "-cp", str(SDK_DIR / "lib" / "*"), str(SCENARIOS)],
+            check=True,
+            capture_output=True,
+            timeout=120,
+        )
+        master = cluster.broker("broker-a", 0)
+        home = cluster.workdir / "java-home"  # the SDK's logs go to ${user.home}/logs
+        started = time.monotonic()
+        proc = subprocess.run(
+            [
+                "java",
+                "-Xmx256m",
+                f"-Duser.home={home}",
+                "-cp",
+                f"{SDK_DIR / 'lib' / '*'}{os.pathsep}{classes}",
+                "Scenarios",
+                f"proxy={proxy.rpc}",
+                f"master_pid={master.pid}",
+            ],
+            capture_output=True,
+            text=True,
+            timeout=240,
+            check=False,
+        )
+        with contextlib.suppress(subprocess.TimeoutExpired):
+            master.proc.wait(10)  # reap the killed master
+        out: dict[str, Any] = {"_wall_s": time.monotonic() - started}
+        for line in proc.stdout.splitlines():
+            if line.startswith("RESULT "):
+                _, name, payload = line.split(" ", 2)
+                out[name] = json.loads(payload)
+        if len(out) == 1:
+            raise AssertionError(
+                f"java exited {proc.returncode} without results:\n"
+                + proc.stdout[-3000:]
+                + proc.stderr[-3000:]
+            )
+        yield out
+    finally:
+        if proxy is not None:
+            proxy.stop()
+        cluster.stop()
+
+
+def scenario(results: dict[str, Any], name: str) -> dict[str, Any]:
+    out = results.get(name)
+    assert out is not None, f"scenario {name} printed no result"
+    assert "error" not in out, out["error"]
+    return dict(out)
+
+
+def test_normal_messages_through_a_simple_consumer(results: dict[str, Any]) -> None:
+    out = scenario(results, "normal")
+    got = out["got"]
+    assert sorted(m["id"] for m in got) == sorted(out["sent"])
+    assert {m["tag"] for m in got} == {"A"}
+    assert sorted(m["keys"][0] for m in got) == sorted(f"k{i}" for i in range(20))
+
+
+def test_a_push_consumer_gets_each_message_once(results: dict[str, Any]) -> None:
+    out = scenario(results, "push")
+    assert sorted(out["got"]) == sorted(out["sent"])
+
+
+def test_fifo_message_groups_are_consumed_in_order(results: dict[str, Any]) -> None:
+    out = scenario(results, "fifo")
+    assert sorted(out["got"]) == sorted(out["sent"])
+    for g in ("ga", "gb", "gc"):
+        seqs = [int(b.split(":")[1]) for b in out["got"] if b.startswith(g + ":")]
+        assert seqs == list(range(8)), f"message group {g} out of order: {seqs}"
+
+
+def test_a_delayed_message_arrives_on_time_and_a_recalled_one_never(
+    results: dict[str, Any],
+) -> None:
+    out = scenario(results, "delay")
+    assert out["recall_handle"], "no recall handle on a delayed send"
+    assert "recall_error" not in out, out.get("recall_error")
+    arrivals = out["arrivals"]
+    assert [a["body"] for a in arrivals] == ["kept"], arrivals
+    assert abs(arrivals[0]["at"] - out["due_ms"]) <= 1500, arrivals[0]["at"] - out["due_ms"]
+
+
+def test_transactions_commit_roll_back_and_are_checked(results: dict[str, Any]) -> None:
+    out = scenario(results, "transaction")
+    bodies = sorted(m["body"] for m in out["got"] + out["late"])
+    assert bodies == ["tx-checked", "tx-commit"], out
+    assert "tx-checked" in out["checked"]
+    assert "tx-rollback" not in out["checked"]
+
+
+def test_every_acknowledged_message_arrives_once_across_a_master_kill(
+    results: dict[str, Any],
+) -> None:
+    out = scenario(results, "failover")
+    assert out["killed_after"] == 40
+    assert out["acked"] >= 150, out["failed"][:5]
+    assert out["missing"] == [], f"{len(out['missing'])} acknowledged messages never consumed"
+    assert out["duplicated"] == {}, out["duplicated"]
+    assert out["all_received_after_last_send_s"] <= FAILOVER_BOUND_S, out
+
+
+def test_the_suite_stays_small(results: dict[str, Any]) -> None:
+    """One JVM for every scenario: well under a minute and a half on two cores."""
+    assert results["_wall_s"] < 150, {
+        k: v.get("seconds") for k, v in results.items() if k[0] != "_"
+    }
