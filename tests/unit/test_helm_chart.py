@@ -30,6 +30,7 @@ from ha_controller.config import (
     ConfigError,
     NameserverConfig,
     config_keys,
+    dumps_toml,
     env_var_name,
     helm_schema,
     load_broker_config,
@@ -504,36 +505,20 @@ def flat_keys(table: dict[str, Any], prefix: str = "") -> set[str]:
     return keys
 
 
-def toml_value(value: Any) -> str:
-    if isinstance(value, bool):
-        return "true" if value else "false"
-    if isinstance(value, int):
-        return str(value)
-    if isinstance(value, str):
-        return json.dumps(value)
-    if isinstance(value, list):
-        return "[" + ", ".join(json.dumps(str(v)) for v in value) + "]"
-    raise TypeError(value)
-
-
 def to_toml(table: dict[str, Any], tls_dir: Path) -> str:
-    """The same layout as the chart's "ha-controller.toml" helper: scalars, then [tables]."""
+    """The same layout as the chart's "ha-controller.toml" helper: scalars, then [tables],
+    each in key order; the TLS and ACL paths moved to scratch directories."""
 
     def local(value: Any) -> Any:
+        if isinstance(value, dict):
+            return {k: local(v) for k, v in sorted(value.items())}
         if isinstance(value, str) and value.startswith(TLS_DIR):
             return str(tls_dir / value.removeprefix(TLS_DIR))
         if isinstance(value, str) and value.startswith(ACL_DIR):  # beside the TLS files
             return str(tls_dir.parent / "acl" / value.removeprefix(ACL_DIR))
         return value
 
-    lines = [
-        f"{k} = {toml_value(local(v))}" for k, v in sorted(table.items()) if not isinstance(v, dict)
-    ]
-    for key, sub in sorted(table.items()):
-        if isinstance(sub, dict):
-            lines += ["", f"[{key}]"]
-            lines += [f"{k} = {toml_value(local(v))}" for k, v in sorted(sub.items())]
-    return "\n".join(lines) + "\n"
+    return dumps_toml(local(table))
 
 
 ALL_VALUES = [("values.yaml", {})] + [(p.name, load_yaml(p)) for p in EXAMPLES]
