@@ -326,16 +326,6 @@ class ContainerHandle(ProcessHandle):
         return str(self.member(broker_name, broker_id)["rpc"])
 
 
-def _toml_value(value: object) -> str:
-    if isinstance(value, bool):
-        return "true" if value else "false"
-    if isinstance(value, int | float):
-        return str(value)
-    if isinstance(value, list | tuple):
-        return "[" + ", ".join(_toml_value(v) for v in value) + "]"
-    return json.dumps(str(value))  # a JSON string is a valid TOML basic string
-
-
 def run_container(
     namesrv: str,
     brokers: Sequence[tuple[str, int]],
@@ -354,23 +344,23 @@ def run_container(
     ``shared`` keys go to the top of the file (every broker), ``per_broker`` ones
     into that broker's ``[[brokers]]`` table.
     """
+    from ha_controller.config import dumps_toml
+
     workdir.mkdir(parents=True, exist_ok=True)
-    lines = [f"cluster = {_toml_value(cluster)}"]
-    lines += [f"{k} = {_toml_value(v)}" for k, v in (shared or {}).items()]
-    for broker_name, broker_id in brokers:
-        store = workdir / "store" / f"{broker_name}-{broker_id}"
-        table: dict[str, object] = {
+    tables = [
+        {
             "broker_name": broker_name,
             "broker_id": broker_id,
             "listen": "127.0.0.1:0",
             "ha_listen": "127.0.0.1:0",
             "http_listen": "127.0.0.1:0",
-            "store_dir": str(store),
+            "store_dir": str(workdir / "store" / f"{broker_name}-{broker_id}"),
             **((per_broker or {}).get((broker_name, broker_id), {})),
         }
-        lines += ["", "[[brokers]]", *(f"{k} = {_toml_value(v)}" for k, v in table.items())]
+        for broker_name, broker_id in brokers
+    ]
     config = workdir / f"{name}.toml"
-    config.write_text("\n".join(lines) + "\n")
+    config.write_text(dumps_toml({"cluster": cluster, **(shared or {}), "brokers": tables}))
     args = ("broker", "--config", str(config), "--namesrv", namesrv)
     handle = _hactl_handle(ContainerHandle, name, workdir, env, args)
     if start:

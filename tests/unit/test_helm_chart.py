@@ -9,21 +9,19 @@ real config loaders, and the chart's copies of the dashboards and alert rules
 equal the sources in grafana/. tests/unit/test_helm_real.py runs the real helm
 (`make tools`) on the chart.
 
-Regenerate the schema's config definitions after a config key changes:
+The schema's config definitions are written by `ha_controller.config.helm_schema`;
+regenerate them after a config key changes:
 
-    .venv/bin/python tests/unit/test_helm_chart.py --write-schema
+    .venv/bin/python -m ha_controller.config.helm_schema
 """
 
 from __future__ import annotations
 
 import copy
-import dataclasses
 import json
 import re
-import sys
-import typing
 from pathlib import Path
-from typing import Any, Literal
+from typing import Any
 
 import pytest
 
@@ -32,10 +30,13 @@ from ha_controller.config import (
     ConfigError,
     NameserverConfig,
     config_keys,
+    dumps_toml,
     env_var_name,
+    helm_schema,
     load_broker_config,
     load_nameserver_config,
 )
+from ha_controller.config import schema as config_schema
 
 yaml = pytest.importorskip("yaml", reason="pyyaml is needed (dev extra)")
 jsonschema = pytest.importorskip("jsonschema", reason="jsonschema is needed (dev extra)")
@@ -165,78 +166,7 @@ def test_schema_rejects_bad_values(override: dict[str, Any], where: str) -> None
 # --- the `config` maps of the schema, generated from the config classes ------------------
 
 #: values.schema.json definition -> config class whose keys a values `config` map may hold.
-CONFIG_DEFINITIONS: dict[str, type[BrokerConfig] | type[NameserverConfig]] = {
-    "brokerConfig": BrokerConfig,
-    "nameserverConfig": NameserverConfig,
-}
-
-
-def _int_schema(name: str, f: dataclasses.Field[Any]) -> dict[str, Any]:
-    """The bounds the loader enforces: `ge`/`le` metadata; a duration or size is >= 1."""
-    out: dict[str, Any] = {"type": "integer"}
-    ge = f.metadata.get("ge", 1 if name.endswith(("_ms", "_s", "_bytes")) else None)
-    if ge is not None:
-        out["minimum"] = ge
-    if f.metadata.get("le") is not None:
-        out["maximum"] = f.metadata["le"]
-    return out
-
-
-def _value_schema(tp: Any, name: str, f: dataclasses.Field[Any]) -> dict[str, Any]:
-    origin = typing.get_origin(tp)
-    if origin in (typing.Union, type(int | None)):
-        (inner,) = [a for a in typing.get_args(tp) if a is not type(None)]
-        return _value_schema(inner, name, f)  # TOML has no null: unset = leave it out
-    if tp is bool:
-        return {"type": "boolean"}
-    if tp is int:
-        return _int_schema(name, f)
-    if tp is float:
-        return {"type": "number"}  # ratios: their check functions bound them at load
-    if tp is str:
-        return {"type": "string"}
-    if origin is Literal:
-        return {"enum": list(typing.get_args(tp))}
-    if origin is tuple:
-        # a list of strings, or one comma-separated string (as the loader takes it)
-        return {"type": ["array", "string"], "items": {"type": "string"}}
-    if dataclasses.is_dataclass(tp):
-        return _table_schema(typing.cast("type", tp))
-    raise TypeError(f"no schema for config type {tp!r} ({name})")
-
-
-def _table_schema(cls: type) -> dict[str, Any]:
-    hints = typing.get_type_hints(cls)
-    return {
-        "type": "object",
-        "additionalProperties": False,
-        "properties": {
-            f.name: _value_schema(hints[f.name], f.name, f)
-            for f in dataclasses.fields(cls)
-            if f.init
-        },
-    }
-
-
-def config_definition(cls: type) -> dict[str, Any]:
-    return {
-        "$comment": (
-            f"Generated from ha_controller.config.{cls.__name__} by "
-            "tests/unit/test_helm_chart.py --write-schema; keys the chart sets itself are "
-            "refused by its templates (ha-controller.ownedKeys)"
-        ),
-        **_table_schema(cls),
-    }
-
-
-def generated_schema() -> dict[str, Any]:
-    """values.schema.json with its config definitions regenerated."""
-    out = schema()
-    out["definitions"] = {
-        **out.get("definitions", {}),
-        **{name: config_definition(cls) for name, cls in CONFIG_DEFINITIONS.items()},
-    }
-    return out
+CONFIG_DEFINITIONS = helm_schema.DEFINITIONS
 
 
 def schema_keys(node: dict[str, Any], prefix: str = "") -> set[str]:
@@ -250,9 +180,9 @@ def schema_keys(node: dict[str, Any], prefix: str = "") -> set[str]:
 
 
 def test_schema_config_definitions_are_generated_from_the_config_classes() -> None:
-    assert schema()["definitions"] == generated_schema()["definitions"], (
-        "values.schema.json is stale: run "
-        ".venv/bin/python tests/unit/test_helm_chart.py --write-schema"
+    current = (CHART / "values.schema.json").read_text()
+    assert helm_schema.render(current) == current, (
+        f"values.schema.json is stale: run {helm_schema.COMMAND}"
     )
 
 
@@ -575,36 +505,20 @@ def flat_keys(table: dict[str, Any], prefix: str = "") -> set[str]:
     return keys
 
 
-def toml_value(value: Any) -> str:
-    if isinstance(value, bool):
-        return "true" if value else "false"
-    if isinstance(value, int):
-        return str(value)
-    if isinstance(value, str):
-        return json.dumps(value)
-    if isinstance(value, list):
-        return "[" + ", ".join(json.dumps(str(v)) for v in value) + "]"
-    raise TypeError(value)
-
-
 def to_toml(table: dict[str, Any], tls_dir: Path) -> str:
-    """The same layout as the chart's "ha-controller.toml" helper: scalars, then [tables]."""
+    """The same layout as the chart's "ha-controller.toml" helper: scalars, then [tables],
+    each in key order; the TLS and ACL paths moved to scratch directories."""
 
     def local(value: Any) -> Any:
+        if isinstance(value, dict):
+            return {k: local(v) for k, v in sorted(value.items())}
         if isinstance(value, str) and value.startswith(TLS_DIR):
             return str(tls_dir / value.removeprefix(TLS_DIR))
         if isinstance(value, str) and value.startswith(ACL_DIR):  # beside the TLS files
             return str(tls_dir.parent / "acl" / value.removeprefix(ACL_DIR))
         return value
 
-    lines = [
-        f"{k} = {toml_value(local(v))}" for k, v in sorted(table.items()) if not isinstance(v, dict)
-    ]
-    for key, sub in sorted(table.items()):
-        if isinstance(sub, dict):
-            lines += ["", f"[{key}]"]
-            lines += [f"{k} = {toml_value(local(v))}" for k, v in sorted(sub.items())]
-    return "\n".join(lines) + "\n"
+    return dumps_toml(local(table))
 
 
 ALL_VALUES = [("values.yaml", {})] + [(p.name, load_yaml(p)) for p in EXAMPLES]
@@ -636,11 +550,7 @@ def test_config_maps_may_not_set_what_the_chart_sets(component: str, cls: type) 
     """Refused: every key the chart renders (in_sync_replicas excepted: a group may lower
     it), the per-pod identity and the secrets (which come from Secrets as env vars)."""
     rendered = {k.split(".")[0] for k in template_config_keys()[component]}
-    own = {
-        f.name
-        for f in dataclasses.fields(cls)
-        if f.metadata.get("per_broker") or f.metadata.get("secret")
-    }
+    own = {key.name for key in config_schema(cls).keys.values() if key.per_broker or key.secret}
     expected = (rendered - {"in_sync_replicas"}) | own
     assert set(owned_keys(component)) == expected
     assert all(owned_keys(component).values())
@@ -920,10 +830,3 @@ def test_dockerfile() -> None:
     assert values["podSecurityContext"]["runAsUser"] == int(user[-1].split(":")[0])
     ignore = (ROOT / ".dockerignore").read_text().split()
     assert {".git/", ".venv/"} <= set(ignore)
-
-
-if __name__ == "__main__":
-    if sys.argv[1:] != ["--write-schema"]:
-        sys.exit(f"usage: {sys.argv[0]} --write-schema")
-    (CHART / "values.schema.json").write_text(json.dumps(generated_schema(), indent=2) + "\n")
-    print(f"wrote {CHART / 'values.schema.json'}")

@@ -139,7 +139,7 @@ podAntiAffinity:
 
 {{/*
 Environment shared by nameservers and brokers: secrets as HAC_<KEY> variables
-(config.py reads every key from the environment), never in the ConfigMap.
+(the config loader reads every key from the environment), never in the ConfigMap.
 */}}
 {{- define "ha-controller.secretEnv" -}}
 {{- if .Values.clusterSecret.enabled }}
