@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import logging
 import time
+from collections.abc import Awaitable, Callable
 from typing import Any, Final
 
 import grpc
@@ -27,6 +28,7 @@ from ha_controller.proxy.core import MAX_BATCH, MIN_INVISIBLE_MS, GatewayCore
 from ha_controller.proxy.handles import GatewayHandle
 from ha_controller.proxy.limits import ThrottledLog, client_id
 from ha_controller.proxy.renewal import RenewalTable
+from ha_controller.routing import Perm
 
 log = logging.getLogger(__name__)
 
@@ -35,6 +37,9 @@ __all__ = ["POLL_SLICE_MS", "Receiver"]
 #: POP waits at most this long per call, so retry-topic messages and route
 #: changes are seen at least this often during a long poll.
 POLL_SLICE_MS: Final = 5000
+#: ... and this long when other groups serve the topic too, whose messages the
+#: receive looks for between its waits on the group it names
+OTHER_GROUPS_SLICE_MS: Final = 1000
 
 
 class Receiver:
@@ -115,27 +120,68 @@ class Receiver:
         tags = convert.tags_of(request.filter_expression)
         deadline = time.monotonic() + max(0, poll_ms) / 1000
         orderly = await self.group_orderly(group, topic)
-        while True:
-            addr = await self.core.group_addr(topic, broker)
-            got = await self._pop_retry(addr, group, topic, broker, batch, invisible_ms, tags)
-            if got:
-                return got
-            left_ms = int((deadline - time.monotonic()) * 1000)
-            got = await self._pop(
+
+        async def pop(name: str, pop_topic: str, wait_ms: int) -> list[v2.Message]:
+            addr = await self.core.group_addr(topic, name)
+            return await self._pop(
                 addr,
                 group,
+                pop_topic,
                 topic,
-                topic,
-                broker,
+                name,
                 -1,  # any queue of the group, as RocketMQ's proxy pops (the id is a hint)
                 batch,
                 invisible_ms,
-                max(0, min(left_ms, POLL_SLICE_MS)),
+                wait_ms,
                 tags,
-                order=orderly,
+                order=orderly and pop_topic == topic,
             )
+
+        while True:
+            # the group the request names, then every other group that serves the
+            # topic's reads, without waiting: a client that long-polls a drained group
+            # (after a failover its messages sit in the other one) still gets the
+            # others' messages within a slice, not after its whole long poll
+            for name in await self._groups_to_read(topic, broker):
+                got = await self._pop_retry(group, topic, name, pop, quiet=name != broker)
+                if not got and name != broker:
+                    got = await self._pop_quietly(name, topic, pop)
+                if got:
+                    return got
+            others = len(await self._groups_to_read(topic, broker)) > 1
+            left_ms = int((deadline - time.monotonic()) * 1000)
+            slice_ms = OTHER_GROUPS_SLICE_MS if others else POLL_SLICE_MS
+            got = await pop(broker, topic, max(0, min(left_ms, slice_ms)))
             if got or time.monotonic() >= deadline:
                 return got
+
+    async def _groups_to_read(self, topic: str, broker: str) -> list[str]:
+        """``broker`` first, then the other groups whose queues of ``topic`` are
+        readable and that have an id 0 (a master or an acting slave)."""
+        try:
+            route = await self.core.route(topic)
+        except (HaError, OSError, TimeoutError):
+            return [broker]
+        perms = {qd.broker_name: qd.perm for qd in route.queue_datas}
+        others = sorted(
+            b.broker_name
+            for b in route.broker_datas
+            if b.broker_name != broker
+            and 0 in b.broker_addrs
+            and Perm.is_readable(perms.get(b.broker_name, 0))
+        )
+        return [broker, *others]
+
+    async def _pop_quietly(
+        self, name: str, topic: str, pop: Callable[[str, str, int], Awaitable[list[v2.Message]]]
+    ) -> list[v2.Message]:
+        """Another group's messages, no wait; a group that cannot be read now (it
+        lost its master a moment ago) is skipped, not the whole receive failed."""
+        try:
+            return await pop(name, topic, 0)
+        except (HaError, OSError, TimeoutError) as exc:
+            log.debug("receive from %s skipped: %s", name, exc)
+            return []
 
     async def group_orderly(self, group: str, topic: str) -> bool:
         """Whether consumer group ``group`` consumes orderly: named in ``fifo_groups``,
@@ -169,20 +215,23 @@ class Receiver:
 
     async def _pop_retry(
         self,
-        addr: str,
         group: str,
         topic: str,
-        broker: str,
-        batch: int,
-        invisible_ms: int,
-        tags: list[str],
+        name: str,
+        pop: Callable[[str, str, int], Awaitable[list[v2.Message]]],
+        *,
+        quiet: bool,
     ) -> list[v2.Message]:
-        """Messages the revive service re-delivered (``%RETRY%group``), no wait."""
+        """Messages the revive service re-delivered (``%RETRY%group``) in group
+        ``name``, no wait (``quiet``: a group that cannot be read now is skipped)."""
         try:
-            return await self._pop(
-                addr, group, retry_topic(group), topic, broker, -1, batch, invisible_ms, 0, tags
-            )
+            return await pop(name, retry_topic(group), 0)
         except TopicNotFound:
+            return []
+        except (HaError, OSError, TimeoutError) as exc:
+            if not quiet:
+                raise
+            log.debug("retry receive from %s skipped: %s", name, exc)
             return []
 
     async def _pop(
