@@ -169,8 +169,50 @@ def requires_signature(method: int, body: bytes) -> bool:
     return predicate is not None and predicate(body)
 
 
+class SteadyWallClock:
+    """Wall time as this process first read it, moved on by the monotonic clock.
+
+    Signatures carry a timestamp that receivers compare with their own clocks; with the
+    raw wall clock, a step of one process's clock (an NTP step, a VM restored, an
+    operator) made it refuse every signed request as stale, or be refused by everyone
+    (a nameserver stepped +45 s emptied its group table).  This clock does not move
+    with such a step: the process keeps the time it had, which its peers agreed with,
+    and says once per step that it saw one.  A restart takes the new time."""
+
+    def __init__(
+        self,
+        wall: Callable[[], float] = time.time,
+        monotonic: Callable[[], float] = time.monotonic,
+        step_s: float = 1.0,
+    ) -> None:
+        self._wall = wall
+        self._monotonic = monotonic
+        self._step_s = step_s
+        self._base = wall() - monotonic()
+        self._off = 0.0  # wall - steady, as last seen
+
+    def __call__(self) -> int:
+        steady = self._base + self._monotonic()
+        off = self._wall() - steady
+        if abs(off - self._off) > self._step_s:
+            log.warning(
+                "the wall clock stepped by %+.1f s (now %+.1f s from this process's clock): "
+                "signatures and their freshness checks keep the clock from before; restart "
+                "the process to take the new time",
+                off - self._off,
+                off,
+            )
+            self._off = off
+        return int(steady * 1000)
+
+
+#: this process's clock for signatures and their freshness checks
+steady_wall_ms = SteadyWallClock()
+
+
 def wall_ms() -> int:
-    return int(time.time() * 1000)
+    """The time signatures carry and are checked against (:class:`SteadyWallClock`)."""
+    return steady_wall_ms()
 
 
 def derive_key(secret: str, purpose: bytes) -> bytes:

@@ -51,7 +51,7 @@ from google.protobuf.message import Message as PbMessage
 from ha_controller.acl import Acl, Credentials, User
 from ha_controller.acl.authorizer import peer_ip
 from ha_controller.acl.rules import GRPC_RULES, Need, grpc_settings_need
-from ha_controller.auth import ClusterAuth
+from ha_controller.auth import ClusterAuth, wall_ms
 from ha_controller.proto.rocketmq.v2 import definition_pb2 as v2
 from ha_controller.proto.rocketmq.v2 import service_pb2 as v2s
 from ha_controller.protocol.envelope import RequestAuth
@@ -209,7 +209,7 @@ class GatewayAuth:
         acl: Acl,
         cluster: ClusterAuth | None = None,
         *,
-        clock_s: Callable[[], float] = time.time,
+        clock_s: Callable[[], float] = lambda: wall_ms() / 1000,
         max_skew_s: float = MAX_SKEW_S,
     ) -> None:
         self.acl = acl
