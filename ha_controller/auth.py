@@ -99,6 +99,7 @@ SIGNED_CODES: frozenset[int] = frozenset(
         RequestCode.GET_ALL_SUBSCRIPTIONGROUP_CONFIG,
         RequestCode.GET_ACL_TABLE,
         RequestCode.PUT_ACL_TABLE,
+        RequestCode.PUT_RECALLS,
     }
 )
 
@@ -130,6 +131,7 @@ REQUIRED_CODES: frozenset[int] = frozenset(
         RequestCode.GET_POP_ACK_TABLE,
         RequestCode.GET_ACL_TABLE,
         RequestCode.PUT_ACL_TABLE,
+        RequestCode.PUT_RECALLS,
     }
 )
 

@@ -67,7 +67,7 @@ from ha_controller.protocol.errors import (
 )
 from ha_controller.protocol.properties import OFFSET_TOPIC, PROPERTY_TAGS, now_ms
 from ha_controller.protocol.record import StoredMessage, encoded_size, make_msg_id, tag_hash
-from ha_controller.routing import Perm, TopicConfig
+from ha_controller.routing import BrokerMemberGroup, Perm, TopicConfig
 from ha_controller.rpc import ConnectionPool, Dispatcher, RequestContext, RpcConnection
 
 M = TypeVar("M", bound=Message)
@@ -529,6 +529,7 @@ class FakeCore:
         self.special_hooks: list[Callable[[bool], None]] = []
         self.special_steps = SpecialSteps()
         self.acl = Acl(None)  # no client ACL: every producer may be asked
+        self.member_group: BrokerMemberGroup | None = None
         self.topics_changed_calls = 0
         self.spawned: list[str] = []
         #: where spawn() runs coroutines; None closes them unrun (as BrokerCore does

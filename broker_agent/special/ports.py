@@ -24,7 +24,7 @@ from broker_agent.write_path import Record, Stored
 from ha_controller.acl import Acl
 from ha_controller.config import BrokerConfig
 from ha_controller.protocol.record import StoredMessage
-from ha_controller.routing import TopicConfig
+from ha_controller.routing import BrokerMemberGroup, TopicConfig
 from ha_controller.rpc import ConnectionPool, Dispatcher
 
 
@@ -72,6 +72,8 @@ class CorePort(Protocol):
     special_steps: SpecialSteps
     #: the client ACL (who of the producers may be asked about a transaction)
     acl: Acl
+    #: the group's members as the nameserver last said (None before the first view)
+    member_group: BrokerMemberGroup | None
 
     def spawn(self, coro: Coroutine[Any, Any, None], name: str) -> None: ...
 

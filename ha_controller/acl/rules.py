@@ -378,6 +378,7 @@ RULES: Final[dict[int, Rule]] = {
     RequestCode.AUTH_LIST_ACL: Rule(acl_pb2.AclQuery, _super_only, "-", "Super"),
     RequestCode.GET_ACL_TABLE: Rule(None, _cluster_only, "-", "cluster", "holds secret keys"),
     RequestCode.PUT_ACL_TABLE: Rule(None, _cluster_only, "-", "cluster"),
+    RequestCode.PUT_RECALLS: Rule(None, _cluster_only, "-", "cluster"),
 }
 
 

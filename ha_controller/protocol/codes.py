@@ -76,6 +76,8 @@ class RequestCode(enum.IntEnum):
     # the ACL table between cluster members (it holds secret keys): ha_controller/acl/
     GET_ACL_TABLE = 900023
     PUT_ACL_TABLE = 900024
+    # an acting slave hands a recall to the other members of its group before answering
+    PUT_RECALLS = 900025
 
 
 def method_name(method: int) -> str:

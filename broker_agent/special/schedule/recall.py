@@ -7,7 +7,9 @@ RocketMQ's way) through the write path and confirmed by the replicas before the 
 is acknowledged: a slave that takes over reads the marker from its replicated timer
 queue, so a failover right after a recall cannot deliver the message.  An acting slave
 cannot write its store: it keeps the recall in its table, which the returning master
-adopts in pre-online.
+adopts in pre-online, and hands it to every other member of its group (PUT_RECALLS)
+before it answers, so that the slave acting next, should this one die too, knows it
+(a recall answered by an acting slave was delivered on time after that slave's death).
 """
 
 from __future__ import annotations
@@ -21,7 +23,15 @@ from broker_agent.special.schedule.recall_table import RecallTable
 from broker_agent.special.schedule.target import TIMER_QUEUE_ID
 from broker_agent.special.schedule.timer import TimerLoop
 from ha_controller.proto import broker_pb2, common_pb2
-from ha_controller.protocol.errors import BadRequest, NotMaster, NotRecallable, NotWritable
+from ha_controller.protocol.codes import RequestCode
+from ha_controller.protocol.errors import (
+    BadRequest,
+    HaError,
+    InSyncReplicasNotEnough,
+    NotMaster,
+    NotRecallable,
+    NotWritable,
+)
 from ha_controller.protocol.properties import (
     PROPERTY_DUE_MS,
     PROPERTY_REAL_TOPIC,
@@ -29,10 +39,14 @@ from ha_controller.protocol.properties import (
     TIMER_TOPIC,
 )
 from ha_controller.rpc import RequestContext
+from ha_controller.wire import data_version_from_pb, data_version_to_pb
 
 __all__ = ["RecallService"]
 
 log = logging.getLogger(__name__)
+
+#: how long an acting slave waits for each member to keep its recall
+HAND_ON_MS = 3000
 
 
 class RecallService:
@@ -68,6 +82,8 @@ class RecallService:
             raise BadRequest(f"recall of a message of {req.broker_name} sent to {core.name}")
         known = self.recalls.entries.get(req.uniq_key)
         if known is not None and known[1] in ("", req.topic):
+            if not core.acting.is_master:
+                await self._hand_on(req.uniq_key, known[0], req.topic)
             return broker_pb2.RecallMessageResponse(msg_id=req.uniq_key)
         index = self.timer_loop.index
         if index is None:
@@ -89,6 +105,8 @@ class RecallService:
         if core.acting.is_master:
             await self._write_marker(req, due)
         await asyncio.to_thread(self.recalls.persist)
+        if not core.acting.is_master:
+            await self._hand_on(req.uniq_key, due, req.topic)
         log.info("recalled timer message %s of %s (due %d)", req.uniq_key, req.topic, due)
         return broker_pb2.RecallMessageResponse(msg_id=req.uniq_key)
 
@@ -107,6 +125,55 @@ class RecallService:
             # stored here, so recalled here; a slave may not have it yet (the forward
             # sync of the recall table catches up), as a send's SlaveAckTimeout
             log.warning("recall marker of %s not confirmed by the slaves in time", req.uniq_key)
+
+    async def _hand_on(self, uniq_key: str, due: int, topic: str) -> None:
+        """An acting slave's recall to every other member of its group, confirmed; one
+        that does not confirm makes the recall refused as retriable (it is recalled
+        here already: the retry hands it on again)."""
+        core = self.core
+        group = core.member_group
+        others = {
+            bid: addr
+            for bid, addr in (group.broker_addrs.items() if group is not None else ())
+            if bid != core.cfg.broker_id and addr != core.addr
+        }
+        if not others:
+            return
+        table = broker_pb2.RecallTable(
+            entries=[broker_pb2.RecallEntry(uniq_key=uniq_key, due_ms=due, topic=topic)],
+            data_version=data_version_to_pb(self.recalls.data_version),
+        )
+
+        async def put(addr: str) -> None:
+            await core.pool.call_pb(
+                addr, RequestCode.PUT_RECALLS, table, common_pb2.Empty, timeout_ms=HAND_ON_MS
+            )
+
+        results = await asyncio.gather(*(put(a) for a in others.values()), return_exceptions=True)
+        failed = [
+            f"{bid} ({res})"
+            for bid, res in zip(others, results, strict=True)
+            if isinstance(res, BaseException)
+        ]
+        for res in results:
+            if isinstance(res, BaseException) and not isinstance(res, HaError | OSError):
+                raise res
+        if failed:
+            raise InSyncReplicasNotEnough(
+                f"recall of {uniq_key} kept here but not confirmed by member(s) "
+                f"{', '.join(failed)} of {core.cfg.broker_name}; retry"
+            )
+
+    async def put_recalls(
+        self, ctx: RequestContext, req: broker_pb2.RecallTable
+    ) -> common_pb2.Empty:
+        """PUT_RECALLS: the acting slave's recall, kept here too (merged; with a cluster
+        secret the guard lets only members send it)."""
+        entries = {e.uniq_key: (e.due_ms, e.topic) for e in req.entries if e.uniq_key}
+        if self.recalls.merge(entries, data_version_from_pb(req.data_version)):
+            await asyncio.to_thread(self.recalls.persist)
+            log.info("recall(s) of the acting slave kept: %s", ", ".join(sorted(entries)))
+        return common_pb2.Empty()
 
     async def get_table(self, ctx: RequestContext, req: common_pb2.Empty) -> broker_pb2.RecallTable:
         return self.recalls.to_pb()

@@ -86,6 +86,7 @@ class ScheduleService:
         add(RequestCode.GET_TIMER_CHECK_POINT, common_pb2.Empty, self._get_timer_checkpoint)
         add(RequestCode.RECALL_MESSAGE, broker_pb2.RecallMessageRequest, self.recall.handle)
         add(RequestCode.GET_RECALL_TABLE, common_pb2.Empty, self.recall.get_table)
+        add(RequestCode.PUT_RECALLS, broker_pb2.RecallTable, self.recall.put_recalls)
 
     # ---- control ----------------------------------------------------------
 
