@@ -9,6 +9,7 @@ from pathlib import Path
 
 from aiohttp import web
 
+from broker_agent.membership.preonline import ACCEPT_LOSS as ACCEPT_LOSS  # hactl's
 from broker_agent.service import BrokerService
 from ha_controller.admin_http import build_admin_app, start_http
 from ha_controller.config import BrokerConfig, parse_host_port

@@ -275,6 +275,9 @@ class BrokerMemberGroup:
     #: while a master is listed: ms since the nameserver last heard from it (None: the
     #: nameserver did not say)
     master_heard_ms_ago: int | None = None
+    #: the highest commit-log end a member of the group reported to that nameserver
+    #: since it started, members gone or not (None: not said)
+    max_offset_seen: int | None = None
 
     def minimum_broker_id(self) -> int:
         """0 when the group is empty, else the lowest member id."""

@@ -98,6 +98,8 @@ def member_group_to_pb(group: BrokerMemberGroup) -> nameserver_pb2.BrokerMemberG
         pb.acting_broker_id = group.acting_broker_id
     if group.master_heard_ms_ago is not None:
         pb.master_heard_ms_ago = group.master_heard_ms_ago
+    if group.max_offset_seen is not None:
+        pb.max_offset_seen = group.max_offset_seen
     return pb
 
 
@@ -108,4 +110,5 @@ def member_group_from_pb(pb: nameserver_pb2.BrokerMemberGroup) -> BrokerMemberGr
         dict(pb.broker_addrs),
         pb.acting_broker_id if pb.HasField("acting_broker_id") else None,
         pb.master_heard_ms_ago if pb.HasField("master_heard_ms_ago") else None,
+        pb.max_offset_seen if pb.HasField("max_offset_seen") else None,
     )

@@ -69,6 +69,10 @@ _SYNC_TOPIC_QUEUE_NUMS: Final = 1
 _SYNC_TOPIC_PERM: Final = Perm.INHERIT
 
 
+#: groups whose highest reported position a nameserver remembers (oldest dropped)
+MAX_HIGH_WATER_GROUPS = 10_000
+
+
 def _monotonic_ms() -> float:
     return time.monotonic() * 1000
 
@@ -237,6 +241,10 @@ class RouteTable:
         self._groups: dict[str, _Group] = {}
         self._topic_queues: dict[str, dict[str, QueueData]] = {}
         self._live: dict[tuple[str, str], _LiveInfo] = {}
+        #: (cluster, group) -> the highest commit-log end any member reported since
+        #: this nameserver started, kept after the members left: a master that comes
+        #: back with less (a lost volume) while no slave is there learns it held more
+        self._high_water: dict[tuple[str, str], int] = {}
         self._generation = 0
         self._min_id_changes = 0
 
@@ -422,6 +430,7 @@ class RouteTable:
             reported_ms=now,
             heard_ms=now,
         )
+        self._note_position(reg.cluster, reg.broker_name, reg.max_offset)
 
         master_addr: str | None = None
         master_ha_addr: str | None = None
@@ -508,6 +517,8 @@ class RouteTable:
         changed = False
         if max_offset is not None:
             live.reported_ms = live.last_update_ms
+            if live.broker_name is not None:
+                self._note_position(cluster, live.broker_name, max_offset)
             if max_offset != live.max_offset:
                 live.max_offset = max_offset
                 changed = True
@@ -526,6 +537,15 @@ class RouteTable:
         self._rechoose(group)
         change = self._min_id_change(group, prev, ha_addr=None)
         return HeartbeatOutcome(True, [] if change is None else [change])
+
+    def _note_position(self, cluster: str, broker_name: str, max_offset: int | None) -> None:
+        if max_offset is None:
+            return
+        key = (cluster, broker_name)
+        if max_offset > self._high_water.get(key, 0):
+            if key not in self._high_water and len(self._high_water) >= MAX_HIGH_WATER_GROUPS:
+                self._high_water.pop(next(iter(self._high_water)))
+            self._high_water[key] = max_offset
 
     def query_data_version(self, cluster: str, broker_addr: str, data_version: DataVersion) -> bool:
         """Whether ``data_version`` differs from the registered one; also a heartbeat."""
@@ -1018,8 +1038,9 @@ class RouteTable:
     def member_group(self, cluster: str, broker_name: str) -> BrokerMemberGroup:
         """A group's members with raw ids (§1.6); empty when unknown."""
         group = self._groups.get(broker_name)
+        seen = self._high_water.get((cluster, broker_name))
         if group is None:
-            return BrokerMemberGroup(cluster, broker_name, {})
+            return BrokerMemberGroup(cluster, broker_name, {}, max_offset_seen=seen)
         acting = (SETTLING if group.settling else group.acting_id) if self._may_act(group) else None
         heard: int | None = None
         master_addr = group.addrs.get(MASTER_ID)
@@ -1027,7 +1048,9 @@ class RouteTable:
             live = self._live.get((group.cluster, master_addr))
             if live is not None:
                 heard = max(0, int(self._clock() - live.heard_ms))
-        return BrokerMemberGroup(cluster, broker_name, group.sorted_addrs(), acting, heard)
+        return BrokerMemberGroup(
+            cluster, broker_name, group.sorted_addrs(), acting, heard, max_offset_seen=seen
+        )
 
     def cluster_info(self) -> dict[str, Any]:
         """``{"brokerAddrTable", "clusterAddrTable"}``, JSON-friendly and sorted."""

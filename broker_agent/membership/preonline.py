@@ -35,6 +35,9 @@ log = logging.getLogger(__name__)
 #: How long a slave's HA link (either direction) may take to attach.
 HA_LINK_WAIT_S = 10.0
 RETRY_S = 1.0
+#: the file in a store directory by which an operator lets a master whose store ends
+#: before what its group held go online without the rest (``hactl accept-data-loss``)
+ACCEPT_LOSS = "accept-data-loss"
 
 
 def adopt_topics(
@@ -165,6 +168,10 @@ class PreOnline:
             ((i, a) for i, a in group.broker_addrs.items() if i != core.cfg.broker_id),
             key=lambda s: (s[0] == acting_id, s[0]),
         )
+        if not slaves:
+            why = self._held_more(group)
+            if why is not None:
+                return why
         if not synced:  # before any slave re-attaches to this master
             why = await self._cut_back(group, slaves)
             if why is not None:
@@ -184,6 +191,38 @@ class PreOnline:
             synced.add(slave_id)
         log.info("pre-online: %d slave(s) synced", len(synced))
         return None
+
+    def _held_more(self, group: BrokerMemberGroup) -> str | None:
+        """Why a master without a slave to copy from must not go online: its store
+        ends before what the group held (its members' reports to the nameserver: a
+        lost volume, a lost unflushed tail).  Going online would serve an empty or
+        shortened log, acknowledge writes no returning slave can follow, and refuse
+        those slaves for good.  An operator may accept the loss (:data:`ACCEPT_LOSS`)."""
+        core = self.core
+        seen = group.max_offset_seen or 0
+        end = core.store.commitlog_max_offset
+        if end >= seen:
+            return None
+        marker = core.store_dir / ACCEPT_LOSS
+        if marker.exists():
+            log.error(
+                "pre-online: OPERATOR OVERRIDE (%s): going online with a commit log ending "
+                "at %d although group %s held data up to %d and no slave holds it here: "
+                "the messages between are lost, and a slave that comes back with them "
+                "will be refused",
+                marker,
+                end,
+                core.cfg.broker_name,
+                seen,
+            )
+            marker.unlink(missing_ok=True)
+            return None
+        return (
+            f"this store ends at {end} but group {core.cfg.broker_name} held data up to "
+            f"{seen} and no slave is there to copy it from: waiting for a slave that holds "
+            "it (to go online without it, losing those messages: hactl accept-data-loss "
+            f"--store-dir {core.store_dir})"
+        )
 
     def _slave_acted(self, group: BrokerMemberGroup) -> str | None:
         """Why this master believes a slave acted for it, or None."""

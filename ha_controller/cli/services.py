@@ -106,6 +106,39 @@ def add_commands(sub: Any) -> None:
     add_tls_arguments(px, service=True)
     px.set_defaults(func=cmd_proxy)
 
+    al = add_parser(
+        sub,
+        "accept-data-loss",
+        help="let a master whose store lost data go online without it",
+        description=(
+            "A master whose commit log ends before what its group held (a lost volume, a "
+            "lost unflushed tail) and that finds no slave holding the rest waits in "
+            "pre-online (its status and log say so).  This lets it go online with what "
+            "it has: the messages it lacks are lost, and a slave that comes back with "
+            "them is refused until it is started again with an empty store.  Prefer "
+            "bringing a slave back.  Run it on the broker's machine (kubectl exec); the "
+            "broker takes it within a second and logs it as an ERROR."
+        ),
+    )
+    al.add_argument("--store-dir", required=True, type=Path, help="the master's store directory")
+    al.add_argument("--reason", required=True, help="why (kept in the file and the log)")
+    al.set_defaults(func=cmd_accept_data_loss)
+
+
+def cmd_accept_data_loss(args: argparse.Namespace) -> int:
+    import json
+    import time
+
+    from broker_agent.app import ACCEPT_LOSS
+    from ha_controller.protocol.errors import ConfigError
+
+    if not args.store_dir.is_dir():
+        raise ConfigError(f"--store-dir: {str(args.store_dir)!r} is not a directory")
+    marker = args.store_dir / ACCEPT_LOSS
+    marker.write_text(json.dumps({"at": time.time(), "reason": args.reason}) + "\n")
+    print(f"{marker} written: the master goes online without the missing data within a second")
+    return 0
+
 
 def check_store_dir(path: Path) -> None:
     """ConfigError when ``path`` (or a directory above it) exists and is not a directory."""

@@ -138,7 +138,7 @@ class GetBrokerMemberGroupRequest(_message.Message):
     def __init__(self, cluster: _Optional[str] = ..., broker_name: _Optional[str] = ...) -> None: ...
 
 class BrokerMemberGroup(_message.Message):
-    __slots__ = ("cluster", "broker_name", "broker_addrs", "acting_broker_id", "master_heard_ms_ago")
+    __slots__ = ("cluster", "broker_name", "broker_addrs", "acting_broker_id", "master_heard_ms_ago", "max_offset_seen")
     class BrokerAddrsEntry(_message.Message):
         __slots__ = ("key", "value")
         KEY_FIELD_NUMBER: _ClassVar[int]
@@ -151,12 +151,14 @@ class BrokerMemberGroup(_message.Message):
     BROKER_ADDRS_FIELD_NUMBER: _ClassVar[int]
     ACTING_BROKER_ID_FIELD_NUMBER: _ClassVar[int]
     MASTER_HEARD_MS_AGO_FIELD_NUMBER: _ClassVar[int]
+    MAX_OFFSET_SEEN_FIELD_NUMBER: _ClassVar[int]
     cluster: str
     broker_name: str
     broker_addrs: _containers.ScalarMap[int, str]
     acting_broker_id: int
     master_heard_ms_ago: int
-    def __init__(self, cluster: _Optional[str] = ..., broker_name: _Optional[str] = ..., broker_addrs: _Optional[_Mapping[int, str]] = ..., acting_broker_id: _Optional[int] = ..., master_heard_ms_ago: _Optional[int] = ...) -> None: ...
+    max_offset_seen: int
+    def __init__(self, cluster: _Optional[str] = ..., broker_name: _Optional[str] = ..., broker_addrs: _Optional[_Mapping[int, str]] = ..., acting_broker_id: _Optional[int] = ..., master_heard_ms_ago: _Optional[int] = ..., max_offset_seen: _Optional[int] = ...) -> None: ...
 
 class NotifyMinBrokerIdChangeRequest(_message.Message):
     __slots__ = ("min_broker_id", "min_broker_addr", "offline_broker_addr", "ha_broker_addr", "broker_name", "cluster")
