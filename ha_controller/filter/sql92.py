@@ -113,7 +113,11 @@ def _number(v: Any) -> float | int:
         return v
     if isinstance(v, str):
         try:
-            return int(v) if re.fullmatch(r"[+-]?\d+", v.strip()) else float(v)
+            return int(v)
+        except ValueError:
+            pass
+        try:
+            return float(v)
         except ValueError:
             raise _Unknown from None
     raise _Unknown
