@@ -29,14 +29,13 @@ from broker_agent.membership.acting import ActingState
 from broker_agent.membership.group import MemberGroupSync
 from broker_agent.membership.preonline import PreOnline
 from broker_agent.membership.registration import Registrar
-from broker_agent.membership.sync import MetadataSync
 from broker_agent.membership.writability import WritabilityWatch
-from broker_agent.metadata.acl_table import AclTableSync
+from broker_agent.metadata.acl_table import acl_table_sync
+from broker_agent.metadata.forward import ForwardSync
 from broker_agent.metadata.versioned import VersionedTable
 from broker_agent.metrics import BrokerMetrics
 from broker_agent.replication.catchup import CatchUp, CommitLogRangeService
 from broker_agent.replication.ha import HaSlave
-from broker_agent.replication.holds import SlaveHolds
 from broker_agent.special.escape import EscapeBridge
 from broker_agent.special.pop import PopService
 from broker_agent.special.ports import Neighbours
@@ -96,8 +95,8 @@ class BrokerService:
             on_change=self._spread_acl,
         )
         if core.acl.holder is not None:
-            special_tables.append(AclTableSync(core.acl.holder))
-        self.metadata_sync = MetadataSync(
+            special_tables.append(acl_table_sync(core.acl.holder))
+        self.metadata_sync = ForwardSync(
             core,
             special_tables,
             self.schedule.progress_records(),
@@ -107,7 +106,7 @@ class BrokerService:
             core,
             self.group,
             self.registrar,
-            self.metadata_sync.tables,
+            self.metadata_sync,
             CatchUp(core.store, core.pool),
         )
         core.on_fence(self.preonline.fence)
@@ -194,18 +193,15 @@ class BrokerService:
         broker_agent.store.retention); a master never deletes past its slowest slave."""
         core = self.core
         failing: str | None = None
-        saved: dict[str, list[int]] | None = None
         while True:
             await asyncio.sleep(core.cfg.clean_resource_interval_ms / 1000)
             if core.ha_master is not None:
                 # the slaves' positions outlive a restart of this master (.holds)
-                snapshot = core.ha_master.holds_snapshot()
-                if snapshot != saved:
-                    try:
-                        await asyncio.to_thread(SlaveHolds.save, core.slave_holds_path, snapshot)
-                        saved = snapshot
-                    except OSError as exc:
-                        log.warning("cannot save %s: %s", core.slave_holds_path, exc)
+                core.ha_master.keep_holds()
+                try:
+                    await core.ha_master.holds.persist_async()
+                except OSError as exc:
+                    log.warning("cannot save %s: %s", core.ha_master.holds.path, exc)
             more = True
             while more:
                 try:

@@ -45,13 +45,13 @@ from google.protobuf.message import Message
 
 from broker_agent.membership.acting import ActingState
 from broker_agent.metadata.offsets import ConsumerOffsetManager
+from broker_agent.metadata.topics import TopicConfigManager
 from broker_agent.metrics import BrokerMetrics
 from broker_agent.pull_hold import PullHoldService
 from broker_agent.special.escape import EscapeBridge
 from broker_agent.special.ports import EscapeResult
 from broker_agent.special_steps import SpecialSteps
 from broker_agent.store.message_store import GetMessageStatus, GetResult, PutResult
-from broker_agent.topics import TopicConfigManager
 from broker_agent.write_path import Record, Stored
 from ha_controller.acl import Acl
 from ha_controller.config import BrokerConfig
@@ -522,6 +522,7 @@ class FakeCore:
         self.offsets = ConsumerOffsetManager(None, cfg.consumer_offset_update_version_step)
         self.acting = ActingState(cfg.broker_id, cfg.enable_slave_acting_master)
         self.isolated = False
+        self.has_replicas = False
         self.metrics = BrokerMetrics(cfg.cluster, cfg.broker_name, cfg.broker_id)
         self.holds = PullHoldService(cfg.max_held_pulls, now_ms)
         self.pool = ConnectionPool(connect_timeout_ms=2000)
