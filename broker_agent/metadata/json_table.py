@@ -82,14 +82,15 @@ def read_json_checked(path: Path) -> dict[str, Any]:
     FileNotFoundError when there is none; TableUnreadable when it cannot be read, is
     not JSON, not an object, or its checksum does not match."""
     try:
-        text = path.read_bytes().decode()
+        raw = path.read_bytes()
     except FileNotFoundError:
         raise
-    except (OSError, UnicodeDecodeError) as exc:
+    except OSError as exc:
         raise TableUnreadable(str(exc)) from exc
     try:
+        text = raw.decode()
         data = json.loads(text)
-    except ValueError as exc:
+    except ValueError as exc:  # UnicodeDecodeError too
         raise TableUnreadable(f"not JSON: {exc}") from exc
     if not isinstance(data, dict):
         raise TableUnreadable(f"a JSON {type(data).__name__}, not an object")
