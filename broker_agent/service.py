@@ -17,7 +17,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import logging
-from collections.abc import Awaitable, Callable, Coroutine
+from collections.abc import Callable, Coroutine
 from typing import Any, Protocol
 
 from broker_agent.core import BrokerCore
@@ -25,7 +25,6 @@ from broker_agent.handlers.clients import ClientHandlers
 from broker_agent.handlers.messages import MessageHandlers
 from broker_agent.handlers.queries import QueryHandlers
 from broker_agent.locks.service import LockService
-from broker_agent.membership.acting import ActingState
 from broker_agent.membership.group import MemberGroupSync
 from broker_agent.membership.preonline import PreOnline
 from broker_agent.membership.registration import Registrar
@@ -33,7 +32,6 @@ from broker_agent.membership.writability import WritabilityWatch
 from broker_agent.metadata.acl_table import acl_table_sync
 from broker_agent.metadata.forward import ForwardSync
 from broker_agent.metadata.versioned import VersionedTable
-from broker_agent.metrics import BrokerMetrics
 from broker_agent.replication.catchup import CatchUp, CommitLogRangeService
 from broker_agent.replication.ha import HaSlave
 from broker_agent.special.escape import EscapeBridge
@@ -47,8 +45,7 @@ from ha_controller.acl.service import AclService
 from ha_controller.acl.sync import push_table
 from ha_controller.config import BrokerConfig
 from ha_controller.protocol.errors import HaError
-from ha_controller.routing import BrokerMemberGroup
-from ha_controller.rpc import ConnectionPool, RpcConnection
+from ha_controller.rpc import RpcConnection
 
 log = logging.getLogger(__name__)
 
@@ -80,7 +77,7 @@ class BrokerService:
         self.schedule = ScheduleService(core, self.write_path, self.escape)
         self.transactions = TransactionService(core, self.write_path, self.escape)
         self.pop = PopService(core, self.write_path, self.escape)
-        self.locks = LockService(self)
+        self.locks = LockService(core, self.group.fetch_member_group)
         special_tables: list[VersionedTable] = [
             *self.schedule.tables(),
             self.transactions.table(),
@@ -142,30 +139,6 @@ class BrokerService:
     def on_connection_closed(self, conn: RpcConnection) -> None:
         self.core.consumers.connection_closed(conn)
         self.transactions.connection_closed(conn)
-
-    # LockHost (broker_agent.locks.service): the lock service's narrow view
-    @property
-    def acting(self) -> ActingState:
-        return self.core.acting
-
-    @property
-    def isolated(self) -> bool:
-        return self.core.isolated
-
-    @property
-    def pool(self) -> ConnectionPool:
-        return self.core.pool
-
-    @property
-    def metrics(self) -> BrokerMetrics:
-        return self.core.metrics
-
-    @property
-    def member_group(self) -> BrokerMemberGroup | None:
-        return self.core.member_group
-
-    def fetch_member_group(self) -> Awaitable[BrokerMemberGroup | None]:
-        return self.group.fetch_member_group()
 
     # ---- background -------------------------------------------------------------------
 
