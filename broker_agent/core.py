@@ -33,6 +33,7 @@ from broker_agent.special_steps import SpecialSteps
 from broker_agent.store.diskspace import SpaceLevel
 from broker_agent.store.message_store import MessageStore, StoreConfig
 from broker_agent.store.retention import CleanResult
+from broker_agent.write_path import copies_needed
 from ha_controller.acl import Acl, AclHolder, load_acl_file
 from ha_controller.acl import guard as acl_guard
 from ha_controller.auth import ClusterAuth
@@ -339,9 +340,7 @@ class BrokerCore:
 
     def copies_needed(self) -> int:
         """Copies (the master's included) a write needs before it is acknowledged."""
-        if self.cfg.replication_mode != "sync":
-            return 1
-        return min(self.cfg.in_sync_replicas, self.cfg.total_replicas)
+        return copies_needed(self.cfg)
 
     # ---- status and gauges -------------------------------------------------------
 
