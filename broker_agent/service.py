@@ -149,7 +149,7 @@ class BrokerService:
             await asyncio.sleep(core.cfg.flush_interval_ms / 1000)
             try:
                 await asyncio.to_thread(core.store.flush)
-                await asyncio.to_thread(core.offsets.persist)
+                await core.offsets.persist_async()  # the table is read here, written there
             except OSError as exc:  # StoreError too
                 # a failing or full disk: the broker keeps serving what it can (a store
                 # whose fsync failed is read-only now) and tries again next round

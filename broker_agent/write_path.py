@@ -355,7 +355,7 @@ class WritePath:
 
     def replicate_record(self, properties: Mapping[str, str]) -> int | None:
         """On the master, append a progress record (``G`` names what it carries) to the
-        system offsets topic; the slaves apply it as it arrives (membership.sync)."""
+        system offsets topic; the slaves apply it as it arrives (metadata.forward)."""
         if not self.core.acting.is_master or self.core.ha_master is None:
             return None
         try:

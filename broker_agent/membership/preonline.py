@@ -19,10 +19,10 @@ from broker_agent.membership.group import MemberGroupSync
 from broker_agent.membership.registration import Registrar
 from broker_agent.membership.truncation import plan_cut
 from broker_agent.metadata.forward import ForwardSync
-from broker_agent.metadata.versioned import FETCH_TIMEOUT_MS, VersionedTable, reverse_sync
+from broker_agent.metadata.versioned import VersionedTable, fetch_table, reverse_sync
 from broker_agent.replication.catchup import CatchUp, SlaveLog
 from broker_agent.store.truncate import pending_cut
-from ha_controller.proto import broker_pb2, common_pb2
+from ha_controller.proto import broker_pb2
 from ha_controller.protocol.codes import RequestCode
 from ha_controller.protocol.errors import BadRequest, HaError, UnknownMethod
 from ha_controller.routing import BrokerMemberGroup
@@ -292,12 +292,8 @@ class PreOnline:
     async def _adopt_topics(self, slave_id: int, slave_addr: str, *, add_missing: bool) -> None:
         core = self.core
         core.preonline_step = f"pulling topics from slave {slave_id}"
-        pb = await core.pool.call_pb(
-            slave_addr,
-            RequestCode.GET_ALL_TOPIC_CONFIG,
-            common_pb2.Empty(),
-            broker_pb2.TopicConfigTable,
-            timeout_ms=FETCH_TIMEOUT_MS,
+        pb = await fetch_table(
+            core.pool, slave_addr, RequestCode.GET_ALL_TOPIC_CONFIG, broker_pb2.TopicConfigTable
         )
         changed = core.topics.adopt(
             [topic_config_from_pb(t) for t in pb.topics],

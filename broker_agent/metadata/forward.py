@@ -13,9 +13,9 @@ from typing import Protocol
 from broker_agent.metadata.offsets import ConsumerOffsetManager, consumer_offset_sync
 from broker_agent.metadata.progress import ProgressApplier, ProgressRecords
 from broker_agent.metadata.topics import TopicConfigManager
-from broker_agent.metadata.versioned import FETCH_TIMEOUT_MS, VersionedTable, forward_sync
+from broker_agent.metadata.versioned import VersionedTable, fetch_table, forward_sync
 from broker_agent.store.message_store import Dispatched
-from ha_controller.proto import broker_pb2, common_pb2
+from ha_controller.proto import broker_pb2
 from ha_controller.protocol.codes import RequestCode
 from ha_controller.protocol.errors import HaError
 from ha_controller.protocol.properties import OFFSET_TOPIC
@@ -111,12 +111,8 @@ class ForwardSync:
         ``still_wanted`` is asked before anything fetched is taken (see forward_sync)."""
         core = self.core
         try:
-            topics = await core.pool.call_pb(
-                master,
-                RequestCode.GET_ALL_TOPIC_CONFIG,
-                common_pb2.Empty(),
-                broker_pb2.TopicConfigTable,
-                timeout_ms=FETCH_TIMEOUT_MS,
+            topics = await fetch_table(
+                core.pool, master, RequestCode.GET_ALL_TOPIC_CONFIG, broker_pb2.TopicConfigTable
             )
         except HaError as exc:
             log.debug("slave sync from %s failed: %s", master, exc)

@@ -79,14 +79,9 @@ def write_json_atomic(path: Path, data: dict[str, Any]) -> None:
 def read_json_checked(path: Path) -> dict[str, Any]:
     """The object :func:`write_json_atomic` wrote at ``path``, checksum removed.
 
-    FileNotFoundError when there is none; TableUnreadable when it cannot be read, is
-    not JSON, not an object, or its checksum does not match."""
-    try:
-        raw = path.read_bytes()
-    except FileNotFoundError:
-        raise
-    except OSError as exc:
-        raise TableUnreadable(str(exc)) from exc
+    FileNotFoundError when there is none, another OSError when it cannot be read;
+    TableUnreadable when it is not JSON, not an object, or its checksum does not match."""
+    raw = path.read_bytes()  # OSError: not the file's fault (permissions, I/O)
     try:
         text = raw.decode()
         data = json.loads(text)
@@ -190,6 +185,8 @@ class JsonTable:
                 self.persist()
         except (TableUnreadable, KeyError, ValueError, TypeError, AttributeError) as exc:
             self._unreadable(_reason(exc), replicas)
+        except OSError as exc:  # the file may be fine: nothing is set aside
+            raise StoreError(f"cannot read the {self.what} {self.path}: {exc}") from exc
 
     def _refuse(self, why: str) -> None:
         raise StoreError(f"corrupt {self.what} {self.path} ({why}); {self.repair}")

@@ -150,6 +150,16 @@ async def delivered(pool: ConnectionPool, addr: str, topic: str, key: str) -> No
     await eventually(there, timeout=30, interval=0.1)
 
 
+async def after_one_more(broker: ProcessHandle, topic: str, props: dict[str, str]) -> Counter[str]:
+    """Send one more scheduled message (``props``) and wait until it is delivered: the
+    ones due before it were delivered by then, again too if they were going to be.
+    What ``topic`` holds then, by UNIQ_KEY."""
+    async with ConnectionPool() as pool:
+        await send_raw(pool, broker.rpc, topic, 0, props)
+        await delivered(pool, broker.rpc, topic, props[PROPERTY_UNIQ_KEY])
+        return await keys(pool, broker.rpc, topic)
+
+
 def now_ms() -> int:
     return int(time.time() * 1000)
 
@@ -273,10 +283,8 @@ async def test_delay_offsets_are_rebuilt_and_nothing_is_delivered_twice(
 ) -> None:
     broker = restarted.broker
     assert_set_aside(broker, "delay_offsets.json", "rebuilt from the delay offset records")
-    async with ConnectionPool() as pool:
-        await send_raw(pool, broker.rpc, DELAYED, 0, {PROPERTY_UNIQ_KEY: "d2", PROPERTY_DELAY: "1"})
-        await delivered(pool, broker.rpc, DELAYED, "d2")  # the level's queue is in order
-        assert await keys(pool, broker.rpc, DELAYED) == {"d1": 1, "d2": 1}
+    later = {PROPERTY_UNIQ_KEY: "d2", PROPERTY_DELAY: "1"}  # the level's queue is in order
+    assert await after_one_more(broker, DELAYED, later) == {"d1": 1, "d2": 1}
 
 
 async def test_timer_checkpoint_is_rebuilt_and_nothing_is_delivered_twice(
@@ -285,11 +293,8 @@ async def test_timer_checkpoint_is_rebuilt_and_nothing_is_delivered_twice(
     """Before: a traceback, and the broker stayed down until the file was deleted."""
     broker = restarted.broker
     assert_set_aside(broker, "timer_checkpoint.json", "rebuilt from the timer checkpoint records")
-    async with ConnectionPool() as pool:
-        timer = {PROPERTY_UNIQ_KEY: "t2", PROPERTY_TIMER_DELIVER_MS: str(now_ms() + 300)}
-        await send_raw(pool, broker.rpc, TIMED, 0, timer)
-        await delivered(pool, broker.rpc, TIMED, "t2")  # due after t1: delivered after it
-        assert await keys(pool, broker.rpc, TIMED) == {"t1": 1, "t2": 1}
+    later = {PROPERTY_UNIQ_KEY: "t2", PROPERTY_TIMER_DELIVER_MS: str(now_ms() + 300)}
+    assert await after_one_more(broker, TIMED, later) == {"t1": 1, "t2": 1}
 
 
 async def test_recalls_come_back_from_the_markers_in_the_timer_queue(
@@ -297,12 +302,9 @@ async def test_recalls_come_back_from_the_markers_in_the_timer_queue(
 ) -> None:
     broker = restarted.broker
     assert_set_aside(broker, "recalls.json", "starting empty: the timer loop reads the recall")
-    async with ConnectionPool() as pool:
-        due = max(restarted.recall_due_ms, now_ms()) + 300
-        timer = {PROPERTY_UNIQ_KEY: "r2", PROPERTY_TIMER_DELIVER_MS: str(due)}
-        await send_raw(pool, broker.rpc, RECALLED, 0, timer)
-        await delivered(pool, broker.rpc, RECALLED, "r2")  # due after the recalled one
-        assert await keys(pool, broker.rpc, RECALLED) == {"r2": 1}
+    due = max(restarted.recall_due_ms, now_ms()) + 300  # after the recalled one
+    later = {PROPERTY_UNIQ_KEY: "r2", PROPERTY_TIMER_DELIVER_MS: str(due)}
+    assert await after_one_more(broker, RECALLED, later) == {"r2": 1}
 
 
 async def test_transaction_progress_is_rebuilt_from_the_op_queue(restarted: Restarted) -> None:

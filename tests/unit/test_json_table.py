@@ -118,3 +118,12 @@ def test_a_table_only_replicas_have_waits_for_one_across_restarts(tmp_path: Path
     last = SubscriptionGroupManager(path)
     last.load(replicas=True)
     assert not last.awaiting_replica and last.orderly("G")
+
+
+def test_a_file_that_cannot_be_opened_is_refused_not_set_aside(tmp_path: Path) -> None:
+    """Permissions or an I/O error are not the file's fault: nothing is rebuilt over it."""
+    path = tmp_path / "consumer_offsets.json"
+    path.mkdir()  # reading it fails as a directory does
+    with pytest.raises(StoreError, match=r"^cannot read the consumer offset table .*directory"):
+        ConsumerOffsetManager(path).load()
+    assert path.is_dir() and not (tmp_path / "consumer_offsets.json.corrupt").exists()
