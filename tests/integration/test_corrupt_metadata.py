@@ -113,8 +113,11 @@ def assert_set_aside(handle: ProcessHandle, name: str, then: str) -> None:
 
 def refusal(handle: ProcessHandle) -> str:
     """Start ``handle`` expecting it to refuse: its last log line (exit status 1)."""
-    with pytest.raises(RuntimeError, match="exited with 1 before it was ready"):
-        handle.start()
+    try:
+        with pytest.raises(RuntimeError, match="exited with 1 before it was ready"):
+            handle.start()
+    finally:
+        handle.kill()  # one that took the file and serves must not outlive the test
     log = handle.log_path.read_text(errors="replace")
     assert "Traceback" not in log, log[-3000:]
     return log.strip().splitlines()[-1]
@@ -377,8 +380,10 @@ async def test_a_topic_table_without_a_replica_is_refused(
     tmp_path: Path, ns: ProcessHandle
 ) -> None:
     broker = lone_broker(tmp_path, ns).start()
-    await create_topic_on(broker.rpc, OFFSETS, queues=8)
-    assert broker.stop() == 0
+    try:
+        await create_topic_on(broker.rpc, OFFSETS, queues=8)
+    finally:
+        assert broker.stop() == 0
     path = tmp_path / "store" / f"{GROUP}-0" / "topics.json"
     flip_a_bit(path)
     damaged = path.read_bytes()
