@@ -42,7 +42,7 @@ class BrokerContainer:
     def peek_master(self) -> BrokerService | None:
         """The first online master hosted here (RocketMQ peekMasterBroker)."""
         for service in self.services:
-            if service.acting.is_master and not service.isolated:
+            if service.core.acting.is_master and not service.core.isolated:
                 return service
         return None
 

@@ -24,6 +24,7 @@ from broker_agent.membership.acting import ActingState
 from broker_agent.membership.lease import Lease
 from broker_agent.metadata import acl_table
 from broker_agent.metadata.offsets import ConsumerOffsetManager
+from broker_agent.metadata.topics import TopicConfigManager
 from broker_agent.metrics import BrokerMetrics
 from broker_agent.pull_hold import PullHoldService
 from broker_agent.replication.ha import HaMaster, HaSlave
@@ -32,7 +33,7 @@ from broker_agent.special_steps import SpecialSteps
 from broker_agent.store.diskspace import SpaceLevel
 from broker_agent.store.message_store import MessageStore, StoreConfig
 from broker_agent.store.retention import CleanResult
-from broker_agent.topics import TopicConfigManager
+from broker_agent.write_path import copies_needed
 from ha_controller.acl import Acl, AclHolder, load_acl_file
 from ha_controller.acl import guard as acl_guard
 from ha_controller.auth import ClusterAuth
@@ -107,14 +108,20 @@ class BrokerCore:
             self.store_dir,
             store_config(cfg),
         )
+        #: a master takes a table only its replicas have from a slave in pre-online, a
+        #: slave from its master (metadata.json_table.Recovery.REPLICA)
+        self.has_replicas = cfg.total_replicas > 1 and not cfg.skip_pre_online
         self.topics = TopicConfigManager(
             self.store_dir / "topics.json", cfg.default_topic_queue_nums
         )
-        self.topics.load()
+        self.topics.load(replicas=self.has_replicas)
         self.offsets = ConsumerOffsetManager(
             self.store_dir / "consumer_offsets.json", cfg.consumer_offset_update_version_step
         )
         self.offsets.load()
+        if self.offsets.lost:
+            found = self.offsets.rebuild_from_log(self.store)
+            log.info("consumer offsets rebuilt from %d record(s) of the commit log", found)
         self.acting = ActingState(cfg.broker_id, cfg.enable_slave_acting_master)
         self.metrics = BrokerMetrics(cfg.cluster, cfg.broker_name, cfg.broker_id)
         self.holds = PullHoldService(cfg.max_held_pulls, now_ms)
@@ -146,17 +153,17 @@ class BrokerCore:
         self.addr = ""  # advertised RPC address, set once bound
         self.ha_addr = ""
         self.http_addr = ""
-        self.isolated = cfg.total_replicas > 1 and not cfg.skip_pre_online
+        self.isolated = self.has_replicas
         self.preonline_step = "waiting to start" if self.isolated else "online"
         self.ha_master: HaMaster | None = (
             HaMaster(self.store, auth=self.auth, broker_name=cfg.broker_name)
             if cfg.is_master
             else None
         )
-        #: where a master saves the positions of its slaves for retention (.holds)
-        self.slave_holds_path = self.store_dir / "slave_holds.json"
         if self.ha_master is not None:
-            self.ha_master.holds = SlaveHolds.load(self.slave_holds_path)
+            # the positions of its slaves, for retention (replication.holds)
+            self.ha_master.holds = SlaveHolds(self.store_dir / "slave_holds.json")
+            self.ha_master.holds.load()
         self.ha_slave: HaSlave | None = None
         self.member_group: BrokerMemberGroup | None = None
         #: a master's lease on id 0 (membership.lease); only kept with acting masters on
@@ -333,9 +340,7 @@ class BrokerCore:
 
     def copies_needed(self) -> int:
         """Copies (the master's included) a write needs before it is acknowledged."""
-        if self.cfg.replication_mode != "sync":
-            return 1
-        return min(self.cfg.in_sync_replicas, self.cfg.total_replicas)
+        return copies_needed(self.cfg)
 
     # ---- status and gauges -------------------------------------------------------
 

@@ -17,7 +17,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import logging
-from collections.abc import Awaitable, Callable, Coroutine
+from collections.abc import Callable, Coroutine
 from typing import Any, Protocol
 
 from broker_agent.core import BrokerCore
@@ -25,18 +25,15 @@ from broker_agent.handlers.clients import ClientHandlers
 from broker_agent.handlers.messages import MessageHandlers
 from broker_agent.handlers.queries import QueryHandlers
 from broker_agent.locks.service import LockService
-from broker_agent.membership.acting import ActingState
 from broker_agent.membership.group import MemberGroupSync
 from broker_agent.membership.preonline import PreOnline
 from broker_agent.membership.registration import Registrar
-from broker_agent.membership.sync import MetadataSync
 from broker_agent.membership.writability import WritabilityWatch
-from broker_agent.metadata.acl_table import AclTableSync
+from broker_agent.metadata.acl_table import acl_table_sync
+from broker_agent.metadata.forward import ForwardSync
 from broker_agent.metadata.versioned import VersionedTable
-from broker_agent.metrics import BrokerMetrics
 from broker_agent.replication.catchup import CatchUp, CommitLogRangeService
 from broker_agent.replication.ha import HaSlave
-from broker_agent.replication.holds import SlaveHolds
 from broker_agent.special.escape import EscapeBridge
 from broker_agent.special.pop import PopService
 from broker_agent.special.ports import Neighbours
@@ -48,8 +45,7 @@ from ha_controller.acl.service import AclService
 from ha_controller.acl.sync import push_table
 from ha_controller.config import BrokerConfig
 from ha_controller.protocol.errors import HaError
-from ha_controller.routing import BrokerMemberGroup
-from ha_controller.rpc import ConnectionPool, RpcConnection
+from ha_controller.rpc import RpcConnection
 
 log = logging.getLogger(__name__)
 
@@ -81,7 +77,7 @@ class BrokerService:
         self.schedule = ScheduleService(core, self.write_path, self.escape)
         self.transactions = TransactionService(core, self.write_path, self.escape)
         self.pop = PopService(core, self.write_path, self.escape)
-        self.locks = LockService(self)
+        self.locks = LockService(core, self.group.fetch_member_group)
         special_tables: list[VersionedTable] = [
             *self.schedule.tables(),
             self.transactions.table(),
@@ -96,8 +92,8 @@ class BrokerService:
             on_change=self._spread_acl,
         )
         if core.acl.holder is not None:
-            special_tables.append(AclTableSync(core.acl.holder))
-        self.metadata_sync = MetadataSync(
+            special_tables.append(acl_table_sync(core.acl.holder))
+        self.metadata_sync = ForwardSync(
             core,
             special_tables,
             self.schedule.progress_records(),
@@ -107,7 +103,7 @@ class BrokerService:
             core,
             self.group,
             self.registrar,
-            self.metadata_sync.tables,
+            self.metadata_sync,
             CatchUp(core.store, core.pool),
         )
         core.on_fence(self.preonline.fence)
@@ -144,30 +140,6 @@ class BrokerService:
         self.core.consumers.connection_closed(conn)
         self.transactions.connection_closed(conn)
 
-    # LockHost (broker_agent.locks.service): the lock service's narrow view
-    @property
-    def acting(self) -> ActingState:
-        return self.core.acting
-
-    @property
-    def isolated(self) -> bool:
-        return self.core.isolated
-
-    @property
-    def pool(self) -> ConnectionPool:
-        return self.core.pool
-
-    @property
-    def metrics(self) -> BrokerMetrics:
-        return self.core.metrics
-
-    @property
-    def member_group(self) -> BrokerMemberGroup | None:
-        return self.core.member_group
-
-    def fetch_member_group(self) -> Awaitable[BrokerMemberGroup | None]:
-        return self.group.fetch_member_group()
-
     # ---- background -------------------------------------------------------------------
 
     async def _flush_loop(self) -> None:
@@ -177,7 +149,7 @@ class BrokerService:
             await asyncio.sleep(core.cfg.flush_interval_ms / 1000)
             try:
                 await asyncio.to_thread(core.store.flush)
-                await asyncio.to_thread(core.offsets.persist)
+                await core.offsets.persist_async()  # the table is read here, written there
             except OSError as exc:  # StoreError too
                 # a failing or full disk: the broker keeps serving what it can (a store
                 # whose fsync failed is read-only now) and tries again next round
@@ -194,18 +166,15 @@ class BrokerService:
         broker_agent.store.retention); a master never deletes past its slowest slave."""
         core = self.core
         failing: str | None = None
-        saved: dict[str, list[int]] | None = None
         while True:
             await asyncio.sleep(core.cfg.clean_resource_interval_ms / 1000)
             if core.ha_master is not None:
                 # the slaves' positions outlive a restart of this master (.holds)
-                snapshot = core.ha_master.holds_snapshot()
-                if snapshot != saved:
-                    try:
-                        await asyncio.to_thread(SlaveHolds.save, core.slave_holds_path, snapshot)
-                        saved = snapshot
-                    except OSError as exc:
-                        log.warning("cannot save %s: %s", core.slave_holds_path, exc)
+                core.ha_master.keep_holds()
+                try:
+                    await core.ha_master.holds.persist_async()
+                except OSError as exc:
+                    log.warning("cannot save %s: %s", core.ha_master.holds.path, exc)
             more = True
             while more:
                 try:

@@ -158,12 +158,13 @@ class HaMaster:
             pressed=pressed,
         )
 
-    def holds_snapshot(self) -> dict[str, list[int]]:
-        """The slaves' positions to save (``SlaveHolds.save``), taken on the loop."""
+    def keep_holds(self) -> None:
+        """The slaves' positions as the holds' file is to keep them (``SlaveHolds.keep``),
+        taken on the loop."""
         attached: dict[int, int] = {}
         for link in self.links.values():
             attached[link.broker_id] = min(attached.get(link.broker_id, link.acked), link.acked)
-        return self.holds.snapshot(attached, int(time.time() * 1000))
+        self.holds.keep(attached, int(time.time() * 1000))
 
     def in_sync_count(self, offset: int) -> int:
         """Copies (including ours) that hold everything below ``offset``: one per slave

@@ -136,9 +136,7 @@ class EtcdClient:
             "result": "EQUAL",
             "mod_revision": str(mod_revision),
         }
-        data = await self._call(
-            "kv/txn", {"compare": [compare], "success": [{"request_put": put}]}
-        )
+        data = await self._call("kv/txn", {"compare": [compare], "success": [{"request_put": put}]})
         return TxnResult(bool(data.get("succeeded")), int(data["header"]["revision"]))
 
     async def delete(self, key: str) -> None:
