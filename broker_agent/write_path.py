@@ -128,6 +128,8 @@ class WriteCore(Protocol):
 
     def copies_needed(self) -> int: ...
 
+    def sync_set_shortfall(self) -> str | None: ...
+
     def note_store_state(self) -> None: ...
 
 
@@ -203,6 +205,9 @@ class WritePath:
         live = 1 + (ha.slave_count() if ha is not None else 0)
         if needed > 1 and live < needed:
             raise InSyncReplicasNotEnough(f"{live} live copies, {needed} required")
+        short = self.core.sync_set_shortfall()
+        if short is not None:
+            raise InSyncReplicasNotEnough(short)
         return needed
 
     # ---- append ----------------------------------------------------------------

@@ -631,6 +631,9 @@ class FakeCore:
     def copies_needed(self) -> int:
         return copies_needed(self.cfg)
 
+    def sync_set_shortfall(self) -> str | None:
+        return None
+
     def note_store_state(self) -> None:
         """Nothing watches the fake store's space."""
 

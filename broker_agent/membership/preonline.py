@@ -136,26 +136,45 @@ class PreOnline:
         # until we register (membership.group), so that gap is kept short
         acting_id = group.acting_broker_id
         slaves = sorted(
-            ((i, a) for i, a in group.broker_addrs.items() if i != core.cfg.broker_id),
+            # (our own address under another id: a registration of ours before a role
+            # change that the nameserver still lists)
+            (
+                (i, a)
+                for i, a in group.broker_addrs.items()
+                if i != core.cfg.broker_id and a != core.addr
+            ),
             key=lambda s: (s[0] == acting_id, s[0]),
         )
-        if not slaves:
+        # controller mode, elected here: the logs are reconciled by the HA epoch check
+        # (a member ahead cuts back to where this epoch began), not by copying from or
+        # cutting back to a slave; the slaves' newer tables are still taken
+        promoted = core.role.promoted
+        if promoted:
+            added = core.topics.cover_queues(core.store.topics_and_queues())
+            if added:
+                log.warning(
+                    "pre-online: topics without a config here but with messages in the log "
+                    "(newer than the last sync from the old master) get one: %s",
+                    ", ".join(added[:20]),
+                )
+        if not slaves and not promoted:
             why = self._held_more(group)
             if why is not None:
                 return why
-        if not synced:  # before any slave re-attaches to this master
+        if not synced and not promoted:  # before any slave re-attaches to this master
             why = await self._cut_back(group, slaves)
             if why is not None:
                 return why
         # a synced slave's HA link was accepted: it holds no more than we do
-        why = await self._catch_up([(i, a) for i, a in slaves if i not in synced])
-        if why is not None:
-            return why
+        if not promoted:
+            why = await self._catch_up([(i, a) for i, a in slaves if i not in synced])
+            if why is not None:
+                return why
         for slave_id, slave_addr in slaves:
             if slave_id in synced:
                 continue
             try:
-                await self._sync_from_slave(slave_id, slave_addr)
+                await self._sync_from_slave(slave_id, slave_addr, wait_link=not promoted)
             except HaError as exc:
                 core.metrics.preonline_syncs.labels(**core.metrics.ident, result="failed").inc()
                 return f"slave {slave_id} at {slave_addr}: {exc}"
@@ -375,6 +394,8 @@ class PreOnline:
         """With the master online, wait for the HA link (10 s) before serving."""
         core = self.core
         master_addr = group.broker_addrs.get(0)
+        if master_addr == core.addr:
+            master_addr = None  # our own registration as master before a role change
         awaiting = self.forward.awaiting_replica()
         if master_addr is None and awaiting:
             return f"{', '.join(awaiting)} lost with their file: waiting for the master"
@@ -401,7 +422,7 @@ class PreOnline:
                 return f"{', '.join(awaiting)} lost with their file: the master did not give them"
         return None
 
-    async def _sync_from_slave(self, slave_id: int, slave_addr: str) -> None:
+    async def _sync_from_slave(self, slave_id: int, slave_addr: str, *, wait_link: bool) -> None:
         core = self.core
         core.preonline_step = f"exchanging HA info with slave {slave_id}"
         await core.pool.call_pb(
@@ -419,7 +440,7 @@ class PreOnline:
         host = slave_addr.rsplit(":", 1)[0]
         assert core.ha_master is not None
         deadline = time.monotonic() + HA_LINK_WAIT_S
-        while not core.ha_master.has_transfer_link(host):
+        while wait_link and not core.ha_master.has_transfer_link(host):
             if time.monotonic() > deadline:
                 raise BadRequest(f"slave {slave_id} did not attach to the HA port within 10 s")
             await asyncio.sleep(0.05)

@@ -18,7 +18,7 @@ from typing import Any
 from broker_agent.metadata.json_table import JsonTable, Recovery, oldest
 from ha_controller.dataversion import DataVersion
 from ha_controller.protocol.errors import BadRequest
-from ha_controller.protocol.topics import topic_name_problem
+from ha_controller.protocol.topics import reserved_prefix, topic_name_problem
 from ha_controller.routing import Perm, TopicConfig
 
 __all__ = ["TopicConfigManager", "check_name"]
@@ -100,6 +100,22 @@ class TopicConfigManager(JsonTable):
         )
         self.upsert(config)
         return config
+
+    def cover_queues(self, stored: dict[str, list[int]]) -> list[str]:
+        """Give every topic the log holds messages of a config when it has none (a
+        slave promoted master before its periodic sync brought the master's newest
+        topics): the default queue count, or more to cover every queue that holds
+        messages.  The brokers' own topics are left out.  Returns the names added."""
+        added: list[str] = []
+        for topic, queue_ids in sorted(stored.items()):
+            if topic in self.topics or reserved_prefix(topic, group_topics=False) is not None:
+                continue
+            n = max(self.default_queue_nums, max(queue_ids, default=0) + 1)
+            self.topics[topic] = TopicConfig(topic, n, n, Perm.READ | Perm.WRITE)
+            added.append(topic)
+        if added:
+            self._changed()
+        return added
 
     # ---- sync ------------------------------------------------------------------------
 
