@@ -16,10 +16,15 @@ that rotates with ``i``) until ``faults_per_drill``.  ``DIR/<drill>/schedule.jso
 reproduces it: ``hactl drill generated --schedule DIR/<drill>/schedule.json``.
 
 Families are counted from the history, not from the plan: a fault counts once its
-``fault`` info event (with its ``family``) is recorded.  A family this machine cannot
-fault at all (partition and loss without ``--netns`` or network namespaces, disk-full
-without tmpfs mounts) is skipped up front with the reason; one whose faults a drill
-had to skip (a ``fault`` fail event) is skipped from then on with the drill's reason.
+``fault`` info event (with its ``family``) is recorded.  Families *asked for*
+(``--families``, ``families_asked``) must all run: one this machine cannot fault
+(:mod:`ha_controller.drills.needs`: partition and loss without ``--netns``, disk-full
+without tmpfs mounts, power-loss without the FUSE layer, clock without the clock shim)
+refuses the campaign before anything starts (:class:`CampaignError`, exit 2), and one
+whose faults a drill had to skip (a ``fault`` fail event) leaves the campaign
+incomplete, never ok.  With the default families, one that cannot run is skipped up
+front with the reason, and one whose faults a drill had to skip is skipped from then
+on with the drill's reason.
 
 Attribution (``campaign.json`` ``families``), per family F:
 
@@ -27,7 +32,7 @@ Attribution (``campaign.json`` ``families``), per family F:
     faults of family F in all drills;
 ``drills``
     drills holding at least one fault of F;
-``lost`` ... ``offset_rollbacks``
+``lost`` ... ``corrupt_deliveries``, ``unsynced_lost``
     the sum of those drills' counts: a drill's counts are attributed whole to every
     family that had a fault in it (a drill cannot tell which of its faults caused a
     lost message), so a drill with a kill and a partition adds its lost messages to
@@ -41,11 +46,13 @@ Attribution (``campaign.json`` ``families``), per family F:
     drills holding a fault of F that ended in an error (no complete verdict).
 
 ``ok`` is true when every drill's verdict is ok, no drill ended in an error and every
-family that was not skipped got its ``N`` faults.  After ``max_broken_in_a_row`` drills
-in a row that broke before injecting anything (a cluster that does not start) the
-campaign gives up (``gave_up`` says why).  ``failing_seeds`` lists the seeds of
-the drills that were not ok.  The same summary is computed from Spark verdicts by
-``hactl analyze DIR`` (``campaign.spark.json``), through :func:`campaign_document`.
+family that was not skipped got its ``N`` faults (every family, when they were asked
+for).  ``flush_mode`` states how the brokers' stores synced (``--flush-mode``).
+After ``max_broken_in_a_row`` drills in a row that broke before injecting anything (a
+cluster that does not start) the campaign gives up (``gave_up`` says why).
+``failing_seeds`` lists the seeds of the drills that were not ok.  The same summary is
+computed from Spark verdicts by ``hactl analyze DIR`` (``campaign.spark.json``),
+through :func:`campaign_document`.
 
 Interruptions.  ``campaign.json`` is replaced whole (never half-written) when the
 campaign starts, when a drill starts (``running`` names it) and after every drill; it
@@ -82,20 +89,18 @@ from collections import Counter, defaultdict
 from collections.abc import Awaitable, Callable, Iterable, Iterator, Mapping, Sequence
 from dataclasses import asdict, dataclass, field, replace
 from pathlib import Path
-from typing import TYPE_CHECKING, Any, Final
+from typing import TYPE_CHECKING, Any, Final, cast
 
 from ha_controller.drills.checker import (
     FAILING_COUNTS,
+    REPORTED_COUNTS,
     FaultWindow,
     Verdict,
     availability_summary,
     check,
 )
-from ha_controller.drills.cluster import tmpfs_available
 from ha_controller.drills.generator import (
-    DISK_FAMILIES,
     FAMILIES,
-    NETNS_FAMILIES,
     GeneratorSpec,
     Schedule,
     ScheduleGenerator,
@@ -103,7 +108,7 @@ from ha_controller.drills.generator import (
 )
 from ha_controller.drills.history import Event, iter_history
 from ha_controller.drills.leftovers import cleanup_stale
-from ha_controller.drills.netns import netns_available
+from ha_controller.drills.needs import refusal, unavailable_families
 from ha_controller.drills.report import FAMILY_COLOURS, timeline_strip, write_report
 from ha_controller.protocol.errors import HaError
 
@@ -175,6 +180,10 @@ class CampaignOptions:
     #: continue the campaign recorded in ``out`` (``out/campaign.json``) instead of
     #: starting one; the other fields must match the record (:func:`resumed_options`)
     resume: bool = False
+    #: ``families`` were asked for (``--families``): every one must run (module docstring)
+    families_asked: bool = False
+    #: the brokers' ``flush_mode`` (None: the broker's default, ``async``)
+    flush_mode: str | None = None
 
     def __post_init__(self) -> None:
         if self.faults < 1:
@@ -183,6 +192,8 @@ class CampaignOptions:
             raise ValueError(f"faults_per_drill must be >= 1, got {self.faults_per_drill}")
         if not self.families:
             raise ValueError("a campaign needs at least one family")
+        if self.flush_mode not in (None, "sync", "async"):
+            raise ValueError(f"flush_mode must be 'sync' or 'async', got {self.flush_mode!r}")
 
     def drill_seed(self, index: int) -> int:
         return self.seed * 1000 + index
@@ -199,6 +210,8 @@ class CampaignOptions:
             "drain_timeout_s": self.drain_timeout_s,
             "max_drills": self.max_drills,
             "generator": None if self.generator is None else _as_json(asdict(self.generator)),
+            "families_asked": self.families_asked,
+            "flush_mode": self.flush_mode,
         }
 
 
@@ -240,6 +253,7 @@ RESUME_FLAGS: Final[Mapping[str, str]] = {
     "drain_timeout_s": "--drain-timeout",
     "max_drills": "--max-drills",
     "generator": "generator",
+    "flush_mode": "--flush-mode",
 }
 
 
@@ -331,7 +345,7 @@ def family_summary(
             if f == family
         ]
         entry: dict[str, Any] = {"faults": len(faults), "drills": len(drills)}
-        for name in FAILING_COUNTS:
+        for name in (*FAILING_COUNTS, *REPORTED_COUNTS):
             entry[name] = sum(int(o.verdict.counts.get(name, 0)) for o in drills)
         entry.update(_windows(faults))
         entry["errors"] = sum(1 for o in drills if o.error is not None)
@@ -347,10 +361,14 @@ def campaign_document(
     seed: int,
     skipped: Mapping[str, str],
     extra: Mapping[str, Any] | None = None,
+    asked: bool = False,
 ) -> dict[str, Any]:
-    """``campaign.json``: ``{"ok", "families", "failing_seeds", ...}`` (module docstring)."""
+    """``campaign.json``: ``{"ok", "families", "failing_seeds", ...}`` (module docstring);
+    ``asked``: the families were asked for, so a skipped one leaves it incomplete."""
     summary = family_summary(outcomes, families)
-    complete = all(summary[f]["faults"] >= faults_per_family for f in families if f not in skipped)
+    complete = all(
+        summary[f]["faults"] >= faults_per_family for f in families if asked or f not in skipped
+    )
     return {
         "ok": complete and all(o.ok for o in outcomes),
         "families": summary,
@@ -359,6 +377,7 @@ def campaign_document(
         "faults_per_family": faults_per_family,
         "seed": seed,
         "skipped_families": dict(skipped),
+        "families_asked": asked,
         "drills": [
             {
                 "drill": o.drill,
@@ -377,21 +396,6 @@ def campaign_document(
 
 
 # ---- planning ------------------------------------------------------------------------
-
-
-def unavailable_families(families: Iterable[str], *, netns: bool) -> dict[str, str]:
-    """family -> why this machine cannot fault it (families that can are left out)."""
-    out: dict[str, str] = {}
-    wanted = set(families)
-    if wanted & NETNS_FAMILIES:
-        reason = "needs --netns (hosts in network namespaces)" if not netns else netns_available()
-        if reason is not None:
-            out.update(dict.fromkeys(sorted(wanted & NETNS_FAMILIES), reason))
-    if wanted & DISK_FAMILIES:
-        reason = tmpfs_available()
-        if reason is not None:
-            out.update(dict.fromkeys(sorted(wanted & DISK_FAMILIES), f"needs tmpfs: {reason}"))
-    return {f: out[f] for f in FAMILIES if f in out}
 
 
 def drill_quota(remaining: Mapping[str, int], faults: int, rotate: int = 0) -> dict[str, int]:
@@ -515,6 +519,8 @@ def recorded_options(out: Path) -> CampaignOptions:
             drain_timeout_s=float(rec.get("drain_timeout_s", _DEFAULTS.drain_timeout_s)),
             max_drills=None if max_drills is None else int(max_drills),
             generator=None if generator is None else _generator_spec(generator),
+            families_asked=bool(rec.get("families_asked", False)),
+            flush_mode=None if rec.get("flush_mode") is None else str(rec["flush_mode"]),
         )
     except (KeyError, TypeError, ValueError) as exc:
         raise CampaignError(
@@ -689,6 +695,8 @@ async def run_campaign(
     contradict the recorded ones."""
     if options.resume and options.out is None:
         raise CampaignError("resuming a campaign needs its directory (--out DIR)")
+    if options.families_asked and (refused := refusal(options.families, netns=options.netns)):
+        raise CampaignError(f"--families: {refused}")
     out = options.out or Path(tempfile.mkdtemp(prefix="campaign-"))
     if options.resume and not (out / CAMPAIGN_FILE).is_file():
         raise CampaignError(f"{out} holds no campaign to resume ({CAMPAIGN_FILE} not found)")
@@ -750,7 +758,9 @@ async def _run_locked(
             faults_per_family=options.faults,
             seed=options.seed,
             skipped=progress.skipped,
+            asked=options.families_asked,
             extra={
+                "flush_mode": options.flush_mode or "async",
                 "netns": options.netns,
                 "faults_per_drill": per_drill,
                 "elapsed_s": round(prev.elapsed_s + time.monotonic() - started, 1),
@@ -779,6 +789,7 @@ async def _run_locked(
                 drain_timeout_s=options.drain_timeout_s,
                 quiet=not options.verbose,
                 generator=options.generator,
+                flush_mode=cast(Any, options.flush_mode),
             )
             schedule = ScheduleGenerator(seed, generator_spec(base)).generate_quota(
                 progress.quota(index, per_drill)

@@ -126,8 +126,31 @@ them never closed): ``p50``/``p99`` (nearest rank) and ``max`` over the faults w
 worst window closed, ``faults`` (how many faults) and ``unrecovered`` (how many never
 closed).
 
+Durability.  A ``store`` info event says how the brokers' stores sync
+(``flush_mode`` ``sync``: before every acknowledgement; ``async``: every
+``flush_interval_ms``).  A power loss (a ``fault`` of kind ``power``) of a whole group
+(target ``"<group>"``) or of the cluster (``"cluster"``) loses, with ``async``, what
+that group's stores had not synced yet:
+
+``unsynced_lost``
+    lost pairs (as ``lost`` counts them) of acknowledged keys whose earliest send ok
+    came from a group (its ``broker``) at most ``flush_interval_ms +``
+    :data:`UNSYNCED_SLACK_MS` before a power loss of that group or of the cluster
+    started.  With ``flush_mode`` ``async`` they are reported here and left out of
+    ``lost``: the loss the asynchronous mode allows.  With ``sync``, or when the
+    history does not say, they count in ``lost`` as well (sync promises no loss).
+``corrupt_deliveries``
+    deliveries (``receive`` ok) marked ``corrupt: true``: a body that is not the one
+    its key's sender wrote.
+
+``durability`` (top level) states ``flush_mode`` and ``flush_interval_ms`` (null when
+the history does not say), ``power_losses`` (faults of kind ``power``),
+``unsynced_lost`` and ``loss_window_ms``: over the unsynced lost keys, the longest time
+from the acknowledgement to the power loss (0 when none).
+
 ``ok`` is true only when lost, duplicated, unexpected, order_violations, late_delayed,
-unresolved_transactions, double_lock_grants and offset_rollbacks are all zero.
+unresolved_transactions, double_lock_grants, offset_rollbacks and corrupt_deliveries
+are all zero.
 """
 
 from __future__ import annotations
@@ -139,7 +162,7 @@ import os
 import re
 from collections import defaultdict
 from collections.abc import Iterable, Mapping
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from typing import Any, Final, Literal, cast
 
 from ha_controller.drills.history import DELAY_LEVELS_MS, Event, iter_history
@@ -148,7 +171,11 @@ __all__ = [
     "AVAILABILITY_KINDS",
     "COUNT_NAMES",
     "FAILING_COUNTS",
+    "POWER_CLUSTER",
+    "REPORTED_COUNTS",
+    "UNSYNCED_SLACK_MS",
     "CheckOptions",
+    "Durability",
     "FaultWindow",
     "UnavailabilityWindow",
     "Verdict",
@@ -157,6 +184,7 @@ __all__ = [
     "no_writable_master_spans",
     "target_group",
     "unavailability_windows",
+    "unsynced_losses",
 ]
 
 COUNT_NAMES: Final[tuple[str, ...]] = (
@@ -171,6 +199,8 @@ COUNT_NAMES: Final[tuple[str, ...]] = (
     "unresolved_transactions",
     "double_lock_grants",
     "offset_rollbacks",
+    "corrupt_deliveries",
+    "unsynced_lost",
 )
 FAILING_COUNTS: Final[tuple[str, ...]] = (
     "lost",
@@ -181,7 +211,15 @@ FAILING_COUNTS: Final[tuple[str, ...]] = (
     "unresolved_transactions",
     "double_lock_grants",
     "offset_rollbacks",
+    "corrupt_deliveries",
 )
+#: counts that do not fail a drill but that campaigns add up per family as well
+REPORTED_COUNTS: Final[tuple[str, ...]] = ("unsynced_lost",)
+#: how long after the flush interval an acknowledged write may still be unsynced (the
+#: flusher sleeps the interval, then syncs: the sync itself takes time)
+UNSYNCED_SLACK_MS: Final = 1_000
+#: the target of a power loss of the whole cluster
+POWER_CLUSTER: Final = "cluster"
 
 Redelivery = Literal["strict", "after_ack"]
 
@@ -316,10 +354,75 @@ def availability_summary(faults: Iterable[FaultWindow]) -> dict[str, dict[str, i
 
 
 @dataclass(frozen=True, slots=True)
+class Durability:
+    """verdict.json's ``durability`` (module docstring, "Durability")."""
+
+    flush_mode: str | None = None
+    flush_interval_ms: int | None = None
+    power_losses: int = 0
+    unsynced_lost: int = 0
+    loss_window_ms: int = 0
+
+    @property
+    def bound_ms(self) -> int:
+        """How long before a power loss an acknowledgement may be lost (async)."""
+        return (self.flush_interval_ms or 0) + UNSYNCED_SLACK_MS
+
+    def to_dict(self) -> dict[str, Any]:
+        return {
+            "flush_mode": self.flush_mode,
+            "flush_interval_ms": self.flush_interval_ms,
+            "power_losses": self.power_losses,
+            "unsynced_lost": self.unsynced_lost,
+            "loss_window_ms": self.loss_window_ms,
+        }
+
+    @classmethod
+    def from_dict(cls, obj: Mapping[str, Any] | None) -> Durability:
+        if not obj:
+            return cls()
+        mode, interval = obj.get("flush_mode"), obj.get("flush_interval_ms")
+        return cls(
+            None if mode is None else str(mode),
+            None if interval is None else int(interval),
+            int(obj.get("power_losses", 0)),
+            int(obj.get("unsynced_lost", 0)),
+            int(obj.get("loss_window_ms", 0)),
+        )
+
+
+def unsynced_losses(
+    lost: Iterable[tuple[int, str | None, int]],
+    power: Iterable[tuple[int, str]],
+    bound_ms: int,
+) -> tuple[int, int]:
+    """``(unsynced_lost, loss_window_ms)`` of lost keys ``(ok_t, ok group, lost pairs)``
+    against power losses ``(start_ms, target)``: a key counts when a power loss of its
+    group (or the cluster) started within ``bound_ms`` after its acknowledgement; the
+    window is the longest such acknowledgement-to-loss time (the earliest matching
+    loss of each key).  Shared with the Spark pipeline."""
+    starts = sorted(power)
+    count = window = 0
+    for ok_t, group, pairs in lost:
+        if pairs <= 0 or group is None:
+            continue
+        match = [
+            t
+            for t, target in starts
+            if target in (group, POWER_CLUSTER) and ok_t <= t <= ok_t + bound_ms
+        ]
+        if match:
+            count += pairs
+            window = max(window, match[0] - ok_t)
+    return count, window
+
+
+@dataclass(frozen=True, slots=True)
 class Verdict:
     scenario: str
     counts: Mapping[str, int]
     faults: tuple[FaultWindow, ...] = field(default=())
+    durability: Durability = field(default_factory=Durability)
 
     @property
     def ok(self) -> bool:
@@ -330,14 +433,15 @@ class Verdict:
         return availability_summary(self.faults)
 
     def to_dict(self) -> dict[str, Any]:
-        """``{"scenario", "ok", "counts": {...}, "faults": [...], "availability": {...}}``
-        (the module docstring defines every field)."""
+        """``{"scenario", "ok", "counts": {...}, "faults": [...], "availability": {...},
+        "durability": {...}}`` (the module docstring defines every field)."""
         return {
             "scenario": self.scenario,
             "ok": self.ok,
             "counts": {name: int(self.counts.get(name, 0)) for name in COUNT_NAMES},
             "faults": [fw.to_dict() for fw in self.faults],
             "availability": self.availability,
+            "durability": self.durability.to_dict(),
         }
 
     def to_json(self, *, indent: int | None = 2) -> str:
@@ -345,9 +449,12 @@ class Verdict:
 
     @classmethod
     def from_dict(cls, obj: Mapping[str, Any]) -> Verdict:
-        counts = {name: int(obj["counts"][name]) for name in COUNT_NAMES}
+        """Parse :meth:`to_dict`'s output; a verdict.json from before a count was added
+        reads it as 0, one without ``durability`` as the defaults."""
+        counts = {name: int(obj["counts"].get(name, 0)) for name in COUNT_NAMES}
         faults = tuple(FaultWindow.from_dict(f) for f in obj["faults"])
-        return cls(str(obj["scenario"]), counts, faults)
+        durability = Durability.from_dict(obj.get("durability"))
+        return cls(str(obj["scenario"]), counts, faults, durability)
 
     def mismatches(self, other: Verdict) -> list[str]:
         """What differs from ``other`` (counts, faults and their windows, availability),
@@ -355,7 +462,7 @@ class Verdict:
         mine, theirs = self.to_dict(), other.to_dict()
         out = [
             f"{key}: {mine[key]!r} != {theirs[key]!r}"
-            for key in ("scenario", "ok", "availability")
+            for key in ("scenario", "ok", "availability", "durability")
             if mine[key] != theirs[key]
         ]
         out.extend(
@@ -446,6 +553,11 @@ def check(
     send_outcomes: list[tuple[int, bool, str, str | None]] = []
     invoke_broker: dict[str, tuple[int, str]] = {}
     reads = _Ops()
+    # durability: the first ``store`` event's settings, the earliest send ok's broker
+    # per key (ties by name), deliveries marked corrupt
+    store_mode: tuple[int, str | None, int | None] | None = None
+    ok_broker: dict[str, tuple[int, str]] = {}
+    corrupt = 0
 
     for ev in events:
         v = ev.value
@@ -476,11 +588,16 @@ def check(
                     prev = send_ok_t.get(key)
                     if prev is None or ev.t_ms < prev:
                         send_ok_t[key] = ev.t_ms
+                    by = (ev.t_ms, _s(v, "broker") or "")
+                    if key not in ok_broker or by < ok_broker[key]:
+                        ok_broker[key] = by
         elif f == "receive":
             if ev.type != "invoke":
                 reads.add(ev.type == "ok", ev.t_ms, ev.t_ms, _s(v, "broker"))
             if ev.type != "ok":
                 continue
+            if _b(v, "corrupt") is True:
+                corrupt += 1
             key = _s(v, "key")
             cg = _s(v, "consumer_group")
             if key is None or cg is None:
@@ -527,6 +644,9 @@ def check(
                 commits[(cg, mq)].append((ev.t_ms, offset))
             else:
                 probes.append((ev.t_ms, cg, mq, offset))
+        elif f == "store":
+            if ev.type == "info" and (store_mode is None or ev.t_ms < store_mode[0]):
+                store_mode = (ev.t_ms, _s(v, "flush_mode"), _i(v, "flush_interval_ms"))
         elif f == "fault":
             kind = _s(v, "kind")
             target = _s(v, "target")
@@ -578,9 +698,26 @@ def check(
     for _cg, key in per_pair:
         recv_groups[key] += 1
     lost = 0
+    lost_keys: list[tuple[int, str | None, int]] = []  # (ok_t, ok group, lost pairs)
     for key in acked:
         topic = invokes[key].topic if key in invokes else ""
-        lost += max(groups_of_topic.get(topic, 0), 1) - recv_groups.get(key, 0)
+        pairs = max(groups_of_topic.get(topic, 0), 1) - recv_groups.get(key, 0)
+        lost += pairs
+        if pairs > 0:
+            lost_keys.append((send_ok_t[key], ok_broker[key][1] or None, pairs))
+    durability = Durability(
+        None if store_mode is None else store_mode[1],
+        None if store_mode is None else store_mode[2],
+        sum(1 for _t, kind, _target in fault_starts if kind == "power"),
+    )
+    unsynced, window = unsynced_losses(
+        lost_keys,
+        [(t, target) for t, kind, target in fault_starts if kind == "power"],
+        durability.bound_ms,
+    )
+    durability = replace(durability, unsynced_lost=unsynced, loss_window_ms=window)
+    if durability.flush_mode == "async":
+        lost -= unsynced
 
     recovered = sum(
         1 for k in received_keys if k in sent and k not in send_ok_t and k not in rolled_back
@@ -646,15 +783,18 @@ def check(
             "unresolved_transactions": unresolved,
             "double_lock_grants": _double_grants(grants, unlocks, opts.lock_lease_ms),
             "offset_rollbacks": _offset_rollbacks(commits, probes),
+            "corrupt_deliveries": corrupt,
+            "unsynced_lost": unsynced,
         },
         faults=faults,
+        durability=durability,
     )
 
 
 #: fault kinds that leave their target group without a writable master while they last
 #: (when they target the master, id 0): clients cannot write there, and an acting slave
 #: is read-only
-UNWRITABLE_KINDS: Final[frozenset[str]] = frozenset({"kill", "pause", "partition", "disk"})
+UNWRITABLE_KINDS: Final[frozenset[str]] = frozenset({"kill", "pause", "partition", "disk", "power"})
 #: the end of a fault that was never healed
 _OPEN_END: Final = 2**62
 
@@ -675,20 +815,32 @@ def no_writable_master_spans(faults: Iterable[FaultWindow]) -> list[tuple[int, i
     so nothing could be written anywhere: a delayed message falling due then waits for
     the first master to take writes again.  The groups are those the faults name
     (targets and the groups of their write windows); a never-healed fault lasts for
-    ever.  Empty when some group never lost its master."""
+    ever.  A power loss of a group (target ``"<group>"``) takes that group's master down
+    too, one of the cluster (``"cluster"``) every group's.  Empty when some group never
+    lost its master."""
     faults = list(faults)
     groups: set[str] = set()
     down: dict[str, list[tuple[int, int]]] = defaultdict(list)
+    whole: list[FaultWindow] = []  # power losses of a group or of the cluster
     for fw in faults:
         groups.update(fw.write_unavailable_ms)
         group = target_group(fw.target)
         if group is None:
+            if fw.kind == "power":
+                whole.append(fw)
             continue
         groups.add(group)
         if fw.kind in UNWRITABLE_KINDS and fw.target == f"{group}/0":
             end = _OPEN_END if fw.end_ms is None else fw.end_ms
             if end > fw.start_ms:
                 down[group].append((fw.start_ms, end))
+    for fw in whole:
+        hit = set(groups) if fw.target == POWER_CLUSTER else {fw.target}
+        groups.update(hit)
+        end = _OPEN_END if fw.end_ms is None else fw.end_ms
+        if end > fw.start_ms:
+            for g in hit:
+                down[g].append((fw.start_ms, end))
     if not groups or any(g not in down for g in groups):
         return []
     common = _merge(down[next(iter(groups))])

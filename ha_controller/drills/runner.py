@@ -83,10 +83,11 @@ import shutil
 import signal
 import tempfile
 import time
+import zlib
 from collections.abc import Awaitable, Callable, Mapping, Sequence
 from dataclasses import dataclass, field, replace
 from pathlib import Path
-from typing import Final, Protocol
+from typing import Final, Literal, Protocol
 
 from ha_controller.client.admin import NameserverClient
 from ha_controller.drills.checker import CheckOptions, FaultWindow, Verdict, check
@@ -99,7 +100,8 @@ from ha_controller.drills.generator import (
     ScheduleGenerator,
     Step,
 )
-from ha_controller.drills.history import Event, Fault, HistoryWriter, read_history
+from ha_controller.drills.history import Event, Fault, HistoryWriter, StoreMode, read_history
+from ha_controller.drills.needs import refusal
 from ha_controller.drills.nemesis import (
     ActiveFault,
     FaultKind,
@@ -136,6 +138,8 @@ __all__ = [
 ]
 
 log = logging.getLogger(__name__)
+
+FlushMode = Literal["sync", "async"]
 
 TOPIC: Final = "DrillTopic"
 FIFO_TOPIC: Final = "DrillFifo"
@@ -220,6 +224,12 @@ class DrillOptions:
     faults: int = 8
     #: ``generated``: the generator's spec (None: the defaults for this cluster)
     generator: GeneratorSpec | None = None
+    #: the brokers' ``flush_mode`` (None: the broker's default, ``async``)
+    flush_mode: FlushMode | None = None
+    #: each broker's store through the FUSE layer that loses unsynced writes
+    lazyfs_stores: bool = False
+    #: every process with a wall clock of its own (clock faults)
+    clock_shim: bool = False
 
 
 @dataclass(slots=True)
@@ -664,16 +674,26 @@ def generator_spec(o: DrillOptions) -> GeneratorSpec:
 def _generated_spec(o: DrillOptions) -> DrillOptions:
     """Draw the schedule (unless given) and size the cluster and the duration for it."""
     schedule = o.schedule
-    if schedule is None:
-        families = o.families or tuple(
-            f for f in FAMILIES if o.netns or f not in ("partition", "loss")
-        )
+    if schedule is not None:  # a replay asks for every family it holds
+        refused = refusal(schedule.families, netns=o.netns)
+        if refused is not None:
+            raise FaultUnsupported(refused)
+    else:
+        if o.families:  # asked for: every one must run, or the drill does not start
+            refused = refusal(o.families, netns=o.netns)
+            if refused is not None:
+                raise FaultUnsupported(refused)
+            families = o.families
+        else:  # the default: the families this machine can fault
+            families = tuple(f for f in FAMILIES if refusal([f], netns=o.netns) is None)
         schedule = ScheduleGenerator(o.seed, generator_spec(o)).generate(families, o.faults)
     return replace(
         o,
         schedule=schedule,
         nameservers=max(o.nameservers, schedule.nameservers),
         tmpfs_store_mb=o.tmpfs_store_mb or (TMPFS_STORE_MB if schedule.needs_tmpfs else None),
+        lazyfs_stores=o.lazyfs_stores or schedule.needs_lazyfs,
+        clock_shim=o.clock_shim or schedule.needs_clock_shim,
         duration_s=schedule.estimated_s(),
     )
 
@@ -706,6 +726,10 @@ async def _run_step(d: Drill, step: Step) -> None:
                 loss_pct=planned.loss_pct,
                 direction=planned.direction,
                 family=planned.family,
+                variant=planned.variant,
+                stopped=planned.stopped,
+                clock_step_s=planned.clock_step_s,
+                seed=zlib.crc32(f"{d.options.seed}/{planned.describe()}".encode()),
             )
         except FaultUnsupported as exc:
             d.history.record(
@@ -853,15 +877,20 @@ async def run_drill(options: DrillOptions) -> DrillResult:
     t0 = time.monotonic()
     start_ms = now_ms()  # the drill start: every printed time counts from here
     say = _say_factory(options.quiet, start_ms)
+    env = dict(scenario.env(options))
+    if options.flush_mode is not None:
+        env["HAC_FLUSH_MODE"] = options.flush_mode
     spec = ClusterSpec(
         groups=options.groups,
         replicas=options.replicas,
         replication=options.replication,
         skip_pre_online=options.skip_pre_online,
         netns=options.netns,
-        env=dict(scenario.env(options)),
+        env=env,
         nameservers=options.nameservers,
         tmpfs_store_mb=options.tmpfs_store_mb,
+        lazyfs_stores=options.lazyfs_stores,
+        clock_shim=options.clock_shim,
     )
     shutil.rmtree(out / "logs", ignore_errors=True)
     cluster = DrillCluster(spec, log_dir=out / "logs")
@@ -878,6 +907,13 @@ async def run_drill(options: DrillOptions) -> DrillResult:
         await _shielded_thread(cluster.start)
         for line in cluster.describe():
             say("  " + line)
+        flush_mode, flush_interval_ms = spec.store_mode()
+        history.record("drill", "info", StoreMode(flush_mode, flush_interval_ms))
+        say(
+            f"  stores flush {flush_mode}"
+            + (f" every {flush_interval_ms} ms" if flush_mode == "async" else " on every write")
+            + (" through lazyfs (unsynced writes die with the power)" if spec.lazyfs_stores else "")
+        )
         drained = await _drive(scenario, options, cluster, history, say)
         history.close()
         verdict = check(out / "history.jsonl", scenario=scenario.name, options=scenario.check)

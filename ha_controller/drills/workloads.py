@@ -6,6 +6,10 @@
   Every send is an ``invoke`` followed by ``ok`` (acknowledged), ``fail`` (the client
   says it was not stored: no connection, not master, no route) or ``info`` (unknown:
   timeouts, a connection lost mid-call, anything else).
+- Every body is :data:`BODY_SIZE` bytes derived from the key
+  (:func:`~ha_controller.client.tools.body_for`); every consumer checks the body it
+  received against its key and records a delivery whose body differs as ``receive`` ok
+  with ``corrupt: true`` (the checkers count ``corrupt_deliveries``).
 - :class:`PushWorkload` consumes with a :class:`~ha_controller.client.PushConsumer`;
   each listener call is a ``receive`` ok and, as the listener succeeds, an ``ack`` ok.
 - :class:`PullWorkload` consumes every queue with a
@@ -88,6 +92,7 @@ from ha_controller.protocol.errors import (
 from ha_controller.protocol.properties import PROPERTY_TIMER_DELIVER_MS, now_ms
 
 __all__ = [
+    "BODY_SIZE",
     "DelayedProducerWorkload",
     "Delivered",
     "OrderlyWorkload",
@@ -102,6 +107,9 @@ __all__ = [
 ]
 
 log = logging.getLogger(__name__)
+
+#: the size of every drill message body (derived from its key: ``body_for(key, size)``)
+BODY_SIZE: Final = 256
 
 
 def mq_name(mq: MessageQueue) -> str:
@@ -163,7 +171,7 @@ class ProducerWorkload:
         process: str = "producer-0",
         rate: float = 100.0,
         concurrency: int = 4,
-        size: int = 256,
+        size: int = BODY_SIZE,
         message_groups: int = 0,
         delay_level: int = 0,
         delay_ms: int = 0,
@@ -359,6 +367,7 @@ def record_receive(
             due_ts_ms=int(due) if due and due.isdigit() else None,
             topic=m.topic,
             stored_ms=m.store_ts_ms or None,
+            corrupt=True if m.body != body_for(m.key, BODY_SIZE) else None,
         ),
         t_ms=t_ms,
     )

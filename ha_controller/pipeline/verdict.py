@@ -28,6 +28,7 @@ import bisect
 import json
 import os
 from collections.abc import Mapping, Sequence
+from dataclasses import replace
 from functools import reduce
 from pathlib import Path
 from typing import Any
@@ -45,11 +46,14 @@ from pyspark.sql.types import (
 
 from ha_controller.drills.checker import (
     AVAILABILITY_KINDS,
+    POWER_CLUSTER,
     CheckOptions,
+    Durability,
     FaultWindow,
     Verdict,
     no_writable_master_spans,
     target_group,
+    unsynced_losses,
 )
 from ha_controller.drills.history import DELAY_LEVELS_MS, VALUE_FIELDS, columnar_copy
 
@@ -218,7 +222,9 @@ def verdicts_of(
             for hid in win.hids
             if (spans := no_writable_master_spans(win.stubs(hid, first.write_groups(hid))))
         }
-        second = _Rows(_collect(_second_round(spark, ev, keys, opts, win.epochs, held)))
+        power = {hid: _durability(first, hid) for hid in names}
+        cuts = {hid: (d.bound_ms, p) for hid, (d, p) in power.items() if p}
+        second = _Rows(_collect(_second_round(spark, ev, keys, opts, win.epochs, held, cuts)))
         win.open(second.every("ops"))
         scopes = win.scopes()
         if scopes:
@@ -228,14 +234,45 @@ def verdicts_of(
         if cache_events:
             ev.unpersist()
     faults = win.faults()
-    return {
-        name: Verdict(
-            scenario=name,
-            counts=_counts(name, first, second),
-            faults=faults.get(name, ()),
+    out: dict[str, Verdict] = {}
+    for name in names:
+        durability, cut_list = power[name]
+        counts = _counts(name, first, second)
+        unsynced, window = unsynced_losses(
+            [
+                (
+                    int(r["n1"]),
+                    r["s2"],
+                    max(len(_groups_of_topic(first, second, name).get(str(r["s1"]), ())), 1)
+                    - int(r["n3"]),
+                )
+                for r in second.of("unsynced", name)
+            ],
+            cut_list,
+            durability.bound_ms,
         )
-        for name in names
-    }
+        durability = replace(durability, unsynced_lost=unsynced, loss_window_ms=window)
+        counts["unsynced_lost"] = unsynced
+        if durability.flush_mode == "async":
+            counts["lost"] -= unsynced
+        out[name] = Verdict(
+            scenario=name, counts=counts, faults=faults.get(name, ()), durability=durability
+        )
+    return out
+
+
+def _durability(first: _Rows, hid: str) -> tuple[Durability, list[tuple[int, str]]]:
+    """History ``hid``'s store settings (its earliest ``store`` event) and its power
+    losses ``(start, target)``, from the first round's rows."""
+    store = first.of("store", hid)
+    mode = None if not store or store[0]["s1"] is None else str(store[0]["s1"])
+    interval = None if not store or store[0]["n1"] is None else int(store[0]["n1"])
+    cuts = [
+        (int(r["n1"]), str(r["s3"]))
+        for r in first.of("fault", hid)
+        if r["s1"] == "info" and r["s2"] == "power"
+    ]
+    return Durability(mode, interval, len(cuts)), cuts
 
 
 def fault_families(events: DataFrame) -> dict[str, dict[tuple[int, str, str], list[str | None]]]:
@@ -298,6 +335,13 @@ def _keys(ev: DataFrame, opts: CheckOptions) -> DataFrame:
         ),
         F.bool_or(is_send).alias("sent"),
         F.min(F.when(is_send & (col("type") == "ok"), col("t_ms"))).alias("ok_t"),
+        # the earliest send ok's broker (ties by name), for losses at a power loss
+        F.min(
+            F.when(
+                is_send & (col("type") == "ok"),
+                F.struct("t_ms", F.coalesce(col("broker"), F.lit("")).alias("broker")),
+            )
+        ).alias("ok_first"),
         F.coalesce(
             F.bool_or(F.when(is_end & (col("type") == "ok"), col("commit"))), F.lit(False)
         ).alias("committed"),
@@ -340,6 +384,7 @@ def _keys(ev: DataFrame, opts: CheckOptions) -> DataFrame:
             "key",
             "sent",
             "ok_t",
+            F.when(col("ok_first.broker") != "", col("ok_first.broker")).alias("ok_broker"),
             "committed",
             "outcomes",
             "receipts",
@@ -468,9 +513,21 @@ def _first_round(ev: DataFrame, keys: DataFrame, opts: CheckOptions) -> list[Dat
         .select("hid", "topic", "consumer_group")
         .distinct()
     )
+    store = (
+        ev.where((col("f") == "store") & (col("type") == "info"))
+        .groupBy("hid")
+        .agg(F.min_by(F.struct("flush_mode", "flush_interval_ms"), col("t_ms")).alias("m"))
+    )
+    corrupt = (
+        ev.where((col("f") == "receive") & (col("type") == "ok") & (col("corrupt") == F.lit(True)))
+        .groupBy("hid")
+        .agg(_total("n", F.lit(1)))
+    )
     return [
         _part("keys", key_counts, n1="n1", n2="n2", n3="n3", n4="n4", n5="n5", groups="groups"),
         _part("fault", faults, s1="type", s2="kind", s3="target", n1="t_ms"),  # one per fault
+        _part("store", store, s1="m.flush_mode", n1="m.flush_interval_ms"),
+        _part("corrupt", corrupt, n1="n"),
         _part(
             "grants",
             _double_grants(ev, opts.lock_lease_ms).groupBy("hid").agg(_total("n", col("n"))),
@@ -492,6 +549,7 @@ def _second_round(
     opts: CheckOptions,
     epochs: Mapping[str, Sequence[int]],
     held: Mapping[str, Sequence[tuple[int, int]]],
+    cuts: Mapping[str, tuple[int, Sequence[tuple[int, str]]]],
 ) -> list[DataFrame]:
     """The failures of every (history, kind, group, fault epoch) (a count and the
     earliest issue, for the windows' openings; epoch 0 is before the first fault), the
@@ -499,7 +557,9 @@ def _second_round(
     acknowledged keys per topic and the FIFO order violations.
 
     ``epochs``: each history's distinct fault starts, sorted; ``held``: its spans
-    without a writable master (for ``late_delayed``)."""
+    without a writable master (for ``late_delayed``); ``cuts``: its power losses'
+    bound and ``(start, target)`` (for ``unsynced_lost``: the acknowledged keys within
+    the bound before a power loss of their group are collected, a few per power loss)."""
     col = F.col
     ops = _operations(ev, keys)
     if epochs:
@@ -616,7 +676,35 @@ def _second_round(
         .groupBy("hid")
         .agg(_total("n", _flag(col("ok_t") < col("prev_max"))))
     )
+    parts = []
+    if cuts:
+        power = spark.createDataFrame(
+            [(hid, bound, [(t, target) for t, target in c]) for hid, (bound, c) in cuts.items()],
+            "p_hid string, bound long, cuts array<struct<t: long, target: string>>",
+        )
+
+        def covers(c: Column) -> Column:
+            return (
+                ((c["target"] == col("ok_broker")) | (c["target"] == F.lit(POWER_CLUSTER)))
+                & (c["t"] >= col("ok_t"))
+                & (c["t"] <= col("ok_t") + col("bound"))
+            )
+
+        near = (
+            keys.where(col("acked") & col("ok_broker").isNotNull())
+            .join(F.broadcast(power), col("hid") == col("p_hid"))
+            .where(F.exists("cuts", covers))
+            .select(
+                "hid",
+                "topic",
+                "ok_t",
+                "ok_broker",
+                F.size(F.array_distinct(F.transform("receipts", lambda r: r["cg"]))).alias("recv"),
+            )
+        )
+        parts.append(_part("unsynced", near, s1="topic", s2="ok_broker", n1="ok_t", n3="recv"))
     return [
+        *parts,
         _part("ops", per_epoch, s1="op", s2="grp", n1="e", n2="n_fail", n3="issued"),
         _part(
             "pairs",
@@ -631,13 +719,20 @@ def _second_round(
     ]
 
 
-def _counts(hid: str, first: _Rows, second: _Rows) -> dict[str, int]:
-    """The counts of history ``hid`` from the collected rows."""
-    # lost = sum over acknowledged keys of max(groups subscribing the key's topic, 1)
-    #        - (groups that received the key)
+def _groups_of_topic(first: _Rows, second: _Rows, hid: str) -> dict[str, set[str]]:
+    """topic -> the consumer groups that subscribe it (declared or by receiving)."""
     groups_of_topic: dict[str, set[str]] = {}
     for r in (*first.of("subscribed", hid), *second.of("subscribed", hid)):
         groups_of_topic.setdefault(str(r["s1"]), set()).add(str(r["s2"]))
+    return groups_of_topic
+
+
+def _counts(hid: str, first: _Rows, second: _Rows) -> dict[str, int]:
+    """The counts of history ``hid`` from the collected rows (``unsynced_lost`` and its
+    share of ``lost`` are settled by the caller)."""
+    # lost = sum over acknowledged keys of max(groups subscribing the key's topic, 1)
+    #        - (groups that received the key)
+    groups_of_topic = _groups_of_topic(first, second, hid)
     expected_pairs = sum(
         int(r["n1"]) * max(len(groups_of_topic.get(str(r["s1"]), ())), 1)
         for r in second.of("acked_topic", hid)
@@ -654,6 +749,8 @@ def _counts(hid: str, first: _Rows, second: _Rows) -> dict[str, int]:
         "unresolved_transactions": first.total("keys", hid, "n5"),
         "double_lock_grants": first.total("grants", hid, "n1"),
         "offset_rollbacks": first.total("rollbacks", hid, "n1"),
+        "corrupt_deliveries": first.total("corrupt", hid, "n1"),
+        "unsynced_lost": 0,
     }
 
 

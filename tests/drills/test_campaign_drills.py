@@ -99,12 +99,27 @@ def test_campaign_command_every_family(tmp_path: Path) -> None:
     assert doc["ok"], describe(doc)
 
 
-def test_campaign_command_line_errors(capsys: pytest.CaptureFixture[str]) -> None:
+def test_campaign_command_line_errors(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    out = str(tmp_path / "campaign")
     for argv, message in (
         (["drill", "campaign"], "--faults N is required"),
         (["drill", "campaign", "--faults", "2", "--families", "kill,meteor"], "unknown fault"),
+        # asked for, but partitions need --netns: refused, never a clean campaign
+        (
+            ["drill", "campaign", "--faults", "2", "--families", "kill,pause,partition"],
+            "partition cannot be injected here: needs --netns",
+        ),
+        (
+            ["drill", "generated", "--faults", "2", "--families", "kill,loss", "--out", out],
+            "loss cannot be injected here: needs --netns",
+        ),
     ):
         with pytest.raises(SystemExit) as exit_:
-            hactl(argv)
-        assert exit_.value.code == 2
-        assert message in capsys.readouterr().err
+            hactl([*argv, "--out", out] if "--out" not in argv else argv)
+        assert exit_.value.code == 2, argv
+        err = capsys.readouterr().err
+        assert message in err, (argv, err)
+        assert len(err.strip().splitlines()) == 1, err
+    assert not (tmp_path / "campaign" / "campaign.json").exists()

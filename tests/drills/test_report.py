@@ -89,6 +89,9 @@ def test_heal_labels_say_what_the_heal_does() -> None:
         "partition": "heal partition",
         "netem": "clear loss",
         "disk": "free disk",
+        "power": "power on",
+        "corrupt": "restart",
+        "clock": "reset clock",
     }
 
 
