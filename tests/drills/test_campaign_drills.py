@@ -99,9 +99,7 @@ def test_campaign_command_every_family(tmp_path: Path) -> None:
     assert doc["ok"], describe(doc)
 
 
-def test_campaign_command_line_errors(
-    tmp_path: Path, capsys: pytest.CaptureFixture[str]
-) -> None:
+def test_campaign_command_line_errors(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
     out = str(tmp_path / "campaign")
     for argv, message in (
         (["drill", "campaign"], "--faults N is required"),
