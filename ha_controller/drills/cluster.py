@@ -53,6 +53,7 @@ import subprocess
 import tarfile
 import tempfile
 from collections.abc import Mapping
+from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Literal
@@ -461,18 +462,21 @@ class DrillCluster:
         return hit
 
     def power_on(self, target: str, timeout: float = 30.0) -> None:
-        """Power back: mount the stores again, start nameservers, slaves, masters."""
+        """Power back: mount the stores again, then start the nameservers, then the
+        slaves, then the masters (each wave at once)."""
         hit = self.power_scope(target)
         for t in hit:
             if t in self._lazy:
                 self._lazy[t].mount()
-        order = [t for t in hit if is_nameserver(t)]
-        order += sorted(
-            (t for t in hit if not is_nameserver(t)),
-            key=lambda t: (parse_target(t)[0], parse_target(t)[1] == 0, parse_target(t)[1]),
-        )
-        for t in order:
-            self.restart(t, timeout)
+        waves = [
+            [t for t in hit if is_nameserver(t)],
+            [t for t in hit if not is_nameserver(t) and parse_target(t)[1] != 0],
+            [t for t in hit if not is_nameserver(t) and parse_target(t)[1] == 0],
+        ]
+        for wave in filter(None, waves):  # each wave at once, as power comes back
+            with ThreadPoolExecutor(max_workers=len(wave)) as pool:
+                for done in [pool.submit(self.restart, t, timeout) for t in wave]:
+                    done.result()
 
     def corrupt(self, target: str, variant: str, *, stopped: bool, seed: int) -> str:
         """Damage ``target``'s store (:func:`~ha_controller.drills.corruption.corrupt_store`),

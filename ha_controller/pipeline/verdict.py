@@ -22,7 +22,8 @@ every grouping and join), which keeps a campaign of small drills, or the tests, 
 each file's drill directory, and :func:`verdicts_of` judges such a frame.
 
 Parts beside it: the schema and readers (:mod:`~ha_controller.pipeline.events`), the
-small collected rows (:mod:`~ha_controller.pipeline.rows`) and the unavailability
+small collected rows (:mod:`~ha_controller.pipeline.rows`), the lock and offset checks
+(:mod:`~ha_controller.pipeline.locks_offsets`) and the unavailability
 windows (:mod:`~ha_controller.pipeline.windows`).
 """
 
@@ -56,6 +57,7 @@ from ha_controller.pipeline.events import (
     read_drills,
     read_events,
 )
+from ha_controller.pipeline.locks_offsets import double_grants, offset_rollbacks
 from ha_controller.pipeline.rows import Rows, collect, flag, part, total
 from ha_controller.pipeline.windows import Windows, closes, operations
 
@@ -404,12 +406,12 @@ def _first_round(ev: DataFrame, keys: DataFrame, opts: CheckOptions) -> list[Dat
         part("corrupt", corrupt, n1="n"),
         part(
             "grants",
-            _double_grants(ev, opts.lock_lease_ms).groupBy("hid").agg(total("n", col("n"))),
+            double_grants(ev, opts.lock_lease_ms).groupBy("hid").agg(total("n", col("n"))),
             n1="n",
         ),
         part(
             "rollbacks",
-            _offset_rollbacks(ev).groupBy("hid").agg(total("n", F.lit(1))),
+            offset_rollbacks(ev).groupBy("hid").agg(total("n", F.lit(1))),
             n1="n",
         ),
         part("subscribed", subscribed, s1="topic", s2="consumer_group"),
@@ -626,85 +628,6 @@ def _counts(hid: str, first: Rows, second: Rows) -> dict[str, int]:
         "corrupt_deliveries": first.total("corrupt", hid, "n1"),
         "unsynced_lost": 0,
     }
-
-
-def _double_grants(ev: DataFrame, lease_ms: int) -> DataFrame:
-    col = F.col
-    ident = col("consumer_group").isNotNull() & col("consumer").isNotNull() & col("mq").isNotNull()
-    grants = (
-        ev.where((col("f") == "lock") & (col("type") == "ok") & col("granted") & ident)
-        .groupBy("hid", col("t_ms").alias("t"), col("consumer_group").alias("cg"), "consumer", "mq")
-        .agg(F.count(F.lit(1)).alias("n"))
-    )
-    unlocks = ev.where((col("f") == "unlock") & ident).select(
-        col("hid").alias("uhid"),
-        col("t_ms").alias("ut"),
-        col("consumer_group").alias("ucg"),
-        col("consumer").alias("uc"),
-        col("mq").alias("umq"),
-    )
-    with_end = (
-        grants.join(
-            unlocks,
-            (col("hid") == col("uhid"))
-            & (col("cg") == col("ucg"))
-            & (col("consumer") == col("uc"))
-            & (col("mq") == col("umq"))
-            & (col("ut") >= col("t")),
-            "left",
-        )
-        .groupBy("hid", "t", "cg", "consumer", "mq", "n")
-        .agg(F.least(col("t") + F.lit(lease_ms), F.min("ut")).alias("end"))
-    )
-    others = with_end.select(
-        col("hid").alias("h_hid"),
-        col("t").alias("h_t"),
-        col("cg").alias("h_cg"),
-        col("consumer").alias("h_consumer"),
-        col("mq").alias("h_mq"),
-        col("end").alias("h_end"),
-    )
-    return with_end.join(
-        others,
-        (col("hid") == col("h_hid"))
-        & (col("cg") == col("h_cg"))
-        & (col("mq") == col("h_mq"))
-        & (col("consumer") != col("h_consumer"))
-        & (col("h_t") <= col("t"))
-        & (col("t") < col("h_end")),
-        "left_semi",
-    )
-
-
-def _offset_rollbacks(ev: DataFrame) -> DataFrame:
-    col = F.col
-
-    def of(f: str) -> DataFrame:
-        return ev.where(
-            (col("f") == f)
-            & (col("type") == "ok")
-            & col("consumer_group").isNotNull()
-            & col("mq").isNotNull()
-            & col("offset").isNotNull()
-        )
-
-    probes = of("offset_probe").select("hid", "t_ms", "consumer_group", "mq", "offset")
-    commits = of("commit_offset").select(
-        col("hid").alias("c_hid"),
-        col("t_ms").alias("c_t"),
-        col("consumer_group").alias("c_cg"),
-        col("mq").alias("c_mq"),
-        col("offset").alias("c_offset"),
-    )
-    return probes.join(
-        commits,
-        (col("hid") == col("c_hid"))
-        & (col("consumer_group") == col("c_cg"))
-        & (col("mq") == col("c_mq"))
-        & (col("c_t") < col("t_ms"))
-        & (col("c_offset") > col("offset")),
-        "left_semi",
-    )
 
 
 def compute_dir_verdict(
