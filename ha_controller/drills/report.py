@@ -292,7 +292,7 @@ def _lane_states(
             role = arg
         elif action == "start":
             held.append(arg)
-            if arg == "kill":
+            if arg in ("kill", "power"):
                 role = "unknown"  # the restarted process has no role until observed
         else:
             held.remove(arg)
@@ -536,6 +536,21 @@ def _fault_row(f: FaultWindow, start_ms: int) -> str:
     )
 
 
+def _durability(verdict: Verdict) -> str:
+    """One sentence: how the stores synced and what the power losses took."""
+    d = verdict.durability
+    if d.flush_mode is None:
+        return "The history does not say how the stores synced."
+    how = "on every write" if d.flush_mode == "sync" else f"every {d.flush_interval_ms} ms"
+    text = f"Stores flushed {_esc(d.flush_mode)} ({how}); {d.power_losses} power losses"
+    if d.power_losses:
+        text += (
+            f": {d.unsynced_lost} acknowledged pairs lost within the flush window "
+            f"(longest {d.loss_window_ms} ms from acknowledgement to power loss)"
+        )
+    return text + "."
+
+
 def _legend() -> str:
     lanes = "".join(
         f"<tr><td><span class='sw' style='background:{colour}'></span>{state}</td>"
@@ -615,6 +630,7 @@ the terminal counts from the same instant.</p>
 {_legend()}
 <h2>Verdict</h2>
 <table><tr><th>count</th><th>value</th><th>definition</th></tr>{rows}</table>
+<p>{_durability(verdict)}</p>
 <h2>Faults and unavailability (ms)</h2>
 <table><tr><th>fault</th><th>target</th><th>start s</th><th>heal</th><th>healed s</th>
 <th>write unavailable<br>per group</th><th>write unavailable<br>cluster</th>
