@@ -62,7 +62,7 @@ def lazyfs_available() -> str | None:
     if not os.path.exists("/dev/fuse"):
         return "needs /dev/fuse"
     if lazyfs_program() is None:
-        return f"needs {PROGRAM} (build it with 'make tools': tools/build-lazyfs.sh)"
+        return f"needs {PROGRAM} (build it with 'make tools': tools/build-faults.sh)"
     probe = Path(tempfile.mkdtemp(prefix="hacd-lazyfs-probe-"))
     try:
         (probe / "b").mkdir()

@@ -200,3 +200,23 @@ def test_every_family_has_a_colour(family: str) -> None:
     from ha_controller.drills.report import FAMILY_COLOURS
 
     assert family in FAMILY_COLOURS
+
+
+def test_a_missing_fault_tool_refuses_in_one_line(monkeypatch: pytest.MonkeyPatch) -> None:
+    from ha_controller.drills.clock import clock_available
+    from ha_controller.drills.lazyfs import lazyfs_available
+    from ha_controller.drills.needs import refusal
+
+    monkeypatch.setenv("HAC_LAZYFS", "/nonexistent/hac-lazyfs")
+    monkeypatch.setenv("HAC_CLOCK_SHIM", "/nonexistent/libhac-clock.so")
+    for probe in (lazyfs_available, clock_available):
+        probe.cache_clear()
+    try:
+        said = refusal(["kill", "power-loss", "clock", "corruption"], netns=False)
+    finally:
+        for probe in (lazyfs_available, clock_available):
+            probe.cache_clear()
+    assert said is not None and "\n" not in said
+    assert "power-loss cannot be injected here" in said
+    assert "clock cannot be injected here: needs libhac-clock.so" in said
+    assert "make tools" in said and "kill" not in said and "corruption" not in said
