@@ -62,8 +62,11 @@ class BrokerContainer:
         bound (and again after a role change); a broker that fails stops the others
         (they share one TaskGroup)."""
 
-        def ready(_: BrokerService) -> None:
-            if ready_file and len(self.services) == len(self.runners):
+        bound: set[int] = set()  # runners whose current service has its listeners
+
+        def ready(service: BrokerService) -> None:
+            bound.update(i for i, r in enumerate(self.runners) if r.service is service)
+            if ready_file and len(bound) == len(self.runners):
                 write_ready_file(ready_file, brokers=self.ready_info())
 
         try:

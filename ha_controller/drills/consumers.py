@@ -32,7 +32,6 @@ from ha_controller.drills.history import (
     Receive,
     Subscribe,
 )
-from ha_controller.drills.producers import BODY_SIZE
 from ha_controller.drills.tasks import InFlight, cancel_and_wait
 from ha_controller.protocol.errors import (
     HaError,
@@ -52,6 +51,13 @@ __all__ = [
 ]
 
 log = logging.getLogger(__name__)
+
+
+def _body_ok(key: str, body: bytes) -> bool:
+    """Whether ``body`` is the one ``key``'s sender wrote: producers derive it from the key
+    (:func:`body_for`) at the size they were given, so the received length says which.
+    A body cut short would pass this check; the store's CRC refuses such a record."""
+    return bool(body) and body == body_for(key, len(body))
 
 
 def mq_name(mq: MessageQueue) -> str:
@@ -92,7 +98,7 @@ def record_receive(
             due_ts_ms=int(due) if due and due.isdigit() else None,
             topic=m.topic,
             stored_ms=m.store_ts_ms or None,
-            corrupt=True if m.body != body_for(m.key, BODY_SIZE) else None,
+            corrupt=True if not _body_ok(m.key, m.body) else None,
         ),
         t_ms=t_ms,
     )
