@@ -28,6 +28,7 @@ from ha_controller.acl.service import AclService
 from ha_controller.acl.sync import AclSpread
 from ha_controller.auth import ClusterAuth
 from ha_controller.config import NameserverConfig
+from ha_controller.controller.wire import state_to_pb
 from ha_controller.proto import common_pb2, nameserver_pb2
 from ha_controller.protocol.codes import RequestCode, method_name
 from ha_controller.protocol.errors import (
@@ -552,6 +553,10 @@ class NameserverService:
             )
             if bd.get("actingBrokerId") is not None:
                 entry.acting_broker_id = bd["actingBrokerId"]
+            if self.controller is not None:
+                state = self.controller.controller.state(bd["cluster"], name)
+                if state is not None:
+                    out.controller[name].CopyFrom(state_to_pb(state))
         return out
 
     async def _member_group(

@@ -232,12 +232,21 @@ class ClusterEntry(_message.Message):
     def __init__(self, cluster: _Optional[str] = ..., broker_names: _Optional[_Iterable[str]] = ...) -> None: ...
 
 class ClusterInfo(_message.Message):
-    __slots__ = ("clusters", "brokers")
+    __slots__ = ("clusters", "brokers", "controller")
+    class ControllerEntry(_message.Message):
+        __slots__ = ("key", "value")
+        KEY_FIELD_NUMBER: _ClassVar[int]
+        VALUE_FIELD_NUMBER: _ClassVar[int]
+        key: str
+        value: GroupState
+        def __init__(self, key: _Optional[str] = ..., value: _Optional[_Union[GroupState, _Mapping]] = ...) -> None: ...
     CLUSTERS_FIELD_NUMBER: _ClassVar[int]
     BROKERS_FIELD_NUMBER: _ClassVar[int]
+    CONTROLLER_FIELD_NUMBER: _ClassVar[int]
     clusters: _containers.RepeatedCompositeFieldContainer[ClusterEntry]
     brokers: _containers.RepeatedCompositeFieldContainer[_common_pb2.BrokerData]
-    def __init__(self, clusters: _Optional[_Iterable[_Union[ClusterEntry, _Mapping]]] = ..., brokers: _Optional[_Iterable[_Union[_common_pb2.BrokerData, _Mapping]]] = ...) -> None: ...
+    controller: _containers.MessageMap[str, GroupState]
+    def __init__(self, clusters: _Optional[_Iterable[_Union[ClusterEntry, _Mapping]]] = ..., brokers: _Optional[_Iterable[_Union[_common_pb2.BrokerData, _Mapping]]] = ..., controller: _Optional[_Mapping[str, GroupState]] = ...) -> None: ...
 
 class GetBrokerMemberGroupRequest(_message.Message):
     __slots__ = ("cluster", "broker_name")
