@@ -41,6 +41,17 @@ METRICS: dict[str, frozenset[str]] = {
     "hac_broker_expired_total": frozenset({"reason"}),
     "hac_broker_registrations_total": frozenset({"result"}),
     "hac_route_watchers": frozenset(),
+    # nameserver, controller mode (etcd_endpoints)
+    "hac_controller_epoch": frozenset({"cluster", "broker_name"}),
+    "hac_controller_master_member": frozenset({"cluster", "broker_name"}),
+    "hac_controller_sync_state_set_size": frozenset({"cluster", "broker_name"}),
+    "hac_controller_switches_total": frozenset({"cluster", "broker_name", "kind"}),
+    "hac_controller_unclean_elections_total": frozenset({"cluster", "broker_name"}),
+    "hac_controller_election_duration_seconds_bucket": frozenset({"kind", "le"}),
+    "hac_controller_election_duration_seconds_count": frozenset({"kind"}),
+    "hac_controller_election_duration_seconds_sum": frozenset({"kind"}),
+    "hac_controller_leader": frozenset(),
+    "hac_controller_etcd_up": frozenset(),
     # broker
     "hac_broker_role": IDENTITY | {"role"},
     "hac_broker_isolated": IDENTITY,
@@ -52,6 +63,8 @@ METRICS: dict[str, frozenset[str]] = {
     "hac_preonline_syncs_total": IDENTITY | {"result"},
     "hac_pull_held_requests": IDENTITY,
     "hac_store_writable": IDENTITY,
+    "hac_broker_epoch": IDENTITY,
+    "hac_broker_sync_state_set_size": IDENTITY,
 }
 TARGET_LABELS = frozenset({"instance", "job", "namespace", "pod", "service", "container"})
 DATASOURCE = {"type": "prometheus", "uid": "${datasource}"}
@@ -271,6 +284,11 @@ def test_alert_rules() -> None:
         "HacEscapeFailures": ("hac_escape_messages_total", None),
         "HacBrokerHeartbeatStale": ("hac_broker_heartbeat_age_seconds", None),
         "HacStoreNotWritable": ("hac_store_writable", "1m"),
+        "HacControllerUncleanElection": ("hac_controller_unclean_elections_total", "0m"),
+        "HacControllerNoLeader": ("hac_controller_leader", "1m"),
+        "HacControllerEtcdDown": ("hac_controller_etcd_up", "1m"),
+        "HacControllerSwitchFlapping": ("hac_controller_switches_total", "0m"),
+        "HacControllerNoInSyncSlave": ("hac_controller_sync_state_set_size", "5m"),
     }
     assert expected.keys() <= by_name.keys()
     for name, (metric, duration) in expected.items():
@@ -281,6 +299,11 @@ def test_alert_rules() -> None:
     assert ">= 0" in by_name["HacActingMasterTooLong"]["expr"]
     assert '{result!="ok"}' in by_name["HacEscapeFailures"]["expr"]
     assert "== 1" in by_name["HacMasterStuckInPreOnline"]["expr"]
+    # A group of one member always has a sync-state set of one: only groups that had
+    # more members alert.
+    assert "hac_group_member_up" in by_name["HacControllerNoInSyncSlave"]["expr"]
+    # Leader and etcd gauges carry no group: one alert per nameserver fleet / nameserver.
+    assert by_name["HacControllerNoLeader"]["expr"].startswith("max by (namespace, job)")
     for name, rule in by_name.items():
         assert rule["labels"]["severity"] in {"warning", "critical"}, name
         assert rule["annotations"]["summary"], name
