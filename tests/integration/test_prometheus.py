@@ -11,6 +11,11 @@ then evaluates every expression of every dashboard panel, annotation and
 template variable through the HTTP API the way Grafana would, with the
 template variables substituted.
 
+The nameserver runs in controller mode (a one-member etcd from Debian's ``etcd-server``)
+with ``auto_switch_after_ms = 0``: the groups get epochs and sync-state sets, the kill
+still goes through RIP-32 acting, and a planned switch of ``broker-b`` at the end gives
+the controller panels their switch and election data.
+
 With ``HA_CONTROLLER_DASHBOARD_SNAPSHOT=/some/file.json`` the test also writes what it
 queried; ``docs/render_dashboards.py`` turns that into the pictures in docs/.
 """
@@ -43,6 +48,7 @@ from ha_controller.proto import broker_pb2, common_pb2
 from ha_controller.protocol.codes import RequestCode
 from ha_controller.protocol.errors import HaError
 from ha_controller.testing import Cluster, ProcessHandle, eventually, run_cluster
+from ha_controller.testing.etcd import EtcdCluster, etcd_missing, run_etcd
 
 ROOT = Path(__file__).resolve().parents[2]
 DASHBOARDS = sorted((ROOT / "grafana" / "dashboards").glob("*.json"))
@@ -245,6 +251,20 @@ class PromAPI:
 
 
 @pytest.fixture
+def etcd(tmp_path: Path) -> Iterator[EtcdCluster]:
+    why = etcd_missing()
+    if why is not None:
+        pytest.skip(why)
+    workdir = tmp_path / "etcd"
+    workdir.mkdir()
+    cluster = run_etcd(workdir)
+    try:
+        yield cluster
+    finally:
+        cluster.stop()
+
+
+@pytest.fixture
 async def prom(tmp_path: Path) -> AsyncIterator[Prometheus]:
     binary = prometheus_binary()
     workdir = tmp_path / "prometheus"
@@ -350,7 +370,9 @@ async def group_state(ns: NameserverClient, name: str) -> tuple[bool, int | None
     return False, None
 
 
-async def test_every_dashboard_query_returns_data(prom: Prometheus, tmp_path: Path) -> None:
+async def test_every_dashboard_query_returns_data(
+    prom: Prometheus, etcd: EtcdCluster, tmp_path: Path
+) -> None:
     t0 = time.monotonic()
     # broker-b's master does not auto-create topics (as in production), so the
     # acting slave's escape of ONLY_A's delayed message to it fails.
@@ -359,7 +381,8 @@ async def test_every_dashboard_query_returns_data(prom: Prometheus, tmp_path: Pa
         GROUPS,
         3,
         workdir=tmp_path,
-        env=ENV,
+        # controller mode keeping the groups' states, electing nobody by itself
+        env={**ENV, "HAC_ETCD_ENDPOINTS": etcd.endpoints, "HAC_AUTO_SWITCH_AFTER_MS": "0"},
         broker_env={("broker-b", 0): {"HAC_AUTO_CREATE_TOPIC": "false"}},
     )
     traffic: Traffic | None = None
@@ -434,6 +457,10 @@ async def test_every_dashboard_query_returns_data(prom: Prometheus, tmp_path: Pa
             await eventually(back, timeout=30, interval=0.1)
             assert handle.alive()
             await asyncio.sleep(8)
+            # Phase 4: a planned switch of broker-b to member 1 (controller panels).
+            switched = await ns.switch_master("DefaultCluster", "broker-b", 1)
+            assert switched.controller.state.master_member == 1
+            await asyncio.sleep(3)
             await traffic.aclose()
             traffic = None
             await asyncio.sleep(2 * SCRAPE_S)

@@ -235,6 +235,31 @@ def test_groups_dashboard_covers_membership() -> None:
     assert since[0]["targets"][0]["expr"].startswith("time() - ")
 
 
+def test_groups_dashboard_covers_controller_mode() -> None:
+    path = DASHBOARDS / "ha-controller-groups.json"
+    assert {
+        "hac_controller_epoch",
+        "hac_controller_master_member",
+        "hac_controller_sync_state_set_size",
+        "hac_controller_switches_total",
+        "hac_controller_unclean_elections_total",
+        "hac_controller_election_duration_seconds_bucket",
+        "hac_controller_leader",
+        "hac_controller_etcd_up",
+    } <= metrics_of(path)
+    dashboard = load(path)
+    rows = [p["title"] for p in dashboard["panels"] if p["type"] == "row"]
+    assert any("controller" in r.lower() for r in rows)
+    for panel in query_panels(dashboard):
+        for target in panel["targets"]:
+            expr = target["expr"]
+            # the counters count what each nameserver decided: summed, never maxed
+            if "_total" in expr and "hac_controller_" in expr:
+                assert expr.startswith("sum by"), panel["title"]
+            if "histogram_quantile" in expr:
+                assert "sum by (le," in expr, panel["title"]
+
+
 def test_flow_dashboard_covers_message_flow() -> None:
     path = DASHBOARDS / "ha-controller-flow.json"
     assert {
