@@ -38,6 +38,7 @@ from ha_controller.cli.common import (
     print_table,
     run_async,
 )
+from ha_controller.protocol.errors import BadRequest, InSyncReplicasNotEnough
 from ha_controller.protocol.properties import DEFAULT_DELAY_LEVELS, MAX_DELAY_LEVEL
 from ha_controller.protocol.topics import (
     MAX_QUEUE_NUMS,
@@ -47,6 +48,7 @@ from ha_controller.protocol.topics import (
 )
 
 if TYPE_CHECKING:
+    from ha_controller.client.admin import GroupInfo
     from ha_controller.client.message import ReceivedMessage
     from ha_controller.client.tools import ProduceStats, Sent
 
@@ -349,8 +351,11 @@ def add_commands(sub: Any) -> None:
             "catches up with it, the controller moves the group to a new epoch with the "
             "target as master (brokerId 0) and the old master rejoins as a slave.  Writes "
             "to the group pause for about half a second; nothing acknowledged is lost.  "
-            "The target must be in the group's sync-state set (hactl groups shows it).  "
-            "This is what a Kubernetes preStop hook or a node drain calls."
+            "The target must be in the group's sync-state set (hactl groups shows it); "
+            "--to auto takes its lowest member other than the master.  "
+            "This is what a Kubernetes preStop hook or a node drain calls: with "
+            "--if-master ID it switches only when member ID is the master, and does "
+            "nothing (exit 0) on any other member."
         ),
     )
     namesrv(gs)
@@ -358,10 +363,20 @@ def add_commands(sub: Any) -> None:
     gs.add_argument(
         "--to",
         dest="target",
-        type=int,
+        type=switch_target_arg,
         required=True,
+        metavar="ID|auto",
+        help=(
+            "member id (configured broker_id) of the new master, or auto: the lowest "
+            "in-sync slave of the nameserver's group view"
+        ),
+    )
+    gs.add_argument(
+        "--if-master",
+        dest="if_master",
+        type=int,
         metavar="ID",
-        help="member id (configured broker_id) of the new master",
+        help="switch only when member ID is the group's master now; otherwise do nothing",
     )
     gs.add_argument("--cluster", default="DefaultCluster", help="its cluster (default %(default)s)")
     gs.add_argument(
@@ -736,14 +751,69 @@ async def _describe(args: argparse.Namespace) -> int:
     return EXIT_OK
 
 
+def switch_target_arg(text: str) -> int | None:
+    """``--to``: a member id, or ``auto`` (None: chosen from the group view)."""
+    if text == "auto":
+        return None
+    try:
+        member = int(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"expected a member id or auto, got {text!r}") from None
+    if member < 0:
+        raise argparse.ArgumentTypeError(f"a member id is 0 or more, got {member}")
+    return member
+
+
+def switch_target(group: GroupInfo, target: int | None, if_master: int | None) -> int | None:
+    """The member ``hactl group switch`` makes master: ``target``, or for ``auto`` the
+    lowest member of the sync-state set other than the master; None when ``if_master``
+    names a member that is not the master (nothing to do)."""
+    if group.epoch is None or group.master_member is None:
+        raise BadRequest(
+            f"{group.broker_name}: not in controller mode (the nameservers run without "
+            "--etcd-endpoints), so it has no master to switch"
+        )
+    if if_master is not None and if_master != group.master_member:
+        return None
+    if target is not None:
+        return target
+    slaves = sorted(m for m in group.sync_state_set if m != group.master_member)
+    if not slaves:
+        raise InSyncReplicasNotEnough(
+            f"{group.broker_name}: the sync-state set {list(group.sync_state_set)} holds no "
+            f"slave besides master {group.master_member}: no member can take over now"
+        )
+    return slaves[0]
+
+
 async def _group_switch(args: argparse.Namespace) -> int:
     from ha_controller.client.admin import NameserverClient
 
     async with NameserverClient(
         comma_list(args.namesrv), tls=client_tls(args), credentials=client_credentials(args)
     ) as ns:
+        target = args.target
+        if target is None or args.if_master is not None:
+            found = [
+                g
+                for g in await ns.groups()
+                if g.cluster == args.cluster and g.broker_name == args.broker_group
+            ]
+            if not found:
+                raise BadRequest(f"no broker group {args.broker_group} in cluster {args.cluster}")
+            target = switch_target(found[0], target, args.if_master)
+            if target is None:
+                master = found[0].master_member
+                if args.json:
+                    print(json.dumps({"group": args.broker_group, "masterId": master}))
+                else:
+                    print(
+                        f"{args.broker_group}: member {args.if_master} is not the master "
+                        f"(member {master} is): nothing to switch"
+                    )
+                return EXIT_OK
         resp = await ns.switch_master(
-            args.cluster, args.broker_group, args.target, timeout_ms=args.timeout_ms
+            args.cluster, args.broker_group, target, timeout_ms=args.timeout_ms
         )
     state = resp.controller.state
     out = {

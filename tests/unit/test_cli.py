@@ -17,10 +17,17 @@ import pytest
 
 from ha_controller.cli import build_parser, describe_os_error
 from ha_controller.cli.progress import format_duration, reporter
-from ha_controller.cli.tools import deliver_at, produce_exit_code, produce_summary, sent_line
+from ha_controller.cli.tools import (
+    deliver_at,
+    produce_exit_code,
+    produce_summary,
+    sent_line,
+    switch_target,
+)
+from ha_controller.client.admin import GroupInfo
 from ha_controller.client.message import SendReceipt
 from ha_controller.client.tools import ProduceStats, Sent, due_ts_ms
-from ha_controller.protocol.errors import BadRequest, NotMaster
+from ha_controller.protocol.errors import BadRequest, InSyncReplicasNotEnough, NotMaster
 from ha_controller.protocol.topics import (
     MAX_QUEUE_NUMS,
     perm_problem,
@@ -299,3 +306,48 @@ def test_topic_rules() -> None:
     assert [p for p in range(16) if perm_problem(p) is None] == [2, 3, 4, 5, 6, 7]
     assert queue_nums_problem(1) is None and queue_nums_problem(MAX_QUEUE_NUMS) is None
     assert queue_nums_problem(MAX_QUEUE_NUMS + 1) is not None
+
+
+# --- hactl group switch --to auto / --if-master -------------------------------------------
+
+
+def _group(master: int | None, sync_set: tuple[int, ...], epoch: int | None = 3) -> GroupInfo:
+    return GroupInfo(
+        cluster="DefaultCluster",
+        broker_name="broker-a",
+        enable_acting_master=True,
+        members={0: "a:10911", 1: "b:10911", 2: "c:10911"},
+        epoch=epoch,
+        master_member=master,
+        sync_state_set=sync_set,
+    )
+
+
+def test_switch_to_auto_picks_the_lowest_in_sync_slave() -> None:
+    # member 2 is master; 0 and 1 are in sync; 3 is not in the set
+    assert switch_target(_group(2, (0, 1, 2)), None, None) == 0
+    assert switch_target(_group(0, (0, 2)), None, None) == 2  # 1 is not in sync
+    assert switch_target(_group(1, (1, 2, 0)), None, 1) == 0
+    assert switch_target(_group(0, (0, 1)), 1, None) == 1  # an explicit id stays
+
+
+def test_switch_if_master_does_nothing_on_another_member() -> None:
+    assert switch_target(_group(0, (0, 1, 2)), None, 1) is None
+    assert switch_target(_group(0, (0, 1, 2)), 2, 2) is None
+
+
+def test_switch_to_auto_refuses_without_an_in_sync_slave_or_controller() -> None:
+    with pytest.raises(InSyncReplicasNotEnough, match="no slave besides master 0"):
+        switch_target(_group(0, (0,)), None, None)
+    with pytest.raises(BadRequest, match="not in controller mode"):
+        switch_target(_group(None, (), epoch=None), None, None)
+
+
+def test_switch_to_parses_an_id_or_auto() -> None:
+    parser = build_parser()
+    args = parser.parse_args(["group", "switch", "broker-a", "--to", "auto", "--if-master", "0"])
+    assert (args.target, args.if_master) == (None, 0)
+    assert parser.parse_args(["group", "switch", "broker-a", "--to", "2"]).target == 2
+    for bad in ("first", "-1"):
+        with pytest.raises(SystemExit):
+            parser.parse_args(["group", "switch", "broker-a", "--to", bad])
