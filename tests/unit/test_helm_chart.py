@@ -548,10 +548,15 @@ def owned_keys(component: str) -> dict[str, str]:
 )
 def test_config_maps_may_not_set_what_the_chart_sets(component: str, cls: type) -> None:
     """Refused: every key the chart renders (in_sync_replicas excepted: a group may lower
-    it), the per-pod identity and the secrets (which come from Secrets as env vars)."""
+    it), the per-pod identity, the secrets (which come from Secrets as env vars) and the
+    keys the component's StatefulSet passes as env vars (controller mode's etcd)."""
     rendered = {k.split(".")[0] for k in template_config_keys()[component]}
     own = {key.name for key in config_schema(cls).keys.values() if key.per_broker or key.secret}
-    expected = (rendered - {"in_sync_replicas"}) | own
+    sts = (TEMPLATES / f"{component}-statefulset.yaml").read_text()
+    env = {k for k in config_keys(cls) if f"name: {env_var_name(k)}\n" in sts}
+    if component == "nameserver":
+        assert {"etcd_endpoints", "auto_switch_after_ms"} <= env
+    expected = (rendered - {"in_sync_replicas"}) | own | env
     assert set(owned_keys(component)) == expected
     assert all(owned_keys(component).values())
     helpers = (TEMPLATES / "_helpers.tpl").read_text()

@@ -176,7 +176,8 @@ def test_helm_template_renders_the_expected_objects(helm: Helm, profile: Path | 
     docs = rendered(helm, profile)
     values = values_of(profile)
     groups = values.get("groups") or yaml.safe_load((CHART / "values.yaml").read_text())["groups"]
-    assert len(of_kind(docs, "StatefulSet")) == 1 + len(groups)
+    etcd = 1 if values.get("controller", {}).get("etcd", {}).get("deploy") else 0
+    assert len(of_kind(docs, "StatefulSet")) == 1 + len(groups) + etcd
     assert len(of_kind(docs, "ConfigMap")) >= 1 + len(groups)
     for doc in docs:
         if doc["kind"] not in {"ServiceMonitor", "PrometheusRule"} and not (
@@ -570,6 +571,8 @@ def test_every_container_starts_with_a_config_that_loads(
     ns_replicas = nameservers["spec"]["replicas"]
     loaded = 0
     for sts in of_kind(docs, "StatefulSet"):
+        if sts["metadata"]["labels"]["app.kubernetes.io/component"] == "etcd":
+            continue  # not ours: test_controller_mode_deploys_etcd_and_wires_it
         spec = sts["spec"]["template"]["spec"]
         (container,) = spec["containers"]
         assert tls_mount(spec, container) == (tls.get("existingSecret") or None)
@@ -985,3 +988,143 @@ def test_docs_show_the_image_production_pulls() -> None:
     text = (ROOT / "docs" / "deploy.md").read_text()
     assert f"docker build -t {image} ." in text
     assert f"docker push {image}" in text
+
+
+# --- controller mode ---------------------------------------------------------------------
+
+CONTROLLER = CHART / "examples" / "controller.yaml"
+
+
+def _pre_stop(container: dict[str, Any]) -> list[str] | None:
+    hook = container.get("lifecycle", {}).get("preStop")
+    return None if hook is None else list(hook["exec"]["command"])
+
+
+def test_controller_mode_is_off_by_default(helm: Helm) -> None:
+    for profile in PROFILES:
+        if profile == CONTROLLER:
+            continue
+        docs = rendered(helm, profile)
+        assert not [d for d in docs if "-etcd" in d["metadata"]["name"]]
+        for sts in of_kind(docs, "StatefulSet"):
+            (container,) = sts["spec"]["template"]["spec"]["containers"]
+            names = {e["name"] for e in container.get("env", [])}
+            assert "HAC_ETCD_ENDPOINTS" not in names
+            assert _pre_stop(container) is None
+
+
+def test_controller_mode_deploys_etcd_and_wires_it(helm: Helm, tmp_path: Path) -> None:
+    docs = rendered(helm, CONTROLLER)
+    etcd = by_name(docs, "StatefulSet", f"{RELEASE}-ha-controller-etcd")
+    assert etcd["spec"]["replicas"] == 3
+    (container,) = etcd["spec"]["template"]["spec"]["containers"]
+    image, tag = container["image"].rsplit(":", 1)
+    assert image in {"quay.io/coreos/etcd", "registry.k8s.io/etcd"}
+    assert re.fullmatch(r"v?3\.\d+\.\d+(-\d+)?", tag), "a pinned etcd release"
+    headless = f"{RELEASE}-ha-controller-etcd-headless.{NAMESPACE}.svc.cluster.local"
+    members = [f"{RELEASE}-ha-controller-etcd-{i}" for i in range(3)]
+    args = dict(a.removeprefix("--").split("=", 1) for a in container["args"])
+    assert args["initial-cluster"] == ",".join(f"{m}=http://{m}.{headless}:2380" for m in members)
+    assert args["name"] == "$(POD_NAME)"  # the image has no shell
+    assert by_name(docs, "Service", f"{RELEASE}-ha-controller-etcd-headless")["spec"][
+        "publishNotReadyAddresses"
+    ]
+    assert (
+        by_name(docs, "PodDisruptionBudget", f"{RELEASE}-ha-controller-etcd")["spec"][
+            "maxUnavailable"
+        ]
+        == 1
+    )
+
+    # the nameservers get every member's client URL and the switch delay, and load them
+    ns = by_name(docs, "StatefulSet", f"{RELEASE}-ha-controller-nameserver")
+    spec = ns["spec"]["template"]["spec"]
+    (ns_container,) = spec["containers"]
+    pod = {"metadata": {"name": f"{RELEASE}-ha-controller-nameserver-0"}}
+    (started,) = start_container(docs, pod, ns_container, tmp_path)
+    assert started.env["HAC_ETCD_ENDPOINTS"] == ",".join(f"{m}.{headless}:2379" for m in members)
+    _, flags = parse_flags(started.argv)
+    text = mounted_file(docs, spec, ns_container, flags["config"])
+    cfg = load_nameserver_config(local_config(text, tmp_path), {}, started.env)
+    assert cfg.etcd_endpoints == tuple(f"{m}.{headless}:2379" for m in members)
+    assert cfg.auto_switch_after_ms == 500
+    assert cfg.etcd_prefix == "/hac/default"
+
+
+def test_broker_pre_stop_hands_the_group_over(helm: Helm, tmp_path: Path) -> None:
+    """The hook, run with the stand-in hactl, asks for a switch to the lowest in-sync
+    slave only if this pod is the master, within the grace period."""
+    docs = rendered(helm, CONTROLLER)
+    sts = by_name(docs, "StatefulSet", f"{RELEASE}-ha-controller-broker-a")
+    spec = sts["spec"]["template"]["spec"]
+    (container,) = spec["containers"]
+    command = _pre_stop(container)
+    assert command is not None
+    nameservers = ",".join(
+        f"{RELEASE}-ha-controller-nameserver-{i}.{RELEASE}-ha-controller-nameserver-headless."
+        f"{NAMESPACE}.svc.cluster.local:9876"
+        for i in range(2)
+    )
+    for ordinal in (0, 2):
+        pod = {"metadata": {"name": f"{RELEASE}-ha-controller-broker-a-{ordinal}"}}
+        hook = {**container, "command": command, "args": []}
+        (started,) = start_container(docs, pod, hook, tmp_path)
+        assert started.argv == [
+            "group", "switch", "broker-a", "--to", "auto", "--if-master", str(ordinal),
+            "--cluster", "DefaultCluster", "--timeout-ms", "3000", "--namesrv", nameservers,
+        ]  # fmt: skip
+    assert spec["terminationGracePeriodSeconds"] >= 3 + 5 + 20
+
+
+def test_pre_stop_signs_as_the_test_user_when_anonymous_is_off(helm: Helm, tmp_path: Path) -> None:
+    path = tmp_path / "v.yaml"
+    path.write_text(
+        yaml.safe_dump(
+            {
+                "controller": {"etcdEndpoints": ["etcd.example:2379"]},
+                "acl": {"enabled": True, "allowAnonymous": False, "existingSecret": "hac-acl"},
+            }
+        )
+    )
+    docs = [d for d in yaml.safe_load_all(helm.template(CHART, "--values", path)) if d]
+    ns = by_name(docs, "StatefulSet", f"{RELEASE}-ha-controller-nameserver")
+    (ns_container,) = ns["spec"]["template"]["spec"]["containers"]
+    env = {e["name"]: e.get("value") for e in ns_container["env"]}
+    assert env["HAC_ETCD_ENDPOINTS"] == "etcd.example:2379"
+    assert not [d for d in docs if "-etcd" in d["metadata"]["name"]]
+    sts = by_name(docs, "StatefulSet", f"{RELEASE}-ha-controller-broker-a")
+    spec = sts["spec"]["template"]["spec"]
+    (container,) = spec["containers"]
+    script = " ".join(_pre_stop(container) or [])
+    assert 'export HAC_ACCESS_KEY="$(cat /etc/ha-controller/switch/access-key)"' in script
+    (volume,) = [v for v in spec["volumes"] if v["name"] == "switch-credentials"]
+    assert volume["secret"]["secretName"] == "hac-acl"
+    assert {i["path"] for i in volume["secret"]["items"]} == {"access-key", "secret-key"}
+
+
+@pytest.mark.parametrize(
+    ("values", "message"),
+    [
+        (
+            {"controller": {"etcdEndpoints": ["e:2379"], "etcd": {"deploy": True}}},
+            "set controller.etcdEndpoints (an existing etcd) or controller.etcd.deploy=true",
+        ),
+        (
+            {
+                "controller": {"etcdEndpoints": "e:2379"},
+                "broker": {"terminationGracePeriodSeconds": 20},
+            },
+            "broker.terminationGracePeriodSeconds 20 leaves no room for the preStop switch",
+        ),
+        ({"controller": {"autoSwitchAfterMs": -1}}, "autoSwitchAfterMs"),
+        ({"controller": {"etcd": {"replicas": 2}}}, "replicas"),
+    ],
+    ids=["both-etcds", "grace-period", "negative-delay", "even-etcd"],
+)
+def test_bad_controller_values_fail(
+    helm: Helm, values: dict[str, Any], message: str, tmp_path: Path
+) -> None:
+    path = tmp_path / "v.yaml"
+    path.write_text(yaml.safe_dump(values))
+    out = helm.run("template", RELEASE, CHART, "--values", path, check=False)
+    assert out.returncode != 0 and message in out.stderr, out.stderr

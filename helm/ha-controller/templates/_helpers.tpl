@@ -87,6 +87,36 @@ TLS, the client certificate. Empty without TLS; otherwise starts with a space.
 {{- end }}
 {{- end }}
 
+{{/* etcd of controller mode (controller.etcd.deploy). Context: $. */}}
+{{- define "ha-controller.etcd.fullname" -}}
+{{- printf "%s-etcd" (include "ha-controller.fullname" .) }}
+{{- end }}
+
+{{- define "ha-controller.etcd.selectorLabels" -}}
+{{ include "ha-controller.selectorLabels" . }}
+app.kubernetes.io/component: etcd
+{{- end }}
+
+{{/*
+The etcd endpoints of controller mode, comma-separated: every member of the chart's
+etcd by its pod DNS name (controller.etcd.deploy), else controller.etcdEndpoints.
+Empty: controller mode is off. Context: $.
+*/}}
+{{- define "ha-controller.etcdEndpoints" -}}
+{{- if .Values.controller.etcd.deploy }}
+{{- $name := include "ha-controller.etcd.fullname" . }}
+{{- $addrs := list }}
+{{- range $i := until (int .Values.controller.etcd.replicas) }}
+{{- $addrs = append $addrs (printf "%s-%d.%s-headless.%s.svc.%s:2379" $name $i $name $.Release.Namespace $.Values.clusterDomain) }}
+{{- end }}
+{{- join "," $addrs }}
+{{- else if kindIs "slice" .Values.controller.etcdEndpoints }}
+{{- join "," .Values.controller.etcdEndpoints }}
+{{- else }}
+{{- .Values.controller.etcdEndpoints }}
+{{- end }}
+{{- end }}
+
 {{/* Broker group names and labels. Context: dict "root" $ "group" $group. */}}
 {{- define "ha-controller.group.fullname" -}}
 {{- printf "%s-%s" (include "ha-controller.fullname" .root) .group.name }}
@@ -250,6 +280,8 @@ acl: the acl values (acl.enabled, acl.allowAnonymous, acl.existingSecret)
 
 {{- define "ha-controller.ownedKeys.nameserver" -}}
 listen: the container port 9876
+etcd_endpoints: controller.etcdEndpoints or controller.etcd.deploy (as HAC_ETCD_ENDPOINTS)
+auto_switch_after_ms: controller.autoSwitchAfterMs (as HAC_AUTO_SWITCH_AFTER_MS)
 http_listen: the container port 9877 (probes, metrics)
 cluster_secret: clusterSecret (a Secret, as HAC_CLUSTER_SECRET)
 admin_token: adminToken (a Secret, as HAC_ADMIN_TOKEN)
@@ -293,6 +325,16 @@ acl: the acl values (acl.enabled, acl.allowAnonymous, acl.existingSecret)
 {{- if hasKey $groupConfig "in_sync_replicas" }}{{ $isr = int (get $groupConfig "in_sync_replicas") }}{{ end }}
 {{- if gt $isr $replicas }}
 {{- fail (printf "groups[%d] (%s): in_sync_replicas %d exceeds the group's replicas %d; lower in_sync_replicas in the group's config or add replicas" $i $group.name $isr $replicas) }}
+{{- end }}
+{{- end }}
+{{- if and .Values.controller.etcd.deploy .Values.controller.etcdEndpoints }}
+{{- fail "controller: set controller.etcdEndpoints (an existing etcd) or controller.etcd.deploy=true (the chart's etcd), not both" }}
+{{- end }}
+{{- if and (include "ha-controller.etcdEndpoints" .) .Values.controller.preStopSwitch.enabled }}
+{{- /* the hook's call may take its timeout plus 5 s; the broker's phased shutdown after it needs 20 s */}}
+{{- $need := add (div (add .Values.controller.preStopSwitch.timeoutMs 999) 1000) 25 }}
+{{- if lt (int .Values.broker.terminationGracePeriodSeconds) (int $need) }}
+{{- fail (printf "broker.terminationGracePeriodSeconds %d leaves no room for the preStop switch (controller.preStopSwitch.timeoutMs %d): give it at least %d, or lower the timeout" (int .Values.broker.terminationGracePeriodSeconds) (int .Values.controller.preStopSwitch.timeoutMs) (int $need)) }}
 {{- end }}
 {{- end }}
 {{- if and .Values.tls.enabled (not .Values.tls.existingSecret) }}
