@@ -43,6 +43,7 @@ import workloads
 from drivers import Driver, KafkaDriver, NatsDriver, OursDriver, RabbitDriver, RmqSdkDriver
 from jvm_peers import KafkaCluster, RocketMQCluster
 from peers import (
+    ControllerCluster,
     GatewayCluster,
     NatsCluster,
     OursCluster,
@@ -51,12 +52,14 @@ from peers import (
     apt_install,
     nats_server,
 )
-from report import KAFKA, NATS, OURS, OURS_SDK, RABBIT, ROCKETMQ, ROCKETMQ_CTL
+from report import KAFKA, NATS, OURS, OURS_CTL, OURS_SDK, RABBIT, ROCKETMQ, ROCKETMQ_CTL
 
 HERE = Path(__file__).resolve().parent
-ALL = [OURS, OURS_SDK, ROCKETMQ, ROCKETMQ_CTL, KAFKA, NATS, RABBIT]
+ALL = [OURS, OURS_SDK, OURS_CTL, ROCKETMQ, ROCKETMQ_CTL, KAFKA, NATS, RABBIT]
 #: systems that take part in the failover trials only
-FAILOVER_ONLY = {ROCKETMQ_CTL}
+FAILOVER_ONLY = {ROCKETMQ_CTL, OURS_CTL}
+#: ours: a fresh cluster per trial
+OURS_SYSTEMS = (OURS, OURS_SDK, OURS_CTL)
 #: systems driven by the official RocketMQ 5 Python SDK
 OFFICIAL_SDK = {OURS_SDK, ROCKETMQ, ROCKETMQ_CTL}
 CLIENTS = {
@@ -125,6 +128,7 @@ class Bench:
                 "latency": [],
                 "pause": [],
                 "failover": [],
+                "switch": [],
                 "peak_rss": {},
                 "notes": [],
             }
@@ -168,6 +172,12 @@ class Bench:
                     jvm_peers.fetch(peer)
                 except Unavailable as exc:
                     self.unavailable(system, str(exc))
+        if OURS_CTL in self.live():
+            from ha_controller.testing.etcd import etcd_missing
+
+            missing = etcd_missing()
+            if missing is not None:
+                self.unavailable(OURS_CTL, missing)
         for system, module in CLIENTS.items():
             if system in self.live():
                 try:
@@ -330,7 +340,12 @@ class Bench:
         elif system == OURS_SDK:
             await self.close_cluster(OURS_SDK)
             await self.start(OURS_SDK, again=True)
-        dest = self.dest("fo" if fault == "kill" else "pause")
+        elif system == OURS_CTL:
+            await self.close_cluster(OURS_CTL)
+            cluster = ControllerCluster(self.workdir / f"ours-ctl-{fault}")
+            self.clusters[OURS_CTL] = cluster
+            await cluster.start()
+        dest = self.dest({"kill": "fo"}.get(fault, fault))
         # A peer resumed from the pause trial may refuse new queues/streams for a while.
         deadline = time.monotonic() + 60
         while True:
@@ -349,9 +364,13 @@ class Bench:
                     await asyncio.wait_for(setup.aclose(), 10)
         self.record_rss(system)
         # The stream's client starts attached to the leader it is about to lose.
+        rate = self.args.failover_rate
         if fault == "kill":
             driver = self.driver(system, leader, send_timeout_ms=1000)
             send_timeout_s, limit_s = 1.0, 60.0
+        elif fault == "switch":
+            driver = self.driver(system, leader, send_timeout_ms=1000)
+            send_timeout_s, limit_s, rate = 1.0, 30.0, self.args.switch_rate
         else:
             # A frozen server keeps its sockets open: only timeouts notice it.  Every
             # client gets a 3 s send timeout and 1 s liveness checks where it has them.
@@ -363,12 +382,15 @@ class Bench:
                 driver,
                 dest,
                 leader,
-                self.args.failover_rate,
+                rate,
                 self.args.size,
                 limit_s=limit_s,
                 send_timeout_s=send_timeout_s,
                 fault=fault,
+                count_loss=system == OURS_CTL,
             )
+            if system == OURS_CTL:
+                res["settings"] = self.clusters[OURS_CTL].settings
         finally:
             with contextlib.suppress(Exception):
                 await asyncio.wait_for(driver.aclose(), 10)
@@ -377,14 +399,19 @@ class Bench:
             if "acting_slave_read_s" in res
             else ""
         )
-        verb = "killed" if fault == "kill" else "froze"
+        if "lost" in res:
+            extra += (
+                f", writes unavailable {res['unavailable_s']:.2f} s, {res['acknowledged']} "
+                f"acknowledged, lost {res['lost']}, duplicated {res['duplicated']}"
+            )
+        verb = {"kill": "killed", "pause": "froze", "switch": "switched"}[fault]
         say(
             f"  {system:<15} {verb} {res['killed']}: next send {res['next_send_s']:.2f} s, "
             f"next receive {res['next_receive_s']:.2f} s, longest send after it "
             f"{res['max_send_s']:.2f} s{extra}"
         )
-        self.systems[system]["failover" if fault == "kill" else "pause"].append(res)
-        if fault == "kill" or system in (OURS, OURS_SDK):
+        self.systems[system][{"kill": "failover"}.get(fault, fault)].append(res)
+        if fault == "kill" or system in OURS_SYSTEMS:
             # One node short (ours: a master back through pre-online): free the cores.
             await self.close_cluster(system)
 
@@ -475,10 +502,10 @@ class Bench:
             if not self.args.no_pause:
                 faults.insert(0, "pause")
             for system in self.live():
-                for fault in faults:
+                for fault in faults + (["switch"] if system == OURS_CTL else []):
                     say(f"{system}: {fault} the leader during a steady stream")
                     try:
-                        if system not in (OURS, OURS_SDK) and system not in self.clusters:
+                        if system not in OURS_SYSTEMS and system not in self.clusters:
                             await self.start(system, again=True)  # lost to an earlier trial
                         await self.run_failover(system, fault)
                     except Exception as exc:
@@ -603,6 +630,12 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     p.add_argument("--rate", type=float, default=500.0, help="msg/s of the latency workload")
     p.add_argument("--seconds", type=float, default=10.0, help="latency workload duration")
     p.add_argument("--failover-rate", type=float, default=200.0, help="msg/s during failover")
+    p.add_argument(
+        "--switch-rate",
+        type=float,
+        default=500.0,
+        help="msg/s during the planned switch trial (controller mode)",
+    )
     p.add_argument("--systems", nargs="+", default=ALL, choices=ALL)
     p.add_argument("--out", default=str(HERE / "results"))
     p.add_argument("--skip-install", action="store_true", help="do not run apt-get")

@@ -186,6 +186,14 @@ class OursDriver:
         handle: Any = self.cluster.broker(self.cluster.groups[0], 0)
         handle.resume()
 
+    async def switch_leader(self, index: int) -> str:
+        """Controller mode: a planned switch of the first group's master to member 1."""
+        switch = getattr(self.cluster, "switch", None)
+        if switch is None:
+            raise ValueError("a planned switch needs a controller-mode cluster")
+        took = await switch(self.cluster.groups[0], 1)
+        return f"{self.cluster.groups[0]} master to member 1 (hactl group switch, {took:.2f} s)"
+
 
 # ---- RabbitMQ (aio-pika) ------------------------------------------------------------------------
 

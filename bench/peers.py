@@ -496,13 +496,15 @@ class NatsCluster:
 
 @dataclass
 class OursCluster:
-    """A nameserver and ``groups`` x (master + 1 SYNC slave), real processes."""
+    """A nameserver and ``groups`` x (master + ``replicas - 1`` SYNC slaves), real
+    processes."""
 
     workdir: Path
     groups: tuple[str, ...] = ("broker-a",)
     cluster: object | None = None
     #: more server settings (``HAC_*``), over the ones below
     env: dict[str, str] = field(default_factory=dict)
+    replicas: int = 2
 
     async def start(self) -> None:
         from ha_controller.testing import run_cluster
@@ -511,7 +513,7 @@ class OursCluster:
         self.cluster = await asyncio.to_thread(
             run_cluster,
             self.groups,
-            2,
+            self.replicas,
             workdir=self.workdir,
             env={
                 "HAC_REPLICATION_MODE": "sync",
@@ -564,6 +566,77 @@ class OursCluster:
     async def aclose(self) -> None:
         if self.cluster is not None:
             await asyncio.to_thread(self.cluster.stop)  # type: ignore[attr-defined]
+
+
+@dataclass
+class ControllerCluster(OursCluster):
+    """``OursCluster`` in controller mode: one group of three (a master and two SYNC
+    slaves, two acknowledgements per write), the nameserver's controller on a one-member
+    etcd, every controller setting at its default.  One group, so the next send after
+    a fault can only land on the faulted group's own queues."""
+
+    replicas: int = 3
+    etcd: Any = None
+
+    async def start(self) -> None:
+        from ha_controller.testing.etcd import etcd_missing, run_etcd
+
+        missing = etcd_missing()
+        if missing is not None:
+            raise Unavailable(missing)
+        self.workdir.mkdir(parents=True, exist_ok=True)
+        self.etcd = await asyncio.to_thread(run_etcd, self.workdir)
+        self.env = {**self.env, "HAC_ETCD_ENDPOINTS": self.etcd.endpoints}
+        try:
+            await super().start()
+            await self._wait_sync_set()
+        except BaseException:
+            await self.aclose()
+            raise
+
+    async def _wait_sync_set(self) -> None:
+        """Until the controller lists every member in the group's sync-state set."""
+        from ha_controller.client.admin import NameserverClient
+        from ha_controller.testing import eventually
+
+        async with NameserverClient([self.namesrv]) as ns:
+
+            async def full() -> bool:
+                groups = await ns.groups()
+                return bool(groups) and all(len(g.sync_state_set) == self.replicas for g in groups)
+
+            await eventually(full, timeout=30)
+
+    async def switch(self, group: str, target: int) -> float:
+        """A planned switch to member ``target``; returns how long the call took."""
+        from ha_controller.client.admin import NameserverClient
+
+        async with NameserverClient([self.namesrv]) as ns:
+            cluster = next(g.cluster for g in await ns.groups() if g.broker_name == group)
+            t0 = time.perf_counter()
+            await ns.switch_master(cluster, group, target)
+            return time.perf_counter() - t0
+
+    @property
+    def settings(self) -> dict[str, str]:
+        """The failure-detection and controller settings of this deployment."""
+        from ha_controller.config.nameserver import NameserverConfig
+
+        env: dict[str, str] = getattr(self.cluster, "env", {})
+        defaults = NameserverConfig()
+        return {
+            "broker_not_active_timeout_ms": env.get("HAC_BROKER_NOT_ACTIVE_TIMEOUT_MS", "10000"),
+            "auto_switch_after_ms": str(defaults.auto_switch_after_ms),
+            "controller_poll_interval_ms": str(defaults.controller_poll_interval_ms),
+        }
+
+    async def aclose(self) -> None:
+        try:
+            await super().aclose()
+        finally:
+            if self.etcd is not None:
+                await asyncio.to_thread(self.etcd.stop)
+                self.etcd = None
 
 
 @dataclass

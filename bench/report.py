@@ -11,6 +11,8 @@ OURS = "ha-controller"
 OURS_SDK = "ha-controller (official SDK)"
 ROCKETMQ = "RocketMQ"
 ROCKETMQ_CTL = "RocketMQ controller"
+#: ours in controller mode (one group of three, etcd): the failover and switch trials
+OURS_CTL = "ha-controller controller"
 KAFKA = "Kafka"
 RABBIT = "RabbitMQ"
 NATS = "NATS JetStream"
@@ -43,6 +45,13 @@ METRICS: list[tuple[str, str, str, str, bool]] = [
         False,
     ),
     ("pause", "max_send_s", "pause_max_send_s", "pause (SIGSTOP): longest send after it s", False),
+    (
+        "switch",
+        "unavailable_s",
+        "switch_unavailable_s",
+        "planned switch (hactl group switch): writes unavailable s",
+        False,
+    ),
     ("rss", "max_mib", "rss_max_mib", "peak RSS, largest server process MiB", False),
     ("rss", "total_mib", "rss_total_mib", "peak RSS, all server processes MiB", False),
 ]
@@ -96,7 +105,7 @@ def pairs(stats: dict[str, Any]) -> list[tuple[str, str]]:
     out = []
     for peer in stats:
         mine = SAME_CLIENT.get(peer, OURS)
-        if peer not in (OURS, OURS_SDK) and mine in stats:
+        if peer not in (OURS, OURS_SDK, OURS_CTL) and mine in stats:
             out.append((mine, peer))
     return out
 
@@ -145,6 +154,18 @@ def markdown(results: dict[str, Any]) -> str:
             f"acting slave after {_fmt(paused)} s (not-active timeout {_fmt(limit)} s; "
             f"goal: within {_fmt(limit + 0.3)} s)."
         )
+    for trial_kind, what in (("failover", "kill -9"), ("pause", "SIGSTOP"), ("switch", "switch")):
+        for trial in results["systems"].get(OURS_CTL, {}).get(trial_kind, []):
+            settings = ", ".join(f"{k} {v}" for k, v in trial.get("settings", {}).items())
+            notes.append(
+                f"- {OURS_CTL}, {what}: next send to the same group's queues "
+                f"{_fmt(trial['next_send_s'])} s, writes unavailable "
+                f"{_fmt(trial.get('unavailable_s', math.nan))} s at "
+                f"{trial['rate']:.0f} msg/s; {trial.get('acknowledged', 0)} acknowledged, "
+                f"lost {trial.get('lost', 'n/a')}, duplicated {trial.get('duplicated', 'n/a')}"
+                + (f" ({settings})" if settings else "")
+                + "."
+            )
     for system, per in results["systems"].items():
         for trial in per.get("pause", []):
             missing = [k for k in ("next_send_s", "next_receive_s") if math.isnan(trial[k])]
@@ -184,6 +205,7 @@ def chart(results: dict[str, Any], path: Path) -> str | None:
     colours = {
         OURS: "#2a7ab9",
         OURS_SDK: "#7fb3dc",
+        OURS_CTL: "#1b4f72",
         ROCKETMQ: "#c0392b",
         ROCKETMQ_CTL: "#e6a0a0",
         KAFKA: "#555555",

@@ -12,9 +12,11 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import itertools
 import math
 import struct
 import time
+from collections import Counter
 from typing import Any
 
 from drivers import Driver
@@ -178,26 +180,37 @@ async def failover(
     limit_s: float = 60.0,
     send_timeout_s: float = 1.0,
     fault: str = "kill",
+    count_loss: bool = False,
 ) -> dict[str, Any]:
-    """A steady stream of awaited sends; then ``fault`` the leader: ``"kill"`` (kill -9)
-    or ``"pause"`` (SIGSTOP, resumed with SIGCONT once both times are known or the limit
-    passed); time the next send and receive.
+    """A steady stream of awaited sends; then ``fault`` the leader: ``"kill"`` (kill -9),
+    ``"pause"`` (SIGSTOP, resumed with SIGCONT once both times are known or the limit
+    passed) or ``"switch"`` (a planned handover, ``driver.switch_leader``, with the
+    stream running one second past its end); time the next send and receive.
 
     ``next_send_s``: from the fault to the completion of the first successful
     send that was started after it.  ``next_receive_s``: from the fault to the
     first delivery of a message whose send started after it.  ``max_send_s``:
     the longest single awaited send (failed ones included) started after the fault.
+    ``unavailable_s``: the longest time without a successful send completing, from
+    the fault to the end of the stream (the writes' outage as a producer sees it).
+    With ``count_loss`` the consumer gets 20 s after the stream to receive every
+    acknowledged message: ``lost`` acknowledged sequence numbers never received,
+    ``duplicated`` ones received more than once.
     """
-    if fault not in ("kill", "pause"):
-        raise ValueError(f"fault must be 'kill' or 'pause', got {fault!r}")
+    if fault not in ("kill", "pause", "switch"):
+        raise ValueError(f"fault must be 'kill', 'pause' or 'switch', got {fault!r}")
     state: dict[str, Any] = {"t_kill": None, "send": None, "recv": None}
     received = 0
     slowest_after = 0.0
+    acked: set[int] = set()
+    seen: Counter[int] = Counter()
+    done_after: list[int] = []  # completion times of successful sends after the fault
 
     def on_body(data: bytes) -> None:
         nonlocal received
         received += 1
-        _, t_ns = HEADER.unpack_from(data)
+        seq, t_ns = HEADER.unpack_from(data)
+        seen[seq] += 1
         t_kill = state["t_kill"]
         if t_kill is not None and t_ns >= t_kill and state["recv"] is None:
             state["recv"] = time.perf_counter_ns()
@@ -223,7 +236,10 @@ async def failover(
                 await asyncio.sleep(0.01)
             else:
                 sent += 1
+                acked.add(seq)
                 t_kill = state["t_kill"]
+                if t_kill is not None:
+                    done_after.append(time.perf_counter_ns())
                 if t_kill is not None and started >= t_kill and state["send"] is None:
                     state["send"] = time.perf_counter_ns()
             t_kill = state["t_kill"]
@@ -244,13 +260,25 @@ async def failover(
             streamer.result()
         sent_before, recv_before = sent, received
         state["t_kill"] = time.perf_counter_ns()
+        switch_s = math.nan
         if fault == "kill":
             killed = driver.kill_leader(leader)
-        else:
+        elif fault == "pause":
             killed = driver.pause_leader(leader)
             paused = True
-        probe_task = asyncio.create_task(probe(dest, state["t_kill"])) if probe else None
+        else:
+            t0 = time.perf_counter()
+            switch = getattr(driver, "switch_leader", None)
+            if switch is None:
+                raise ValueError(f"{type(driver).__name__} has no planned switch")
+            killed = await asyncio.wait_for(switch(leader), limit_s)
+            switch_s = time.perf_counter() - t0
+            await asyncio.sleep(1.0)  # the stream runs on past the handover
+        probe_task = None
+        if probe is not None and fault != "switch":
+            probe_task = asyncio.create_task(probe(dest, state["t_kill"]))
         await _wait_for(lambda: state["send"] is not None and state["recv"] is not None, limit_s)
+        t_end = time.perf_counter_ns()
         # what happened while the fault lasted (a resumed leader may answer afterwards)
         t_send, t_recv = state["send"], state["recv"]
         if probe_task is not None:
@@ -262,10 +290,21 @@ async def failover(
         stop.set()
         with contextlib.suppress(Exception):
             await asyncio.wait_for(streamer, 10)
+        if count_loss and state["t_kill"] is not None:
+            await _wait_for(lambda: acked <= seen.keys(), 20.0)
         await sub.aclose()
 
     def since_kill(t: int | None) -> float:
         return math.nan if t is None else (t - state["t_kill"]) / 1e9
+
+    marks = [state["t_kill"], *(t for t in done_after if t <= t_end)]
+    gaps = [(b - a) / 1e9 for a, b in itertools.pairwise(marks)]
+    if count_loss:
+        extra["lost"] = len(acked - seen.keys())
+        extra["duplicated"] = sum(1 for n in seen.values() if n > 1)
+        extra["acknowledged"] = len(acked)
+    if fault == "switch":
+        extra["switch_call_s"] = switch_s
 
     return {
         "fault": fault,
@@ -279,6 +318,7 @@ async def failover(
         "next_send_s": since_kill(t_send),
         "next_receive_s": since_kill(t_recv),
         "max_send_s": slowest_after,
+        "unavailable_s": max(gaps) if gaps else math.nan,
         "send_timeout_s": send_timeout_s,
         "limit_s": limit_s,
         **extra,
