@@ -193,6 +193,8 @@ class BrokerData:
     broker_name: str
     broker_addrs: dict[int, str] = field(default_factory=dict)
     enable_acting_master: bool = False
+    #: controller mode: the epoch of the master shown as id 0 (None: not controlled)
+    epoch: int | None = None
 
     @property
     def master_addr(self) -> str | None:
@@ -201,11 +203,18 @@ class BrokerData:
 
     def clone(self) -> BrokerData:
         return BrokerData(
-            self.cluster, self.broker_name, dict(self.broker_addrs), self.enable_acting_master
+            self.cluster,
+            self.broker_name,
+            dict(self.broker_addrs),
+            self.enable_acting_master,
+            self.epoch,
         )
 
     def to_json(self) -> dict[str, Any]:
-        return _members_to_json(self.cluster, self.broker_name, self.broker_addrs)
+        out = _members_to_json(self.cluster, self.broker_name, self.broker_addrs)
+        if self.epoch is not None:
+            out["epoch"] = self.epoch
+        return out
 
     @classmethod
     def from_json(cls, data: Mapping[str, Any]) -> BrokerData:
@@ -215,6 +224,7 @@ class BrokerData:
             broker_name=str(data["brokerName"]),
             broker_addrs=addrs,
             enable_acting_master=bool(data.get("enableActingMaster", False)),
+            epoch=int(data["epoch"]) if data.get("epoch") is not None else None,
         )
 
 

@@ -58,6 +58,7 @@ def route_to_pb(route: TopicRouteData) -> common_pb2.TopicRoute:
                 broker_name=b.broker_name,
                 broker_addrs=b.broker_addrs,
                 enable_acting_master=b.enable_acting_master,
+                epoch=b.epoch,
             )
             for b in route.broker_datas
         ],
@@ -78,7 +79,13 @@ def route_from_pb(pb: common_pb2.TopicRoute) -> TopicRouteData:
     return TopicRouteData(
         pb.topic,
         [
-            BrokerData(b.cluster, b.broker_name, dict(b.broker_addrs), b.enable_acting_master)
+            BrokerData(
+                b.cluster,
+                b.broker_name,
+                dict(b.broker_addrs),
+                b.enable_acting_master,
+                b.epoch if b.HasField("epoch") else None,
+            )
             for b in pb.brokers
         ],
         [

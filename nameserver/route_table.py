@@ -26,6 +26,7 @@ Deliberate differences from RocketMQ:
 
 from __future__ import annotations
 
+import dataclasses
 import logging
 import time
 from collections.abc import Callable, Hashable, Iterable
@@ -1022,7 +1023,9 @@ class RouteTable:
             group = self._groups.get(name)
             if group is None:
                 continue
-            broker_data = group.to_broker_data()
+            broker_data = dataclasses.replace(
+                group.to_broker_data(), epoch=self._master_epoch(group)
+            )
             lead = group.lead()
             if (
                 lead is not None
@@ -1035,11 +1038,18 @@ class RouteTable:
                     broker_data.broker_name,
                     {MASTER_ID: addr, **broker_data.broker_addrs},
                     broker_data.enable_acting_master,
+                    broker_data.epoch,
                 )
             broker_datas.append(broker_data)
         if not broker_datas:
             return None
         return TopicRouteData(topic, broker_datas, list(queues.values()))
+
+    def _master_epoch(self, group: _Group) -> int | None:
+        """Controller mode: the epoch the member registered as id 0 reported."""
+        addr = group.addrs.get(MASTER_ID)
+        live = self._live.get((group.cluster, addr)) if addr is not None else None
+        return live.epoch if live is not None and live.member_id is not None else None
 
     def _member_group_route(self, topic: str) -> TopicRouteData | None:
         """Route of ``rmq_sys_SYNC_BROKER_MEMBER_{name}``: raw ids, never rewritten."""

@@ -16,6 +16,7 @@ import asyncio
 import contextlib
 import logging
 import random
+import time
 from collections.abc import Callable, Coroutine, Sequence
 from typing import Any, Final
 
@@ -42,6 +43,8 @@ log = logging.getLogger(__name__)
 
 #: Queues a producer assumes for a topic the brokers will auto-create.
 DEFAULT_TOPIC_QUEUE_NUMS: Final = 4
+#: how long a group shown only under older epochs than one seen is kept at the newer
+OLDER_EPOCH_ACCEPT_S: Final = 60.0
 
 RouteListener = Callable[[str, TopicRouteData], None]
 """Called with (topic, new route) whenever a cached route changes."""
@@ -168,6 +171,10 @@ class RouteCache(AsyncLifecycle):
         self._publish: dict[str, list[MessageQueue]] = {}
         self._fifo: dict[str, list[MessageQueue]] = {}
         self._brokers: dict[str, BrokerData] = {}
+        #: controller mode: the highest epoch seen per group (routes never go back)
+        self._epochs: dict[str, int] = {}
+        #: since when only older epochs were shown for a group (monotonic seconds)
+        self._older_since: dict[str, float] = {}
         self._versions: dict[str, str] = {}
         self._defaulted: set[str] = set()
         self._fetch_locks: dict[str, asyncio.Lock] = {}
@@ -261,6 +268,7 @@ class RouteCache(AsyncLifecycle):
         topic = route.topic
         if default and topic in self._routes and topic not in self._defaulted:
             return False
+        route = self._fenced(route)
         if default:
             self._defaulted.add(topic)
         else:
@@ -287,6 +295,52 @@ class RouteCache(AsyncLifecycle):
             except Exception:
                 log.exception("route listener failed for topic %s", topic)
         return True
+
+    def _fenced(self, route: TopicRouteData) -> TopicRouteData:
+        """``route`` with every group shown under an older epoch than one seen before
+        replaced by the newer one: a nameserver that has not yet heard of a master
+        switch must not send writes back to the old master.  Older epochs shown for
+        :data:`OLDER_EPOCH_ACCEPT_S` on end are taken (the controller's state was reset).
+        """
+        kept: list[BrokerData] = []
+        changed = False
+        now = time.monotonic()
+        for broker in route.broker_datas:
+            name, epoch = broker.broker_name, broker.epoch
+            if epoch is None:
+                kept.append(broker)
+                continue
+            known = self._epochs.get(name, epoch)
+            newer = self._brokers.get(name)
+            if epoch < known and newer is not None:
+                since = self._older_since.setdefault(name, now)
+                if now - since < OLDER_EPOCH_ACCEPT_S:
+                    log.info(
+                        "route of %s: %s shown in epoch %d, seen in epoch %d: kept the newer",
+                        route.topic,
+                        name,
+                        epoch,
+                        known,
+                    )
+                    kept.append(newer)
+                    changed = True
+                    continue
+                log.warning(
+                    "route of %s: %s shown only in epoch %d for %.0f s after epoch %d: "
+                    "taken (the controller's state was reset?)",
+                    route.topic,
+                    name,
+                    epoch,
+                    now - since,
+                    known,
+                )
+                known = epoch
+            self._older_since.pop(name, None)
+            self._epochs[name] = epoch
+            kept.append(broker)
+        if not changed:
+            return route
+        return TopicRouteData(route.topic, kept, list(route.queue_datas))
 
     # ---- fetching ----------------------------------------------------------------
 

@@ -37,7 +37,7 @@ class TopicConfig(_message.Message):
     def __init__(self, topic_name: _Optional[str] = ..., read_queue_nums: _Optional[int] = ..., write_queue_nums: _Optional[int] = ..., perm: _Optional[int] = ..., topic_sys_flag: _Optional[int] = ..., order: _Optional[bool] = ...) -> None: ...
 
 class BrokerData(_message.Message):
-    __slots__ = ("cluster", "broker_name", "broker_addrs", "enable_acting_master", "acting_broker_id")
+    __slots__ = ("cluster", "broker_name", "broker_addrs", "enable_acting_master", "acting_broker_id", "epoch")
     class BrokerAddrsEntry(_message.Message):
         __slots__ = ("key", "value")
         KEY_FIELD_NUMBER: _ClassVar[int]
@@ -50,12 +50,14 @@ class BrokerData(_message.Message):
     BROKER_ADDRS_FIELD_NUMBER: _ClassVar[int]
     ENABLE_ACTING_MASTER_FIELD_NUMBER: _ClassVar[int]
     ACTING_BROKER_ID_FIELD_NUMBER: _ClassVar[int]
+    EPOCH_FIELD_NUMBER: _ClassVar[int]
     cluster: str
     broker_name: str
     broker_addrs: _containers.ScalarMap[int, str]
     enable_acting_master: bool
     acting_broker_id: int
-    def __init__(self, cluster: _Optional[str] = ..., broker_name: _Optional[str] = ..., broker_addrs: _Optional[_Mapping[int, str]] = ..., enable_acting_master: _Optional[bool] = ..., acting_broker_id: _Optional[int] = ...) -> None: ...
+    epoch: int
+    def __init__(self, cluster: _Optional[str] = ..., broker_name: _Optional[str] = ..., broker_addrs: _Optional[_Mapping[int, str]] = ..., enable_acting_master: _Optional[bool] = ..., acting_broker_id: _Optional[int] = ..., epoch: _Optional[int] = ...) -> None: ...
 
 class QueueData(_message.Message):
     __slots__ = ("broker_name", "read_queue_nums", "write_queue_nums", "perm", "topic_sys_flag")

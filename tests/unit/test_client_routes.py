@@ -6,6 +6,7 @@ import pytest
 
 from ha_controller.client import MessageQueue, NameserverClient, RouteCache
 from ha_controller.client.routes import (
+    OLDER_EPOCH_ACCEPT_S,
     _default_route,
     addr_for_subscribe,
     parse_namesrv_addrs,
@@ -184,3 +185,40 @@ async def test_aclose_is_idempotent_and_closes_watches() -> None:
     await rc.aclose()
     with pytest.raises(RuntimeError):
         rc.watch("T")
+
+
+def controlled(epoch: int, master: str, topic: str = "T") -> TopicRouteData:
+    return TopicRouteData(
+        topic,
+        [BrokerData("c", "broker-a", {0: master, 1: "10.0.0.12:10911"}, True, epoch)],
+        [QueueData("broker-a", 4, 4, RW)],
+    )
+
+
+def test_a_route_from_an_older_epoch_never_replaces_a_newer_one() -> None:
+    # controller mode: epoch 3 moved the master to .11; a nameserver that has not heard
+    # yet still shows epoch 2 (master .10): writes must not go back there
+    rc = cache()
+    assert rc.update(controlled(3, "10.0.0.11:10911"))
+    rc.update(controlled(2, "10.0.0.10:10911"))
+    assert rc.broker_addr_for_publish("broker-a") == "10.0.0.11:10911"
+    # the newer group is kept for every topic, also one first seen from the stale nameserver
+    rc.update(controlled(2, "10.0.0.10:10911", topic="U"))
+    assert rc.cached("U") is not None
+    assert rc.cached("U").broker_datas[0].broker_addrs[0] == "10.0.0.11:10911"  # type: ignore[union-attr]
+    # a newer epoch is taken at once
+    assert rc.update(controlled(4, "10.0.0.12:10911"))
+    assert rc.broker_addr_for_publish("broker-a") == "10.0.0.12:10911"
+    # an older epoch shown on end for a minute (the controller's state was reset) is taken
+    rc.update(controlled(1, "10.0.0.10:10911"))
+    assert rc.broker_addr_for_publish("broker-a") == "10.0.0.12:10911"
+    rc._older_since["broker-a"] -= OLDER_EPOCH_ACCEPT_S
+    rc.update(controlled(1, "10.0.0.10:10911"))
+    assert rc.broker_addr_for_publish("broker-a") == "10.0.0.10:10911"
+
+
+def test_groups_without_an_epoch_are_taken_as_shown() -> None:
+    rc = cache()
+    rc.update(acting_route())
+    rc.update(controlled(5, "10.0.0.11:10911"))
+    assert rc.broker_addr_for_publish("broker-a") == "10.0.0.11:10911"
