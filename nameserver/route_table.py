@@ -190,6 +190,8 @@ class _Group:
     first_seen_ms: float = 0.0
     #: since when no member has been registered as id 0 (the controller's clock)
     no_master_since: float | None = None
+    #: a master expired for silence: when it was last heard (its absence began then)
+    master_silent_since: float | None = None
 
     def min_member(self) -> tuple[int, str] | None:
         if not self.addrs:
@@ -626,6 +628,8 @@ class RouteTable:
                     now - live.last_update_ms,
                     live.heartbeat_timeout_ms,
                 )
+                if name_id is not None and name_id[1] == MASTER_ID:
+                    self._groups[name_id[0]].master_silent_since = live.last_update_ms
                 expired.append(
                     ExpiredBroker(
                         cluster,
@@ -905,7 +909,10 @@ class RouteTable:
         if group.has_master():
             group.no_master_since = None
         elif group.no_master_since is None:
-            group.no_master_since = self._clock()
+            # a master expired for silence has been away since it was last heard
+            silent = group.master_silent_since
+            group.no_master_since = self._clock() if silent is None else silent
+        group.master_silent_since = None
         if self._may_act(group):
             if group.masterless_since is None:
                 group.masterless_since = self._clock()

@@ -1128,3 +1128,23 @@ def test_a_restarted_nameserver_lets_no_slave_act_before_its_master_could_regist
     table.register_broker(reg(SLAVE1, 1, timeout=timeout))
     table.unregister_broker(CLUSTER, MASTER, NAME, 0)
     assert table.acting_broker_id(NAME) == 1
+
+
+def test_a_master_expired_for_silence_counts_as_away_since_it_was_last_heard(
+    table: RouteTable, clock: FakeClock
+) -> None:
+    # the controller's clock (no_master_ms): a frozen master has been away for its whole
+    # silence, not only since the scan noticed it; a closed connection counts from now
+    table.register_broker(reg(MASTER, 0, timeout=2000))
+    table.register_broker(reg(SLAVE1, 1, timeout=2000))
+    assert table.no_master_ms(CLUSTER, NAME) is None
+    clock.advance(1000)
+    table.register_broker(reg(SLAVE1, 1, timeout=2000))  # the slave keeps heartbeating
+    clock.advance(1500)
+    expired, _ = table.scan_not_active()
+    assert [e.broker_addr for e in expired] == [MASTER]
+    assert table.no_master_ms(CLUSTER, NAME) == pytest.approx(2500)
+    table.register_broker(reg(MASTER, 0, timeout=2000))
+    assert table.no_master_ms(CLUSTER, NAME) is None
+    table.unregister_broker(CLUSTER, MASTER, NAME, 0)
+    assert table.no_master_ms(CLUSTER, NAME) == 0
