@@ -149,8 +149,10 @@ class Clients:
         if settings.client_type == v2.PRODUCER:
             s.kind = PRODUCER
             s.topics = frozenset(convert.topics_of(settings.publishing.topics))
-            out.publishing.max_body_size = convert.MAX_BODY_BYTES
-            out.publishing.validate_message_type = False
+            out.publishing.max_body_size = cfg.max_message_bytes
+            # as RocketMQ's proxy (enableTopicMessageTypeCheck): an SDK that checks a
+            # message's type against the queue's accepted types refuses it before sending
+            out.publishing.validate_message_type = True
             out.backoff_policy.CopyFrom(
                 v2.RetryPolicy(
                     max_attempts=cfg.send_attempts,

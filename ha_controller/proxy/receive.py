@@ -23,8 +23,13 @@ from ha_controller.proto.rocketmq.v2 import service_pb2 as v2s
 from ha_controller.protocol.codes import RequestCode
 from ha_controller.protocol.errors import BadRequest, HaError, TopicNotFound
 from ha_controller.protocol.properties import PROPERTY_POP_CK, now_ms, retry_topic
+from ha_controller.protocol.validation import (
+    check_consumer_group,
+    check_invisible_ms,
+    check_topic,
+)
 from ha_controller.proxy import convert
-from ha_controller.proxy.core import MAX_BATCH, MIN_INVISIBLE_MS, GatewayCore
+from ha_controller.proxy.core import MAX_BATCH, GatewayCore
 from ha_controller.proxy.handles import GatewayHandle
 from ha_controller.proxy.limits import ThrottledLog, client_id
 from ha_controller.proxy.renewal import RenewalTable
@@ -99,16 +104,19 @@ class Receiver:
         group = request.group.name
         mq = request.message_queue
         topic, broker = mq.topic.name, mq.broker.name
-        if not group or not topic or not broker:
-            raise BadRequest("ReceiveMessage needs a group and a message queue")
+        check_topic(topic)
+        check_consumer_group(group)
+        if not broker:
+            raise BadRequest("ReceiveMessage needs a message queue")
         batch = max(1, min(request.batch_size or MAX_BATCH, MAX_BATCH))
         invisible_ms = (
             convert.ms_of_duration(request.invisible_duration)
             if request.HasField("invisible_duration")
             else cfg.default_invisible_ms
         )
-        if invisible_ms < MIN_INVISIBLE_MS:
-            raise BadRequest(f"invisible duration must be >= {MIN_INVISIBLE_MS} ms")
+        # RocketMQ's bounds; a push consumer's receive (auto-renewed) has no floor
+        floor = 0 if request.auto_renew else cfg.receive_min_invisible_ms
+        check_invisible_ms(invisible_ms, min_ms=floor, max_ms=cfg.max_invisible_ms)
         poll_ms = (
             convert.ms_of_duration(request.long_polling_timeout)
             if request.HasField("long_polling_timeout")
