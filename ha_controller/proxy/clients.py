@@ -11,8 +11,8 @@ import logging
 import os
 import socket
 import uuid
-from collections.abc import AsyncIterator, Awaitable, Callable
-from typing import Any, Final
+from collections.abc import AsyncIterator, Awaitable
+from typing import Any, Final, Protocol
 
 import grpc
 
@@ -36,7 +36,11 @@ __all__ = ["CONSUMER_BACKOFF_S", "Clients"]
 #: (1s 5s 10s 30s 1m ... 20m 30m).
 CONSUMER_BACKOFF_S: Final = tuple(ms // 1000 for ms in DELAY_LEVELS_MS[:16])
 
-Orderly = Callable[[str, str], Awaitable[bool]]
+
+class Orderly(Protocol):
+    """Whether a consumer group consumes orderly (``Receiver.group_orderly``)."""
+
+    def __call__(self, group: str, topic: str, *, fresh: bool = False) -> Awaitable[bool]: ...
 
 
 class Clients:
@@ -171,7 +175,7 @@ class Clients:
             topics = [e.topic.name for e in settings.subscription.subscriptions if e.topic.name]
             orderly = s.group in cfg.fifo_groups
             if not orderly and topics:
-                orderly = await self._orderly(s.group, topics[0])
+                orderly = await self._orderly(s.group, topics[0], fresh=True)
             sub.fifo = orderly
             sub.receive_batch_size = MAX_BATCH
             sub.long_polling_timeout.CopyFrom(convert.duration_of_ms(cfg.long_polling_timeout_ms))

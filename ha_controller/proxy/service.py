@@ -182,6 +182,7 @@ class Gateway(service_pb2_grpc.MessagingServiceServicer):
             wake.clear()
 
     async def aclose(self) -> None:
+        await self.receiver.aclose()
         await self.core.pool.aclose()
         await self.core.ns.pool.aclose()
 

@@ -39,6 +39,8 @@ TOPIC_RULES_DELAY = "v2-rules-delay"
 TOPIC_RULES_TX = "v2-rules-tx"
 TOPIC_RULES_ORDER = "v2-rules-order"
 TOPIC_TX50 = "v2-tx50"
+TOPIC_SWITCH = "v2-switch"
+SWITCH_GROUP = "g-switch"
 FIFO_GROUP = "g-fifo"
 #: set orderly with `hactl group update G --orderly`
 ORDERLY_GROUP = "g-rules-orderly"
@@ -56,6 +58,7 @@ TOPICS = {
     TOPIC_RULES_TX: "TRANSACTION",
     TOPIC_RULES_ORDER: "FIFO",
     TOPIC_TX50: "TRANSACTION",
+    TOPIC_SWITCH: "FIFO",
 }
 KB = 1024
 MIB = 1024 * 1024
@@ -503,6 +506,73 @@ def scenario_tx50(proxy: str) -> dict[str, Any]:
     }
 
 
+def scenario_switch(proxy: str, http: str, namesrv: str) -> dict[str, Any]:
+    """A group consumed concurrently is switched to orderly (`hactl group update G
+    --orderly`) and its consumer restarted at once: the new consumer must be told to
+    consume FIFO (the SDK keeps the first answer for its whole life) and its message
+    groups consumed in order.  The gateway here caches routes for 30 s."""
+    import random
+    import subprocess as sp
+
+    from ha_controller.testing import eventually_sync, http_get
+
+    def held_receives() -> float:
+        _, body = http_get(http, "/metrics")
+        for line in body.decode().splitlines():
+            if line.startswith("hac_proxy_held_receives "):
+                return float(line.split()[1])
+        return 0.0
+
+    rmq = _sdk()
+    cfg = rmq.ClientConfiguration(proxy, rmq.Credentials())
+    got: list[str] = []
+    lock = threading.Lock()
+
+    class Listener(rmq.MessageListener):  # type: ignore[misc,name-defined]
+        def consume(self, message: Any) -> Any:
+            time.sleep(random.random() / 50)  # jitter: a concurrent consumer reorders
+            with lock:
+                got.append(message.body.decode())
+            return rmq.ConsumeResult.SUCCESS
+
+    sub = {TOPIC_SWITCH: rmq.FilterExpression("*")}
+    before = rmq.PushConsumer(cfg, SWITCH_GROUP, Listener(), sub)
+    before.startup()
+    fifo_before = before.fifo
+    eventually_sync(lambda: held_receives() >= 1, timeout=30)  # its long polls are held
+    sp.run(
+        [
+            *(sys.executable, "-m", "ha_controller.cli", "group", "update", SWITCH_GROUP),
+            *("--orderly", "--namesrv", namesrv),
+        ],
+        check=True,
+        capture_output=True,
+        timeout=30,
+    )
+    before.shutdown()
+    after = rmq.PushConsumer(cfg, SWITCH_GROUP, Listener(), sub)
+    after.startup()
+    producer = rmq.Producer(cfg, (TOPIC_SWITCH,))
+    producer.startup()
+    sent = []
+    try:
+        for i in range(40):
+            body = f"{'ab'[i % 2]}:{i}"
+            producer.send(_message(rmq, TOPIC_SWITCH, body.encode(), message_group="ab"[i % 2]))
+            sent.append(body)
+        deadline = time.time() + 40
+        while time.time() < deadline:
+            with lock:
+                if len(got) >= len(sent):
+                    break
+            time.sleep(0.1)
+    finally:
+        producer.shutdown()
+        after.shutdown()
+    with lock:
+        return {"sent": sent, "got": list(got), "fifo": [fifo_before, after.fifo]}
+
+
 def _child_main() -> None:
     name, args = sys.argv[1], json.loads(sys.argv[2])
     result = {
@@ -511,6 +581,7 @@ def _child_main() -> None:
         "simple_after_kill": scenario_simple_after_kill,
         "rules": scenario_rules,
         "tx50": scenario_tx50,
+        "switch": scenario_switch,
     }[name](**args)
     print("RESULT " + json.dumps(result), flush=True)
     os._exit(0)  # the SDK's non-daemon threads must not keep the child alive
@@ -729,6 +800,24 @@ def test_fifty_committed_transactions_all_arrive(grpc_cluster: Any) -> None:
     assert out["missing"] == [], f"{len(out['missing'])} committed transactions never received"
     assert out["unexpected"] == []
     assert {f"tx-{i}" for i in range(9, 50, 10)} <= set(out["checked"]), out["checked"]
+
+
+def test_a_group_switched_to_orderly_is_consumed_in_order(grpc_cluster: Any) -> None:
+    """Issue 35: a group switched to orderly, its consumer restarted, was still consumed
+    out of order: the gateway told the new consumer the orderly flag it had cached (for
+    the route TTL), and the SDK keeps the first answer for good.  Now a consumer's
+    settings read the group's config afresh, and refresh what receives use."""
+    cluster, _ = grpc_cluster
+    proxy = cluster.run_proxy(env={"HAC_ROUTE_TTL_MS": "30000"}, name="proxy-long-ttl")
+    try:
+        out = run_sdk("switch", 120, proxy=proxy.rpc, http=proxy.http, namesrv=cluster.namesrv)
+    finally:
+        proxy.stop()
+    assert out["fifo"] == [False, True]
+    assert sorted(out["got"]) == sorted(out["sent"])
+    for g in "ab":
+        seqs = [int(b.split(":")[1]) for b in out["got"] if b.startswith(g + ":")]
+        assert seqs == sorted(seqs), f"message group {g} out of order: {seqs}"
 
 
 def test_official_sdk_survives_master_kill(grpc_cluster: Any) -> None:
