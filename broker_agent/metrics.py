@@ -90,6 +90,14 @@ class BrokerMetrics:
         self.pull_held = gauge("hac_pull_held_requests", "Long-poll pulls currently held")
         self.send_errors = counter("hac_send_errors", "Refused or failed sends", ("reason",))
         self.min_broker_id = gauge("hac_min_broker_id_in_group", "Lowest live id this broker knows")
+        self.epoch = gauge(
+            "hac_broker_epoch",
+            "Controller mode: the last epoch of this broker's commit log (0 without a controller)",
+        )
+        self.sync_state_set_size = gauge(
+            "hac_broker_sync_state_set_size",
+            "Controller mode, master: members of its confirmed sync-state set, itself included",
+        )
         for role in ("master", "slave", "acting"):
             self.role.labels(**ident, role=role).set(0)
         # Counters exist at 0 from the start: a counter that appears only on its first
@@ -111,6 +119,7 @@ class BrokerMetrics:
             self.init_escape_target(target)
         self.isolated.labels(**ident).set(0)
         self.store_writable.labels(**ident).set(1)
+        self.epoch.labels(**ident).set(0)
         # cluster authentication (ha_controller.auth): control requests and the HA port
         self.auth_refused = counter(
             "hac_auth_refused_total",

@@ -17,7 +17,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import logging
-from collections.abc import Awaitable, Callable, Coroutine
+from collections.abc import Callable, Coroutine
 from typing import Any, Protocol
 
 from broker_agent.core import BrokerCore
@@ -25,31 +25,31 @@ from broker_agent.handlers.clients import ClientHandlers
 from broker_agent.handlers.messages import MessageHandlers
 from broker_agent.handlers.queries import QueryHandlers
 from broker_agent.locks.service import LockService
-from broker_agent.membership.acting import ActingState
+from broker_agent.membership.controlled import ControllerLink
+from broker_agent.membership.epochs import Epoch, EpochFile
 from broker_agent.membership.group import MemberGroupSync
 from broker_agent.membership.preonline import PreOnline
 from broker_agent.membership.registration import Registrar
-from broker_agent.membership.sync import MetadataSync
+from broker_agent.membership.roles import Role, RoleChange
 from broker_agent.membership.writability import WritabilityWatch
-from broker_agent.metadata.acl_table import AclTableSync
+from broker_agent.metadata.acl_table import acl_table_sync
+from broker_agent.metadata.forward import ForwardSync
 from broker_agent.metadata.versioned import VersionedTable
-from broker_agent.metrics import BrokerMetrics
 from broker_agent.replication.catchup import CatchUp, CommitLogRangeService
 from broker_agent.replication.ha import HaSlave
-from broker_agent.replication.holds import SlaveHolds
 from broker_agent.special.escape import EscapeBridge
 from broker_agent.special.pop import PopService
 from broker_agent.special.ports import Neighbours
 from broker_agent.special.schedule import ScheduleService
 from broker_agent.special.transaction import TransactionService, store_target
+from broker_agent.store.message_store import MessageStore
 from broker_agent.write_path import WritePath
 from ha_controller.acl import AclTable
 from ha_controller.acl.service import AclService
 from ha_controller.acl.sync import push_table
 from ha_controller.config import BrokerConfig
 from ha_controller.protocol.errors import HaError
-from ha_controller.routing import BrokerMemberGroup
-from ha_controller.rpc import ConnectionPool, RpcConnection
+from ha_controller.rpc import RpcConnection
 
 log = logging.getLogger(__name__)
 
@@ -68,11 +68,32 @@ class Listener(Protocol):
 class BrokerService:
     """One broker: builds its parts, runs their loops, stops them in order."""
 
-    def __init__(self, cfg: BrokerConfig) -> None:
+    def __init__(
+        self,
+        cfg: BrokerConfig,
+        *,
+        store: MessageStore | None = None,
+        member_id: int | None = None,
+        role: Role | None = None,
+        epochs: EpochFile | None = None,
+    ) -> None:
         self.cfg = cfg
-        self.core = core = BrokerCore(cfg)
+        self.core = core = BrokerCore(
+            cfg, store=store, member_id=member_id, role=role, epochs=epochs
+        )
         self.write_path = WritePath(core)
-        self.registrar = Registrar(core)
+        #: controller mode: the controller's views, role notices, the sync-state set
+        self.controller_link = ControllerLink(core) if core.role.controlled else None
+        link = self.controller_link
+        self.registrar = Registrar(
+            core,
+            on_view=None if link is None else link.on_view,
+            on_stale=None if link is None else link.stale,
+        )
+        #: why this run ends early: the broker changes role (broker_agent.runner)
+        self.role_change: RoleChange | None = None
+        self._role_changed = asyncio.Event()
+        core.on_role_change(self._change_role)
         core.on_topics_changed(self.registrar.register_soon)
         self.writability = WritabilityWatch(core, self.registrar.register_all)
         core.on_store_state_changed(self.writability.changed)
@@ -81,7 +102,7 @@ class BrokerService:
         self.schedule = ScheduleService(core, self.write_path, self.escape)
         self.transactions = TransactionService(core, self.write_path, self.escape)
         self.pop = PopService(core, self.write_path, self.escape)
-        self.locks = LockService(self)
+        self.locks = LockService(core, self.group.fetch_member_group)
         special_tables: list[VersionedTable] = [
             *self.schedule.tables(),
             self.transactions.table(),
@@ -96,8 +117,8 @@ class BrokerService:
             on_change=self._spread_acl,
         )
         if core.acl.holder is not None:
-            special_tables.append(AclTableSync(core.acl.holder))
-        self.metadata_sync = MetadataSync(
+            special_tables.append(acl_table_sync(core.acl.holder))
+        self.metadata_sync = ForwardSync(
             core,
             special_tables,
             self.schedule.progress_records(),
@@ -107,7 +128,7 @@ class BrokerService:
             core,
             self.group,
             self.registrar,
-            self.metadata_sync.tables,
+            self.metadata_sync,
             CatchUp(core.store, core.pool),
         )
         core.on_fence(self.preonline.fence)
@@ -117,10 +138,28 @@ class BrokerService:
             core, self.transactions.producer_seen, self.registrar.register_all
         ).register()
         self.group.register()
+        if link is not None:
+            link.register()
         CommitLogRangeService(core.store).register(core.dispatcher)
         self.locks.register(core.dispatcher)
         self._listener: Listener | None = None
         self._serving_stopped = False
+
+    def _change_role(self, change: RoleChange) -> None:
+        """The first change asked for ends this run (later ones are its echoes)."""
+        if self.role_change is None:
+            log.warning("role change: %s", change.reason)
+            self.role_change = change
+        self._role_changed.set()
+
+    def _cut_for_master(self, offset: int, master_epochs: list[Epoch]) -> None:
+        self.core.change_role(
+            RoleChange(
+                f"the log parts from the master's at {offset}",
+                cut_to=offset,
+                master_epochs=tuple(master_epochs),
+            )
+        )
 
     def _spread_acl(self, table: AclTable) -> None:
         """A change made here goes to the nameservers, which spread it to every broker."""
@@ -144,30 +183,6 @@ class BrokerService:
         self.core.consumers.connection_closed(conn)
         self.transactions.connection_closed(conn)
 
-    # LockHost (broker_agent.locks.service): the lock service's narrow view
-    @property
-    def acting(self) -> ActingState:
-        return self.core.acting
-
-    @property
-    def isolated(self) -> bool:
-        return self.core.isolated
-
-    @property
-    def pool(self) -> ConnectionPool:
-        return self.core.pool
-
-    @property
-    def metrics(self) -> BrokerMetrics:
-        return self.core.metrics
-
-    @property
-    def member_group(self) -> BrokerMemberGroup | None:
-        return self.core.member_group
-
-    def fetch_member_group(self) -> Awaitable[BrokerMemberGroup | None]:
-        return self.group.fetch_member_group()
-
     # ---- background -------------------------------------------------------------------
 
     async def _flush_loop(self) -> None:
@@ -177,7 +192,7 @@ class BrokerService:
             await asyncio.sleep(core.cfg.flush_interval_ms / 1000)
             try:
                 await asyncio.to_thread(core.store.flush)
-                await asyncio.to_thread(core.offsets.persist)
+                await core.offsets.persist_async()  # the table is read here, written there
             except OSError as exc:  # StoreError too
                 # a failing or full disk: the broker keeps serving what it can (a store
                 # whose fsync failed is read-only now) and tries again next round
@@ -194,18 +209,15 @@ class BrokerService:
         broker_agent.store.retention); a master never deletes past its slowest slave."""
         core = self.core
         failing: str | None = None
-        saved: dict[str, list[int]] | None = None
         while True:
             await asyncio.sleep(core.cfg.clean_resource_interval_ms / 1000)
             if core.ha_master is not None:
                 # the slaves' positions outlive a restart of this master (.holds)
-                snapshot = core.ha_master.holds_snapshot()
-                if snapshot != saved:
-                    try:
-                        await asyncio.to_thread(SlaveHolds.save, core.slave_holds_path, snapshot)
-                        saved = snapshot
-                    except OSError as exc:
-                        log.warning("cannot save %s: %s", core.slave_holds_path, exc)
+                core.ha_master.keep_holds()
+                try:
+                    await core.ha_master.holds.persist_async()
+                except OSError as exc:
+                    log.warning("cannot save %s: %s", core.ha_master.holds.path, exc)
             more = True
             while more:
                 try:
@@ -264,12 +276,15 @@ class BrokerService:
         if self.core.ha_slave is not None:
             loops.append((self.core.ha_slave.run, "ha-slave"))
             loops.append((self.metadata_sync.loop, "slave-sync"))
+        if self.controller_link is not None and self.core.sync is not None:
+            loops.append((self.controller_link.sync_loop, "sync-state-set"))
         if self.core.isolated:
             loops.append((self.preonline.run, "pre-online"))
         return loops
 
-    async def run(self, stop: asyncio.Event) -> None:
-        """Run every background loop until ``stop`` is set, then shut down in phases."""
+    async def run(self, stop: asyncio.Event) -> RoleChange | None:
+        """Run every background loop until ``stop`` is set (or the broker changes role:
+        the change is returned), then shut down in phases."""
         core = self.core
         if not core.acting.is_master:
             core.ha_slave = HaSlave(
@@ -280,6 +295,9 @@ class BrokerService:
                 ssl_context=core.pool.ssl_context,
                 auth=core.auth,
                 broker_name=core.cfg.broker_name,
+                epochs=core.epochs,
+                member_id=core.member_id if core.role.controlled else None,
+                on_cut=self._cut_for_master,
             )
         try:
             async with asyncio.TaskGroup() as tg:
@@ -292,7 +310,13 @@ class BrokerService:
                 if not core.isolated:
                     core.set_special_services(core.acting.is_master)
                     await self.registrar.register_all()
-                await stop.wait()
+                stopped = asyncio.ensure_future(stop.wait())
+                changed = asyncio.ensure_future(self._role_changed.wait())
+                try:
+                    await asyncio.wait({stopped, changed}, return_when=asyncio.FIRST_COMPLETED)
+                finally:
+                    stopped.cancel()
+                    changed.cancel()
                 await self._stop_serving()
                 core.bind_task_owner(None)
                 log.info("shutdown phase 4: cancelling background loops")
@@ -303,6 +327,7 @@ class BrokerService:
             if not self._serving_stopped:  # a loop failed: still leave the cluster cleanly
                 await self._stop_serving()
             await self._close()
+        return None if stop.is_set() else self.role_change
 
     async def _stop_serving(self) -> None:
         """Phases 1-3: stop accepting, unregister, drain in-flight requests."""
@@ -311,7 +336,7 @@ class BrokerService:
         if self._listener is not None:
             self._listener.stop_accepting()
         log.info("shutdown phase 2: unregistering from the nameservers")
-        if not self.core.isolated:
+        if not self.core.isolated or self.role_change is not None:
             await self.registrar.unregister_all()
         log.info("shutdown phase 3: draining in-flight requests")
         self.core.holds.close()  # held pulls answer now
@@ -329,4 +354,7 @@ class BrokerService:
             await core.ha_master.aclose()
         await core.pool.aclose()
         core.offsets.persist()
-        core.store.close()
+        if core.owns_store:
+            core.store.close()
+        else:
+            await asyncio.to_thread(core.store.flush)  # the next run reopens nothing

@@ -10,6 +10,11 @@ for the copies the replication mode asks for.
 A store that cannot take an append (full disk, read-only) stores nothing of it; the
 write path answers the retriable ``NotWritable`` so that the caller goes elsewhere, and
 lets the broker withdraw its routes' WRITE bit at once (``BrokerCore.note_store_state``).
+
+It sees its broker through one narrow port (:class:`WriteCore`: the store's appends,
+the replicas' confirmations, the topic and offset tables, the acting state), which
+``BrokerCore`` fits and so does the unit tests' in-memory broker (``tests/fakes.py``):
+they run this write path, not a copy of it.
 """
 
 from __future__ import annotations
@@ -18,9 +23,15 @@ import itertools
 import logging
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
+from typing import Protocol
 
-from broker_agent.core import BrokerCore
+from broker_agent.membership.acting import ActingState
+from broker_agent.metadata.offsets import ConsumerOffsetManager
+from broker_agent.metadata.topics import TopicConfigManager
+from broker_agent.metrics import BrokerMetrics
+from broker_agent.pull_hold import PullHoldService
 from broker_agent.store.message_store import PutRequest, PutResult
+from ha_controller.config import BrokerConfig
 from ha_controller.protocol.errors import (
     BadRequest,
     InSyncReplicasNotEnough,
@@ -54,6 +65,76 @@ log = logging.getLogger(__name__)
 Record = tuple[str, int, bytes, Mapping[str, str]]
 
 
+def copies_needed(cfg: BrokerConfig) -> int:
+    """Copies (the master's included) a write needs before it is acknowledged."""
+    if cfg.replication_mode != "sync":
+        return 1
+    return min(cfg.in_sync_replicas, cfg.total_replicas)
+
+
+class AppendStore(Protocol):
+    """The appends of the store (MessageStore)."""
+
+    def put_batch(self, requests: Sequence[PutRequest]) -> list[PutResult]: ...
+
+    @property
+    def cuts(self) -> int: ...
+
+    def cut_below(self, since: int, end: int) -> bool: ...
+
+
+class Replicas(Protocol):
+    """A master's end of the replication (HaMaster)."""
+
+    def slave_count(self) -> int: ...
+
+    def data_appended(self) -> None: ...
+
+    async def wait_for_copies(self, offset: int, copies: int, timeout_s: float) -> bool: ...
+
+
+class WriteCore(Protocol):
+    """What the write path reads and tells of its broker (BrokerCore)."""
+
+    @property
+    def cfg(self) -> BrokerConfig: ...
+
+    @property
+    def name(self) -> str: ...
+
+    @property
+    def addr(self) -> str: ...
+
+    @property
+    def store(self) -> AppendStore: ...
+
+    @property
+    def ha_master(self) -> Replicas | None: ...
+
+    @property
+    def topics(self) -> TopicConfigManager: ...
+
+    @property
+    def offsets(self) -> ConsumerOffsetManager: ...
+
+    @property
+    def acting(self) -> ActingState: ...
+
+    @property
+    def holds(self) -> PullHoldService: ...
+
+    @property
+    def metrics(self) -> BrokerMetrics: ...
+
+    def topics_changed(self) -> None: ...
+
+    def copies_needed(self) -> int: ...
+
+    def sync_set_shortfall(self) -> str | None: ...
+
+    def note_store_state(self) -> None: ...
+
+
 @dataclass(frozen=True, slots=True)
 class Stored:
     """One appended record and whether its copies were confirmed in time."""
@@ -70,7 +151,7 @@ class Stored:
 class WritePath:
     """Topic for write, queue choice, append, append-and-replicate."""
 
-    def __init__(self, core: BrokerCore) -> None:
+    def __init__(self, core: WriteCore) -> None:
         self.core = core
         self._queue_rr = itertools.count()
 
@@ -126,6 +207,9 @@ class WritePath:
         live = 1 + (ha.slave_count() if ha is not None else 0)
         if needed > 1 and live < needed:
             raise InSyncReplicasNotEnough(f"{live} live copies, {needed} required")
+        short = self.core.sync_set_shortfall()
+        if short is not None:
+            raise InSyncReplicasNotEnough(short)
         return needed
 
     # ---- append ----------------------------------------------------------------
@@ -282,7 +366,7 @@ class WritePath:
 
     def replicate_record(self, properties: Mapping[str, str]) -> int | None:
         """On the master, append a progress record (``G`` names what it carries) to the
-        system offsets topic; the slaves apply it as it arrives (membership.sync)."""
+        system offsets topic; the slaves apply it as it arrives (metadata.forward)."""
         if not self.core.acting.is_master or self.core.ha_master is None:
             return None
         try:

@@ -20,7 +20,7 @@ log = logging.getLogger(__name__)
 
 def http_routes(service: NameserverService) -> list[web.RouteDef]:
     async def groups(_: web.Request) -> web.Response:
-        return web.json_response(service.table.groups_view())
+        return web.json_response(service.groups_view())
 
     async def route(request: web.Request) -> web.Response:
         topic = request.match_info["topic"]

@@ -32,6 +32,7 @@ from collections.abc import Callable, Hashable, Iterable
 from dataclasses import dataclass, field
 from typing import Any, Final
 
+from ha_controller.controller.ports import LiveMember
 from ha_controller.dataversion import DataVersion
 from ha_controller.routing import (
     SETTLING,
@@ -96,6 +97,9 @@ class BrokerRegistration:
     max_offset: int | None = None
     #: whether its store takes appends; None from an old broker (taken as True)
     store_writable: bool | None = None
+    #: controller mode: its configured id and its log's last epoch (None: no support)
+    member_id: int | None = None
+    epoch: int | None = None
 
 
 @dataclass(frozen=True)
@@ -160,6 +164,9 @@ class _LiveInfo:
     #: when it was last heard from (registration or heartbeat); unlike
     #: ``last_update_ms`` never moved by a stall's fresh grace period
     heard_ms: float = 0.0
+    #: controller mode (see BrokerRegistration)
+    member_id: int | None = None
+    epoch: int | None = None
 
 
 @dataclass
@@ -180,6 +187,8 @@ class _Group:
     master_seen: bool = False
     #: when this nameserver first heard of the group (its first member registered)
     first_seen_ms: float = 0.0
+    #: since when no member has been registered as id 0 (the controller's clock)
+    no_master_since: float | None = None
 
     def min_member(self) -> tuple[int, str] | None:
         if not self.addrs:
@@ -429,6 +438,8 @@ class RouteTable:
             store_writable=reg.store_writable is not False,
             reported_ms=now,
             heard_ms=now,
+            member_id=reg.member_id,
+            epoch=reg.epoch,
         )
         self._note_position(reg.cluster, reg.broker_name, reg.max_offset)
 
@@ -505,6 +516,7 @@ class RouteTable:
         *,
         max_offset: int | None = None,
         store_writable: bool | None = None,
+        epoch: int | None = None,
     ) -> HeartbeatOutcome:
         """Refresh a registered broker with what it reports (its replication position,
         whether its store takes appends); never registers one (§1.3).  In a masterless
@@ -514,6 +526,8 @@ class RouteTable:
         if live is None:
             return HeartbeatOutcome(False)
         live.last_update_ms = live.heard_ms = self._clock()
+        if epoch is not None:
+            live.epoch = epoch
         changed = False
         if max_offset is not None:
             live.reported_ms = live.last_update_ms
@@ -887,6 +901,10 @@ class RouteTable:
     def _rechoose(self, group: _Group) -> None:
         """Keep ``group.acting_id`` current: None while the group may not act (a master
         is registered, acting master off), else :meth:`_choose_acting`."""
+        if group.has_master():
+            group.no_master_since = None
+        elif group.no_master_since is None:
+            group.no_master_since = self._clock()
         if self._may_act(group):
             if group.masterless_since is None:
                 group.masterless_since = self._clock()
@@ -1084,6 +1102,68 @@ class RouteTable:
         lead = group.lead()
         return None if lead is None else lead[0]
 
+    # ------------------------------------------------ the controller's port
+
+    def controlled_groups(self) -> list[tuple[str, str]]:
+        """(cluster, group) of every group with a member that registered a member id
+        (controller support), sorted."""
+        out: set[tuple[str, str]] = set()
+        for (cluster, _addr), live in self._live.items():
+            if live.member_id is not None and live.broker_name is not None:
+                out.add((cluster, live.broker_name))
+        return sorted(out)
+
+    def live_members(self, cluster: str, group: str) -> list[LiveMember]:
+        """The group's registered members that said their member id."""
+        g = self._groups.get(group)
+        if g is None or g.cluster != cluster:
+            return []
+        now = self._clock()
+        out: list[LiveMember] = []
+        for route_id, addr in sorted(g.addrs.items()):
+            live = self._live.get((cluster, addr))
+            if live is None or live.member_id is None:
+                continue
+            out.append(
+                LiveMember(
+                    member=live.member_id,
+                    route_id=route_id,
+                    addr=addr,
+                    max_offset=live.max_offset or 0,
+                    epoch=live.epoch,
+                    heard_age_ms=max(0.0, now - live.heard_ms),
+                    heartbeat_timeout_ms=live.heartbeat_timeout_ms,
+                )
+            )
+        return out
+
+    def no_master_ms(self, cluster: str, group: str) -> float | None:
+        """How long the group has had no member registered as id 0 (None: it has one,
+        or the group is not known here)."""
+        g = self._groups.get(group)
+        if g is None or g.cluster != cluster or g.no_master_since is None:
+            return None
+        since = g.no_master_since
+        if not g.master_seen:
+            # a nameserver that has just started, or a cluster that starts, hears from
+            # slaves first: a master it never saw counts as gone only from one heartbeat
+            # timeout after the group's first member registered (as for acting)
+            grace = max(
+                (
+                    live.heartbeat_timeout_ms
+                    for addr in g.addrs.values()
+                    if (live := self._live.get((cluster, addr))) is not None
+                ),
+                default=0,
+            )
+            since = max(since, g.first_seen_ms + grace)
+        return max(0.0, self._clock() - since) if self._clock() >= since else None
+
+    def registered_id(self, cluster: str, broker_addr: str) -> int | None:
+        """The id a live broker is registered under."""
+        located = self._locate(cluster, broker_addr)
+        return None if located is None else located[1]
+
     def groups_view(self, now_ms: float | None = None) -> list[dict[str, Any]]:
         """``GET /api/v1/groups`` (docs/http-and-metrics.md), sorted by cluster and name."""
         now = self._clock() if now_ms is None else now_ms
@@ -1093,6 +1173,9 @@ class RouteTable:
             members: list[dict[str, Any]] = []
             for broker_id, addr in group.sorted_addrs().items():
                 live = self._live.get((group.cluster, addr))
+                member: dict[str, Any] = {}
+                if live is not None and live.member_id is not None:
+                    member = {"memberId": live.member_id, "epoch": live.epoch}
                 members.append(
                     {
                         "brokerId": broker_id,
@@ -1103,6 +1186,7 @@ class RouteTable:
                         ),
                         "maxOffset": None if live is None else live.max_offset,
                         "storeWritable": None if live is None else live.store_writable,
+                        **member,
                     }
                 )
             view.append(

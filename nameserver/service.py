@@ -28,6 +28,7 @@ from ha_controller.acl.service import AclService
 from ha_controller.acl.sync import AclSpread
 from ha_controller.auth import ClusterAuth
 from ha_controller.config import NameserverConfig
+from ha_controller.controller.wire import state_to_pb
 from ha_controller.proto import common_pb2, nameserver_pb2
 from ha_controller.protocol.codes import RequestCode, method_name
 from ha_controller.protocol.errors import (
@@ -49,6 +50,7 @@ from ha_controller.wire import (
     route_to_pb,
     topic_config_from_pb,
 )
+from nameserver.controller import NameserverController
 from nameserver.metrics import NameserverMetrics
 from nameserver.route_table import BrokerRegistration, MinIdChange, RouteTable
 
@@ -137,7 +139,7 @@ class NameserverService:
         # (cluster, group) -> (acting broker id, unix time it took over)
         self._acting: dict[tuple[str, str], tuple[int, float]] = {}
         self.metrics = NameserverMetrics(
-            self.table.groups_view, lambda: {k: ts for k, (_, ts) in self._acting.items()}
+            self.groups_view, lambda: {k: ts for k, (_, ts) in self._acting.items()}
         )
         self.auth = ClusterAuth(cfg.cluster_secret, on_refused=self._auth_refused)
         self.acl = Acl.from_config(
@@ -163,6 +165,12 @@ class NameserverService:
         self._watchers = 0
         self._tg: asyncio.TaskGroup | None = None
         self._pending_notify: list[MinIdChange] = []
+        #: controller mode (etcd_endpoints): automatic master switch
+        self.controller = (
+            NameserverController(cfg, self.table, self.pool, self.metrics.registry, self._spawn)
+            if cfg.etcd_endpoints
+            else None
+        )
         self._register_handlers()
 
     # ---- wiring -----------------------------------------------------------
@@ -187,6 +195,26 @@ class NameserverService:
             self._member_group,
         )
         d.add(RequestCode.WATCH_ROUTE, nameserver_pb2.WatchRouteRequest, self._watch_route)
+        if self.controller is not None:
+            self.controller.register(d)
+        else:
+            d.add(
+                RequestCode.CONTROLLER_GET_REPLICA_INFO,
+                nameserver_pb2.GetReplicaInfoRequest,
+                self._no_controller,
+            )
+
+    async def _no_controller(
+        self, ctx: RequestContext, req: nameserver_pb2.GetReplicaInfoRequest
+    ) -> nameserver_pb2.ControllerView:
+        """Without etcd: no controller; a member takes the role it was configured with."""
+        return nameserver_pb2.ControllerView(enabled=False, route_id=req.member_id)
+
+    def groups_view(self) -> list[dict[str, Any]]:
+        """``GET /api/v1/groups``: the route table's groups, with the controller's
+        epoch, master and sync-state set in controller mode."""
+        groups = self.table.groups_view()
+        return groups if self.controller is None else self.controller.groups_view(groups)
 
     def on_connection_closed(self, conn: RpcConnection) -> None:
         changes = self.table.on_connection_closed(conn)
@@ -220,9 +248,12 @@ class NameserverService:
                 for change in self._pending_notify:
                     self._spawn_notifications(change)
                 self._pending_notify.clear()
-                scanner = tg.create_task(self._scan_loop(), name="ns-scan")
+                tasks = [tg.create_task(self._scan_loop(), name="ns-scan")]
+                if self.controller is not None:
+                    tasks.append(tg.create_task(self.controller.run(), name="ns-controller"))
                 await stop.wait()
-                scanner.cancel()
+                for task in tasks:
+                    task.cancel()
         finally:
             self._tg = None
             await self.pool.aclose()
@@ -375,6 +406,15 @@ class NameserverService:
         self, ctx: RequestContext, req: nameserver_pb2.RegisterBrokerRequest
     ) -> nameserver_pb2.RegisterBrokerResponse:
         await self._check_peer_host(ctx, req.broker_addr)
+        view = None
+        if self.controller is not None and req.HasField("member_id"):
+            view = await self.controller.check_member(
+                req.cluster,
+                req.broker_name,
+                req.member_id,
+                req.broker_id,
+                req.epoch if req.HasField("epoch") else None,
+            )
         # no await from here on: the owner check holds for the registration below
         self._check_owner(
             ctx, req.cluster, req.broker_addr, broker_name=req.broker_name, broker_id=req.broker_id
@@ -396,6 +436,8 @@ class NameserverService:
             pre_online_done=req.pre_online_done,
             max_offset=req.max_offset if req.HasField("max_offset") else None,
             store_writable=req.store_writable if req.HasField("store_writable") else None,
+            member_id=req.member_id if req.HasField("member_id") else None,
+            epoch=req.epoch if req.HasField("epoch") else None,
         )
         outcome = self.table.register_broker(reg, ctx.conn)
         if outcome.needs_pre_online:
@@ -419,9 +461,12 @@ class NameserverService:
         )
         self.metrics.min_broker_id_changes.labels(req.cluster, req.broker_name)  # at 0
         self._after_mutation(outcome.notifications)
-        return nameserver_pb2.RegisterBrokerResponse(
+        resp = nameserver_pb2.RegisterBrokerResponse(
             master_addr=outcome.master_addr or "", master_ha_addr=outcome.master_ha_addr or ""
         )
+        if view is not None and self.controller is not None:
+            resp.controller.CopyFrom(self.controller.view_pb(view))
+        return resp
 
     async def _unregister(
         self, ctx: RequestContext, req: nameserver_pb2.UnregisterBrokerRequest
@@ -435,7 +480,19 @@ class NameserverService:
 
     async def _heartbeat(
         self, ctx: RequestContext, req: nameserver_pb2.BrokerHeartbeatRequest
-    ) -> common_pb2.Empty:
+    ) -> nameserver_pb2.BrokerHeartbeatResponse:
+        resp = nameserver_pb2.BrokerHeartbeatResponse()
+        if self.controller is not None and req.HasField("member_id"):
+            registered = self.table.registered_id(req.cluster, req.broker_addr)
+            if registered is not None:
+                view = await self.controller.check_member(
+                    req.cluster,
+                    req.broker_name,
+                    req.member_id,
+                    registered,
+                    req.epoch if req.HasField("epoch") else None,
+                )
+                resp.controller.CopyFrom(self.controller.view_pb(view))
         self._check_owner(ctx, req.cluster, req.broker_addr)
         generation = self.table.generation
         outcome = self.table.broker_heartbeat(
@@ -443,6 +500,7 @@ class NameserverService:
             req.broker_addr,
             max_offset=req.max_offset if req.HasField("max_offset") else None,
             store_writable=req.store_writable if req.HasField("store_writable") else None,
+            epoch=req.epoch if req.HasField("epoch") else None,
         )
         if not outcome.known:
             # expired (or never registered): the broker must register again, and a
@@ -456,7 +514,7 @@ class NameserverService:
             req.acl_revision if req.HasField("acl_revision") else None,
             req.acl_digest,
         )
-        return common_pb2.Empty()
+        return resp
 
     async def _query_data_version(
         self, ctx: RequestContext, req: nameserver_pb2.QueryDataVersionRequest
@@ -495,6 +553,10 @@ class NameserverService:
             )
             if bd.get("actingBrokerId") is not None:
                 entry.acting_broker_id = bd["actingBrokerId"]
+            if self.controller is not None:
+                state = self.controller.controller.state(bd["cluster"], name)
+                if state is not None:
+                    out.controller[name].CopyFrom(state_to_pb(state))
         return out
 
     async def _member_group(

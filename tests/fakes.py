@@ -15,15 +15,18 @@ escape)``.  Their unit tests build those from:
 
 - :class:`FakeStore`: an in-memory message store keyed by (topic, queue) with queue
   offsets and physical (commit-log) offsets, answering with the real
-  ``StoredMessage`` / ``PutResult`` / ``GetResult`` shapes;
-- :class:`FakeCore`: a ``CorePort`` around real plain objects (config, topic table,
-  consumer offsets, acting state, metrics, pull holds, connection pool, dispatcher)
-  and a FakeStore; ``store_dir`` only holds the services' JSON progress files;
-- :class:`FakeWritePath`: a ``WritePort`` that appends into the core's FakeStore with
-  the checks of the real write path, and records what it was asked;
-- :class:`FakeBroker`: the three together (a real ``EscapeBridge`` over the fakes),
-  shaped like a ``LocalBroker``; :class:`FakeNeighbours` lists several of them as
-  the brokers of one process, for local escape.
+  ``StoredMessage`` / ``PutResult`` / ``GetResult`` shapes; it records every append
+  (``appended``) and can refuse them (``refuse``);
+- :class:`FakeReplicas`: a master's slaves as the write path asks them (how many are
+  live, whether they confirmed in time);
+- :class:`FakeCore`: a ``CorePort`` and the write path's ``WriteCore`` around real
+  plain objects (config, topic table, consumer offsets, acting state, metrics, pull
+  holds, connection pool, dispatcher), a FakeStore and, on a master, FakeReplicas;
+  ``store_dir`` only holds the services' JSON progress files;
+- the real ``WritePath`` over a FakeCore;
+- :class:`FakeBroker`: the three together (a real ``EscapeBridge`` over them), shaped
+  like a ``LocalBroker``; :class:`FakeNeighbours` lists several of them as the
+  brokers of one process, for local escape.
 
 No commit log on disk, no ``BrokerService``.  Peers, when a test needs them, are fake
 servers at the socket seam (``RpcServer`` on port 0).
@@ -45,14 +48,14 @@ from google.protobuf.message import Message
 
 from broker_agent.membership.acting import ActingState
 from broker_agent.metadata.offsets import ConsumerOffsetManager
+from broker_agent.metadata.topics import TopicConfigManager
 from broker_agent.metrics import BrokerMetrics
 from broker_agent.pull_hold import PullHoldService
 from broker_agent.special.escape import EscapeBridge
 from broker_agent.special.ports import EscapeResult
 from broker_agent.special_steps import SpecialSteps
-from broker_agent.store.message_store import GetMessageStatus, GetResult, PutResult
-from broker_agent.topics import TopicConfigManager
-from broker_agent.write_path import Record, Stored
+from broker_agent.store.message_store import GetMessageStatus, GetResult, PutRequest, PutResult
+from broker_agent.write_path import Record, WritePath, copies_needed
 from ha_controller.acl import Acl
 from ha_controller.config import BrokerConfig
 from ha_controller.protocol import envelope
@@ -63,11 +66,10 @@ from ha_controller.protocol.errors import (
     EscapeFailed,
     HaError,
     NotMaster,
-    TopicNotFound,
 )
-from ha_controller.protocol.properties import OFFSET_TOPIC, PROPERTY_TAGS, now_ms
+from ha_controller.protocol.properties import OFFSET_TOPIC, now_ms
 from ha_controller.protocol.record import StoredMessage, encoded_size, make_msg_id, tag_hash
-from ha_controller.routing import BrokerMemberGroup, Perm, TopicConfig
+from ha_controller.routing import BrokerMemberGroup
 from ha_controller.rpc import ConnectionPool, Dispatcher, RequestContext, RpcConnection
 
 M = TypeVar("M", bound=Message)
@@ -246,9 +248,9 @@ class RecordingEscape:
         self.specific_queue = 0
         self.neighbour = ""
         self.stores: dict[str, FakeStore] = {}
-        self.local: tuple[FakeCore, FakeWritePath] | None = None
+        self.local: tuple[FakeCore, WritePath] | None = None
 
-    def local_master(self) -> tuple[FakeCore, FakeWritePath] | None:
+    def local_master(self) -> tuple[FakeCore, WritePath] | None:
         return self.local
 
     def kinds(self) -> list[str]:
@@ -327,7 +329,10 @@ class FakeStore:
 
     Every put gets the next queue offset of its (topic, queue) and the next physical
     offset of one shared commit log (advanced by the record's encoded size, as on
-    disk), a store time that never goes back, and an offset message id.  Test helpers:
+    disk), a store time that never goes back, and an offset message id.
+    ``put_batch`` (the write path's append) records each message in ``appended`` and,
+    while ``refuse`` is set, raises it before storing anything (``StoreFull``: the
+    write path answers NotWritable).  Test helpers:
     :meth:`messages` (a queue's readable messages), :meth:`make_unreadable` (a corrupt
     record: ``get_message_at`` returns None, ``get_messages`` skips it) and
     :meth:`drop_before` (old segments deleted: the queue's min offset moves up).
@@ -338,6 +343,8 @@ class FakeStore:
         self._queues: dict[tuple[str, int], _Queue] = {}
         self._next_physical = 0
         self._last_store_ts = 0
+        self.appended: list[StoredMessage] = []
+        self.refuse: HaError | None = None
 
     # ---- write ---------------------------------------------------------------------
 
@@ -388,6 +395,33 @@ class FakeStore:
             store_ts_ms=store_ts,
             msg_id=make_msg_id(store_host, msg.physical_offset),
         )
+
+    def put_batch(self, requests: Sequence[PutRequest]) -> list[PutResult]:
+        """The write path's append: all of them, or (``refuse``) none."""
+        if self.refuse is not None:
+            raise self.refuse
+        results = []
+        for r in requests:
+            result = self.put(
+                r.topic,
+                r.queue_id,
+                r.body,
+                r.properties,
+                flags=r.flags,
+                born_ts_ms=r.born_ts_ms,
+                born_host=r.born_host,
+                store_host=r.store_host,
+            )
+            results.append(result)
+            self.appended.append(self._queues[(r.topic, r.queue_id)].messages[result.queue_offset])
+        return results
+
+    @property
+    def cuts(self) -> int:
+        return 0  # never cut back
+
+    def cut_below(self, since: int, end: int) -> bool:
+        return False
 
     # ---- read ----------------------------------------------------------------------
 
@@ -479,6 +513,23 @@ class FakeStore:
             queue.messages[o] for o in range(queue.low, queue.high) if o not in queue.unreadable
         ]
 
+    def appended_to(self, topic: str | None = None) -> list[StoredMessage]:
+        """What the write path appended (to ``topic``, when given), in order."""
+        return [m for m in self.appended if topic is None or m.topic == topic]
+
+    def progress_records(self) -> list[dict[str, str]]:
+        """The progress records the write path appended (consumer and delay offsets, the
+        timer checkpoint: what reaches the slaves), in order."""
+        return [dict(m.properties) for m in self.appended_to(OFFSET_TOPIC)]
+
+    def offset_records(self) -> list[tuple[str, str, int, int]]:
+        """The offset-shaped progress records as (group, topic, queue, offset)."""
+        return [
+            (r["G"], r["T"], int(r["Q"]), int(r["O"]))
+            for r in self.progress_records()
+            if {"G", "T", "Q", "O"} <= r.keys()
+        ]
+
     def make_unreadable(self, topic: str, queue_id: int, offset: int) -> None:
         """The record at ``offset`` is corrupt: it still counts, but cannot be read."""
         queue = self._queues[(topic, queue_id)]
@@ -497,11 +548,32 @@ class FakeStore:
 # ---- core ------------------------------------------------------------------------------
 
 
+class FakeReplicas:
+    """A master's slaves as the write path asks them (``HaMaster``): ``live`` of them can
+    confirm, and they confirm in time unless ``confirmed`` is False (stored, but the
+    slaves did not confirm in time)."""
+
+    def __init__(self, live: int) -> None:
+        self.live = live
+        self.confirmed = True
+        self.pushes = 0
+
+    def slave_count(self) -> int:
+        return self.live
+
+    def data_appended(self) -> None:
+        self.pushes += 1
+
+    async def wait_for_copies(self, offset: int, copies: int, timeout_s: float) -> bool:
+        return self.confirmed and 1 + self.live >= copies
+
+
 class FakeCore:
     """A ``CorePort``: real plain state objects around a :class:`FakeStore`.
 
     ``isolated`` and ``acting`` are plain objects a test sets; ``special_hooks``,
-    ``topics_changed_calls`` and ``spawned`` record what the services asked of it.
+    ``topics_changed_calls`` and ``spawned`` record what the services asked of it.  A
+    master (by its config's id) has :class:`FakeReplicas`, every slave live.
     """
 
     def __init__(
@@ -522,8 +594,10 @@ class FakeCore:
         self.offsets = ConsumerOffsetManager(None, cfg.consumer_offset_update_version_step)
         self.acting = ActingState(cfg.broker_id, cfg.enable_slave_acting_master)
         self.isolated = False
+        self.has_replicas = False
         self.metrics = BrokerMetrics(cfg.cluster, cfg.broker_name, cfg.broker_id)
         self.holds = PullHoldService(cfg.max_held_pulls, now_ms)
+        self.ha_master = FakeReplicas(cfg.total_replicas - 1) if cfg.is_master else None
         self.pool = ConnectionPool(connect_timeout_ms=2000)
         self.dispatcher = Dispatcher()
         self.special_hooks: list[Callable[[bool], None]] = []
@@ -554,6 +628,15 @@ class FakeCore:
     def topics_changed(self) -> None:
         self.topics_changed_calls += 1
 
+    def copies_needed(self) -> int:
+        return copies_needed(self.cfg)
+
+    def sync_set_shortfall(self) -> str | None:
+        return None
+
+    def note_store_state(self) -> None:
+        """Nothing watches the fake store's space."""
+
     def check_master_only(self, what: str) -> None:
         """BrokerCore's guard: online, and the master or the acting slave."""
         if self.isolated:
@@ -566,167 +649,12 @@ class FakeCore:
         await self.pool.aclose()
 
 
-# ---- write path ------------------------------------------------------------------------
-
-
-@dataclass(frozen=True, slots=True)
-class Appended:
-    """One append a :class:`FakeWritePath` made: ``how`` is "put" or "append_local"."""
-
-    how: str
-    topic: str
-    queue_id: int
-    properties: dict[str, str]
-    result: PutResult
-
-
-class FakeWritePath:
-    """A ``WritePort`` over a :class:`FakeCore`: the real write path's checks (topic for
-    write, auto-create, perm, queue choice, master-only ``append_local``) and appends
-    into the core's FakeStore, waking held pulls; no replication.
-
-    ``confirmed`` is what ``put`` reports (False: stored but the slaves did not confirm
-    in time); ``put_error``, when set, is raised by ``put`` before anything is stored
-    (e.g. ``InSyncReplicasNotEnough``).  ``appends`` and ``replicated_offsets`` record
-    what was written.
-    """
-
-    def __init__(self, core: FakeCore, *, confirmed: bool = True) -> None:
-        self.core = core
-        self.confirmed = confirmed
-        self.put_error: HaError | None = None
-        self.appends: list[Appended] = []
-        self.replicated_offsets: list[tuple[str, str, int, int]] = []
-        self.replicated_records: list[dict[str, str]] = []
-        self._queue_rr = itertools.count()
-
-    def topic_for_write(self, topic: str) -> TopicConfig:
-        core = self.core
-        config = core.topics.get(topic)
-        if config is None:
-            if not core.cfg.auto_create_topic:
-                raise TopicNotFound(f"topic {topic!r} does not exist on {core.cfg.broker_name}")
-            config = core.topics.auto_create(topic)
-            core.topics_changed()
-        if not Perm.is_writeable(config.perm):
-            raise BadRequest(f"topic {topic!r} is not writeable on {core.cfg.broker_name}")
-        return config
-
-    def _append(
-        self,
-        how: str,
-        topic: str,
-        queue_id: int,
-        body: bytes,
-        properties: Mapping[str, str],
-        *,
-        flags: int,
-        born_ts_ms: int | None,
-        born_host: str | None = None,
-    ) -> PutResult:
-        core = self.core
-        props = dict(properties)
-        result = core.store.put(
-            topic,
-            queue_id,
-            body,
-            props,
-            flags=flags,
-            born_ts_ms=born_ts_ms,
-            born_host=born_host or core.addr,
-            store_host=core.addr,
-        )
-        core.holds.notify(
-            topic, queue_id, result.queue_offset + 1, tag_hash(props.get(PROPERTY_TAGS))
-        )
-        self.appends.append(Appended(how, topic, queue_id, props, result))
-        return result
-
-    def append_local(
-        self,
-        topic: str,
-        queue_id: int,
-        body: bytes,
-        properties: Mapping[str, str],
-        *,
-        flags: int = 0,
-        born_ts_ms: int | None = None,
-    ) -> PutResult:
-        if not self.core.acting.is_master:
-            raise NotMaster(f"{self.core.name} cannot write its own store ({topic})")
-        return self._append(
-            "append_local", topic, queue_id, body, properties, flags=flags, born_ts_ms=born_ts_ms
-        )
-
-    async def put(
-        self,
-        topic: str,
-        body: bytes,
-        properties: Mapping[str, str],
-        *,
-        queue_id: int | None = None,
-        flags: int = 0,
-        born_ts_ms: int | None = None,
-        born_host: str | None = None,
-        progress: Mapping[str, str] | None = None,
-        then: Record | None = None,
-    ) -> Stored:
-        config = self.topic_for_write(topic)
-        if queue_id is not None and 0 <= queue_id < config.write_queue_nums:
-            qid = queue_id
-        else:
-            qid = next(self._queue_rr) % config.write_queue_nums
-        if self.put_error is not None:
-            raise self.put_error
-        result = self._append(
-            "put",
-            topic,
-            qid,
-            body,
-            properties,
-            flags=flags,
-            born_ts_ms=born_ts_ms,
-            born_host=born_host,
-        )
-        if then is not None:  # right behind the message, as WritePath.put appends it
-            t_topic, t_qid, t_body, t_props = then
-            self._append("put", t_topic, t_qid, t_body, t_props, flags=0, born_ts_ms=None)
-        if progress is not None:  # travels right behind the message (WritePath.put)
-            self.replicate_record(progress)
-        return Stored(result, qid, self.confirmed)
-
-    async def confirm(self, end: int, needed: int | None = None) -> bool:
-        """No slaves here: ``confirmed``, as ``put`` reports it."""
-        return self.confirmed
-
-    def commit_offset(self, group: str, topic: str, queue_id: int, offset: int) -> int | None:
-        self.core.offsets.commit(group, topic, queue_id, offset)
-        return self.replicate_offset(group, topic, queue_id, offset)
-
-    def replicate_offset(self, group: str, topic: str, queue_id: int, offset: int) -> int | None:
-        """Recorded; on a master also appended as an offset record (as the real one does)."""
-        return self.replicate_record({"G": group, "T": topic, "Q": str(queue_id), "O": str(offset)})
-
-    def replicate_record(self, properties: Mapping[str, str]) -> int | None:
-        """Offset-shaped records are recorded in ``replicated_offsets``, every record in
-        ``replicated_records``; on a master also appended (as the real one does)."""
-        props = dict(properties)
-        self.replicated_records.append(props)
-        if {"G", "T", "Q", "O"} <= props.keys():
-            self.replicated_offsets.append(
-                (props["G"], props["T"], int(props["Q"]), int(props["O"]))
-            )
-        if not self.core.acting.is_master:
-            return None
-        result = self.append_local(OFFSET_TOPIC, 0, b"", props)
-        return result.physical_offset + result.size
-
-
 # ---- brokers of one process --------------------------------------------------------------
 
 
 class FakeBroker:
-    """A fake core and write path with a real ``EscapeBridge`` over them (a ``LocalBroker``).
+    """A fake core, the real write path and a real ``EscapeBridge`` over them (a
+    ``LocalBroker``).
 
     The bridge has no neighbours; set ``escape.neighbours`` to a :class:`FakeNeighbours`
     for local escape between the brokers of one process.
@@ -741,10 +669,8 @@ class FakeBroker:
         store_dir: Path | None = None,
     ) -> None:
         self.core = FakeCore(cfg, addr=addr, store=store, store_dir=store_dir)
-        self.write_path = FakeWritePath(self.core)
-        # CorePort types ``store`` as the concrete MessageStore, so mypy does not take a
-        # FakeCore (whose FakeStore has only what the services call) for a CorePort
-        self.escape = EscapeBridge(self.core, self.write_path)  # type: ignore[arg-type]
+        self.write_path = WritePath(self.core)
+        self.escape = EscapeBridge(self.core, self.write_path)
 
     async def aclose(self) -> None:
         await self.core.aclose()

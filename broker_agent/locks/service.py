@@ -47,7 +47,7 @@ from ha_controller.protocol.errors import (
 from ha_controller.routing import BrokerMemberGroup
 from ha_controller.rpc import ConnectionPool, Dispatcher, RequestContext
 
-__all__ = ["LockHost", "LockService", "mq_from_pb", "mq_to_pb"]
+__all__ = ["LockCore", "LockService", "mq_from_pb", "mq_to_pb"]
 
 log = logging.getLogger(__name__)
 
@@ -57,8 +57,8 @@ R = TypeVar("R", broker_pb2.LockBatchResponse, common_pb2.Empty)
 EXPIRE_SWEEP_INTERVAL_MS = 10_000
 
 
-class LockHost(Protocol):
-    """What the lock service needs from its broker (``BrokerService`` fits)."""
+class LockCore(Protocol):
+    """What the lock service reads of its broker (``BrokerCore`` fits)."""
 
     @property
     def cfg(self) -> BrokerConfig: ...
@@ -77,8 +77,6 @@ class LockHost(Protocol):
 
     @property
     def member_group(self) -> BrokerMemberGroup | None: ...
-
-    def fetch_member_group(self) -> Awaitable[BrokerMemberGroup | None]: ...
 
 
 def monotonic_ms() -> int:
@@ -108,11 +106,15 @@ class LockService:
 
     def __init__(
         self,
-        host: LockHost,
+        host: LockCore,
+        fetch_member_group: Callable[[], Awaitable[BrokerMemberGroup | None]],
         *,
         clock: Callable[[], int] = monotonic_ms,
     ) -> None:
+        """``fetch_member_group`` asks a nameserver for the group when the broker does
+        not know it yet (``MemberGroupSync.fetch_member_group``)."""
         self._host = host
+        self._fetch_member_group = fetch_member_group
         cfg = host.cfg
         self.strict = cfg.lock_in_strict_mode
         self.quorum = cfg.lock_quorum
@@ -217,7 +219,7 @@ class LockService:
         """The other members of this broker's group (raw ids from the nameserver)."""
         group = self._host.member_group
         if group is None or not group.broker_addrs:
-            group = await self._host.fetch_member_group()
+            group = await self._fetch_member_group()
         if group is None:
             return {}
         me = self._host.cfg.broker_id

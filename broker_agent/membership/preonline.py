@@ -13,21 +13,19 @@ from __future__ import annotations
 import asyncio
 import logging
 import time
-from collections.abc import Sequence
 
 from broker_agent.core import BrokerCore
 from broker_agent.membership.group import MemberGroupSync
 from broker_agent.membership.registration import Registrar
 from broker_agent.membership.truncation import plan_cut
-from broker_agent.metadata.versioned import FETCH_TIMEOUT_MS, VersionedTable, reverse_sync
+from broker_agent.metadata.forward import ForwardSync
+from broker_agent.metadata.versioned import VersionedTable, fetch_table, reverse_sync
 from broker_agent.replication.catchup import CatchUp, SlaveLog
 from broker_agent.store.truncate import pending_cut
-from broker_agent.topics import TopicConfigManager
-from ha_controller.dataversion import DataVersion
-from ha_controller.proto import broker_pb2, common_pb2
+from ha_controller.proto import broker_pb2
 from ha_controller.protocol.codes import RequestCode
 from ha_controller.protocol.errors import BadRequest, HaError, UnknownMethod
-from ha_controller.routing import BrokerMemberGroup, TopicConfig
+from ha_controller.routing import BrokerMemberGroup
 from ha_controller.wire import data_version_from_pb, topic_config_from_pb
 
 log = logging.getLogger(__name__)
@@ -40,36 +38,6 @@ RETRY_S = 1.0
 ACCEPT_LOSS = "accept-data-loss"
 
 
-def adopt_topics(
-    topics: TopicConfigManager,
-    theirs: Sequence[TopicConfig],
-    version: DataVersion,
-    *,
-    add_missing: bool,
-) -> list[str]:
-    """Take a slave's topics where they are the better knowledge; returns the names
-    added or changed.
-
-    A table with a newer version wins for every topic it holds.  An older one only
-    adds the topics we lack, and only with ``add_missing`` (our own table was lost):
-    slaves keep topics the master deleted (their sync only adds), so a master with its
-    own table must not take them back.  A name the table refuses is skipped (logged).
-    No I/O beyond persisting."""
-    newer = version.compare(topics.data_version) > 0
-    changed: list[str] = []
-    for t in theirs:
-        if not (newer or (add_missing and topics.get(t.topic_name) is None)):
-            continue
-        try:
-            if topics.upsert(t):
-                changed.append(t.topic_name)
-        except BadRequest as exc:
-            log.warning("pre-online: slave topic %r skipped: %s", t.topic_name, exc)
-    if changed:
-        topics.persist()
-    return changed
-
-
 class PreOnline:
     """The isolated start of a broker with replicas."""
 
@@ -78,13 +46,16 @@ class PreOnline:
         core: BrokerCore,
         group: MemberGroupSync,
         registrar: Registrar,
-        tables: Sequence[VersionedTable],
+        forward: ForwardSync,
         catchup: CatchUp,
     ) -> None:
         self.core = core
         self.group = group
         self.registrar = registrar
-        self.tables = tables  # every versioned table, consumer offsets first
+        #: a slave's forward sync; its tables are every versioned table, consumer
+        #: offsets first
+        self.forward = forward
+        self.tables = forward.tables
         self.catchup = catchup
         #: why this master went back to pre-online (fenced), until it is online again
         self._fenced_for: str | None = None
@@ -165,30 +136,54 @@ class PreOnline:
         # until we register (membership.group), so that gap is kept short
         acting_id = group.acting_broker_id
         slaves = sorted(
-            ((i, a) for i, a in group.broker_addrs.items() if i != core.cfg.broker_id),
+            # (our own address under another id: a registration of ours before a role
+            # change that the nameserver still lists)
+            (
+                (i, a)
+                for i, a in group.broker_addrs.items()
+                if i != core.cfg.broker_id and a != core.addr
+            ),
             key=lambda s: (s[0] == acting_id, s[0]),
         )
-        if not slaves:
+        # controller mode, elected here: the logs are reconciled by the HA epoch check
+        # (a member ahead cuts back to where this epoch began), not by copying from or
+        # cutting back to a slave; the slaves' newer tables are still taken
+        promoted = core.role.promoted
+        if promoted:
+            added = core.topics.cover_queues(core.store.topics_and_queues())
+            if added:
+                log.warning(
+                    "pre-online: topics without a config here but with messages in the log "
+                    "(newer than the last sync from the old master) get one: %s",
+                    ", ".join(added[:20]),
+                )
+        if not slaves and not promoted:
             why = self._held_more(group)
             if why is not None:
                 return why
-        if not synced:  # before any slave re-attaches to this master
+        if not synced and not promoted:  # before any slave re-attaches to this master
             why = await self._cut_back(group, slaves)
             if why is not None:
                 return why
         # a synced slave's HA link was accepted: it holds no more than we do
-        why = await self._catch_up([(i, a) for i, a in slaves if i not in synced])
-        if why is not None:
-            return why
+        if not promoted:
+            why = await self._catch_up([(i, a) for i, a in slaves if i not in synced])
+            if why is not None:
+                return why
         for slave_id, slave_addr in slaves:
             if slave_id in synced:
                 continue
             try:
-                await self._sync_from_slave(slave_id, slave_addr)
+                await self._sync_from_slave(slave_id, slave_addr, wait_link=not promoted)
             except HaError as exc:
                 core.metrics.preonline_syncs.labels(**core.metrics.ident, result="failed").inc()
                 return f"slave {slave_id} at {slave_addr}: {exc}"
             synced.add(slave_id)
+        awaiting = self.forward.awaiting_replica()
+        if awaiting:
+            # their files were lost and only a replica has them: serving without them
+            # would hand the group an empty table (metadata.json_table.Recovery)
+            return f"{', '.join(awaiting)} lost with their file: no slave to take them from yet"
         log.info("pre-online: %d slave(s) synced", len(synced))
         return None
 
@@ -340,7 +335,7 @@ class PreOnline:
             return None
         lost_volume = self.catchup.lost_volume_pending()
         try:
-            add_missing = lost_volume or not core.topics.topics
+            add_missing = lost_volume or not core.topics.topics or core.topics.awaiting_replica
             if plan.needed or add_missing:
                 await self._adopt_topics(source.broker_id, source.addr, add_missing=add_missing)
             if lost_volume:
@@ -355,19 +350,15 @@ class PreOnline:
     async def _adopt_topics(self, slave_id: int, slave_addr: str, *, add_missing: bool) -> None:
         core = self.core
         core.preonline_step = f"pulling topics from slave {slave_id}"
-        pb = await core.pool.call_pb(
-            slave_addr,
-            RequestCode.GET_ALL_TOPIC_CONFIG,
-            common_pb2.Empty(),
-            broker_pb2.TopicConfigTable,
-            timeout_ms=FETCH_TIMEOUT_MS,
+        pb = await fetch_table(
+            core.pool, slave_addr, RequestCode.GET_ALL_TOPIC_CONFIG, broker_pb2.TopicConfigTable
         )
-        changed = adopt_topics(
-            core.topics,
+        changed = core.topics.adopt(
             [topic_config_from_pb(t) for t in pb.topics],
             data_version_from_pb(pb.data_version),
             add_missing=add_missing,
         )
+        core.topics.taken_from_replica()
         log.log(
             logging.INFO if changed else logging.DEBUG,
             "pre-online: topics of slave %d: %d of %d taken%s",
@@ -403,6 +394,11 @@ class PreOnline:
         """With the master online, wait for the HA link (10 s) before serving."""
         core = self.core
         master_addr = group.broker_addrs.get(0)
+        if master_addr == core.addr:
+            master_addr = None  # our own registration as master before a role change
+        awaiting = self.forward.awaiting_replica()
+        if master_addr is None and awaiting:
+            return f"{', '.join(awaiting)} lost with their file: waiting for the master"
         if master_addr is None or core.ha_slave is None:
             return None  # no master online: start directly
         core.preonline_step = "retrieving the master's HA address"
@@ -418,9 +414,15 @@ class PreOnline:
                 await core.ha_slave.transfer_ok.wait()
         except TimeoutError:
             return f"no HA transfer from master {ha_addr} within {HA_LINK_WAIT_S:.0f} s"
+        if awaiting:
+            core.preonline_step = f"taking {', '.join(awaiting)} from the master"
+            await self.forward.pull(master_addr, lambda: True, register=False)
+            awaiting = self.forward.awaiting_replica()
+            if awaiting:
+                return f"{', '.join(awaiting)} lost with their file: the master did not give them"
         return None
 
-    async def _sync_from_slave(self, slave_id: int, slave_addr: str) -> None:
+    async def _sync_from_slave(self, slave_id: int, slave_addr: str, *, wait_link: bool) -> None:
         core = self.core
         core.preonline_step = f"exchanging HA info with slave {slave_id}"
         await core.pool.call_pb(
@@ -438,7 +440,7 @@ class PreOnline:
         host = slave_addr.rsplit(":", 1)[0]
         assert core.ha_master is not None
         deadline = time.monotonic() + HA_LINK_WAIT_S
-        while not core.ha_master.has_transfer_link(host):
+        while wait_link and not core.ha_master.has_transfer_link(host):
             if time.monotonic() > deadline:
                 raise BadRequest(f"slave {slave_id} did not attach to the HA port within 10 s")
             await asyncio.sleep(0.05)

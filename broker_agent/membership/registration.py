@@ -14,12 +14,20 @@ import contextlib
 import dataclasses
 import logging
 import time
+from collections.abc import Callable
 
 from broker_agent.core import BrokerCore
 from ha_controller import auth
+from ha_controller.controller.ports import View
+from ha_controller.controller.wire import view_from_pb
 from ha_controller.proto import common_pb2, nameserver_pb2
 from ha_controller.protocol.codes import RequestCode
-from ha_controller.protocol.errors import HaError, NotRegistered, PreOnlineRequired
+from ha_controller.protocol.errors import (
+    HaError,
+    NotRegistered,
+    PreOnlineRequired,
+    StaleEpoch,
+)
 from ha_controller.protocol.properties import now_ms
 from ha_controller.routing import Perm, TopicConfig
 from ha_controller.wire import data_version_to_pb, topic_config_to_pb
@@ -28,10 +36,62 @@ log = logging.getLogger(__name__)
 
 
 class Registrar:
-    """REGISTER_BROKER / BROKER_HEARTBEAT / UNREGISTER_BROKER with every nameserver."""
+    """REGISTER_BROKER / BROKER_HEARTBEAT / UNREGISTER_BROKER with every nameserver.
 
-    def __init__(self, core: BrokerCore) -> None:
+    In controller mode both carry the member id and the log's last epoch, and their
+    answers the controller's view of this member (``on_view``; ``on_stale`` when a
+    nameserver refused the epoch or the id).  A master whose writes nothing but its
+    lease fences (a sync-state set of itself alone, or async replication) renews the
+    lease only with an answer whose view etcd confirmed, counted from the read of
+    etcd rather than from the heartbeat: a master cut off with a nameserver that lost
+    etcd stops in time."""
+
+    def __init__(
+        self,
+        core: BrokerCore,
+        *,
+        on_view: Callable[[View], None] | None = None,
+        on_stale: Callable[[StaleEpoch, str], None] | None = None,
+    ) -> None:
         self.core = core
+        self._on_view = on_view or (lambda view: None)
+        self._on_stale = on_stale or (lambda exc, where: None)
+
+    def _controlled(
+        self, pb: nameserver_pb2.RegisterBrokerRequest | nameserver_pb2.BrokerHeartbeatRequest
+    ) -> None:
+        """Set the controller-mode fields of a registration or heartbeat."""
+        core = self.core
+        if core.role.controlled and core.epochs is not None:
+            pb.member_id = core.member_id
+            pb.epoch = core.epochs.last
+
+    def _lease_fenced_only(self) -> bool:
+        """Whether nothing but the lease stops this master's writes once it is replaced
+        (no slave it must wait for would follow it)."""
+        core = self.core
+        if not core.role.controlled or not core.acting.is_master:
+            return False
+        return core.copies_needed() <= 1 or core.sync is None or len(core.sync.confirmed) <= 1
+
+    def _answered(
+        self,
+        sent_at: float,
+        pb: nameserver_pb2.RegisterBrokerResponse | nameserver_pb2.BrokerHeartbeatResponse,
+        ns: str,
+    ) -> None:
+        """A registration or heartbeat was answered: the view, then the lease."""
+        core = self.core
+        view: View | None = None
+        if pb.HasField("controller"):
+            view = view_from_pb(core.cfg.cluster, core.cfg.broker_name, pb.controller)
+            self._on_view(view)
+        if self._lease_fenced_only():
+            if view is None or view.confirmed_age_ms is None:
+                return  # etcd did not confirm we are still master: no renewal
+            core.lease.granted(sent_at - view.confirmed_age_ms / 1000)
+            return
+        core.lease.granted(sent_at)
 
     def _registered_topics(self) -> list[TopicConfig]:
         """The topic configs as registered: a master's without WRITE while its store
@@ -63,6 +123,7 @@ class Registrar:
             store_writable=core.store.writable,
             **core.acl_key(),
         )
+        self._controlled(req)
         if cfg.enable_slave_acting_master:
             req.heartbeat_timeout_ms = cfg.broker_not_active_timeout_ms
         req.signature = self._signature("register", ts)
@@ -104,11 +165,14 @@ class Registrar:
             except PreOnlineRequired as exc:
                 core.fence(f"nameserver {ns}: {exc}")
                 return
+            except StaleEpoch as exc:
+                self._on_stale(exc, f"registration with {ns}")
+                return
             except HaError as exc:
                 log.warning("registration with %s failed: %s", ns, exc)
                 return
             conn.attrs["registered"] = True
-            core.lease.granted(sent_at)
+            self._answered(sent_at, resp, ns)
             if not core.acting.is_master and resp.master_addr:
                 core.acting.master_addr = resp.master_addr
                 if resp.master_ha_addr and core.ha_slave is not None:
@@ -183,19 +247,26 @@ class Registrar:
                     timeout_ms=cfg.send_heartbeat_timeout_ms,
                 )
             else:
-                await conn.call_pb(
+                hb = nameserver_pb2.BrokerHeartbeatRequest(
+                    cluster=cfg.cluster,
+                    broker_addr=core.addr,
+                    broker_name=cfg.broker_name,
+                    max_offset=core.store.commitlog_max_offset,
+                    store_writable=core.store.writable,
+                    **core.acl_key(),
+                )
+                self._controlled(hb)
+                resp = await conn.call_pb(
                     RequestCode.BROKER_HEARTBEAT,
-                    nameserver_pb2.BrokerHeartbeatRequest(
-                        cluster=cfg.cluster,
-                        broker_addr=core.addr,
-                        broker_name=cfg.broker_name,
-                        max_offset=core.store.commitlog_max_offset,
-                        store_writable=core.store.writable,
-                        **core.acl_key(),
-                    ),
-                    common_pb2.Empty,
+                    hb,
+                    nameserver_pb2.BrokerHeartbeatResponse,
                     timeout_ms=cfg.send_heartbeat_timeout_ms,
                 )
+                self._answered(sent_at, resp, ns)
+                return
+        except StaleEpoch as exc:
+            self._on_stale(exc, f"heartbeat to {ns}")
+            return
         except NotRegistered as exc:
             conn.attrs["registered"] = False
             if core.acting.is_master and cfg.enable_slave_acting_master:

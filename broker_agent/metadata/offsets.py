@@ -8,21 +8,19 @@ can tell in pre-online whether its acting slave's table is newer.
 from __future__ import annotations
 
 import logging
-from collections.abc import Iterable
+from collections.abc import Iterable, Mapping
 from pathlib import Path
 from typing import Any
 
-from broker_agent.metadata.json_table import JsonTable, write_json_atomic
-from broker_agent.metadata.versioned import fetch_table
+from broker_agent.metadata.json_table import JsonTable, oldest
+from broker_agent.metadata.progress import ProgressLog, replay
+from broker_agent.metadata.versioned import TableSync
 from ha_controller.dataversion import DataVersion, SteppedVersion
 from ha_controller.proto import broker_pb2
 from ha_controller.protocol.codes import RequestCode
-from ha_controller.rpc import ConnectionPool
 from ha_controller.wire import data_version_from_pb
 
-# write_json_atomic: the other persisted tables (topics, holds, subscriptions, POP acks,
-# transactions) import it from here
-__all__ = ["ConsumerOffsetManager", "ConsumerOffsetSync", "OffsetKey", "write_json_atomic"]
+__all__ = ["ConsumerOffsetManager", "OffsetKey", "consumer_offset_sync"]
 
 log = logging.getLogger(__name__)
 
@@ -30,12 +28,18 @@ OffsetKey = tuple[str, str, int]  # (consumer group, topic, queue id)
 
 
 class ConsumerOffsetManager(JsonTable):
+    what = "consumer offset table"
+    rebuilt_from = (
+        "rebuilt from the offset records in the commit log (a replica's table, newer, is "
+        "adopted in pre-online and by the forward sync)"
+    )
+
     def __init__(self, path: Path | None, version_step: int = 500) -> None:
         super().__init__(path)
         self.table: dict[OffsetKey, int] = {}
         # A table that has never moved is the oldest of all (timestamp 0), so a
         # returning master that lost its file never outranks its acting slave.
-        self._version = SteppedVersion(version_step, DataVersion(0, 0, 0))
+        self._version = SteppedVersion(version_step, oldest())
         self._bump_next = False
 
     def bump_on_next_commit(self) -> None:
@@ -48,12 +52,23 @@ class ConsumerOffsetManager(JsonTable):
         return self._version.version
 
     def restore(self, data: Any) -> None:
-        self.table = {
-            (e["group"], e["topic"], int(e["queueId"])): int(e["offset"]) for e in data["offsets"]
+        table = {
+            (str(e["group"]), str(e["topic"]), int(e["queueId"])): int(e["offset"])
+            for e in data["offsets"]
         }
         self._version.version.assign(DataVersion.from_dict(data["dataVersion"]))
+        self.table = table
 
-    def payload(self) -> object:
+    def start_over(self) -> None:
+        self.table = {}
+        self._version.version.assign(oldest())
+
+    def rebuild_from_log(self, store: ProgressLog) -> int:
+        """Take every consumer-offset record still in the commit log (after
+        :meth:`start_over`); how many there were."""
+        return replay(store, None, self.apply_record)
+
+    def payload(self) -> dict[str, Any]:
         return {
             "offsets": [
                 {"group": g, "topic": t, "queueId": q, "offset": o}
@@ -96,6 +111,10 @@ class ConsumerOffsetManager(JsonTable):
         self.table[(group, topic, queue_id)] = offset
         self._dirty = True
 
+    def apply_record(self, record: Mapping[str, str]) -> None:
+        """:meth:`apply_replicated` of an offset record (KeyError, ValueError)."""
+        self.apply_replicated(record["G"], record["T"], int(record["Q"]), int(record["O"]))
+
     def adopt_if_newer(
         self, entries: Iterable[tuple[str, str, int, int]], version: DataVersion
     ) -> bool:
@@ -114,36 +133,26 @@ class ConsumerOffsetManager(JsonTable):
 OffsetSnapshot = tuple[list[tuple[str, str, int, int]], DataVersion]
 
 
-class ConsumerOffsetSync:
-    """Consumer offsets as a versioned table (GET_ALL_CONSUMER_OFFSET)."""
+def _snapshot(pb: broker_pb2.ConsumerOffsetTable) -> OffsetSnapshot:
+    entries = [(e.consumer_group, e.topic, e.queue_id, e.offset) for e in pb.entries]
+    return entries, data_version_from_pb(pb.data_version)
 
-    name = "consumer offsets"
 
-    def __init__(self, offsets: ConsumerOffsetManager) -> None:
-        self.offsets = offsets
-
-    async def fetch(self, pool: ConnectionPool, addr: str) -> OffsetSnapshot:
-        pb = await fetch_table(
-            pool, addr, RequestCode.GET_ALL_CONSUMER_OFFSET, broker_pb2.ConsumerOffsetTable
-        )
-        entries = [(e.consumer_group, e.topic, e.queue_id, e.offset) for e in pb.entries]
-        return entries, data_version_from_pb(pb.data_version)
-
-    def assign(self, snapshot: OffsetSnapshot) -> None:
-        self.offsets.assign_from_master(*snapshot)
-
-    def replace(self, snapshot: OffsetSnapshot) -> None:
-        # forward only, as a sync: a commit the master took in its lease was consumed
-        # (moving it back would deliver again); clamping an offset left past a cut
-        # queue's end is still to do
-        self.offsets.assign_from_master(*snapshot)
-
-    def adopt_if_newer(self, snapshot: OffsetSnapshot) -> bool:
-        return self.offsets.adopt_if_newer(*snapshot)
-
-    def describe(self, snapshot: OffsetSnapshot) -> str:
-        entries, version = snapshot
-        return f"{len(entries)} entries, version {version.key()}"
-
-    def busy(self) -> bool:
-        return False
+def consumer_offset_sync(
+    offsets: ConsumerOffsetManager,
+) -> TableSync[broker_pb2.ConsumerOffsetTable, OffsetSnapshot]:
+    """Consumer offsets for forward and reverse sync (GET_ALL_CONSUMER_OFFSET).  Taken
+    as they are after a cut only forward, as a sync: a commit the master took in its
+    lease was consumed (moving it back would deliver again); clamping an offset left
+    past a cut queue's end is still to do."""
+    return TableSync(
+        "consumer offsets",
+        RequestCode.GET_ALL_CONSUMER_OFFSET,
+        broker_pb2.ConsumerOffsetTable,
+        decode=_snapshot,
+        take=lambda s: offsets.assign_from_master(*s),
+        adopt=lambda s: offsets.adopt_if_newer(*s),
+        describe=lambda s: f"{len(s[0])} entries, version {s[1].key()}",
+        busy=lambda: False,
+        file=offsets,
+    )

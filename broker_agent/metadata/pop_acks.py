@@ -16,13 +16,12 @@ Plain object, no I/O but its file.
 
 from __future__ import annotations
 
-import json
 import logging
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Final
 
-from broker_agent.metadata.offsets import write_json_atomic
+from broker_agent.metadata.json_table import JsonTable, oldest
 from ha_controller.dataversion import DataVersion
 from ha_controller.proto import broker_pb2
 from ha_controller.wire import data_version_from_pb, data_version_to_pb
@@ -65,22 +64,27 @@ class PopAckSnapshot:
         )
 
 
-class PopAckTable:
+class PopAckTable(JsonTable):
     """CK key -> offsets done (acked or revived) and where the CK is; the finished
     offset of each revive queue; a DataVersion that moves on every change."""
 
+    what = "POP ack table"
+    rebuilt_from = (
+        "starting empty: a master's acks are ACK records in its revive queues, and a "
+        "replica's acks join in pre-online and by the forward sync"
+    )
+
     def __init__(self, path: Path | None) -> None:
-        self.path = path
+        super().__init__(path)
         self.entries: dict[str, PopAckEntry] = {}
         self.revive_offsets: dict[int, int] = {}
         self.data_version = DataVersion()
-        self.dirty = False
 
     # ---- changes -------------------------------------------------------------------
 
     def _changed(self) -> None:
         self.data_version.next_version()
-        self.dirty = True
+        self._dirty = True
 
     def _entry(self, key: str) -> PopAckEntry:
         """The entry of ``key``, a new one if needed (the oldest goes when full)."""
@@ -173,7 +177,7 @@ class PopAckTable:
         }
         self.revive_offsets = dict(snapshot.revive_offsets)
         self.data_version.assign(snapshot.version)
-        self.dirty = True
+        self._dirty = True
         return True
 
     def merge(self, snapshot: PopAckSnapshot) -> bool:
@@ -198,29 +202,25 @@ class PopAckTable:
         elif changed:
             self.data_version.next_version()
         if changed:
-            self.dirty = True
+            self._dirty = True
         return changed
 
     # ---- file ------------------------------------------------------------------------
 
-    def load(self) -> None:
-        if self.path is None or not self.path.exists():
-            return
-        data = json.loads(self.path.read_text())
-        self.entries = {
+    def restore(self, data: Any) -> None:
+        entries = {
             str(e["k"]): PopAckEntry(int(e["q"]), int(e["ro"]), {int(o) for o in e["o"]})
             for e in data["entries"]
         }
-        self.revive_offsets = {int(q): int(o) for q, o in data["reviveOffsets"].items()}
+        revive_offsets = {int(q): int(o) for q, o in data["reviveOffsets"].items()}
         self.data_version.assign(DataVersion.from_dict(data["dataVersion"]))
+        self.entries, self.revive_offsets = entries, revive_offsets
 
-    def file_payload(self) -> dict[str, Any] | None:
-        """The file's content when the table changed since the last call, else None.
-        Built on the caller's thread (the table keeps changing on the event loop);
-        :func:`write_json_atomic` may then run on another."""
-        if self.path is None or not self.dirty:
-            return None
-        self.dirty = False
+    def start_over(self) -> None:
+        self.entries, self.revive_offsets = {}, {}
+        self.data_version.assign(oldest())
+
+    def payload(self) -> dict[str, Any]:
         return {
             "entries": [
                 {"k": k, "q": e.revive_qid, "ro": e.revive_offset, "o": sorted(e.offsets)}
@@ -229,9 +229,3 @@ class PopAckTable:
             "reviveOffsets": {str(q): o for q, o in self.revive_offsets.items()},
             "dataVersion": self.data_version.to_dict(),
         }
-
-    def persist(self) -> None:
-        """Write the table when it changed since the last write."""
-        payload = self.file_payload()
-        if payload is not None and self.path is not None:
-            write_json_atomic(self.path, payload)

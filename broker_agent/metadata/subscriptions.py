@@ -11,23 +11,22 @@ in pre-online.
 
 from __future__ import annotations
 
-import json
 import logging
 from collections.abc import Iterable
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Any
 
-from broker_agent.metadata.offsets import write_json_atomic
-from broker_agent.metadata.versioned import fetch_table
+from broker_agent.metadata.json_table import JsonTable, Recovery, oldest
+from broker_agent.metadata.versioned import TableSync
 from ha_controller.dataversion import DataVersion
 from ha_controller.proto import broker_pb2
 from ha_controller.protocol.codes import RequestCode
 from ha_controller.protocol.errors import BadRequest
 from ha_controller.protocol.topics import group_name_problem
-from ha_controller.rpc import ConnectionPool
 from ha_controller.wire import data_version_from_pb, data_version_to_pb
 
-__all__ = ["SubscriptionGroupConfig", "SubscriptionGroupManager", "SubscriptionGroupSync"]
+__all__ = ["SubscriptionGroupConfig", "SubscriptionGroupManager", "subscription_group_sync"]
 
 log = logging.getLogger(__name__)
 
@@ -50,39 +49,47 @@ class SubscriptionGroupConfig:
         return cls(pb.group_name, pb.consume_orderly)
 
 
-class SubscriptionGroupManager:
-    """group name -> config, with a DataVersion that moves on every change."""
+class SubscriptionGroupManager(JsonTable):
+    """group name -> config, with a DataVersion that moves on every change.
+
+    A table that has never moved is the oldest of all, so a master that lost its file
+    takes its slaves' in pre-online instead of handing them its empty one."""
+
+    what = "subscription group table"
+    recovery = Recovery.REPLICA
+    repair = (
+        "repair it, or move it away to start with an empty table and set the orderly "
+        "groups again (hactl group update GROUP --orderly); a broker with replicas takes "
+        "them from one"
+    )
 
     def __init__(self, path: Path | None) -> None:
-        self.path = path
+        super().__init__(path)
         self.groups: dict[str, SubscriptionGroupConfig] = {}
-        self.data_version = DataVersion()
+        self.data_version = oldest()
 
-    def load(self) -> None:
-        if self.path is None or not self.path.exists():
-            return
-        data = json.loads(self.path.read_text())
-        self.groups = {
+    def restore(self, data: Any) -> None:
+        groups = {
             str(g["groupName"]): SubscriptionGroupConfig(
                 str(g["groupName"]), bool(g.get("consumeOrderly", False))
             )
             for g in data["groups"]
         }
         self.data_version.assign(DataVersion.from_dict(data["dataVersion"]))
+        self.groups = groups
 
-    def persist(self) -> None:
-        if self.path is None:
-            return
-        write_json_atomic(
-            self.path,
-            {
-                "groups": [
-                    {"groupName": g.group_name, "consumeOrderly": g.consume_orderly}
-                    for g in sorted(self.groups.values(), key=lambda g: g.group_name)
-                ],
-                "dataVersion": self.data_version.to_dict(),
-            },
-        )
+    def start_over(self) -> None:
+        self.groups = {}
+        self.data_version.assign(oldest())
+
+    def payload(self) -> dict[str, Any]:
+        return {
+            "groups": [
+                {"groupName": g.group_name, "consumeOrderly": g.consume_orderly}
+                for g in sorted(self.groups.values(), key=lambda g: g.group_name)
+            ],
+            "dataVersion": self.data_version.to_dict(),
+        }
 
     def get(self, group: str) -> SubscriptionGroupConfig | None:
         return self.groups.get(group)
@@ -97,6 +104,7 @@ class SubscriptionGroupManager:
             return False
         self.groups[config.group_name] = config
         self.data_version.next_version()
+        self._dirty = True
         self.persist()
         log.info(
             "subscription group %s: consume_orderly=%s", config.group_name, config.consume_orderly
@@ -115,50 +123,42 @@ class SubscriptionGroupManager:
             return False
         self.groups = new
         self.data_version.assign(version)
+        self._dirty = True
         self.persist()
         return True
 
-
-def configs_of(snapshot: broker_pb2.SubscriptionGroupTable) -> list[SubscriptionGroupConfig]:
-    return [
-        SubscriptionGroupConfig(g.group_name, g.consume_orderly)
-        for g in snapshot.groups
-        if g.group_name
-    ]
-
-
-class SubscriptionGroupSync:
-    """The subscription group table as a versioned table."""
-
-    name = "subscription groups"
-
-    def __init__(self, manager: SubscriptionGroupManager) -> None:
-        self.manager = manager
-
-    async def fetch(self, pool: ConnectionPool, addr: str) -> broker_pb2.SubscriptionGroupTable:
-        return await fetch_table(
-            pool,
-            addr,
-            RequestCode.GET_ALL_SUBSCRIPTIONGROUP_CONFIG,
-            broker_pb2.SubscriptionGroupTable,
-        )
-
-    def assign(self, snapshot: broker_pb2.SubscriptionGroupTable) -> None:
-        self.manager.assign(configs_of(snapshot), data_version_from_pb(snapshot.data_version))
-
-    def replace(self, snapshot: broker_pb2.SubscriptionGroupTable) -> None:
-        self.assign(
-            snapshot
-        )  # subscription groups only grow in a cut (a group made on the master stays)
-
-    def adopt_if_newer(self, snapshot: broker_pb2.SubscriptionGroupTable) -> bool:
-        version = data_version_from_pb(snapshot.data_version)
-        if self.manager.data_version.compare(version) > 0:
+    def adopt_if_newer(
+        self, groups: Iterable[SubscriptionGroupConfig], version: DataVersion
+    ) -> bool:
+        """Reverse sync: a slave's table whose version is >= ours (ties adopt)."""
+        if self.data_version.compare(version) > 0:
             return False
-        return self.manager.assign(configs_of(snapshot), version)
+        return self.assign(groups, version)
 
-    def describe(self, snapshot: broker_pb2.SubscriptionGroupTable) -> str:
-        return f"{len(snapshot.groups)} groups"
 
-    def busy(self) -> bool:
-        return False
+SubscriptionSnapshot = tuple[list[SubscriptionGroupConfig], DataVersion]
+
+
+def _snapshot(pb: broker_pb2.SubscriptionGroupTable) -> SubscriptionSnapshot:
+    groups = [
+        SubscriptionGroupConfig(g.group_name, g.consume_orderly) for g in pb.groups if g.group_name
+    ]
+    return groups, data_version_from_pb(pb.data_version)
+
+
+def subscription_group_sync(
+    manager: SubscriptionGroupManager,
+) -> TableSync[broker_pb2.SubscriptionGroupTable, SubscriptionSnapshot]:
+    """The subscription group table for forward and reverse sync; a cut takes it as a
+    forward sync does (groups only grow in a cut: a group made on the master stays)."""
+    return TableSync(
+        "subscription groups",
+        RequestCode.GET_ALL_SUBSCRIPTIONGROUP_CONFIG,
+        broker_pb2.SubscriptionGroupTable,
+        decode=_snapshot,
+        take=lambda s: manager.assign(*s),
+        adopt=lambda s: manager.adopt_if_newer(*s),
+        describe=lambda s: f"{len(s[0])} groups",
+        busy=lambda: False,
+        file=manager,
+    )

@@ -8,9 +8,9 @@ carry a DataVersion.  They move the same two ways:
   adopts it when the slave's version is >= its own.
 
 Each table says how it is fetched, assigned and adopted (:class:`VersionedTable`);
-:func:`forward_sync` and :func:`reverse_sync` are the only loops over them.  A table
-served by one argument-less GET_* request can be described by functions alone
-(:class:`TableSync`).
+:func:`forward_sync` and :func:`reverse_sync` are the only loops over them.  Every table
+is described by functions alone (:class:`TableSync`, the one adaptor), over its file
+(``.json_table``): what it takes from a replica ends the file's wait for one.
 """
 
 from __future__ import annotations
@@ -22,6 +22,7 @@ from typing import Any, Generic, Protocol, TypeVar
 
 from google.protobuf.message import Message
 
+from broker_agent.metadata.json_table import JsonTable
 from ha_controller.proto import common_pb2
 from ha_controller.protocol.errors import HaError, UnknownMethod
 from ha_controller.rpc import ConnectionPool
@@ -36,9 +37,13 @@ M = TypeVar("M", bound=Message)
 S = TypeVar("S")
 
 
-async def fetch_table(pool: ConnectionPool, addr: str, code: int, response: type[M]) -> M:
-    """One GET_ALL_* / GET_*_CHECK_POINT request (no arguments) to ``addr``."""
-    return await pool.call_pb(addr, code, common_pb2.Empty(), response, timeout_ms=FETCH_TIMEOUT_MS)
+async def fetch_table(
+    pool: ConnectionPool, addr: str, code: int, response: type[M], request: Message | None = None
+) -> M:
+    """One GET_ALL_* / GET_*_CHECK_POINT request (no arguments unless ``request``) to
+    ``addr``."""
+    query = common_pb2.Empty() if request is None else request
+    return await pool.call_pb(addr, code, query, response, timeout_ms=FETCH_TIMEOUT_MS)
 
 
 class VersionedTable(Protocol):
@@ -73,14 +78,20 @@ class VersionedTable(Protocol):
         """True while this broker itself moves the table (no forward sync then)."""
         ...
 
+    def awaiting_replica(self) -> bool:
+        """Its file was lost and only a replica has it (``Recovery.REPLICA``): the
+        broker takes it from one before it serves."""
+        ...
+
 
 @dataclass
 class TableSync(Generic[M, S]):
     """A :class:`VersionedTable` made of functions, for a table fetched with one
-    argument-less request ``code`` answered with a ``response``: ``decode`` turns the
-    answer into the snapshot the functions take; ``take`` is :meth:`assign`, ``adopt``
-    :meth:`adopt_if_newer`, ``take_as_is`` :meth:`replace` (``take`` when it is None);
-    what they return besides is ignored."""
+    request ``code`` (no arguments unless ``request`` makes them) answered with a
+    ``response``: ``decode`` turns the answer into the snapshot the functions take;
+    ``take`` is :meth:`assign`, ``adopt`` :meth:`adopt_if_newer`, ``take_as_is``
+    :meth:`replace` (``take`` when it is None); what they return besides is ignored.
+    ``file`` is the table's file: anything taken from a replica ends its wait for one."""
 
     name: str
     code: int
@@ -91,18 +102,32 @@ class TableSync(Generic[M, S]):
     describe: Callable[[S], str]
     busy: Callable[[], bool]
     take_as_is: Callable[[S], object] | None = None
+    file: JsonTable | None = None
+    request: Callable[[], Message] | None = None
 
     async def fetch(self, pool: ConnectionPool, addr: str) -> S:
-        return self.decode(await fetch_table(pool, addr, self.code, self.response))
+        query = None if self.request is None else self.request()
+        return self.decode(await fetch_table(pool, addr, self.code, self.response, query))
 
     def assign(self, snapshot: S) -> None:
         self.take(snapshot)
+        self._taken()
 
     def adopt_if_newer(self, snapshot: S) -> bool:
-        return self.adopt(snapshot)
+        adopted = self.adopt(snapshot)
+        self._taken()
+        return adopted
 
     def replace(self, snapshot: S) -> None:
         (self.take if self.take_as_is is None else self.take_as_is)(snapshot)
+        self._taken()
+
+    def awaiting_replica(self) -> bool:
+        return self.file is not None and self.file.awaiting_replica
+
+    def _taken(self) -> None:
+        if self.file is not None:
+            self.file.taken_from_replica()
 
 
 async def forward_sync(

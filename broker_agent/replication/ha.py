@@ -33,7 +33,9 @@ import time
 from collections.abc import Callable
 from dataclasses import dataclass
 
+from broker_agent.membership.epochs import Epoch, EpochFile, divergence
 from broker_agent.replication.holds import SlaveHolds
+from broker_agent.replication.sync_set import SyncSet
 from broker_agent.store.message_store import Dispatched, MessageStore
 from ha_controller.auth import ClusterAuth
 from ha_controller.proto import broker_pb2, common_pb2
@@ -45,6 +47,7 @@ from ha_controller.protocol.errors import (
     HaError,
     OffsetOutOfRange,
     SignatureInvalid,
+    StaleEpoch,
     StoreFull,
     StoreReadOnly,
     TlsError,
@@ -68,6 +71,8 @@ HANDSHAKE_TIMEOUT_MS = 2000
 _CHALLENGE = "ha_challenge"
 _SLAVE = "ha_slave"
 _MASTER_PROVED = "ha_master_proved"
+#: controller mode, master side: the member id of a slave that passed the epoch check
+_EPOCH_CHECKED = "ha_epoch_checked"
 
 
 @dataclass(frozen=True, slots=True)
@@ -89,15 +94,29 @@ class SlaveLink:
     connected_at: float
     task: asyncio.Task[None] | None = None
     reported_at: float = 0.0
+    #: controller mode: the slave's member id (its configured broker_id)
+    member: int | None = None
 
 
 class HaMaster:
     """Master side: accepts slaves, streams the commit log, tracks acks."""
 
     def __init__(
-        self, store: MessageStore, *, auth: ClusterAuth | None = None, broker_name: str = ""
+        self,
+        store: MessageStore,
+        *,
+        auth: ClusterAuth | None = None,
+        broker_name: str = "",
+        epochs: EpochFile | None = None,
+        sync: SyncSet | None = None,
+        on_stale: Callable[[str], None] | None = None,
     ) -> None:
         self.store = store
+        #: controller mode: this log's epochs (slaves check theirs against them before
+        #: their first report) and the sync-state set every write waits for
+        self.epochs = epochs
+        self.sync = sync
+        self._on_stale = on_stale or (lambda why: None)
         #: with a secret, slaves must pass the handshake (see the module's docstring)
         self.auth = auth or ClusterAuth(None)
         self.broker_name = broker_name
@@ -110,6 +129,7 @@ class HaMaster:
         dispatcher.add(RequestCode.HA_REPORT_OFFSET, broker_pb2.HaReport, self._on_report)
         dispatcher.add(RequestCode.HA_HELLO, broker_pb2.HaHello, self._on_hello)
         dispatcher.add(RequestCode.HA_AUTH, broker_pb2.HaAuth, self._on_auth)
+        dispatcher.add(RequestCode.HA_EPOCH, broker_pb2.EpochRequest, self._on_epoch)
         self.server = RpcServer(dispatcher, name="ha")
         self.server.on_connection_closed(self._on_closed)
 
@@ -158,17 +178,39 @@ class HaMaster:
             pressed=pressed,
         )
 
-    def holds_snapshot(self) -> dict[str, list[int]]:
-        """The slaves' positions to save (``SlaveHolds.save``), taken on the loop."""
+    def keep_holds(self) -> None:
+        """The slaves' positions as the holds' file is to keep them (``SlaveHolds.keep``),
+        taken on the loop."""
         attached: dict[int, int] = {}
         for link in self.links.values():
             attached[link.broker_id] = min(attached.get(link.broker_id, link.acked), link.acked)
-        return self.holds.snapshot(attached, int(time.time() * 1000))
+        self.holds.keep(attached, int(time.time() * 1000))
 
     def in_sync_count(self, offset: int) -> int:
         """Copies (including ours) that hold everything below ``offset``: one per slave
         broker id (a slave reconnecting may briefly have two links)."""
         return 1 + len({link.broker_id for link in self.links.values() if link.acked >= offset})
+
+    def acked_by_member(self) -> dict[int, int]:
+        """Controller mode: member id -> the furthest offset its links acknowledged."""
+        out: dict[int, int] = {}
+        for link in self.links.values():
+            if link.member is not None:
+                out[link.member] = max(out.get(link.member, -1), link.acked)
+        return out
+
+    def _held(self, offset: int, copies: int) -> bool:
+        if self.in_sync_count(offset) < copies:
+            return False
+        if self.sync is None:
+            return True
+        acked = self.acked_by_member()
+        return all(acked.get(m, -1) >= offset for m in self.sync.required)
+
+    async def sync_changed(self) -> None:
+        """The sync-state set shrank or grew: writes waiting re-check what they need."""
+        async with self._acked:
+            self._acked.notify_all()
 
     def lag_bytes(self) -> int:
         if not self.links:
@@ -177,11 +219,13 @@ class HaMaster:
         return max(top - link.acked for link in self.links.values())
 
     async def wait_for_copies(self, offset: int, copies: int, timeout_s: float) -> bool:
-        if self.in_sync_count(offset) >= copies:
+        """Until ``copies`` copies hold everything below ``offset`` and, in controller
+        mode, every member of the sync-state set does (replication.sync_set)."""
+        if self._held(offset, copies):
             return True
         try:
             async with asyncio.timeout(timeout_s), self._acked:
-                await self._acked.wait_for(lambda: self.in_sync_count(offset) >= copies)
+                await self._acked.wait_for(lambda: self._held(offset, copies))
         except TimeoutError:
             return False
         return True
@@ -232,6 +276,34 @@ class HaMaster:
         )
         return common_pb2.Empty()
 
+    async def _on_epoch(
+        self, ctx: RequestContext, req: broker_pb2.EpochRequest
+    ) -> broker_pb2.EpochCache:
+        """Controller mode: a slave's epoch check before its first report.  Our epochs
+        (it cuts its log back to where the two part), or StaleEpoch when it has seen a
+        newer epoch than ours: then we are a replaced master and step down."""
+        if self.epochs is None:
+            raise BadRequest("HA epoch check: this master has no controller (RIP-32 only)")
+        if self.auth.enabled and ctx.conn.attrs.get(_SLAVE) is None:
+            raise BadRequest("HA epoch check before the handshake (cluster secret)")
+        ours = self.epochs.last
+        if req.epoch > ours:
+            why = (
+                f"slave member {req.member_id} at {ctx.peer} has seen epoch {req.epoch}; "
+                f"this master's is {ours}"
+            )
+            self._on_stale(why)
+            raise StaleEpoch(why)
+        ctx.conn.attrs[_EPOCH_CHECKED] = req.member_id
+        return broker_pb2.EpochCache(
+            epochs=[
+                broker_pb2.EpochEntry(epoch=e, start_offset=start)
+                for e, start in self.epochs.entries
+            ],
+            max_offset=self.store.commitlog_max_offset,
+            epoch=ours,
+        )
+
     async def _refuse_report(self, ctx: RequestContext, reason: str, why: str) -> None:
         self.links.pop(ctx.conn, None)
         self.auth.refuse(reason, RequestCode.HA_REPORT_OFFSET, ctx.peer, SignatureInvalid(why))
@@ -248,6 +320,16 @@ class HaMaster:
             )
             return
         link = self.links.get(ctx.conn)
+        checked: int | None = ctx.conn.attrs.get(_EPOCH_CHECKED)
+        if self.epochs is not None and checked is None:
+            # its log may part from ours: a report before the epoch check is no copy
+            log.warning(
+                "slave %s reports before the epoch check (controller mode); refusing the link",
+                req.slave_addr or ctx.peer,
+            )
+            self.links.pop(ctx.conn, None)
+            await ctx.conn.aclose()
+            return
         top = self.store.commitlog_max_offset
         if req.max_offset > top:
             # no real copy holds more than we do: a forgery, or our log lost its tail
@@ -270,6 +352,7 @@ class HaMaster:
                 req.max_offset,
                 req.max_offset,
                 time.monotonic(),
+                member=checked,
             )
             self.links[ctx.conn] = link
             link.task = asyncio.get_running_loop().create_task(self._push(link))
@@ -355,8 +438,16 @@ class HaSlave:
         ssl_context: ssl.SSLContext | None = None,
         auth: ClusterAuth | None = None,
         broker_name: str = "",
+        epochs: EpochFile | None = None,
+        member_id: int | None = None,
+        on_cut: Callable[[int, list[Epoch]], None] | None = None,
     ) -> None:
         self.store = store
+        #: controller mode: this log's epochs, checked against the master's before the
+        #: first report; ``on_cut`` is told where to cut the log back when they part
+        self.epochs = epochs
+        self.member_id = member_id
+        self._on_cut = on_cut or (lambda offset, epochs: None)
         #: with a secret, every link starts with the handshake (module docstring)
         self.auth = auth or ClusterAuth(None)
         self.broker_name = broker_name
@@ -453,6 +544,19 @@ class HaSlave:
                         await self._addr_changed.wait()
                 backoff = min(backoff * 2, 2.0)
                 continue
+            if self.epochs is not None:
+                verdict = await self._check_epochs(conn, addr)
+                if verdict == "cut":
+                    await conn.aclose()
+                    return  # the service is rebuilt around the cut log
+                if verdict != "ok":
+                    await conn.aclose()
+                    self._addr_changed.clear()
+                    with contextlib.suppress(TimeoutError):
+                        async with asyncio.timeout(backoff):
+                            await self._addr_changed.wait()
+                    backoff = min(backoff * 2, 2.0)
+                    continue
             backoff = 0.1
             self.conn, self._conn_addr = conn, addr
             self.last_transfer_at = time.monotonic()  # the silence watchdog starts now
@@ -520,6 +624,47 @@ class HaSlave:
         conn.attrs[_MASTER_PROVED] = True
         return True
 
+    async def _check_epochs(self, conn: RpcConnection, addr: str) -> str:
+        """Controller mode: compare our epochs with the master's.  "ok" (our log is a
+        prefix of its: take its list), "cut" (``on_cut`` was told where ours parts),
+        or why the link was refused (a master of an older epoch than ours)."""
+        assert self.epochs is not None
+        try:
+            cache = await conn.call_pb(
+                RequestCode.HA_EPOCH,
+                broker_pb2.EpochRequest(member_id=self.member_id or 0, epoch=self.epochs.last),
+                broker_pb2.EpochCache,
+                timeout_ms=HANDSHAKE_TIMEOUT_MS,
+            )
+        except HaError as exc:
+            count = self._handshake_log.hit(time.monotonic())
+            if count:
+                log.warning(
+                    "HA epoch check with master %s refused (%d time(s) since the last such "
+                    "line): %s",
+                    addr,
+                    count,
+                    exc,
+                )
+            return str(exc)
+        theirs: list[Epoch] = [(e.epoch, e.start_offset) for e in cache.epochs]
+        end = self.store.commitlog_max_offset
+        cut = divergence(self.epochs.entries, end, theirs, cache.max_offset)
+        if cut is not None:
+            log.warning(
+                "HA epoch check: our log (last epoch %d, end %d) parts from master %s's "
+                "(epoch %d) at %d: cutting back there before following it",
+                self.epochs.last,
+                end,
+                addr,
+                cache.epoch,
+                cut,
+            )
+            self._on_cut(cut, theirs)
+            return "cut"
+        self.epochs.follow(theirs, end)
+        return "ok"
+
     def _report(self, *, now: bool = False) -> None:
         """HA_REPORT_OFFSET with our commit-log end; ``now`` writes it at once instead
         of at the end of this event-loop tick."""
@@ -533,6 +678,7 @@ class HaSlave:
                     max_offset=self.store.commitlog_max_offset,
                     slave_addr=self.own_addr,
                     broker_id=self.broker_id,
+                    member_id=self.member_id,
                 ).SerializeToString(),
             )
             if now:

@@ -1,5 +1,5 @@
 """What a master's retention keeps for slaves that are away.  Plain object, no I/O
-but :meth:`SlaveHolds.save` / :meth:`SlaveHolds.load`.
+but its file (``slave_holds.json``).
 
 An attached slave holds deletion back by its link (``HaMaster.links``).  When a link
 closes (the slave froze and dialled again, restarted, was rescheduled) the slave is
@@ -13,26 +13,31 @@ retention round in the gap deleted what it lacked and it could never continue.
 - A hold below the log's start is dropped: what that slave needs next is gone anyway.
 - Under disk pressure the holds are ignored (attached links still count), as RocketMQ
   deletes expired files when the disk fills, whoever lacks them.
-- The positions are saved with every retention round, so a master that restarts while
-  a slave is away keeps holding for it.
+- The positions are saved with every retention round (:meth:`SlaveHolds.keep`), so a
+  master that restarts while a slave is away keeps holding for it: its attached slaves
+  are away from when they were last seen.  A file that cannot be read is set aside:
+  no slave holds retention back until it attaches again (what it lacks may be deleted
+  meanwhile; it then copies again what it needs from the master's oldest segment).
 """
 
 from __future__ import annotations
 
-import json
-import logging
 from collections.abc import Iterable
 from pathlib import Path
+from typing import Any
 
-from broker_agent.metadata.offsets import write_json_atomic
-
-log = logging.getLogger(__name__)
+from broker_agent.metadata.json_table import JsonTable
 
 
-class SlaveHolds:
-    def __init__(self) -> None:
+class SlaveHolds(JsonTable):
+    what = "slave hold table"
+    rebuilt_from = "no slave that is away holds retention back until it attaches again"
+
+    def __init__(self, path: Path | None = None) -> None:
+        super().__init__(path)
         #: broker id -> (acknowledged offset, wall-clock ms it was last seen attached)
         self.away: dict[int, tuple[int, int]] = {}
+        self._kept: dict[str, list[int]] = {}
 
     def detached(self, broker_id: int, acked: int, now_ms: int) -> None:
         """A link of ``broker_id`` closed and no other link of it is open."""
@@ -67,29 +72,27 @@ class SlaveHolds:
         return min(offsets, default=None)
 
     def snapshot(self, attached: dict[int, int], now_ms: int) -> dict[str, list[int]]:
-        """What :meth:`save` writes: the holds, and each attached slave (``attached``:
-        broker id -> the smallest offset of its links) as seen now."""
+        """What the file holds: the holds, and each attached slave (``attached``: broker
+        id -> the smallest offset of its links) as seen now."""
         out = {str(bid): [acked, seen] for bid, (acked, seen) in self.away.items()}
         for bid, acked in attached.items():
             out[str(bid)] = [acked, now_ms]
         return out
 
-    @staticmethod
-    def save(path: Path, snapshot: dict[str, list[int]]) -> None:
-        write_json_atomic(path, snapshot)
+    def keep(self, attached: dict[int, int], now_ms: int) -> None:
+        """Take the :meth:`snapshot` the next :meth:`persist` writes (when it moved)."""
+        snapshot = self.snapshot(attached, now_ms)
+        if snapshot != self._kept:
+            self._kept = snapshot
+            self._dirty = True
 
-    @classmethod
-    def load(cls, path: Path) -> SlaveHolds:
-        """The holds a master had when it stopped (its attached slaves as away from
-        when they were last seen); none when the file is missing or unreadable."""
-        holds = cls()
-        try:
-            data = json.loads(path.read_text())
-            for bid, (acked, seen) in data.items():
-                holds.away[int(bid)] = (int(acked), int(seen))
-        except FileNotFoundError:
-            pass
-        except (OSError, ValueError, TypeError, AttributeError) as exc:
-            log.warning("cannot read %s (%s): no slave holds retention back yet", path, exc)
-            holds.away.clear()
-        return holds
+    def payload(self) -> dict[str, Any]:
+        return dict(self._kept)
+
+    def restore(self, data: Any) -> None:
+        away = {int(bid): (int(acked), int(seen)) for bid, (acked, seen) in data.items()}
+        self.away = away
+
+    def start_over(self) -> None:
+        self.away = {}
+        self._kept = {}

@@ -15,11 +15,11 @@ from typing import Any, Protocol
 
 from broker_agent.membership.acting import ActingState
 from broker_agent.metadata.offsets import ConsumerOffsetManager
+from broker_agent.metadata.topics import TopicConfigManager
 from broker_agent.metrics import BrokerMetrics
 from broker_agent.pull_hold import PullHoldService
 from broker_agent.special_steps import SpecialSteps
 from broker_agent.store.message_store import GetResult, PutResult
-from broker_agent.topics import TopicConfigManager
 from broker_agent.write_path import Record, Stored
 from ha_controller.acl import Acl
 from ha_controller.config import BrokerConfig
@@ -65,6 +65,8 @@ class CorePort(Protocol):
     offsets: ConsumerOffsetManager
     acting: ActingState
     isolated: bool
+    #: it takes a lost table only its replicas have from one (pre-online)
+    has_replicas: bool
     metrics: BrokerMetrics
     holds: PullHoldService
     pool: ConnectionPool

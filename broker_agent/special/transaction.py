@@ -34,7 +34,6 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
-import json
 import logging
 import time
 from collections import OrderedDict
@@ -42,8 +41,8 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Final
 
-from broker_agent.metadata.offsets import write_json_atomic
-from broker_agent.metadata.versioned import VersionedTable, fetch_table
+from broker_agent.metadata.json_table import JsonTable, oldest
+from broker_agent.metadata.versioned import TableSync
 from broker_agent.special.escape_ids import escape_id
 from broker_agent.special.ports import CorePort, EscapePort, WritePort
 from broker_agent.store.message_store import GetMessageStatus, PutResult
@@ -71,13 +70,14 @@ from ha_controller.protocol.properties import (
     PROPERTY_TRAN_MSG,
 )
 from ha_controller.protocol.record import StoredMessage, make_msg_id
-from ha_controller.rpc import ConnectionPool, RequestContext, RpcConnection
+from ha_controller.rpc import RequestContext, RpcConnection
 from ha_controller.wire import data_version_from_pb, data_version_to_pb
 
 __all__ = [
     "HALF_TOPIC",
     "OP_TOPIC",
     "HalfProgress",
+    "TransactionProgressFile",
     "TransactionService",
     "half_to_prepared",
     "half_to_real",
@@ -280,6 +280,29 @@ class HalfProgress:
         )
 
 
+class TransactionProgressFile(JsonTable):
+    """The progress, persisted (``transaction_offsets.json``)."""
+
+    what = "transaction progress table"
+    rebuilt_from = (
+        "starting over: the check service reads the op queue again, and a replica's "
+        "progress, newer, is adopted in pre-online and by the forward sync"
+    )
+
+    def __init__(self, path: Path | None) -> None:
+        super().__init__(path)
+        self.progress = HalfProgress()
+
+    def restore(self, data: Any) -> None:
+        self.progress = HalfProgress.from_dict(data)
+
+    def start_over(self) -> None:
+        self.progress = HalfProgress(version=oldest())
+
+    def payload(self) -> dict[str, Any]:
+        return self.progress.to_dict()
+
+
 # --- the service ----------------------------------------------------------------
 
 
@@ -301,9 +324,8 @@ class TransactionService:
         self.core = core
         self.write_path = write_path
         self.escape = escape
-        self.path: Path = core.store_dir / "transaction_offsets.json"
-        self.progress = self._load()
-        self._dirty = False
+        self.file = TransactionProgressFile(core.store_dir / "transaction_offsets.json")
+        self.file.load()
         self._active = False  # the service turns special services on (master online, acting)
         self._wake = asyncio.Event()
         self._checks: dict[int, int] = {}  # half offset -> checks sent (in memory)
@@ -329,22 +351,16 @@ class TransactionService:
 
     # ---- persistence -------------------------------------------------------
 
-    def _load(self) -> HalfProgress:
-        if not self.path.exists():
-            return HalfProgress()
-        return HalfProgress.from_dict(json.loads(self.path.read_text()))
+    @property
+    def progress(self) -> HalfProgress:
+        return self.file.progress
 
     def persist(self) -> None:
-        if self._dirty:
-            self._dirty = False
-            write_json_atomic(self.path, self.progress.to_dict())
-
-    def mark_dirty(self) -> None:
-        self._dirty = True
+        self.file.persist()
 
     def _changed(self) -> None:
         self.progress.version.next_version()
-        self._dirty = True
+        self.file.mark_changed()
 
     @property
     def active(self) -> bool:
@@ -360,7 +376,7 @@ class TransactionService:
             if active and not self.core.acting.is_master:
                 # an acting slave: its progress is the group's truth from now on
                 self.progress.version.take_over()
-                self._dirty = True
+                self.file.mark_changed()
         self._active = active
         self._checks.clear()
         self._escape_failures.clear()
@@ -562,14 +578,49 @@ class TransactionService:
                             await self.check_once()
                 except HaError as exc:
                     log.warning("transaction check pass failed: %s", exc)
-                await asyncio.to_thread(self.persist)
+                try:
+                    await self.file.persist_async()
+                except OSError as exc:  # a full disk: the table stays dirty, tried again
+                    log.warning("cannot persist the transaction progress: %s; retrying", exc)
         finally:
             with contextlib.suppress(OSError):
                 self.persist()
 
-    def table(self) -> VersionedTable:
-        """Transaction progress, for forward and reverse sync."""
-        return TransactionProgressSync(self)
+    def table(self) -> TableSync[broker_pb2.TransactionOffsets, HalfProgress]:
+        """Transaction progress, for forward and reverse sync (GET_TRANSACTION_OFFSETS):
+        forward and after a cut taken as it is, reverse merged when at least as new;
+        never while this broker checks or escapes (the progress is its own then)."""
+        file = self.file
+
+        def take(snapshot: HalfProgress) -> None:
+            if snapshot.version.compare(file.progress.version) != 0:
+                file.progress.assign(snapshot)
+                file.mark_changed()
+
+        def adopt(snapshot: HalfProgress) -> bool:
+            adopted = file.progress.adopt_if_newer(snapshot)
+            if adopted:
+                file.mark_changed()
+                file.persist()
+            return adopted
+
+        def describe(snapshot: HalfProgress) -> str:
+            return (
+                f"half {snapshot.half_offset} op {snapshot.op_offset}, "
+                f"ours now half {file.progress.half_offset}"
+            )
+
+        return TableSync(
+            "transaction offsets",
+            RequestCode.GET_TRANSACTION_OFFSETS,
+            broker_pb2.TransactionOffsets,
+            decode=HalfProgress.from_pb,
+            take=take,
+            adopt=adopt,
+            describe=describe,
+            busy=lambda: self.active,
+            file=file,
+        )
 
     def _read_ops(self) -> bool:
         store = self.core.store
@@ -757,45 +808,3 @@ class TransactionService:
         self.escaped += 1
         log.info("half message %d (transaction %s) escaped to %s", o, msg.uniq_key, target)
         return True
-
-
-class TransactionProgressSync:
-    """Transaction progress as a versioned table (GET_TRANSACTION_OFFSETS)."""
-
-    name = "transaction offsets"
-
-    def __init__(self, service: TransactionService) -> None:
-        self.service = service
-
-    async def fetch(self, pool: ConnectionPool, addr: str) -> HalfProgress:
-        pb = await fetch_table(
-            pool, addr, RequestCode.GET_TRANSACTION_OFFSETS, broker_pb2.TransactionOffsets
-        )
-        return HalfProgress.from_pb(pb)
-
-    def assign(self, snapshot: HalfProgress) -> None:
-        service = self.service
-        if snapshot.version.compare(service.progress.version) != 0:
-            service.progress.assign(snapshot)
-            service.mark_dirty()
-
-    def replace(self, snapshot: HalfProgress) -> None:
-        self.assign(snapshot)  # assign takes the progress as it is
-
-    def adopt_if_newer(self, snapshot: HalfProgress) -> bool:
-        service = self.service
-        adopted = service.progress.adopt_if_newer(snapshot)
-        if adopted:
-            service.mark_dirty()
-            service.persist()
-        return adopted
-
-    def describe(self, snapshot: HalfProgress) -> str:
-        return (
-            f"half {snapshot.half_offset} op {snapshot.op_offset}, "
-            f"ours now half {self.service.progress.half_offset}"
-        )
-
-    def busy(self) -> bool:
-        # checking or escaping (master, acting slave): the progress is this broker's own
-        return self.service.active

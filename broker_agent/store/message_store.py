@@ -1,4 +1,8 @@
-"""MessageStore: the broker's durable store (commit log + consume queues + checkpoint).
+"""MessageStore: the broker's durable store (commit log + consume queues + checkpoint),
+the one object the broker holds: it owns the files and the lock, and appends, reads,
+flushes, cuts back and deletes under it.  Its parts: the value types (``types``), the
+consume queues and their dispatch (``dispatch``), recovery (``recovery``), the commit
+log (``commitlog``), free space (``diskspace``) and retention (``retention``).
 
 Layout under ``store_dir``::
 
@@ -11,9 +15,10 @@ Open files: the active commit-log segment keeps its descriptor; every other file
 opened on demand through one LRU :class:`~.files.FileCache` of ``max_open_files``
 descriptors, so a store of thousands of segments and queues holds a bounded number.
 
-Dispatch (consume-queue building, RocketMQ's ``ReputMessageService``): :meth:`put`
-writes its own consume-queue entry before it returns, so a message is readable as soon as
-it is acknowledged; wake held pulls from the :class:`PutResult`.  Replicated bytes
+Dispatch (consume-queue building, RocketMQ's ``ReputMessageService``, see
+``dispatch``): :meth:`put` writes its own consume-queue entry before it returns, so a
+message is readable as soon as it is acknowledged; wake held pulls from the
+:class:`PutResult`.  Replicated bytes
 (:meth:`append_replicated`) are dispatched by :meth:`reput`, which returns a
 :class:`Dispatched` for each entry it wrote (plus any replicated records a later
 :meth:`put` had to dispatch first).  The broker runs :meth:`reput` in its reput loop and
@@ -28,17 +33,10 @@ that failed) makes the store read-only: every later write raises
 :class:`StoreReadOnly` until it is reopened.  A refused or failed append never leaves a
 byte behind, so a caller may send the same record elsewhere.
 
-Recovery (:meth:`MessageStore.open`) starts from the checkpoint (RocketMQ's
-``StoreCheckpoint``): it walks the commit log only past the checkpoint's offsets (plus
-``recovery_verify_segments`` segments before them), verifying every record's CRC and
-re-dispatching it idempotently, so a restart costs the tail written since the last flush,
-not the size of the log.  It truncates at the first record that does not verify
-(dropping every later segment), then trims consume-queue entries that point at or past
-the truncation point.  The checkpoint is trusted only when it is inside the log, on a
-record boundary, and the consume queues agree with it (as many entries below it as it
-counts, each queue's last one pointing at its record); otherwise, or without a valid
-checkpoint, recovery walks the whole log.  Reads verify the CRC again, so a record that
-fails it is never served.
+Recovery (:meth:`MessageStore.open`, see ``recovery``) starts from the checkpoint,
+verifies the commit log's tail record by record, truncates it at the first record that
+fails and trims the consume queues to match.  Reads verify the CRC again, so a record
+that fails it is never served.
 
 Retention (:meth:`MessageStore.clean_expired_files`, run by the broker every
 ``clean_resource_interval_ms``): expired commit-log segments are deleted as ``retention``
@@ -56,25 +54,21 @@ Message ids are RocketMQ offset message ids (store host + physical offset, hex),
 
 from __future__ import annotations
 
-import bisect
-import enum
 import errno
 import fcntl
 import logging
 import os
-import re
 import struct
 import threading
 import time
 from collections.abc import Mapping, Sequence
-from dataclasses import dataclass, field, replace
+from dataclasses import replace
 from pathlib import Path
 from types import TracebackType
-from typing import Literal, NamedTuple, Self
+from typing import Self
 
 from ha_controller.protocol.errors import (
     BadRequest,
-    ConfigError,
     CorruptRecord,
     OffsetOutOfRange,
     StoreError,
@@ -83,9 +77,7 @@ from ha_controller.protocol.errors import (
 )
 from ha_controller.protocol.record import (
     BLANK,
-    BLANK_MIN_SIZE,
     MIN_RECORD_SIZE,
-    DispatchHead,
     StoredMessage,
     decode_record,
     encode_record,
@@ -93,193 +85,52 @@ from ha_controller.protocol.record import (
     tag_hash,
 )
 
-from .checkpoint import Checkpoint, CheckpointFile
+from .checkpoint import CheckpointFile
 from .commitlog import CommitLog, store_error, unlink_segments
-from .consumequeue import DEFAULT_FILE_ENTRIES, ENTRY_SIZE, ConsumeQueue, unlink_files
+from .consumequeue import ENTRY_SIZE, ConsumeQueue, unlink_files
 from .diskspace import DiskSpace, SpaceLevel, statvfs_sampler
+from .dispatch import QueueIndex
 from .files import FileCache
+from .recovery import recover
 from .retention import (
     DELETE_BATCH_MAX,
     CleanResult,
-    RetentionPolicy,
     decide,
-    parse_delete_when,
 )
 from .truncate import CutResult, cut_back
+from .types import (
+    MAX_QUEUE_ID,
+    TOPIC_RE,
+    Dispatched,
+    GetMessageStatus,
+    GetResult,
+    MiB,
+    PutRequest,
+    PutResult,
+    StoreConfig,
+)
+from .types import (
+    now_ms as _now_ms,
+)
+
+__all__ = [
+    "Dispatched",
+    "GetMessageStatus",
+    "GetResult",
+    "MessageStore",
+    "PutRequest",
+    "PutResult",
+    "StoreConfig",
+]
 
 logger = logging.getLogger(__name__)
 
-MiB = 1 << 20
-_TOPIC_RE = re.compile(r"^[%|a-zA-Z0-9_-]{1,127}$")
-_MAX_QUEUE_ID = 0xFFFFFFFF
 _CQ_READ_BATCH = 256
 _MAX_FILTER_SCAN = 16000
 _STORE_TS = struct.Struct(">Q")
 _STORE_TS_POS = 44
-_HOUR_MS = 3_600_000
 #: consume queues handled per hold of the store lock by a retention round
 _CQ_CLEAN_CHUNK = 256
-
-
-@dataclass(frozen=True, slots=True)
-class StoreConfig:
-    """Store settings; validated on construction (ConfigError names the key)."""
-
-    segment_size_bytes: int = 64 * MiB
-    flush_mode: Literal["async", "sync"] = "async"
-    flush_interval_ms: int = 500
-    min_free_disk_ratio: float = 0.05
-    #: below this much free space the store is LOW (the broker stops advertising
-    #: writes); None = twice ``min_free_disk_ratio``
-    warn_free_disk_ratio: float | None = None
-    #: how often free space is sampled while appends go on (statvfs)
-    disk_check_interval_ms: int = 1000
-    max_message_size_bytes: int = 4 * MiB
-    #: segments before the checkpoint that recovery verifies too (0: only the commit
-    #: log past the checkpoint, as RocketMQ's recovery from its StoreCheckpoint)
-    recovery_verify_segments: int = 0
-    #: closed segments last modified longer ago than this are expired (RocketMQ
-    #: fileReservedTime, 72 h)
-    file_reserved_time_ms: int = 72 * _HOUR_MS
-    #: hours of day (local time) expired segments are deleted in: "04", "04;05"
-    delete_when: str = "04"
-    #: above this much of the file system used, expired segments go at once
-    disk_max_used_space_ratio: float = 0.75
-    #: descriptors kept open besides the active segment's (LRU; see files)
-    max_open_files: int = 256
-    #: entries per consume-queue file
-    consume_queue_file_entries: int = DEFAULT_FILE_ENTRIES
-
-    def __post_init__(self) -> None:
-        if self.segment_size_bytes < 4096:
-            raise ConfigError(f"segment_size_bytes must be >= 4096, got {self.segment_size_bytes}")
-        if self.flush_mode not in ("async", "sync"):
-            raise ConfigError(f"flush_mode must be 'async' or 'sync', got {self.flush_mode!r}")
-        if self.flush_interval_ms <= 0:
-            raise ConfigError(f"flush_interval_ms must be > 0, got {self.flush_interval_ms}")
-        if not 0.0 <= self.min_free_disk_ratio < 1.0:
-            raise ConfigError(
-                f"min_free_disk_ratio must be in [0, 1), got {self.min_free_disk_ratio}"
-            )
-        warn = self.warn_free_disk_ratio
-        if warn is not None and not self.min_free_disk_ratio <= warn < 1.0:
-            raise ConfigError(
-                f"warn_free_disk_ratio must be in [min_free_disk_ratio, 1), got {warn}"
-            )
-        if self.disk_check_interval_ms <= 0:
-            raise ConfigError(
-                f"disk_check_interval_ms must be > 0, got {self.disk_check_interval_ms}"
-            )
-        if self.max_message_size_bytes < MIN_RECORD_SIZE:
-            raise ConfigError(
-                f"max_message_size_bytes must be >= {MIN_RECORD_SIZE}, "
-                f"got {self.max_message_size_bytes}"
-            )
-        if self.max_message_size_bytes + BLANK_MIN_SIZE > self.segment_size_bytes:
-            raise ConfigError(
-                "max_message_size_bytes must leave room for a blank record in a segment: "
-                f"{self.max_message_size_bytes} + {BLANK_MIN_SIZE} > "
-                f"segment_size_bytes={self.segment_size_bytes}"
-            )
-        if self.recovery_verify_segments < 0:
-            raise ConfigError(
-                f"recovery_verify_segments must be >= 0, got {self.recovery_verify_segments}"
-            )
-        if self.file_reserved_time_ms <= 0:
-            raise ConfigError(
-                f"file_reserved_time_ms must be > 0, got {self.file_reserved_time_ms}"
-            )
-        try:
-            parse_delete_when(self.delete_when)
-        except ValueError as exc:
-            raise ConfigError(f"delete_when: {exc}") from None
-        if not 0.0 < self.disk_max_used_space_ratio <= 1.0:
-            raise ConfigError(
-                f"disk_max_used_space_ratio must be in (0, 1], got {self.disk_max_used_space_ratio}"
-            )
-        if self.max_open_files < 1:
-            raise ConfigError(f"max_open_files must be >= 1, got {self.max_open_files}")
-        if self.consume_queue_file_entries < 1:
-            raise ConfigError(
-                f"consume_queue_file_entries must be >= 1, got {self.consume_queue_file_entries}"
-            )
-
-    @property
-    def warn_ratio(self) -> float:
-        if self.warn_free_disk_ratio is not None:
-            return self.warn_free_disk_ratio
-        return min(2 * self.min_free_disk_ratio, max(self.min_free_disk_ratio, 0.5))
-
-    @property
-    def retention(self) -> RetentionPolicy:
-        return RetentionPolicy(
-            self.file_reserved_time_ms,
-            parse_delete_when(self.delete_when),
-            self.disk_max_used_space_ratio,
-        )
-
-
-class PutRequest(NamedTuple):
-    """One message for :meth:`MessageStore.put_batch` (what :meth:`~MessageStore.put` takes;
-    a tuple: built per message on the send path)."""
-
-    topic: str
-    queue_id: int
-    body: bytes
-    properties: Mapping[str, str] | None = None
-    flags: int = 0
-    #: None: the store time
-    born_ts_ms: int | None = None
-    born_host: str = ""
-    store_host: str = ""
-
-
-@dataclass(frozen=True, slots=True)
-class PutResult:
-    physical_offset: int
-    queue_offset: int
-    size: int
-    store_ts_ms: int
-    msg_id: str
-
-
-@dataclass(frozen=True, slots=True)
-class Dispatched:
-    """A consume-queue entry written by dispatch; enough to wake held pulls."""
-
-    topic: str
-    queue_id: int
-    queue_offset: int
-    tag_hash: int
-    physical_offset: int
-    size: int
-    store_ts_ms: int
-
-
-class GetMessageStatus(enum.Enum):
-    """RocketMQ's ``GetMessageStatus`` values that this store produces."""
-
-    FOUND = "FOUND"
-    NO_MATCHED_MESSAGE = "NO_MATCHED_MESSAGE"
-    OFFSET_FOUND_NULL = "OFFSET_FOUND_NULL"
-    OFFSET_OVERFLOW_BADLY = "OFFSET_OVERFLOW_BADLY"
-    OFFSET_OVERFLOW_ONE = "OFFSET_OVERFLOW_ONE"
-    OFFSET_TOO_SMALL = "OFFSET_TOO_SMALL"
-    NO_MATCHED_LOGIC_QUEUE = "NO_MATCHED_LOGIC_QUEUE"
-    NO_MESSAGE_IN_QUEUE = "NO_MESSAGE_IN_QUEUE"
-
-
-@dataclass(frozen=True, slots=True)
-class GetResult:
-    status: GetMessageStatus
-    messages: list[StoredMessage] = field(default_factory=list)
-    next_begin_offset: int = 0
-    min_offset: int = 0
-    max_offset: int = 0
-
-
-def _now_ms() -> int:
-    return int(time.time() * 1000)
 
 
 class MessageStore:
@@ -299,13 +150,10 @@ class MessageStore:
         self._files = FileCache(config.max_open_files)
         self._cl = CommitLog(store_dir / "commitlog", config.segment_size_bytes, self._files)
         self._retention = config.retention
-        self._cq_root = store_dir / "consumequeue"
-        self._cqs: dict[tuple[str, int], ConsumeQueue] = {}
+        self._index = QueueIndex(store_dir, self._files, config.consume_queue_file_entries)
+        self._cqs = self._index.cqs
         self._checkpoint: CheckpointFile | None = None
-        self._reput_offset = 0
-        self._pending: list[Dispatched] = []
         self._cuts: list[int] = []  # the offsets the log was cut back to (cut_back)
-        self._recovery_rebased: set[tuple[str, int]] = set()
         self._last_store_ts = 0
         self._read_only_reason: str | None = None
         self._closed = False
@@ -317,8 +165,6 @@ class MessageStore:
         )
         self.corrupt_reads = 0
         """Reads that found a record failing its CRC or disagreeing with its entry."""
-        self.dispatch_gaps = 0
-        """Replicated records skipped because their queue offset left a gap."""
         self.recovered_from = 0
         """The commit-log offset recovery verified from (the checkpoint's, normally)."""
 
@@ -375,8 +221,8 @@ class MessageStore:
                 if self._checkpoint is not None:
                     self._checkpoint.write(
                         self._cl.max_offset,
-                        self._reput_offset,
-                        self._queue_entries(),
+                        self._index.reput_offset,
+                        self._index.entries_total(),
                         clean=self._reput_done(),
                     )
             except StoreError:
@@ -402,199 +248,18 @@ class MessageStore:
 
     def _recover(self) -> None:
         self._checkpoint = CheckpointFile(self._dir / "checkpoint")
-        cp = self._checkpoint.load()
-        self._cl.load()
-        self._load_consume_queues()
-        cl = self._cl
-        walk_from, why = self._walk_start(cp)
-        starts = cl.segment_starts()
-        extra = self._config.recovery_verify_segments
-        if extra and starts and walk_from > starts[0]:
-            idx = max(0, bisect.bisect_right(starts, walk_from) - 1 - extra)
-            walk_from, why = starts[idx], f"{why}, and {extra} segment(s) before it"
-        self.recovered_from = walk_from
-        logger.info(
-            "store %s: recovering from commit log offset %d (%s; checkpoint %s, log [%d, %d))",
+        recovered = recover(
             self._dir,
-            walk_from,
-            why,
-            cp,
-            cl.min_offset,
-            cl.max_offset,
+            self._cl,
+            self._index,
+            self._checkpoint,
+            self._config.recovery_verify_segments,
         )
-        end, gap = self._recovery_pass(walk_from)
-        if gap and walk_from > cl.min_offset:
-            logger.warning(
-                "store %s: consume queues miss entries before %d; rebuilding from %d",
-                self._dir,
-                walk_from,
-                cl.min_offset,
-            )
-            walk_from = self.recovered_from = cl.min_offset
-            for key in self._recovery_rebased:
-                self._cqs[key].truncate(0)
-            end, _ = self._recovery_pass(walk_from)
-        if end < cl.max_offset:
-            logger.warning(
-                "store %s: truncating commit log at %d (%d bytes dropped)",
-                self._dir,
-                end,
-                cl.max_offset - end,
-            )
-            cl.truncate(end)
-        self._reput_offset = end
-        cl.sync()
-        skipped = 0
-        for cq in self._cqs.values():
-            cq.sync()
-            skipped += cq.correct_min(cl.min_offset)
-        if skipped:
-            logger.info(
-                "store %s: %d consume-queue entries point below the commit log start %d "
-                "(deleted by retention); skipping them",
-                self._dir,
-                skipped,
-                cl.min_offset,
-            )
-        self._checkpoint.write(end, end, self._queue_entries(), clean=False)
+        self.recovered_from = recovered.walked_from
+        self._last_store_ts = recovered.last_store_ts
         self._space.refresh()
-        logger.info(
-            "store %s: recovered, commit log [%d, %d), %d consume queues",
-            self._dir,
-            cl.min_offset,
-            end,
-            len(self._cqs),
-        )
-
-    def _walk_start(self, cp: Checkpoint | None) -> tuple[int, str]:
-        """Where recovery starts verifying the commit log, and why (for the log).
-
-        The checkpoint's offsets when it is usable: inside the log, on a record boundary
-        (a segment start, or where the last record some consume queue indexes below it
-        ends), and every consume queue holds exactly the entries it had below it (their
-        count adds up to ``queue_entries`` and each queue's last such entry points at
-        its record).  Otherwise the start of the log: a full walk.
-        """
-        cl = self._cl
-        if cp is None:
-            return cl.min_offset, "no valid checkpoint"
-        start = min(cp.commitlog_offset, cp.dispatched_offset)
-        if not cl.min_offset <= start <= cl.max_offset:
-            return cl.min_offset, "checkpoint outside the log"
-        if cp.queue_entries is None:
-            # a version-1 checkpoint: queues cannot be checked; the last segments too
-            starts = cl.segment_starts()
-            window = starts[max(0, len(starts) - 3)] if starts else start
-            return min(cl.segment_start(start), window), "version-1 checkpoint"
-        entries = 0
-        anchor = cl.min_offset
-        for (topic, queue_id), cq in self._cqs.items():
-            last = cq.entry(cq.max_offset - 1) if len(cq) else None
-            # after a flush every entry lies below the checkpoint: no search needed
-            below = cq.max_offset if last and last[0] < start else cq.first_at_or_after(start)
-            entries += below
-            if below > cq.first_offset:
-                end = self._entry_end(topic, queue_id, below - 1)
-                if end is None:
-                    return cl.min_offset, f"consume queue {topic}/{queue_id} disagrees"
-                anchor = max(anchor, end)
-        if entries != cp.queue_entries:
-            return cl.min_offset, (
-                f"consume queues hold {entries} entries below it, checkpoint {cp.queue_entries}"
-            )
-        if start not in (anchor, cl.segment_start(start)):
-            return cl.min_offset, "checkpoint not at a record boundary"
-        return start, "checkpoint"
-
-    def _entry_end(self, topic: str, queue_id: int, queue_offset: int) -> int | None:
-        """Where the record of a consume-queue entry ends, if the entry points at a
-        verified record that says it is that entry; else None."""
-        entry = self._cqs[(topic, queue_id)].entry(queue_offset)
-        if entry is None:
-            return None
-        phys, size, _ = entry
-        try:
-            record, got = decode_record(self._cl.read_at(phys, size), 0)
-        except (CorruptRecord, StoreError, OffsetOutOfRange):
-            return None
-        if record is BLANK or got != size:
-            return None
-        if (record.topic, record.queue_id, record.queue_offset, record.physical_offset) != (
-            topic,
-            queue_id,
-            queue_offset,
-            phys,
-        ):
-            return None
-        return phys + size
-
-    def _queue_entries(self) -> int:
-        """Sum of every consume queue's max offset (the checkpoint's ``queue_entries``)."""
-        return sum(cq.max_offset for cq in self._cqs.values())
-
-    def _load_consume_queues(self) -> None:
-        try:
-            for topic_dir in sorted(self._cq_root.iterdir()):
-                if not topic_dir.is_dir() or not _TOPIC_RE.match(topic_dir.name):
-                    continue
-                for queue_dir in sorted(topic_dir.iterdir()):
-                    if queue_dir.is_dir() and queue_dir.name.isdigit():
-                        cq = ConsumeQueue.load(
-                            self._cq_root,
-                            topic_dir.name,
-                            int(queue_dir.name),
-                            self._files,
-                            self._config.consume_queue_file_entries,
-                        )
-                        self._cqs[(cq.topic, cq.queue_id)] = cq
-        except OSError as exc:
-            raise store_error(exc, f"cannot load consume queues in {self._cq_root}") from exc
-
-    def _recovery_pass(self, walk_from: int) -> tuple[int, bool]:
-        """Verify and re-dispatch from ``walk_from``; returns (valid end, gap seen)."""
-        end = walk_from
-        gap = False
-        last_seen: dict[tuple[str, int], int] = {}
-        try:
-            for offset, record, size in self._cl.scan(walk_from):
-                end = offset + size
-                if record is BLANK:
-                    continue
-                _, record_gap = self._dispatch(record, size, recovering=True)
-                gap = gap or record_gap
-                last_seen[(record.topic, record.queue_id)] = record.queue_offset
-                self._last_store_ts = max(self._last_store_ts, record.store_ts_ms)
-        except CorruptRecord as exc:
-            logger.warning("store %s: commit log ends at %d: %s", self._dir, end, exc)
-        for key, cq in self._cqs.items():
-            seen = last_seen.get(key)
-            keep = seen + 1 if seen is not None else cq.first_at_or_after(walk_from)
-            if keep < cq.max_offset:
-                logger.warning(
-                    "store %s: consume queue %s/%d: dropping entries [%d, %d)",
-                    self._dir,
-                    key[0],
-                    key[1],
-                    keep,
-                    cq.max_offset,
-                )
-                cq.truncate(keep)
-        return end, gap
 
     # --- dispatch ----------------------------------------------------------------------
-
-    def _queue(self, topic: str, queue_id: int) -> ConsumeQueue:
-        key = (topic, queue_id)
-        cq = self._cqs.get(key)
-        if cq is None:
-            cq = self._cqs[key] = ConsumeQueue(
-                self._cq_root,
-                topic,
-                queue_id,
-                self._files,
-                self._config.consume_queue_file_entries,
-            )
-        return cq
 
     def _cq_for_read(self, topic: str, queue_id: int) -> ConsumeQueue | None:
         """The queue, its minimum moved past entries that retention left dangling."""
@@ -603,137 +268,10 @@ class MessageStore:
             cq.correct_min(self._cl.min_offset)
         return cq
 
-    def _dispatch(
-        self,
-        msg: StoredMessage | DispatchHead,
-        size: int,
-        *,
-        recovering: bool = False,
-        write: bool = True,
-    ) -> tuple[Dispatched | None, bool]:
-        """Write the consume-queue entry of ``msg`` idempotently; returns (entry, gap).
-
-        ``write=False``: the queue is made ready for the entry (rebased, or cut back where
-        it disagrees) but the caller appends it, as the next of a run (see reput)."""
-        if not _TOPIC_RE.match(msg.topic):
-            logger.error("record at %d has an invalid topic %r", msg.physical_offset, msg.topic)
-            return None, False
-        cq = self._queue(msg.topic, msg.queue_id)
-        th = tag_hash(msg.tags)
-        qoff = msg.queue_offset
-        gap = False
-        if not len(cq) and qoff != cq.max_offset:
-            # An empty queue starts wherever its first record says (a slave that began
-            # replicating mid-log).  During recovery that may also mean lost entries.
-            gap = recovering and qoff != 0
-            if gap:
-                self._recovery_rebased.add((msg.topic, msg.queue_id))
-            cq.rebase(qoff)
-        elif qoff < cq.max_offset:
-            if qoff < cq.min_offset:
-                logger.warning(
-                    "record at %d: queue offset %d of %s/%d is below the queue start %d",
-                    msg.physical_offset,
-                    qoff,
-                    msg.topic,
-                    msg.queue_id,
-                    cq.min_offset,
-                )
-                return None, True
-            if cq.entry(qoff) == (msg.physical_offset, size, th):
-                return None, False
-            logger.warning(
-                "consume queue %s/%d: entry %d disagrees with the commit log; rewriting from it",
-                msg.topic,
-                msg.queue_id,
-                qoff,
-            )
-            cq.truncate(qoff)
-        elif qoff > cq.max_offset:
-            logger.error(
-                "consume queue %s/%d: record at %d has queue offset %d, expected %d; skipped",
-                msg.topic,
-                msg.queue_id,
-                msg.physical_offset,
-                qoff,
-                cq.max_offset,
-            )
-            self.dispatch_gaps += 1
-            return None, True
-        if write:
-            cq.append(msg.physical_offset, size, th)
-        return (
-            Dispatched(
-                msg.topic, msg.queue_id, qoff, th, msg.physical_offset, size, msg.store_ts_ms
-            ),
-            gap,
-        )
-
-    def _reput_locked(self, max_bytes: int | None) -> list[Dispatched]:
-        """Dispatch from the reput offset on.  The entries that continue a queue are
-        gathered into runs and each run written with one ``pwrite`` per queue file, as
-        :meth:`put_batch` does (a slave's reput wrote one per entry: 16 % of its CPU in
-        the produce profile); any other case goes through :meth:`_dispatch` first."""
-        out: list[Dispatched] = []
-        start = max(self._reput_offset, self._cl.min_offset)
-        self._reput_offset = start
-        if start >= self._cl.max_offset:
-            return out
-        runs: dict[tuple[str, int], tuple[ConsumeQueue, list[tuple[int, int, int]]]] = {}
-        try:
-            for offset, record, size in self._cl.scan(start, heads=True):
-                if record is not BLANK:
-                    key = (record.topic, record.queue_id)
-                    run = runs.get(key)
-                    if run is not None and record.queue_offset == run[0].max_offset + len(run[1]):
-                        th = tag_hash(record.tags)
-                        run[1].append((offset, size, th))
-                        out.append(
-                            Dispatched(
-                                record.topic,
-                                record.queue_id,
-                                record.queue_offset,
-                                th,
-                                offset,
-                                size,
-                                record.store_ts_ms,
-                            )
-                        )
-                    else:
-                        if run is not None:
-                            # _dispatch must see this queue as written; all runs go now,
-                            # so that a failed write rewinds past every unwritten one
-                            self._write_runs(runs)
-                            runs.clear()
-                        dispatched, _ = self._dispatch(record, size, write=False)
-                        if dispatched is not None:
-                            entry = (offset, size, dispatched.tag_hash)
-                            runs[key] = (self._cqs[key], [entry])
-                            out.append(dispatched)
-                self._reput_offset = offset + size
-                if max_bytes is not None and self._reput_offset - start >= max_bytes:
-                    break
-        except CorruptRecord:
-            logger.exception("store %s: reput found a corrupt record", self._dir)
-            self._write_runs(runs)  # the whole records before it
-            raise
-        self._write_runs(runs)
-        return out
-
-    def _write_runs(
-        self, runs: Mapping[tuple[str, int], tuple[ConsumeQueue, list[tuple[int, int, int]]]]
-    ) -> None:
-        """Append each run to its queue.  When one fails, the reput goes back to the
-        first record of the runs not written, so the next reput dispatches again from
-        there (what was written is found in place and skipped)."""
-        pending = list(runs.values())
-        for i, (cq, entries) in enumerate(pending):
-            try:
-                cq.append_many(entries)
-            except StoreError:
-                first = min(run[0][0] for _, run in pending[i:])
-                self._reput_offset = min(self._reput_offset, first)
-                raise
+    @property
+    def dispatch_gaps(self) -> int:
+        """Replicated records skipped because their queue offset left a gap."""
+        return self._index.gaps
 
     def reput(self, max_bytes: int = 16 * MiB) -> list[Dispatched]:
         """Dispatch commit-log records not yet in consume queues (replicated bytes).
@@ -744,17 +282,18 @@ class MessageStore:
         """
         with self._lock:
             self._check_open()
-            out, self._pending = self._pending, []
-            out.extend(self._reput_locked(max_bytes))
+            index = self._index
+            out, index.pending = index.pending, []
+            out.extend(index.reput(self._cl, max_bytes))
             return out
 
     @property
     def dispatch_behind_bytes(self) -> int:
         with self._lock:
-            return max(0, self._cl.max_offset - self._reput_offset)
+            return max(0, self._cl.max_offset - self._index.reput_offset)
 
     def _reput_done(self) -> bool:
-        return self._reput_offset >= self._cl.max_offset
+        return self._index.reput_offset >= self._cl.max_offset
 
     # --- writing -------------------------------------------------------------------------
 
@@ -888,17 +427,17 @@ class MessageStore:
         stay; none of them was acknowledged).
         """
         for request in requests:
-            if not _TOPIC_RE.match(request.topic):
+            if not TOPIC_RE.match(request.topic):
                 raise BadRequest(f"invalid topic name {request.topic!r}")
-            if not 0 <= request.queue_id <= _MAX_QUEUE_ID:
+            if not 0 <= request.queue_id <= MAX_QUEUE_ID:
                 raise BadRequest(f"invalid queue id {request.queue_id}")
         if not requests:
             return []
         limit = self._config.max_message_size_bytes
         with self._lock:
             self._check_writable()
-            if self._reput_offset < self._cl.max_offset:
-                self._pending.extend(self._reput_locked(None))
+            if self._index.reput_offset < self._cl.max_offset:
+                self._index.pending.extend(self._index.reput(self._cl, None))
             cl = self._cl
             store_ts = max(_now_ms(), self._last_store_ts)
             before = end = cl.max_offset
@@ -959,7 +498,7 @@ class MessageStore:
                 offsets = cl.append_batch(records)
                 assert offsets == [p[0] for p in placed], (offsets, placed)
                 for key, queue_entries in entries.items():
-                    cq = self._queue(*key)
+                    cq = self._index.queue(*key)
                     started.append((cq, cq.max_offset))
                     cq.append_many(queue_entries)
                 if self._config.flush_mode == "sync":
@@ -978,7 +517,7 @@ class MessageStore:
                 self._after_failed_append(exc, before, charged)
                 raise
             self._space.charge(charged)  # a segment's blank fill is a hole
-            self._reput_offset = end
+            self._index.reput_offset = end
             self._last_store_ts = store_ts
             return [
                 PutResult(
@@ -1047,8 +586,8 @@ class MessageStore:
                 if self._closed:
                     return self._cl.flushed_offset
                 target = self._cl.max_offset
-                dispatched = self._reput_offset
-                entries = self._queue_entries()
+                dispatched = self._index.reput_offset
+                entries = self._index.entries_total()
                 try:
                     fds = self._cl.sync_fds(target)
                 except StoreError as open_failed:
@@ -1126,8 +665,9 @@ class MessageStore:
             self._check_open()
             result = cut_back(self._dir, self._cl, self._cqs, self._checkpoint_file(), offset)
             self._cuts.append(offset)
-            self._reput_offset = min(self._reput_offset, offset)
-            self._pending = [d for d in self._pending if d.physical_offset < offset]
+            self._index.reput_offset = min(self._index.reput_offset, offset)
+            index = self._index
+            index.pending = [d for d in index.pending if d.physical_offset < offset]
             return result
 
     @property

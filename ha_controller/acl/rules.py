@@ -236,6 +236,10 @@ def _super_only(_: Any = None) -> Need:
     return Need(admin=True, why="managing users and ACLs")
 
 
+def _switch_admin(_: Any = None) -> Need:
+    return Need(admin=True, why="switching a group's master")
+
+
 _ANY = (None, None)
 
 RULES: Final[dict[int, Rule]] = {
@@ -344,6 +348,13 @@ RULES: Final[dict[int, Rule]] = {
     RequestCode.BROKER_HEARTBEAT: Rule(None, _cluster_only, "-", "cluster"),
     RequestCode.NOTIFY_MIN_BROKER_ID_CHANGE: Rule(None, _cluster_only, "-", "cluster"),
     RequestCode.EXCHANGE_BROKER_HA_INFO: Rule(None, _cluster_only, "-", "cluster"),
+    RequestCode.CONTROLLER_ALTER_SYNC_STATE_SET: Rule(None, _cluster_only, "-", "cluster"),
+    RequestCode.CONTROLLER_ELECT_MASTER: Rule(
+        None, _switch_admin, "-", "Super", "hactl group switch"
+    ),
+    RequestCode.CONTROLLER_GET_REPLICA_INFO: Rule(None, _cluster_only, "-", "cluster"),
+    RequestCode.GET_BROKER_EPOCH_CACHE: Rule(None, _cluster_only, "-", "cluster"),
+    RequestCode.NOTIFY_BROKER_ROLE_CHANGED: Rule(None, _cluster_only, "-", "cluster"),
     RequestCode.POP_MESSAGE: Rule(
         broker_pb2.PopMessageRequest, _consume, "Topic:<topic>, Group:<group>", "Sub"
     ),
@@ -363,6 +374,7 @@ RULES: Final[dict[int, Rule]] = {
     RequestCode.GET_COMMITLOG_RANGE: Rule(None, _cluster_only, "-", "cluster"),
     RequestCode.HA_HELLO: Rule(None, _cluster_only, "-", "cluster", "the HA port"),
     RequestCode.HA_AUTH: Rule(None, _cluster_only, "-", "cluster", "the HA port"),
+    RequestCode.HA_EPOCH: Rule(None, _cluster_only, "-", "cluster", "the HA port"),
     RequestCode.GET_TRANSACTION_OFFSETS: Rule(common_pb2.Empty, _super_only, "-", "Super"),
     RequestCode.GET_RECALL_TABLE: Rule(common_pb2.Empty, _super_only, "-", "Super"),
     RequestCode.GET_POP_ACK_TABLE: Rule(common_pb2.Empty, _super_only, "-", "Super"),
@@ -379,6 +391,7 @@ RULES: Final[dict[int, Rule]] = {
     RequestCode.GET_ACL_TABLE: Rule(None, _cluster_only, "-", "cluster", "holds secret keys"),
     RequestCode.PUT_ACL_TABLE: Rule(None, _cluster_only, "-", "cluster"),
     RequestCode.PUT_RECALLS: Rule(None, _cluster_only, "-", "cluster"),
+    RequestCode.PREPARE_SWITCH: Rule(None, _cluster_only, "-", "cluster"),
 }
 
 

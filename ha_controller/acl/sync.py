@@ -27,7 +27,7 @@ from ha_controller.rpc import ConnectionPool
 
 log = logging.getLogger(__name__)
 
-__all__ = ["AclSpread", "fetch_newer", "fetch_table", "push_table"]
+__all__ = ["AclSpread", "answered_table", "fetch_newer", "fetch_table", "push_table"]
 
 TIMEOUT_MS: Final = 3000
 #: a broker behind is pushed to at most this often
@@ -45,6 +45,11 @@ async def fetch_table(pool: ConnectionPool, addr: str, known: tuple[int, str]) -
         acl_pb2.AclTableAnswer,
         timeout_ms=TIMEOUT_MS,
     )
+    return answered_table(answer)
+
+
+def answered_table(answer: acl_pb2.AclTableAnswer) -> AclTable | None:
+    """The table a GET_ACL_TABLE answer carries: None when ours was not older."""
     if not answer.newer:
         return None
     return table_from_pb(answer.table)

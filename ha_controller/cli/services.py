@@ -46,6 +46,19 @@ def add_commands(sub: Any) -> None:
     ns.add_argument(
         "--ready-file", metavar="FILE", help="write {pid, rpc, http} JSON here once listening"
     )
+    ns.add_argument(
+        "--etcd-endpoints",
+        metavar="H:P[,H:P]",
+        help="run the controller (automatic master switch) over this etcd; "
+        "env HAC_ETCD_ENDPOINTS (default: none, RIP-32 acting only)",
+    )
+    ns.add_argument(
+        "--auto-switch-after-ms",
+        type=int_range(0),
+        metavar="MS",
+        help="elect a new master once a group has had none this long; 0 = never "
+        "(env HAC_AUTO_SWITCH_AFTER_MS; default 500; needs --etcd-endpoints)",
+    )
     ns.add_argument("--log-level", type=log_level, metavar="LEVEL", help=LOG_LEVEL_HELP)
     add_tls_arguments(ns, service=True)
     ns.set_defaults(func=cmd_nameserver)
@@ -183,6 +196,8 @@ def cmd_nameserver(args: argparse.Namespace) -> int:
             "listen": args.listen,
             "http_listen": args.http,
             "log_level": args.log_level,
+            "etcd_endpoints": args.etcd_endpoints,
+            "auto_switch_after_ms": args.auto_switch_after_ms,
             **service_tls_flags(args),
         },
     )

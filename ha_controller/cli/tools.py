@@ -362,6 +362,40 @@ def add_commands(sub: Any) -> None:
     gd.add_argument("--cluster", help="only the masters of this cluster (default: all)")
     gd.add_argument("--json", action="store_true", help="machine-readable output")
     gd.set_defaults(func=run_async(_group_describe))
+    gs = add_parser(
+        group_sub,
+        "switch",
+        help="make another member a broker group's master (controller mode)",
+        description=textwrap.fill(
+            "Planned handover of a broker group's master (controller mode: the nameservers "
+            "run with --etcd-endpoints).  The master stops taking writes, the target member "
+            "catches up with it, the controller moves the group to a new epoch with the "
+            "target as master (brokerId 0) and the old master rejoins as a slave.  Writes "
+            "to the group pause for about half a second; nothing acknowledged is lost.  "
+            "The target must be in the group's sync-state set (hactl groups shows it).  "
+            "This is what a Kubernetes preStop hook or a node drain calls."
+        ),
+    )
+    namesrv(gs)
+    gs.add_argument("broker_group", metavar="GROUP", help="the broker group (broker name)")
+    gs.add_argument(
+        "--to",
+        dest="target",
+        type=int,
+        required=True,
+        metavar="ID",
+        help="member id (configured broker_id) of the new master",
+    )
+    gs.add_argument("--cluster", default="DefaultCluster", help="its cluster (default %(default)s)")
+    gs.add_argument(
+        "--timeout-ms",
+        type=int,
+        default=3000,
+        metavar="MS",
+        help="how long the master may pause for the target (default %(default)s)",
+    )
+    gs.add_argument("--json", action="store_true", help="machine-readable output")
+    gs.set_defaults(func=run_async(_group_switch))
 
     tool("groups", "show broker groups, their members and acting masters", _groups)
     r = tool("route", "show a topic's route as clients see it", _route)
@@ -728,6 +762,34 @@ async def _describe(args: argparse.Namespace) -> int:
     return EXIT_OK
 
 
+async def _group_switch(args: argparse.Namespace) -> int:
+    from ha_controller.client.admin import NameserverClient
+
+    async with NameserverClient(
+        comma_list(args.namesrv), tls=client_tls(args), credentials=client_credentials(args)
+    ) as ns:
+        resp = await ns.switch_master(
+            args.cluster, args.broker_group, args.target, timeout_ms=args.timeout_ms
+        )
+    state = resp.controller.state
+    out = {
+        "group": args.broker_group,
+        "epoch": state.epoch,
+        "masterId": state.master_member,
+        "syncStateSet": sorted(state.sync_state_set),
+        "pausedMs": resp.paused_ms,
+    }
+    if args.json:
+        print(json.dumps(out))
+    else:
+        print(
+            f"{args.broker_group}: member {state.master_member} is master of epoch "
+            f"{state.epoch} (writes paused {resp.paused_ms} ms on the old master; "
+            f"sync-state set {sorted(state.sync_state_set)})"
+        )
+    return EXIT_OK
+
+
 async def _groups(args: argparse.Namespace) -> int:
     from ha_controller.client.admin import NameserverClient
 
@@ -746,23 +808,45 @@ async def _groups(args: argparse.Namespace) -> int:
                         "members": {str(k): v for k, v in sorted(g.members.items())},
                         "masterOnline": g.master_online,
                         "actingBrokerId": g.acting_broker_id,
+                        **(
+                            {
+                                "epoch": g.epoch,
+                                "masterId": g.master_member,
+                                "syncStateSet": list(g.sync_state_set),
+                            }
+                            if g.epoch is not None
+                            else {}
+                        ),
                     }
                     for g in groups
                 ]
             )
         )
         return EXIT_OK
+    controlled = any(g.epoch is not None for g in groups)
     rows = [
         (
             g.cluster,
             g.broker_name,
             "yes" if g.master_online else "NO",
             "-" if g.acting_broker_id is None else g.acting_broker_id,
+            *(
+                (
+                    "-" if g.epoch is None else g.epoch,
+                    "-" if g.master_member is None else g.master_member,
+                    ",".join(str(m) for m in g.sync_state_set) or "-",
+                )
+                if controlled
+                else ()
+            ),
             " ".join(f"{k}={v}" for k, v in sorted(g.members.items())),
         )
         for g in groups
     ]
-    print_table(("CLUSTER", "GROUP", "MASTER", "ACTING", "MEMBERS"), rows)
+    head: tuple[str, ...] = ("CLUSTER", "GROUP", "MASTER", "ACTING")
+    if controlled:
+        head = (*head, "EPOCH", "MASTER-ID", "SYNC-SET")
+    print_table((*head, "MEMBERS"), rows)
     return EXIT_OK
 
 

@@ -114,6 +114,10 @@ class GroupInfo:
     members: dict[int, str]
     #: the slave the nameserver chose to act (None: the lowest id, as RIP-32 says)
     chosen_acting_id: int | None = None
+    #: controller mode: the epoch, the master's member id and the sync-state set
+    epoch: int | None = None
+    master_member: int | None = None
+    sync_state_set: tuple[int, ...] = ()
 
     @property
     def master_online(self) -> bool:
@@ -243,16 +247,37 @@ class NameserverClient(AsyncLifecycle):
         pb = await self._call(
             RequestCode.GET_BROKER_CLUSTER_INFO, common_pb2.Empty(), nameserver_pb2.ClusterInfo
         )
-        return [
-            GroupInfo(
-                b.cluster,
-                b.broker_name,
-                b.enable_acting_master,
-                dict(b.broker_addrs),
-                b.acting_broker_id if b.HasField("acting_broker_id") else None,
+        out: list[GroupInfo] = []
+        for b in pb.brokers:
+            state = pb.controller.get(b.broker_name)
+            out.append(
+                GroupInfo(
+                    b.cluster,
+                    b.broker_name,
+                    b.enable_acting_master,
+                    dict(b.broker_addrs),
+                    b.acting_broker_id if b.HasField("acting_broker_id") else None,
+                    epoch=None if state is None else state.epoch,
+                    master_member=None if state is None else state.master_member,
+                    sync_state_set=() if state is None else tuple(sorted(state.sync_state_set)),
+                )
             )
-            for b in pb.brokers
-        ]
+        return out
+
+    async def switch_master(
+        self, cluster: str, group: str, target: int, *, timeout_ms: int = 3000
+    ) -> nameserver_pb2.ElectMasterResponse:
+        """``hactl group switch``: make member ``target`` the group's master (controller
+        mode; the master pauses its writes until the target holds them all)."""
+        return await self._call(
+            RequestCode.CONTROLLER_ELECT_MASTER,
+            nameserver_pb2.ElectMasterRequest(
+                cluster=cluster, broker_name=group, target_member=target, timeout_ms=timeout_ms
+            ),
+            nameserver_pb2.ElectMasterResponse,
+            timeout_ms=timeout_ms + 5000,
+            hedge_ms=None,  # one nameserver decides; asking two would race them
+        )
 
     # ---- topics on the brokers --------------------------------------------------------
 

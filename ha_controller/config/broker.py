@@ -247,6 +247,16 @@ class BrokerConfig(Validated):
             "RocketMQ's `syncFlushTimeout` is 5 s."
         ),
     )
+    sync_state_lag_ms: int = setting(
+        2000,
+        le=600_000,
+        doc=(
+            "Controller mode: a member of the sync-state set that has not acknowledged a write "
+            "this much older is dropped from the set (through the controller; writes wait for it "
+            "until then, so keep it below `slave_ack_timeout_ms`). A member whose HA link closes "
+            "is dropped at once. RocketMQ's `haMaxTimeSlaveNotCatchup` is 15 s."
+        ),
+    )
     segment_size_bytes: int = setting(
         64 * MIB,
         ge=64 * KIB,

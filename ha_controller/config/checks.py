@@ -21,6 +21,7 @@ __all__ = [
     "NAME",
     "NOT_EMPTY",
     "TARGETS",
+    "OPTIONAL_TARGETS",
     "USED_RATIO",
     "listener_clash",
 ]
@@ -90,6 +91,10 @@ LISTEN = Check("`host:port` (IPv6 as `[addr]:port`); port 0 = any free port", _l
 TARGETS = Check(
     "one or more `host:port` (a list, or one comma-separated string); port 0 is refused",
     _targets,
+)
+OPTIONAL_TARGETS = Check(
+    "none, or `host:port` values (a list, or one comma-separated string); port 0 is refused",
+    lambda value: None if not value else _targets(value),
 )
 NAME = Check("1..127 letters, digits, `_`, `-` or `.`", _name)
 HOST = Check("a host name, IPv4 or IPv6 address (no port)", host_problem)

@@ -110,6 +110,62 @@ class NameserverConfig(Validated):
         ge=1,
         doc="Route watches held at once; one more is answered `Overloaded`.",
     )
+    etcd_endpoints: tuple[str, ...] = setting(
+        (),
+        check=checks.OPTIONAL_TARGETS,
+        section="Controller mode (automatic master switch)",
+        doc=(
+            "etcd endpoints (`HOST:PORT`, comma-separated), the same on every nameserver. Set, "
+            "the nameservers run the controller: a group whose master stays away for "
+            "`auto_switch_after_ms` gets a new, writable master from its sync-state set, with a "
+            "new epoch, decided by compare-and-swap in etcd. Empty: RIP-32 acting only, as "
+            "before."
+        ),
+    )
+    etcd_prefix: str = setting(
+        "/hac",
+        check=checks.NOT_EMPTY,
+        doc="Key prefix of the controller's keys in etcd (one per cluster sharing an etcd).",
+    )
+    auto_switch_after_ms: int = setting(
+        500,
+        ge=0,
+        doc=(
+            "How long a group may have no master before the controller elects one (RIP-32 "
+            "acting serves its reads meanwhile). 0 keeps RIP-32 acting only, with the controller "
+            "still keeping the groups' states."
+        ),
+    )
+    allow_unclean_election: bool = setting(
+        False,
+        doc=(
+            "Let a member outside the sync-state set become master when no member of it is "
+            "alive. Writes the old master acknowledged and that member lacks are then LOST; "
+            "each such election logs an error and counts `hac_controller_unclean_elections_total`."
+        ),
+    )
+    min_switch_interval_ms: int = setting(
+        5000,
+        ge=0,
+        doc=(
+            "A group switches master at most once in this long (a flapping master, or a new "
+            "master that never came up, does not make the group switch again and again)."
+        ),
+    )
+    controller_poll_interval_ms: int = setting(
+        200,
+        le=10_000,
+        doc="How often each nameserver reads the groups' states from etcd.",
+    )
+    controller_lease_ttl_s: int = setting(
+        3,
+        ge=2,
+        le=60,
+        doc=(
+            "TTL of the etcd lease by which one nameserver leads the controller (elections). "
+            "When the leader dies another takes over within it."
+        ),
+    )
     tls: TlsConfig = field(default_factory=TlsConfig)
     acl: AclConfig = field(default_factory=AclConfig)
     limits: RpcLimits = field(default_factory=RpcLimits)

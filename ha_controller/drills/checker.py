@@ -4,7 +4,9 @@ The value schemas are in :mod:`ha_controller.drills.history`.  Events whose requ
 are missing (a ``send`` or ``receive`` without ``key``, a ``receive`` without
 ``consumer_group``, a lock without ``consumer``/``consumer_group``/``mq``...) are ignored.
 :mod:`ha_controller.pipeline.verdict` computes exactly the same verdict with Spark; every
-definition below is mirrored there and the two are tested for equal JSON.
+definition below is mirrored there and the two are tested for equal JSON.  The verdict's
+types are in :mod:`ha_controller.drills.verdict`, the fault windows in
+:mod:`ha_controller.drills.windows`; this module defines them all and re-exports them.
 
 Terms.  A key is *sent* when any ``send`` event names it; its topic and message group
 come from its earliest ``send`` invoke (topic ``""`` when there is none; a key should
@@ -126,29 +128,76 @@ them never closed): ``p50``/``p99`` (nearest rank) and ``max`` over the faults w
 worst window closed, ``faults`` (how many faults) and ``unrecovered`` (how many never
 closed).
 
+Durability.  A ``store`` info event says how the brokers' stores sync
+(``flush_mode`` ``sync``: before every acknowledgement; ``async``: every
+``flush_interval_ms``).  A power loss (a ``fault`` of kind ``power``) of a whole group
+(target ``"<group>"``) or of the cluster (``"cluster"``) loses, with ``async``, what
+that group's stores had not synced yet:
+
+``unsynced_lost``
+    lost pairs (as ``lost`` counts them) of acknowledged keys whose earliest send ok
+    came from a group (its ``broker``) at most ``flush_interval_ms +``
+    :data:`UNSYNCED_SLACK_MS` before a power loss of that group or of the cluster
+    started.  With ``flush_mode`` ``async`` they are reported here and left out of
+    ``lost``: the loss the asynchronous mode allows.  With ``sync``, or when the
+    history does not say, they count in ``lost`` as well (sync promises no loss).
+``corrupt_deliveries``
+    deliveries (``receive`` ok) marked ``corrupt: true``: a body that is not the one
+    its key's sender wrote.
+
+``durability`` (top level) states ``flush_mode`` and ``flush_interval_ms`` (null when
+the history does not say), ``power_losses`` (faults of kind ``power``),
+``unsynced_lost`` and ``loss_window_ms``: over the unsynced lost keys, the longest time
+from the acknowledgement to the power loss (0 when none).
+
 ``ok`` is true only when lost, duplicated, unexpected, order_violations, late_delayed,
-unresolved_transactions, double_lock_grants and offset_rollbacks are all zero.
+unresolved_transactions, double_lock_grants, offset_rollbacks and corrupt_deliveries
+are all zero.
 """
 
 from __future__ import annotations
 
 import bisect
-import json
-import math
 import os
-import re
 from collections import defaultdict
 from collections.abc import Iterable, Mapping
-from dataclasses import dataclass, field
-from typing import Any, Final, Literal, cast
+from dataclasses import dataclass, replace
+from typing import Any
 
 from ha_controller.drills.history import DELAY_LEVELS_MS, Event, iter_history
+from ha_controller.drills.verdict import (
+    AVAILABILITY_KINDS,
+    COUNT_NAMES,
+    FAILING_COUNTS,
+    POWER_CLUSTER,
+    REPORTED_COUNTS,
+    UNSYNCED_SLACK_MS,
+    CheckOptions,
+    Durability,
+    FaultWindow,
+    Verdict,
+    availability_summary,
+    unsynced_losses,
+)
+from ha_controller.drills.windows import (
+    Ops,
+    SpanOverlap,
+    UnavailabilityWindow,
+    fault_windows,
+    no_writable_master_spans,
+    target_group,
+    unavailability_windows,
+)
 
 __all__ = [
     "AVAILABILITY_KINDS",
     "COUNT_NAMES",
     "FAILING_COUNTS",
+    "POWER_CLUSTER",
+    "REPORTED_COUNTS",
+    "UNSYNCED_SLACK_MS",
     "CheckOptions",
+    "Durability",
     "FaultWindow",
     "UnavailabilityWindow",
     "Verdict",
@@ -157,218 +206,8 @@ __all__ = [
     "no_writable_master_spans",
     "target_group",
     "unavailability_windows",
+    "unsynced_losses",
 ]
-
-COUNT_NAMES: Final[tuple[str, ...]] = (
-    "acknowledged",
-    "delivered",
-    "lost",
-    "duplicated",
-    "unexpected",
-    "recovered",
-    "order_violations",
-    "late_delayed",
-    "unresolved_transactions",
-    "double_lock_grants",
-    "offset_rollbacks",
-)
-FAILING_COUNTS: Final[tuple[str, ...]] = (
-    "lost",
-    "duplicated",
-    "unexpected",
-    "order_violations",
-    "late_delayed",
-    "unresolved_transactions",
-    "double_lock_grants",
-    "offset_rollbacks",
-)
-
-Redelivery = Literal["strict", "after_ack"]
-
-#: operation kinds of the availability windows, as named in verdict.json
-AVAILABILITY_KINDS: Final[tuple[str, ...]] = ("write", "read")
-
-
-@dataclass(frozen=True, slots=True)
-class CheckOptions:
-    """Checker tolerances; the same object drives the Spark pipeline."""
-
-    lock_lease_ms: int = 30_000
-    timer_tolerance_ms: int = 1_000
-    level_tolerance_ms: int = 4_000
-    early_tolerance_ms: int = 0
-    redelivery: Redelivery = "strict"
-    #: consumer groups judged with ``redelivery="after_ack"`` whatever ``redelivery`` says
-    after_ack_groups: frozenset[str] = frozenset()
-
-    def after_ack(self, consumer_group: str) -> bool:
-        """Whether ``consumer_group``'s duplicates count only after its first ack."""
-        return self.redelivery == "after_ack" or consumer_group in self.after_ack_groups
-
-    def __post_init__(self) -> None:
-        for name in ("lock_lease_ms", "timer_tolerance_ms", "level_tolerance_ms"):
-            if getattr(self, name) < 0:
-                raise ValueError(f"{name} must be >= 0, got {getattr(self, name)}")
-        if self.early_tolerance_ms < 0:
-            raise ValueError(f"early_tolerance_ms must be >= 0, got {self.early_tolerance_ms}")
-        if self.redelivery not in ("strict", "after_ack"):
-            raise ValueError(f"redelivery must be 'strict' or 'after_ack', got {self.redelivery!r}")
-
-
-WindowMs = int | None  # an unavailability window in ms; None: it never closed
-
-
-@dataclass(frozen=True, slots=True)
-class FaultWindow:
-    """One fault and its unavailability windows (module docstring, "Availability")."""
-
-    kind: str
-    target: str
-    start_ms: int
-    end_ms: int | None
-    #: the cluster-wide write window (``cluster_write_unavailable_ms``; the old name)
-    recovery_ms: WindowMs
-    cluster_read_unavailable_ms: WindowMs = 0
-    #: group -> write window, sorted by group
-    write_unavailable_ms: Mapping[str, WindowMs] = field(default_factory=dict)
-    #: group -> read window, sorted by group
-    read_unavailable_ms: Mapping[str, WindowMs] = field(default_factory=dict)
-    unattributed_write_failures: int = 0
-    unattributed_read_failures: int = 0
-
-    @property
-    def cluster_write_unavailable_ms(self) -> WindowMs:
-        return self.recovery_ms
-
-    def worst_ms(self, kind: str) -> WindowMs:
-        """The largest ``kind`` window (groups and cluster); None when one never closed."""
-        if kind == "write":
-            windows = [self.recovery_ms, *self.write_unavailable_ms.values()]
-        elif kind == "read":
-            windows = [self.cluster_read_unavailable_ms, *self.read_unavailable_ms.values()]
-        else:
-            raise ValueError(f"kind must be one of {AVAILABILITY_KINDS}, got {kind!r}")
-        closed = [w for w in windows if w is not None]
-        return max(closed) if len(closed) == len(windows) else None
-
-    def to_dict(self) -> dict[str, Any]:
-        return {
-            "kind": self.kind,
-            "target": self.target,
-            "start_ms": self.start_ms,
-            "end_ms": self.end_ms,
-            "recovery_ms": self.recovery_ms,
-            "cluster_write_unavailable_ms": self.recovery_ms,
-            "cluster_read_unavailable_ms": self.cluster_read_unavailable_ms,
-            "write_unavailable_ms": dict(sorted(self.write_unavailable_ms.items())),
-            "read_unavailable_ms": dict(sorted(self.read_unavailable_ms.items())),
-            "unattributed_write_failures": self.unattributed_write_failures,
-            "unattributed_read_failures": self.unattributed_read_failures,
-        }
-
-    @classmethod
-    def from_dict(cls, obj: Mapping[str, Any]) -> FaultWindow:
-        """Parse :meth:`to_dict`'s output; a verdict.json from before the availability
-        fields reads as windows of 0 with no groups."""
-
-        def window(value: object) -> WindowMs:
-            return None if value is None else int(cast(int, value))
-
-        def groups(name: str) -> dict[str, WindowMs]:
-            return {str(g): window(w) for g, w in (obj.get(name) or {}).items()}
-
-        return cls(
-            str(obj["kind"]),
-            str(obj["target"]),
-            int(obj["start_ms"]),
-            window(obj["end_ms"]),
-            window(obj.get("cluster_write_unavailable_ms", obj["recovery_ms"])),
-            window(obj.get("cluster_read_unavailable_ms", 0)),
-            groups("write_unavailable_ms"),
-            groups("read_unavailable_ms"),
-            int(obj.get("unattributed_write_failures", 0)),
-            int(obj.get("unattributed_read_failures", 0)),
-        )
-
-
-def _nearest_rank(ordered: list[int], pct: int) -> int | None:
-    if not ordered:
-        return None
-    return ordered[max(math.ceil(pct * len(ordered) / 100), 1) - 1]
-
-
-def availability_summary(faults: Iterable[FaultWindow]) -> dict[str, dict[str, int | None]]:
-    """verdict.json's ``availability``: per kind, p50/p99/max of the faults' worst windows
-    (those that closed), how many faults, how many never closed."""
-    faults = list(faults)
-    out: dict[str, dict[str, int | None]] = {}
-    for kind in AVAILABILITY_KINDS:
-        worst = [f.worst_ms(kind) for f in faults]
-        closed = sorted(w for w in worst if w is not None)
-        out[f"{kind}_unavailable_ms"] = {
-            "p50": _nearest_rank(closed, 50),
-            "p99": _nearest_rank(closed, 99),
-            "max": closed[-1] if closed else None,
-            "faults": len(worst),
-            "unrecovered": len(worst) - len(closed),
-        }
-    return out
-
-
-@dataclass(frozen=True, slots=True)
-class Verdict:
-    scenario: str
-    counts: Mapping[str, int]
-    faults: tuple[FaultWindow, ...] = field(default=())
-
-    @property
-    def ok(self) -> bool:
-        return all(self.counts.get(name, 0) == 0 for name in FAILING_COUNTS)
-
-    @property
-    def availability(self) -> dict[str, dict[str, int | None]]:
-        return availability_summary(self.faults)
-
-    def to_dict(self) -> dict[str, Any]:
-        """``{"scenario", "ok", "counts": {...}, "faults": [...], "availability": {...}}``
-        (the module docstring defines every field)."""
-        return {
-            "scenario": self.scenario,
-            "ok": self.ok,
-            "counts": {name: int(self.counts.get(name, 0)) for name in COUNT_NAMES},
-            "faults": [fw.to_dict() for fw in self.faults],
-            "availability": self.availability,
-        }
-
-    def to_json(self, *, indent: int | None = 2) -> str:
-        return json.dumps(self.to_dict(), indent=indent)
-
-    @classmethod
-    def from_dict(cls, obj: Mapping[str, Any]) -> Verdict:
-        counts = {name: int(obj["counts"][name]) for name in COUNT_NAMES}
-        faults = tuple(FaultWindow.from_dict(f) for f in obj["faults"])
-        return cls(str(obj["scenario"]), counts, faults)
-
-    def mismatches(self, other: Verdict) -> list[str]:
-        """What differs from ``other`` (counts, faults and their windows, availability),
-        one line each; empty when both judge the history alike (``hactl analyze``)."""
-        mine, theirs = self.to_dict(), other.to_dict()
-        out = [
-            f"{key}: {mine[key]!r} != {theirs[key]!r}"
-            for key in ("scenario", "ok", "availability")
-            if mine[key] != theirs[key]
-        ]
-        out.extend(
-            f"counts.{name}: {mine['counts'][name]} != {theirs['counts'][name]}"
-            for name in COUNT_NAMES
-            if mine["counts"][name] != theirs["counts"][name]
-        )
-        if len(mine["faults"]) != len(theirs["faults"]):
-            out.append(f"faults: {len(mine['faults'])} != {len(theirs['faults'])}")
-        for i, (a, b) in enumerate(zip(mine["faults"], theirs["faults"], strict=False)):
-            out.extend(f"faults[{i}].{k}: {a[k]!r} != {b.get(k)!r}" for k in a if a[k] != b.get(k))
-        return out
-
 
 # --- value accessors (wrongly typed values read as missing, like Spark's parser) ------
 
@@ -445,7 +284,12 @@ def check(
     # broker per key (t_ms, broker), and read operations
     send_outcomes: list[tuple[int, bool, str, str | None]] = []
     invoke_broker: dict[str, tuple[int, str]] = {}
-    reads = _Ops()
+    reads = Ops()
+    # durability: the first ``store`` event's settings, the earliest send ok's broker
+    # per key (ties by name), deliveries marked corrupt
+    store_mode: tuple[int, str | None, int | None] | None = None
+    ok_broker: dict[str, tuple[int, str]] = {}
+    corrupt = 0
 
     for ev in events:
         v = ev.value
@@ -476,11 +320,16 @@ def check(
                     prev = send_ok_t.get(key)
                     if prev is None or ev.t_ms < prev:
                         send_ok_t[key] = ev.t_ms
+                    by = (ev.t_ms, _s(v, "broker") or "")
+                    if key not in ok_broker or by < ok_broker[key]:
+                        ok_broker[key] = by
         elif f == "receive":
             if ev.type != "invoke":
                 reads.add(ev.type == "ok", ev.t_ms, ev.t_ms, _s(v, "broker"))
             if ev.type != "ok":
                 continue
+            if _b(v, "corrupt") is True:
+                corrupt += 1
             key = _s(v, "key")
             cg = _s(v, "consumer_group")
             if key is None or cg is None:
@@ -527,6 +376,9 @@ def check(
                 commits[(cg, mq)].append((ev.t_ms, offset))
             else:
                 probes.append((ev.t_ms, cg, mq, offset))
+        elif f == "store":
+            if ev.type == "info" and (store_mode is None or ev.t_ms < store_mode[0]):
+                store_mode = (ev.t_ms, _s(v, "flush_mode"), _i(v, "flush_interval_ms"))
         elif f == "fault":
             kind = _s(v, "kind")
             target = _s(v, "target")
@@ -578,9 +430,26 @@ def check(
     for _cg, key in per_pair:
         recv_groups[key] += 1
     lost = 0
+    lost_keys: list[tuple[int, str | None, int]] = []  # (ok_t, ok group, lost pairs)
     for key in acked:
         topic = invokes[key].topic if key in invokes else ""
-        lost += max(groups_of_topic.get(topic, 0), 1) - recv_groups.get(key, 0)
+        pairs = max(groups_of_topic.get(topic, 0), 1) - recv_groups.get(key, 0)
+        lost += pairs
+        if pairs > 0:
+            lost_keys.append((send_ok_t[key], ok_broker[key][1] or None, pairs))
+    durability = Durability(
+        None if store_mode is None else store_mode[1],
+        None if store_mode is None else store_mode[2],
+        sum(1 for _t, kind, _target in fault_starts if kind == "power"),
+    )
+    unsynced, window = unsynced_losses(
+        lost_keys,
+        [(t, target) for t, kind, target in fault_starts if kind == "power"],
+        durability.bound_ms,
+    )
+    durability = replace(durability, unsynced_lost=unsynced, loss_window_ms=window)
+    if durability.flush_mode == "async":
+        lost -= unsynced
 
     recovered = sum(
         1 for k in received_keys if k in sent and k not in send_ok_t and k not in rolled_back
@@ -595,13 +464,13 @@ def check(
         and k not in received_keys
     )
 
-    faults = _faults(
+    faults = fault_windows(
         fault_starts,
         heals,
         _writes(send_outcomes, invokes, invoke_broker),
         reads,
     )
-    held = _SpanOverlap(no_writable_master_spans(faults))
+    held = SpanOverlap(no_writable_master_spans(faults))
     late = 0
     for (_cg, key), times in per_pair.items():
         inv = invokes.get(key)
@@ -646,68 +515,12 @@ def check(
             "unresolved_transactions": unresolved,
             "double_lock_grants": _double_grants(grants, unlocks, opts.lock_lease_ms),
             "offset_rollbacks": _offset_rollbacks(commits, probes),
+            "corrupt_deliveries": corrupt,
+            "unsynced_lost": unsynced,
         },
         faults=faults,
+        durability=durability,
     )
-
-
-#: fault kinds that leave their target group without a writable master while they last
-#: (when they target the master, id 0): clients cannot write there, and an acting slave
-#: is read-only
-UNWRITABLE_KINDS: Final[frozenset[str]] = frozenset({"kill", "pause", "partition", "disk"})
-#: the end of a fault that was never healed
-_OPEN_END: Final = 2**62
-
-
-def _merge(spans: Iterable[tuple[int, int]]) -> list[tuple[int, int]]:
-    out: list[tuple[int, int]] = []
-    for a, b in sorted(spans):
-        if out and a <= out[-1][1]:
-            out[-1] = (out[-1][0], max(out[-1][1], b))
-        else:
-            out.append((a, b))
-    return out
-
-
-def no_writable_master_spans(faults: Iterable[FaultWindow]) -> list[tuple[int, int]]:
-    """Disjoint ``[start, end)`` spans (ms) during which every broker group of the
-    history had a fault of :data:`UNWRITABLE_KINDS` on its master (``"<group>/0"``),
-    so nothing could be written anywhere: a delayed message falling due then waits for
-    the first master to take writes again.  The groups are those the faults name
-    (targets and the groups of their write windows); a never-healed fault lasts for
-    ever.  Empty when some group never lost its master."""
-    faults = list(faults)
-    groups: set[str] = set()
-    down: dict[str, list[tuple[int, int]]] = defaultdict(list)
-    for fw in faults:
-        groups.update(fw.write_unavailable_ms)
-        group = target_group(fw.target)
-        if group is None:
-            continue
-        groups.add(group)
-        if fw.kind in UNWRITABLE_KINDS and fw.target == f"{group}/0":
-            end = _OPEN_END if fw.end_ms is None else fw.end_ms
-            if end > fw.start_ms:
-                down[group].append((fw.start_ms, end))
-    if not groups or any(g not in down for g in groups):
-        return []
-    common = _merge(down[next(iter(groups))])
-    for g in groups:
-        spans = _merge(down[g])
-        common = [
-            (max(a, c), min(b, d)) for a, b in common for c, d in spans if max(a, c) < min(b, d)
-        ]
-    return common
-
-
-class _SpanOverlap:
-    """``(a, b)`` -> how much of ``[a, b]`` the (disjoint, sorted) spans cover."""
-
-    def __init__(self, spans: list[tuple[int, int]]) -> None:
-        self._spans = spans
-
-    def __call__(self, a: int, b: int) -> int:
-        return sum(max(0, min(b, end) - max(a, start)) for start, end in self._spans)
 
 
 def _double_grants(
@@ -769,98 +582,12 @@ def _offset_rollbacks(
     return count
 
 
-@dataclass(frozen=True, slots=True)
-class _Op:
-    t_ms: int  # outcome recorded (the invoke, for an unanswered send)
-    issued_ms: int
-    group: str | None
-
-
-_CLUSTER: Final = object()  # the scope of every operation, whatever its group
-_NO_GROUP: Final = object()  # the scope of the operations that name no group
-
-
-class _Ops:
-    """The failures and successes of one kind (writes or reads); windows per scope."""
-
-    def __init__(self) -> None:
-        self.failures: list[_Op] = []
-        self.successes: list[_Op] = []
-        self._index: dict[object, tuple[list[_Op], list[int], list[_Op], list[int]]] = {}
-
-    def add(self, ok: bool, t_ms: int, issued_ms: int, group: str | None) -> None:
-        (self.successes if ok else self.failures).append(_Op(t_ms, issued_ms, group))
-
-    @property
-    def groups(self) -> list[str]:
-        named = {op.group for op in (*self.failures, *self.successes)}
-        return sorted(g for g in named if g is not None)
-
-    def _scope(self, scope: object) -> tuple[list[_Op], list[int], list[_Op], list[int]]:
-        """Failures and successes of ``scope`` (a group, or a marker), sorted by time."""
-        found = self._index.get(scope)
-        if found is None:
-            want = None if scope is _NO_GROUP else scope
-
-            def sort(ops: list[_Op]) -> list[_Op]:
-                return sorted(
-                    (op for op in ops if scope is _CLUSTER or op.group == want),
-                    key=lambda op: op.t_ms,
-                )
-
-            fails, oks = sort(self.failures), sort(self.successes)
-            found = (fails, [op.t_ms for op in fails], oks, [op.t_ms for op in oks])
-            self._index[scope] = found
-        return found
-
-    def window(
-        self, group: str | None, start: int, until: int | None, *, targeted: bool = False
-    ) -> int | None:
-        """The unavailability window of ``group`` (None: the cluster) for a fault that
-        started at ``start`` and whose epoch ends at ``until``; ``targeted``: the window
-        opens at ``start`` whether or not an operation failed (module docstring)."""
-        fails, fail_t, oks, ok_t = self._scope(_CLUSTER if group is None else group)
-        lo, hi = _span(fail_t, start, until)
-        if targeted:
-            opened = start  # every failure in the epoch is at or after it
-        elif lo < hi:
-            opened = min(max(op.issued_ms, start) for op in fails[lo:hi])
-        else:
-            return 0
-        for op in oks[bisect.bisect_left(ok_t, opened) :]:
-            if op.issued_ms >= opened:
-                return op.t_ms - opened
-        return None
-
-    def unattributed(self, start: int, until: int | None) -> int:
-        """Failures that name no group recorded in ``[start, until)``."""
-        lo, hi = _span(self._scope(_NO_GROUP)[1], start, until)
-        return max(hi - lo, 0)
-
-
-def _span(sorted_times: list[int], start: int, until: int | None) -> tuple[int, int]:
-    """Index range of the times in ``[start, until)`` (``until`` None: no end)."""
-    hi = len(sorted_times) if until is None else bisect.bisect_left(sorted_times, until)
-    return bisect.bisect_left(sorted_times, start), hi
-
-
-#: a fault target naming a broker: ``"<group>/<broker id>"`` (Spark uses the same regex)
-TARGET_BROKER_RE: Final = r"^(.+)/[0-9]+$"
-
-
-def target_group(target: str) -> str | None:
-    """The broker group a fault ``target`` names (``"broker-a/0"`` -> ``"broker-a"``);
-    None for a nameserver, a link or anything else."""
-    m = re.fullmatch(TARGET_BROKER_RE[1:-1], target)
-    return m.group(1) if m else None
-
-
 def _writes(
     outcomes: list[tuple[int, bool, str, str | None]],
     invokes: Mapping[str, _Invoke],
     invoke_broker: Mapping[str, tuple[int, str]],
-) -> _Ops:
-    ops = _Ops()
+) -> Ops:
+    ops = Ops()
     answered: set[str] = set()
     for t, ok, key, broker in outcomes:
         answered.add(key)
@@ -874,89 +601,3 @@ def _writes(
             named = invoke_broker.get(key)
             ops.add(False, inv.t_ms, inv.t_ms, None if named is None else named[1])
     return ops
-
-
-def _faults(
-    starts: list[tuple[int, str, str]],
-    heals: Mapping[tuple[str, str], list[int]],
-    writes: _Ops,
-    reads: _Ops,
-) -> tuple[FaultWindow, ...]:
-    epochs = sorted({start for start, _kind, _target in starts})
-    targeted: dict[int, set[str]] = defaultdict(set)  # start -> groups faults there target
-    for start, _kind, target in starts:
-        group = target_group(target)
-        if group is not None:
-            targeted[start].add(group)
-    write_groups, read_groups = writes.groups, reads.groups
-    out: list[FaultWindow] = []
-    for start, kind, target in sorted(starts):
-        healed = sorted(heals.get((kind, target), []))
-        i = bisect.bisect_left(healed, start)
-        end = healed[i] if i < len(healed) else None
-        j = bisect.bisect_right(epochs, start)
-        until = epochs[j] if j < len(epochs) else None
-        out.append(
-            FaultWindow(
-                kind,
-                target,
-                start,
-                end,
-                writes.window(None, start, until),
-                reads.window(None, start, until),
-                {
-                    g: writes.window(g, start, until, targeted=g in targeted[start])
-                    for g in write_groups
-                },
-                {g: reads.window(g, start, until) for g in read_groups},
-                writes.unattributed(start, until),
-                reads.unattributed(start, until),
-            )
-        )
-    return tuple(out)
-
-
-# --- unavailability windows (report material; not part of verdict.json) -------------------
-
-
-@dataclass(frozen=True, slots=True)
-class UnavailabilityWindow:
-    """A span during which sends failed: first failed/unknown send to the next send ok."""
-
-    start_ms: int
-    end_ms: int | None
-
-    @property
-    def duration_ms(self) -> int | None:
-        return None if self.end_ms is None else self.end_ms - self.start_ms
-
-
-def unavailability_windows(
-    history: Iterable[Event], *, merge_gap_ms: int = 2_000
-) -> list[UnavailabilityWindow]:
-    """OpenChaos ``RecoveryChecker`` windows over ``send`` outcomes.
-
-    A window opens at the first ``fail``/``info`` send and closes at the next send ok;
-    a window that opens less than ``merge_gap_ms`` after the previous one closed is
-    merged into it.  The last window has ``end_ms=None`` when no ok followed.
-    """
-    outcomes = sorted(
-        (ev.t_ms, ev.type == "ok")
-        for ev in history
-        if ev.f == "send" and ev.type in ("ok", "fail", "info")
-    )
-    windows: list[list[int | None]] = []
-    open_at: int | None = None
-    for t, ok in outcomes:
-        if not ok and open_at is None:
-            open_at = t
-        elif ok and open_at is not None:
-            last = windows[-1] if windows else None
-            if last is not None and last[1] is not None and open_at - last[1] < merge_gap_ms:
-                last[1] = t
-            else:
-                windows.append([open_at, t])
-            open_at = None
-    if open_at is not None:
-        windows.append([open_at, None])
-    return [UnavailabilityWindow(int(w[0] or 0), w[1]) for w in windows]

@@ -23,28 +23,52 @@ first starts and unmounted by :meth:`close`.  :meth:`fill_disk` fills it with a 
 file (``.drill-disk-filler``) that leaves ``keep_free_pct`` of it free — below the
 store's hard reserve, so the store is full — and :meth:`free_disk` deletes the filler.
 Mounting needs root (CAP_SYS_ADMIN); :func:`tmpfs_available` says why not otherwise.
+
+Power loss (``ClusterSpec.lazyfs_stores``): each broker's store directory is a FUSE
+mount (:class:`ha_controller.drills.lazyfs.LazyMount`) over ``<workdir>/backing/<group>-
+<id>`` (itself the tmpfs, with ``tmpfs_store_mb``) that keeps unsynced writes apart.
+:meth:`power_off` kills the brokers in its scope (one broker, every broker of a group,
+or with ``"cluster"`` every broker and nameserver) and then their mounts' daemons:
+what they had not synced is gone.  :meth:`power_on` mounts the stores again and starts
+the nameservers, then each group's slaves, then its master, as :meth:`start` does.
+
+Corruption: :meth:`corrupt` damages a broker's store (:mod:`ha_controller.drills.
+corruption`), stopped first (kill -9) or while it runs; :meth:`restart` brings it back
+on what is left.
+
+Clocks (``ClusterSpec.clock_shim``): every process runs with the clock shim preloaded
+and a control file of its own (:class:`ha_controller.drills.clock.ClockControl`);
+:meth:`step_clock` steps one process's wall clock, :meth:`reset_clock` puts it back.
 """
 
 from __future__ import annotations
 
 import contextlib
+import dataclasses
 import logging
 import os
+import random
 import shutil
 import subprocess
 import tarfile
 import tempfile
 from collections.abc import Mapping
+from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Literal
 
+from ha_controller.config import BrokerConfig
+from ha_controller.drills.clock import ClockControl
+from ha_controller.drills.corruption import corrupt_store
+from ha_controller.drills.lazyfs import LazyfsError, LazyMount
 from ha_controller.drills.leftovers import workdir_prefix
 from ha_controller.drills.netns import Direction, Host, Network, NetworkError
 from ha_controller.protocol.errors import HaError
 from ha_controller.testing import FAST_ENV, ProcessHandle, hactl_argv
 
 __all__ = [
+    "CLUSTER",
     "FILLER",
     "NAMESERVER",
     "ClusterSpec",
@@ -60,6 +84,8 @@ __all__ = [
 log = logging.getLogger(__name__)
 
 NAMESERVER = "nameserver"
+#: the power-loss target of every broker and nameserver
+CLUSTER = "cluster"
 #: the filler file that makes a tmpfs store full
 FILLER = ".drill-disk-filler"
 
@@ -144,6 +170,10 @@ class ClusterSpec:
     nameservers: int = 1
     #: each broker's store on its own tmpfs of this many MiB (disk-full faults); None: no
     tmpfs_store_mb: int | None = None
+    #: each broker's store through the FUSE layer that loses unsynced writes (power loss)
+    lazyfs_stores: bool = False
+    #: every process with a wall clock of its own (clock faults)
+    clock_shim: bool = False
 
     def __post_init__(self) -> None:
         if not self.groups:
@@ -168,6 +198,15 @@ class ClusterSpec:
             env["HAC_SKIP_PRE_ONLINE"] = "true"
         env.update(self.env)
         return env
+
+    def store_mode(self) -> tuple[str, int]:
+        """``(flush_mode, flush_interval_ms)`` the brokers run with (their defaults
+        unless ``env`` sets ``HAC_FLUSH_MODE`` / ``HAC_FLUSH_INTERVAL_MS``)."""
+        defaults = {f.name: f.default for f in dataclasses.fields(BrokerConfig)}
+        env = self.common_env()
+        mode = env.get("HAC_FLUSH_MODE", str(defaults["flush_mode"]))
+        interval = env.get("HAC_FLUSH_INTERVAL_MS", str(defaults["flush_interval_ms"]))
+        return mode, int(interval)
 
 
 @dataclass
@@ -202,6 +241,8 @@ class DrillCluster:
         self.env = spec.common_env()
         self._procs: dict[str, _Proc] = {}
         self._mounts: list[Path] = []
+        self._lazy: dict[str, LazyMount] = {}
+        self._clocks: dict[str, ClockControl] = {}
         self._closed = False
 
     # ---- addresses ---------------------------------------------------------------
@@ -237,6 +278,13 @@ class DrillCluster:
         """The store directory of broker ``target`` (a tmpfs with ``tmpfs_store_mb``)."""
         parse_target(target)
         return self.workdir / "store" / target.replace("/", "-")
+
+    def backing_dir(self, target: str) -> Path:
+        """Where ``target``'s store really is: under its FUSE mount with
+        ``lazyfs_stores`` (what survives a power loss), else the store directory."""
+        if not self.spec.lazyfs_stores:
+            return self.store_dir(target)
+        return self.workdir / "backing" / target.replace("/", "-")
 
     def handle(self, target: str) -> ProcessHandle:
         return self._procs[target].handle
@@ -291,7 +339,9 @@ class DrillCluster:
             ports = ("0", "0", "0") if host is None else ("10911", "10912", "10913")
             store = self.store_dir(target)
             if self.spec.tmpfs_store_mb is not None:
-                self._mount_store(store, self.spec.tmpfs_store_mb)
+                self._mount_store(self.backing_dir(target), self.spec.tmpfs_store_mb)
+            if self.spec.lazyfs_stores:
+                self._mount_lazy(target)
             args = [
                 "broker",
                 "--cluster",
@@ -311,6 +361,10 @@ class DrillCluster:
                 "--store-dir",
                 str(store),
             ]
+        if self.spec.clock_shim:
+            clock = ClockControl(self.workdir / "clock" / name)
+            self._clocks[target] = clock
+            env.update(clock.env())
         argv = hactl_argv(*args, "--ready-file", str(ready))
         if host is not None:
             argv = [*host.exec_prefix(), *argv]
@@ -346,6 +400,18 @@ class DrillCluster:
         self._mounts.append(store)
         log.info("store %s is a tmpfs of %d MiB", store, size_mb)
 
+    def _mount_lazy(self, target: str) -> None:
+        mount = LazyMount(
+            self.backing_dir(target),
+            self.store_dir(target),
+            self.log_dir / f"lazyfs-{target.replace('/', '-')}.log",
+        )
+        try:
+            mount.mount()
+        except LazyfsError as exc:
+            raise FaultUnsupported(f"cannot mount {target}'s store through lazyfs: {exc}") from exc
+        self._lazy[target] = mount
+
     def set_broker_env(self, target: str, env: Mapping[str, str]) -> None:
         """Environment for the next (re)start of ``target`` (e.g. skip pre-online)."""
         self._procs[target].handle.env.update(env)
@@ -369,6 +435,71 @@ class DrillCluster:
 
     def resume(self, target: str) -> None:
         self._procs[target].handle.resume()
+
+    # ---- power, corruption, clocks ----------------------------------------------------
+
+    def power_scope(self, target: str) -> list[str]:
+        """The processes a power loss of ``target`` takes down: a broker, every broker of
+        a group (``"broker-a"``), or every process (``"cluster"``)."""
+        if target == CLUSTER:
+            return list(self._procs)
+        if target in self.spec.groups:
+            return self.broker_targets(target)
+        parse_target(target)
+        return [target]
+
+    def power_off(self, target: str) -> list[str]:
+        """Power loss of ``target``'s scope: kill -9 its processes, then kill the FUSE
+        daemons of their stores (unsynced writes are gone); the processes hit."""
+        if not self.spec.lazyfs_stores:
+            raise FaultUnsupported("a power loss needs the stores on lazyfs (lazyfs_stores)")
+        hit = self.power_scope(target)
+        for t in hit:
+            self._procs[t].handle.kill()
+        for t in hit:
+            if t in self._lazy:
+                self._lazy[t].power_cut()
+        return hit
+
+    def power_on(self, target: str, timeout: float = 30.0) -> None:
+        """Power back: mount the stores again, then start the nameservers, then the
+        slaves, then the masters (each wave at once)."""
+        hit = self.power_scope(target)
+        for t in hit:
+            if t in self._lazy:
+                self._lazy[t].mount()
+        waves = [
+            [t for t in hit if is_nameserver(t)],
+            [t for t in hit if not is_nameserver(t) and parse_target(t)[1] != 0],
+            [t for t in hit if not is_nameserver(t) and parse_target(t)[1] == 0],
+        ]
+        for wave in filter(None, waves):  # each wave at once, as power comes back
+            with ThreadPoolExecutor(max_workers=len(wave)) as pool:
+                for done in [pool.submit(self.restart, t, timeout) for t in wave]:
+                    done.result()
+
+    def corrupt(self, target: str, variant: str, *, stopped: bool, seed: int) -> str:
+        """Damage ``target``'s store (:func:`~ha_controller.drills.corruption.corrupt_store`),
+        after kill -9 when ``stopped``; what was done, in words."""
+        parse_target(target)
+        if stopped:
+            self._procs[target].handle.kill()
+        done = corrupt_store(self.store_dir(target), variant, random.Random(seed))
+        return f"{done} ({'stopped' if stopped else 'while running'})"
+
+    def _clock(self, target: str) -> ClockControl:
+        clock = self._clocks.get(target)
+        if clock is None:
+            raise FaultUnsupported("a clock fault needs the clock shim (clock_shim)")
+        return clock
+
+    def step_clock(self, target: str, seconds: float) -> None:
+        """Step ``target``'s wall clock by ``seconds`` (its monotonic clock never moves)."""
+        self._clock(target).step(seconds)
+
+    def reset_clock(self, target: str) -> None:
+        """Put ``target``'s wall clock back on the real one."""
+        self._clock(target).set_offset(0.0)
 
     # ---- network faults ------------------------------------------------------------
 
@@ -423,7 +554,7 @@ class DrillCluster:
     # ---- disk faults ---------------------------------------------------------------
 
     def _tmpfs_store(self, target: str) -> Path:
-        store = self.store_dir(target)
+        store = self.backing_dir(target)
         if store not in self._mounts:
             raise FaultUnsupported(
                 "a disk-full fault needs the brokers' stores on tmpfs (tmpfs_store_mb)"
@@ -474,6 +605,9 @@ class DrillCluster:
                 self.network.close()
             except NetworkError as exc:
                 log.warning("network cleanup: %s", exc)
+        for mount in self._lazy.values():
+            mount.unmount()
+        self._lazy.clear()
         for store in self._mounts:  # a tmpfs store goes with its mount, keep_store or not
             _umount(store)
         self._mounts.clear()

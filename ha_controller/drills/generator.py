@@ -25,7 +25,22 @@ loss                20-40 % packet loss (netns)               a group's master
 disk-full           its tmpfs store filled, then freed        a master (3 in 4) or slave
 slave               kill -9 + restart, or SIGSTOP + SIGCONT   a group's slave
 nameserver          kill -9 + restart, or SIGSTOP + SIGCONT   one of the two nameservers
+power-loss          power off: every write since the last     one broker (a master or a
+                    fsync is lost, the processes die; power   slave), every broker of a
+                    on: restart on what was synced            group, or the whole cluster
+corruption          truncate a commit-log segment, flip bits  a master or a slave,
+                    in a stored record, delete a consume-     running or stopped
+                    queue file or a metadata table; the
+                    broker restarts on what is left
+clock               the process's wall clock steps forward    a nameserver, a master or
+                    or back by 10-60 s; stepped back at the   a slave
+                    heal (its monotonic clock never moves)
 =================== ========================================= ===========================
+
+Power-loss targets name their scope: ``"broker-a/0"`` (one broker), ``"broker-a"`` (every
+broker of the group) or ``"cluster"`` (every broker and nameserver); a corruption's
+``variant`` says what is damaged (:data:`CORRUPTIONS`) and ``stopped`` whether the
+broker was stopped first; a clock fault's ``clock_step_s`` is the step.
 
 A schedule is a sequence of :class:`Step`: one fault, or — with probability
 ``overlap_ratio`` — two overlapping faults (the second starts while the first is in
@@ -35,6 +50,7 @@ effect), then a quiet gap.  Rules the generator keeps, which the unit tests chec
   at once: the two faults of a step are on two different groups, or one is on a
   nameserver;
 - never both nameservers at once (a step holds at most one nameserver fault);
+- a power loss of the whole cluster holds everything: it never overlaps another fault;
 - the executor heals every fault of a step, waits for every group's master and probes
   the committed offsets before the gap: steps never overlap each other.
 
@@ -56,15 +72,20 @@ from ha_controller.drills.nemesis import FaultKind
 from ha_controller.drills.netns import Direction
 
 __all__ = [
+    "CLUSTER",
+    "CORRUPTIONS",
     "DISK_FAMILIES",
     "FAMILIES",
     "NETNS_FAMILIES",
+    "POWER_SCOPES",
     "GeneratorSpec",
     "PlannedFault",
     "Schedule",
     "ScheduleGenerator",
     "Step",
+    "families_needing",
     "parse_families",
+    "power_scope",
     "target_group_of",
 ]
 
@@ -77,11 +98,31 @@ FAMILIES: Final[tuple[str, ...]] = (
     "disk-full",
     "slave",
     "nameserver",
+    "power-loss",
+    "corruption",
+    "clock",
 )
 #: families that need hosts in network namespaces
 NETNS_FAMILIES: Final = frozenset({"partition", "loss"})
 #: families that need tmpfs stores
 DISK_FAMILIES: Final = frozenset({"disk-full"})
+#: what else a family needs from the machine (see :mod:`ha_controller.drills.needs`)
+_NEEDS: Final[Mapping[str, frozenset[str]]] = {
+    "tmpfs": DISK_FAMILIES,
+    "lazyfs": frozenset({"power-loss"}),
+    "clock-shim": frozenset({"clock"}),
+}
+#: the target of a power loss of every broker and nameserver
+CLUSTER: Final = "cluster"
+#: power-loss scopes, as :func:`power_scope` names them
+POWER_SCOPES: Final[tuple[str, ...]] = ("broker", "group", "cluster")
+#: what a corruption damages
+CORRUPTIONS: Final[tuple[str, ...]] = (
+    "truncate-segment",
+    "flip-bits",
+    "delete-consume-queue",
+    "delete-table",
+)
 #: families whose target is a group's master
 _MASTER_FAMILIES: Final = frozenset({"kill", "pause", "pause-past-expiry", "partition", "loss"})
 
@@ -98,12 +139,24 @@ def parse_families(text: str | Sequence[str]) -> tuple[str, ...]:
     return tuple(f for f in FAMILIES if f in names)
 
 
+def families_needing(need: str) -> frozenset[str]:
+    """The families that need ``need`` (``tmpfs``, ``lazyfs``, ``clock-shim``)."""
+    return _NEEDS.get(need, frozenset())
+
+
 def target_group_of(target: str) -> str | None:
-    """The broker group of a target, None for a nameserver."""
+    """The broker group of a target, None for a nameserver or the cluster."""
     try:
         return parse_target(target)[0]
     except ValueError:
         return None
+
+
+def power_scope(target: str) -> str:
+    """A power loss's scope by its target: ``broker``, ``group`` or ``cluster``."""
+    if target == CLUSTER:
+        return "cluster"
+    return "broker" if target_group_of(target) is not None else "group"
 
 
 @dataclass(frozen=True, slots=True)
@@ -118,6 +171,12 @@ class PlannedFault:
     duration_s: float
     direction: Direction = "both"
     loss_pct: float = 0.0
+    #: corruption: what is damaged (:data:`CORRUPTIONS`)
+    variant: str = ""
+    #: corruption: the broker is stopped (kill -9) before the damage, else it runs
+    stopped: bool = False
+    #: clock: the step of the wall clock in seconds (negative: back)
+    clock_step_s: float = 0.0
 
     @property
     def end_s(self) -> float:
@@ -129,6 +188,10 @@ class PlannedFault:
             extra = f" one-way {self.direction}"
         if self.loss_pct:
             extra = f" {self.loss_pct:g}%"
+        if self.variant:
+            extra = f" {self.variant}{' (stopped)' if self.stopped else ' (running)'}"
+        if self.clock_step_s:
+            extra = f" {self.clock_step_s:+g} s"
         return (
             f"{self.family}: {self.kind}{extra} {self.target} at +{self.offset_s:.1f} s "
             f"for {self.duration_s:.1f} s"
@@ -171,6 +234,14 @@ class Schedule:
         return any(f in DISK_FAMILIES for f in self.families)
 
     @property
+    def needs_lazyfs(self) -> bool:
+        return "power-loss" in self.families
+
+    @property
+    def needs_clock_shim(self) -> bool:
+        return "clock" in self.families
+
+    @property
     def nameservers(self) -> int:
         """Nameservers the cluster must run: two when a nameserver is faulted."""
         return 2 if "nameserver" in self.families else 1
@@ -204,6 +275,9 @@ class Schedule:
                         float(f["duration_s"]),
                         cast(Direction, str(f.get("direction", "both"))),
                         float(f.get("loss_pct", 0.0)),
+                        str(f.get("variant", "")),
+                        bool(f.get("stopped", False)),
+                        float(f.get("clock_step_s", 0.0)),
                     )
                     for f in step["faults"]
                 ),
@@ -241,13 +315,15 @@ class GeneratorSpec:
     one_way_ratio: float = 1 / 3
     #: share of disk-full faults aimed at a master (the rest at a slave)
     disk_master_ratio: float = 0.75
+    #: how far a clock fault steps the wall clock (seconds, either way)
+    clock_step_s: tuple[float, float] = (10.0, 60.0)
 
     def __post_init__(self) -> None:
         if not self.groups:
             raise ValueError("the generator needs at least one broker group")
         if self.replicas < 2:
             raise ValueError("slave faults need replicas >= 2")
-        for name in ("fault_s", "gap_s", "loss_pct"):
+        for name in ("fault_s", "gap_s", "loss_pct", "clock_step_s"):
             lo, hi = getattr(self, name)
             if not 0 < lo <= hi:
                 raise ValueError(f"{name} must be 0 < low <= high, got {(lo, hi)}")
@@ -300,20 +376,28 @@ class ScheduleGenerator:
             steps.append(Step(tuple(faults), _r(rng.uniform(*self.spec.gap_s))))
         return Schedule(self.seed, tuple(steps))
 
-    @staticmethod
-    def _held(fault: PlannedFault) -> frozenset[str]:
-        """What a fault holds: its group, or ``"nameserver"``."""
+    def _held(self, fault: PlannedFault) -> frozenset[str]:
+        """What a fault holds: its group, ``"nameserver"``, or everything (a power loss
+        of the cluster)."""
+        if fault.target == CLUSTER:
+            return frozenset({*self.spec.groups, "nameserver"})
+        if fault.family == "power-loss" and fault.target in self.spec.groups:
+            return frozenset({fault.target})
         return frozenset({target_group_of(fault.target) or "nameserver"})
 
     def _partner(self, tokens: list[str], first: PlannedFault) -> int | None:
         """Index of the first token that can overlap ``first`` (another group, or not two
         nameservers), None when none can."""
+        held = self._held(first)
+        free_groups = [g for g in self.spec.groups if g not in held]
+        if first.target == CLUSTER:
+            return None
         for i, family in enumerate(tokens):
-            if family == "nameserver" and first.family == "nameserver":
-                continue
-            if family != "nameserver" and len(self.spec.groups) < 2:
-                if target_group_of(first.target) is not None:
+            if family == "nameserver":
+                if "nameserver" in held:
                     continue
+            elif family != "clock" and not free_groups:
+                continue  # every other family needs a group of its own
             return i
         return None
 
@@ -359,4 +443,28 @@ class ScheduleGenerator:
         if family == "slave":
             kind = rng.choice(("kill", "pause"))
             return PlannedFault(family, kind, self._slave(group), offset_s, duration)
+        if family == "power-loss":
+            scopes = POWER_SCOPES if not avoid else POWER_SCOPES[:2]
+            scope = rng.choice(scopes)
+            target = {
+                "broker": rng.choice((master, self._slave(group))),
+                "group": group,
+                "cluster": CLUSTER,
+            }[scope]
+            return PlannedFault(family, "power", target, offset_s, duration)
+        if family == "corruption":
+            target = rng.choice((master, self._slave(group)))
+            variant = rng.choice(CORRUPTIONS)
+            stopped = rng.random() < 0.5
+            return PlannedFault(
+                family, "corrupt", target, offset_s, duration, variant=variant, stopped=stopped
+            )
+        if family == "clock":
+            step = _r(rng.uniform(*spec.clock_step_s)) * rng.choice((1, -1))
+            groups_free = any(g not in avoid for g in spec.groups)
+            if "nameserver" not in avoid and (not groups_free or rng.random() < 1 / 3):
+                target = nameserver_target(0)
+            else:
+                target = rng.choice((master, self._slave(group)))
+            return PlannedFault(family, "clock", target, offset_s, duration, clock_step_s=step)
         raise ValueError(f"unknown fault family {family!r}")

@@ -28,11 +28,13 @@ Value schemas, per ``f`` (``?`` marks an optional key):
     A send invoke without any completion counts as ``info``.
 ``receive``
     ok ``{"key", "msg_id", "broker", "queue_id", "queue_offset", "consumer",
-    "consumer_group", "group"?, "due_ts_ms"?, "topic"?, "stored_ms"?}``; one event per
-    delivered message (a batch pull records one event per message, all with the same
-    ``t_ms``).  ``stored_ms`` is the store time of the copy read, by the broker's clock
-    (for a delayed message: when it was put into its topic); the checkers do not use it,
-    it tells a message stored late from one read late.
+    "consumer_group", "group"?, "due_ts_ms"?, "topic"?, "stored_ms"?, "corrupt"?}``; one
+    event per delivered message (a batch pull records one event per message, all with
+    the same ``t_ms``).  ``stored_ms`` is the store time of the copy read, by the
+    broker's clock (for a delayed message: when it was put into its topic); the
+    checkers do not use it, it tells a message stored late from one read late.
+    ``corrupt: true`` marks a delivery whose body is not the one its key's sender wrote
+    (every drill body is derived from its key, :func:`ha_controller.client.tools.body_for`).
     invoke/fail/info of ``receive`` (polls) are ignored by the checkers.
 ``ack``
     ok ``{"key", "consumer", "consumer_group"}``: the consumer acknowledged (POP ack,
@@ -63,12 +65,18 @@ Value schemas, per ``f`` (``?`` marks an optional key):
 ``fault``
     info ``{"kind", "target", "detail"?, "family"?}`` when the fault takes effect
     (start), ok ``{"kind", "target", "family"?}`` when it is healed; ``kind`` is
-    ``kill`` | ``pause`` | ``partition`` | ``netem`` | ``disk``; ``target`` names a
-    broker (``"broker-a/0"``: group/id), a nameserver (``"nameserver"``,
-    ``"nameserver-1"``) or a link; ``family`` is the fault family of a generated
-    schedule (``kill``, ``pause``, ``pause-past-expiry``, ``partition``, ``loss``,
-    ``disk-full``, ``slave``, ``nameserver``; campaigns count faults by it).
-    invoke/fail of ``fault`` are ignored.
+    ``kill`` | ``pause`` | ``partition`` | ``netem`` | ``disk`` | ``power`` |
+    ``corrupt`` | ``clock``; ``target`` names a broker (``"broker-a/0"``: group/id), a
+    nameserver (``"nameserver"``, ``"nameserver-1"``), a whole group (``"broker-a"``, a
+    power loss of every broker of it), the whole cluster (``"cluster"``) or a link;
+    ``family`` is the fault family of a generated schedule (``kill``, ``pause``,
+    ``pause-past-expiry``, ``partition``, ``loss``, ``disk-full``, ``slave``,
+    ``nameserver``, ``power-loss``, ``corruption``, ``clock``; campaigns count faults by
+    it).  invoke/fail of ``fault`` are ignored.
+``store``
+    info ``{"flush_mode", "flush_interval_ms"}`` once at the start: how the brokers'
+    stores sync (``sync``: before every acknowledgement; ``async``: every
+    ``flush_interval_ms``); the checkers judge losses at a power loss by it.
 ``role``
     info ``{"group", "broker_id", "role"}`` with ``role`` in ``master`` | ``acting`` |
     ``slave`` | ``isolated``: a broker's role as observed by the drill.
@@ -115,6 +123,7 @@ __all__ = [
     "Receive",
     "Role",
     "SendInvoke",
+    "StoreMode",
     "SendOk",
     "SendOutcome",
     "Subscribe",
@@ -166,10 +175,17 @@ VALUE_FIELDS: Final[tuple[tuple[str, str], ...]] = (
     ("reason", "string"),
     ("error", "string"),
     ("family", "string"),
+    ("corrupt", "boolean"),
+    ("flush_mode", "string"),
+    ("flush_interval_ms", "long"),
 )
 
 _SOURCE_SIZE = b"hac.history.source_size"
 _SOURCE_MTIME = b"hac.history.source_mtime_ns"
+#: the value fields a copy was written with: a copy from before a field was added is
+#: stale (the JSON lines are read instead)
+_FIELDS = b"hac.history.value_fields"
+_FIELDS_TAG = ",".join(name for name, _ in VALUE_FIELDS)
 _ROW_GROUP_ROWS = 1 << 19
 
 
@@ -213,7 +229,11 @@ def write_columnar(path: str | os.PathLike[str]) -> Path | None:
             ),
         ).select(schema.names)
         table = table.replace_schema_metadata(
-            {_SOURCE_SIZE: str(stat.st_size), _SOURCE_MTIME: str(stat.st_mtime_ns)}
+            {
+                _SOURCE_SIZE: str(stat.st_size),
+                _SOURCE_MTIME: str(stat.st_mtime_ns),
+                _FIELDS: _FIELDS_TAG,
+            }
         )
         tmp = out.with_name(f".{out.name}.tmp")
         pq.write_table(table, tmp, row_group_size=_ROW_GROUP_ROWS)
@@ -241,6 +261,7 @@ def columnar_copy(path: str | os.PathLike[str]) -> Path | None:
     if (
         meta.get(_SOURCE_SIZE) != str(stat.st_size).encode()
         or meta.get(_SOURCE_MTIME) != str(stat.st_mtime_ns).encode()
+        or meta.get(_FIELDS) != _FIELDS_TAG.encode()
     ):
         return None
     return out
@@ -309,6 +330,8 @@ class Receive(_Value):
     due_ts_ms: int | None = None
     topic: str | None = None
     stored_ms: int | None = None
+    #: True when the body is not the one derived from the key (absent when it is)
+    corrupt: bool | None = None
 
 
 @dataclass(frozen=True, slots=True)
@@ -377,6 +400,13 @@ class Fault(_Value):
     target: str
     detail: str | None = None
     family: str | None = None
+
+
+@dataclass(frozen=True, slots=True)
+class StoreMode(_Value):
+    f: ClassVar[str] = "store"
+    flush_mode: str
+    flush_interval_ms: int
 
 
 @dataclass(frozen=True, slots=True)

@@ -42,8 +42,9 @@ log = logging.getLogger(__name__)
 #: ``hacd-<owner hex>-<mkdtemp suffix>`` (the suffix never holds a ``-``)
 _WORKDIR: Final = re.compile(rf"{re.escape(NS_PREFIX)}([0-9a-f]+)-[^-/]+")
 _KILL_WAIT_S: Final = 5.0
-#: in the command line of every process a drill cluster starts (testing.hactl_argv)
-_SERVICE: Final = "-m ha_controller.cli "
+#: in the command line of every process a drill cluster starts (testing.hactl_argv),
+#: and of the FUSE daemons of its power-loss stores (drills.lazyfs)
+_SERVICES: Final = ("-m ha_controller.cli ", "hac-lazyfs ")
 
 
 def workdir_prefix() -> str:
@@ -65,8 +66,9 @@ def _stale_workdirs(tmp: Path) -> list[Path]:
 
 def stale_processes(workdirs: list[Path]) -> dict[int, str]:
     """pid -> command line of the ha-controller processes (``python -m
-    ha_controller.cli ...``, as a drill cluster starts them) that run in, or name, one of
-    ``workdirs``; anything else there (a shell, a ``tail -f``) is not ours to kill."""
+    ha_controller.cli ...``, as a drill cluster starts them, and ``hac-lazyfs``) that run
+    in, or name, one of ``workdirs``; anything else there (a shell, a ``tail -f``) is not
+    ours to kill."""
     if not workdirs:
         return {}
     roots = [str(w) for w in workdirs]
@@ -79,7 +81,7 @@ def stale_processes(workdirs: list[Path]) -> dict[int, str]:
             argv = (entry / "cmdline").read_bytes().replace(b"\0", b" ").decode(errors="replace")
         except OSError:  # gone, or not ours to look at
             continue
-        if _SERVICE not in argv:
+        if not any(service in argv for service in _SERVICES):
             continue
         inside = any(cwd == r or cwd.startswith(r + "/") for r in roots)
         if inside or any(r + "/" in argv for r in roots):

@@ -13,11 +13,18 @@ partition  host's link down, or one way (netns)    link up / drop queue removed
 netem      tc netem delay/loss (netns; iptables    qdisc / rule removed, blackouts
            or periodic blackouts without netem)    stopped
 disk       fill the broker's tmpfs store           filler deleted
+power      kill -9 the processes of the scope (a     mount the stores again, restart
+           broker, a group, the cluster), then       (nameservers, slaves, masters)
+           their stores' FUSE daemons: unsynced
+           writes are gone
+corrupt    damage the broker's store (kill -9        restart on what is left (kill -9
+           first when ``stopped``)                   first when it ran)
+clock      step the process's wall clock             step it back
 ========== ======================================= ===================================
 
 :data:`HEAL_ACTIONS` names each heal by what it does (``restart``, ``resume``, ``heal
-partition``, ``clear loss``; ``free disk`` for a disk-full fault); the terminal and the
-report label heals with it.
+partition``, ``clear loss``; ``free disk`` for a disk-full fault, ``power on``,
+``restart``, ``reset clock``); the terminal and the report label heals with it.
 
 Each fault is recorded in the history as ``fault`` info when it takes effect and
 ``fault`` ok when it is healed (history module schema); a fault injected for a generated
@@ -31,6 +38,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import functools
 import logging
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass
@@ -54,7 +62,7 @@ __all__ = [
 
 log = logging.getLogger(__name__)
 
-FaultKind = Literal["kill", "pause", "partition", "netem", "disk"]
+FaultKind = Literal["kill", "pause", "partition", "netem", "disk", "power", "corrupt", "clock"]
 TargetRole = Literal["master", "slave", "nameserver"]
 
 PROCESS = "nemesis"
@@ -66,6 +74,9 @@ HEAL_ACTIONS: Final[Mapping[str, str]] = {
     "partition": "heal partition",
     "netem": "clear loss",
     "disk": "free disk",
+    "power": "power on",
+    "corrupt": "restart",
+    "clock": "reset clock",
 }
 
 
@@ -83,6 +94,8 @@ class ActiveFault:
     restart: bool = True
     healed: bool = False
     family: str | None = None
+    #: corrupt: the broker was stopped before the damage (else it still runs)
+    stopped: bool = False
 
 
 class RoleObserver:
@@ -265,10 +278,16 @@ class Nemesis:
         restart: bool = True,
         direction: Direction = "both",
         family: str | None = None,
+        variant: str = "",
+        stopped: bool = False,
+        clock_step_s: float = 0.0,
+        seed: int = 0,
     ) -> ActiveFault:
         """Apply the fault now; ``restart=False`` makes a kill permanent (heal does nothing
         and no ``fault`` ok is recorded: the host is gone); ``direction`` makes a partition
-        one-way; ``family`` is recorded with the fault (generated schedules)."""
+        one-way; ``family`` is recorded with the fault (generated schedules);
+        ``variant``/``stopped``/``seed`` say what a corruption damages, ``clock_step_s``
+        how far a clock fault steps."""
         detail: str = kind
         if kind == "kill":
             await asyncio.to_thread(self.cluster.kill, target)
@@ -295,12 +314,29 @@ class Nemesis:
         elif kind == "disk":
             size = await asyncio.to_thread(self.cluster.fill_disk, target)
             detail = f"store filled ({size // (1024 * 1024)} MiB filler)"
+        elif kind == "power":
+            hit = await asyncio.to_thread(self.cluster.power_off, target)
+            mode, interval = self.cluster.spec.store_mode()
+            detail = (
+                f"power lost: {len(hit)} processes, unsynced writes dropped "
+                f"(flush {mode}{f' every {interval} ms' if mode == 'async' else ''})"
+            )
+        elif kind == "corrupt":
+            detail = await asyncio.to_thread(
+                functools.partial(self.cluster.corrupt, target, variant, stopped=stopped, seed=seed)
+            )
+            detail = f"{variant}: {detail}"
+        elif kind == "clock":
+            await asyncio.to_thread(self.cluster.step_clock, target, clock_step_s)
+            detail = f"wall clock stepped {clock_step_s:+g} s"
         else:
             raise ValueError(f"unknown fault kind {kind!r}")
         ev = self.history.record(
             PROCESS, "info", Fault(kind=kind, target=target, detail=detail, family=family)
         )
-        fault = ActiveFault(kind, target, detail, ev.t_ms, restart=restart, family=family)
+        fault = ActiveFault(
+            kind, target, detail, ev.t_ms, restart=restart, family=family, stopped=stopped
+        )
         self.active.append(fault)
         self.say(f"fault: {kind} {target} ({detail})")
         return fault
@@ -323,6 +359,12 @@ class Nemesis:
             await asyncio.to_thread(self.cluster.clear_netem, fault.target)
         elif fault.kind == "disk":
             await asyncio.to_thread(self.cluster.free_disk, fault.target)
+        elif fault.kind == "power":
+            await _shielded(asyncio.to_thread(self.cluster.power_on, fault.target))
+        elif fault.kind == "corrupt":
+            await _shielded(asyncio.to_thread(self.cluster.restart, fault.target))
+        elif fault.kind == "clock":
+            await asyncio.to_thread(self.cluster.reset_clock, fault.target)
         self.history.record(
             PROCESS, "ok", Fault(kind=fault.kind, target=fault.target, family=fault.family)
         )

@@ -62,13 +62,19 @@ STATE_COLOURS: Final = {
 }
 LANE_COLOURS: Final = {**ROLE_COLOURS, **STATE_COLOURS}
 #: what a fault of each kind makes of its target broker's lane until it is healed
-FAULT_STATES: Final = {"kill": "down", "pause": "down", "partition": "partitioned"}
+FAULT_STATES: Final = {
+    "kill": "down",
+    "pause": "down",
+    "partition": "partitioned",
+    "power": "down",
+}
 LANE_MEANING: Final = {
     "master": "observed master (takes writes)",
     "acting": "slave observed acting as master (RIP-32: serves reads, no writes)",
     "slave": "observed slave",
     "isolated": "observed isolated (pre-online, or cut off from the controller)",
-    "down": "killed or paused by the drill (kill -9 / SIGSTOP), until the heal",
+    "down": "killed, paused or without power by the drill (kill -9 / SIGSTOP / power "
+    "loss), until the heal",
     "partitioned": "cut off the network by the drill, until the heal",
     "unknown": "restarted; no role observed yet",
 }
@@ -83,6 +89,9 @@ FAMILY_COLOURS: Final = {
     "disk-full": "#3949ab",
     "slave": "#7cb342",
     "nameserver": "#546e7a",
+    "power-loss": "#212121",
+    "corruption": "#d81b60",
+    "clock": "#fdd835",
 }
 W: Final = 1000
 LEFT: Final = 70
@@ -107,6 +116,10 @@ COUNT_DEFINITIONS: Final = {
     "double_lock_grants": "queue locks granted while another consumer of the group "
     "still held the queue",
     "offset_rollbacks": "offset probes that read an offset lower than one committed before",
+    "corrupt_deliveries": "deliveries whose body is not the one its key's sender wrote",
+    "unsynced_lost": "lost pairs acknowledged within the flush interval (+1 s) before a "
+    "power loss of their whole group or the cluster: what flush_mode=async may lose "
+    "(not in lost then; with sync they are lost too)",
 }
 
 WINDOW_DEFINITIONS: Final = (
@@ -238,6 +251,16 @@ def _is_broker(target: str) -> bool:
     return bool(group) and bid.isdigit()
 
 
+def _hits(fault: _Fault, lane: str) -> bool:
+    """Whether ``fault`` holds the broker of ``lane`` (a power loss of its group or of
+    the cluster does too)."""
+    if fault.target == lane:
+        return True
+    return fault.kind == "power" and (
+        fault.target == "cluster" or lane.rpartition("/")[0] == fault.target
+    )
+
+
 def _lane_states(
     observed: Sequence[tuple[float, str]], faults: Iterable[_Fault], lane: str, hi: float
 ) -> list[tuple[float, float, str]]:
@@ -248,7 +271,7 @@ def _lane_states(
     changes: list[tuple[float, int, str, str]] = [(t, 2, "role", r) for t, r in observed]
     for f in faults:
         state = FAULT_STATES.get(f.kind)
-        if f.target != lane or state is None:
+        if state is None or not _hits(f, lane):
             continue
         changes.append((f.start, 1, "start", f.kind))
         if f.end is not None:
@@ -269,7 +292,7 @@ def _lane_states(
             role = arg
         elif action == "start":
             held.append(arg)
-            if arg == "kill":
+            if arg in ("kill", "power"):
                 role = "unknown"  # the restarted process has no role until observed
         else:
             held.remove(arg)
@@ -513,6 +536,21 @@ def _fault_row(f: FaultWindow, start_ms: int) -> str:
     )
 
 
+def _durability(verdict: Verdict) -> str:
+    """One sentence: how the stores synced and what the power losses took."""
+    d = verdict.durability
+    if d.flush_mode is None:
+        return "The history does not say how the stores synced."
+    how = "on every write" if d.flush_mode == "sync" else f"every {d.flush_interval_ms} ms"
+    text = f"Stores flushed {_esc(d.flush_mode)} ({how}); {d.power_losses} power losses"
+    if d.power_losses:
+        text += (
+            f": {d.unsynced_lost} acknowledged pairs lost within the flush window "
+            f"(longest {d.loss_window_ms} ms from acknowledgement to power loss)"
+        )
+    return text + "."
+
+
 def _legend() -> str:
     lanes = "".join(
         f"<tr><td><span class='sw' style='background:{colour}'></span>{state}</td>"
@@ -592,6 +630,7 @@ the terminal counts from the same instant.</p>
 {_legend()}
 <h2>Verdict</h2>
 <table><tr><th>count</th><th>value</th><th>definition</th></tr>{rows}</table>
+<p>{_durability(verdict)}</p>
 <h2>Faults and unavailability (ms)</h2>
 <table><tr><th>fault</th><th>target</th><th>start s</th><th>heal</th><th>healed s</th>
 <th>write unavailable<br>per group</th><th>write unavailable<br>cluster</th>

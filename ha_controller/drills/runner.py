@@ -1,75 +1,15 @@
-"""Drill scenarios and the runner behind ``hactl drill`` (docs/drills.md).
+"""The runner behind ``hactl drill`` (docs/drills.md).
 
 One drill: start a cluster (:mod:`~ha_controller.drills.cluster`), start the workloads
-(:mod:`~ha_controller.drills.workloads`) and the role observer, run the scenario's
-faults (:mod:`~ha_controller.drills.nemesis`), then always heal, wait for the masters,
-stop the producers and drain (consumers run until every acknowledged message arrived
-or ``drain_timeout_s`` passed), and judge the history with the checker.  Writes
+(:mod:`~ha_controller.drills.workloads`) and the role observer, run the scenario
+(:mod:`~ha_controller.drills.scenarios`, :data:`SCENARIOS`) and its faults
+(:mod:`~ha_controller.drills.nemesis`), then always heal, wait for the masters, stop
+the producers and drain (consumers run until every acknowledged message arrived or
+``drain_timeout_s`` passed), and judge the history with the checker.  Writes
 ``DIR/history.jsonl``, ``DIR/verdict.json``, ``DIR/report.html`` and ``DIR/logs/`` (the
 brokers' and nameservers' logs, and ``clients.log``: what the drill's own clients and
-nemesis logged at INFO and above).
-
-Scenarios (:data:`SCENARIOS`):
-
-``kill-master``, ``pause-master``, ``partition-master`` (netns), ``loss-master`` (netns)
-    repeat: fault on the current master of ``broker-a`` for ``fault_s``, heal, wait for
-    the master, probe committed offsets, pause; until ``duration_s`` runs out.
-``kill-slave``, ``pause-nameserver``
-    the same cycle aimed at a slave or at the nameserver.
-``master-return``
-    the pull consumer stops, a backlog builds up, the master is killed, the backlog is
-    consumed (and committed) through the acting slave, the master returns (through
-    pre-online unless ``skip_pre_online``) and the committed offsets are probed.  With
-    ``--skip-pre-online`` the returning master serves its stale offsets: the verdict
-    must fail with ``offset_rollbacks``.
-``kill-after-ack``
-    both slaves of ``broker-a`` are killed, a burst is acknowledged by the master alone
-    (possible only with ``--replication async``), the master is killed right after the
-    last ack and its host is lost for good (not restarted), the slaves come back and
-    one acts as master.  With async replication the verdict must fail with ``lost``;
-    with sync replication the burst is refused by ``broker-a`` and nothing is lost.
-
-The RIP-32 special-message scenarios run the plain producer and push consumer of
-``DrillTopic`` as background traffic plus their own workload; each holds the master
-of ``broker-a`` down for ``fault_s`` *after* a slave was seen acting, then restarts it.
-Slaves copy consumer offsets, delay offsets and the timer checkpoint from the master
-every 2 s, so what the master consumed or delivered in the last 2 s before a hard kill
-is served again by the acting slave (at-least-once, as in RocketMQ); ``delayed-acting``
-and ``pop-acting`` keep that window empty before each kill so that the verdict judges
-the acting slave itself:
-
-``delayed-acting``
-    delay-level and timer messages (short levels via ``HAC_DELAY_LEVELS``) sent before
-    and during the kill; those stored on ``broker-a`` fall due while its slave acts and
-    are escaped by it to ``broker-b``; judged with the checker's default tolerances
-    (the slave acts within a fraction of a second, so none is late).
-``transactions-acting``
-    one transaction per message: committed or rolled back at once, or left open for the
-    brokers' check-back; those open on ``broker-a`` at the kill are escaped by the acting
-    slave and checked from ``broker-b``.
-``pop-acting``
-    a SimpleConsumer (POP) receives and acks through the acting slave; a share of
-    messages is deliberately not acked and comes back through the retry topic (judged
-    with ``redelivery="after_ack"``).
-``generated``
-    a generated schedule (:mod:`ha_controller.drills.generator`: kill, pause,
-    pause-past-expiry, partition, loss, disk-full, slave and nameserver faults, some
-    overlapping on two groups) against every workload at once: the plain, FIFO, pull
-    (with offset commits), delayed, transactional, POP and two orderly consumers with
-    strict locks.  After each step the drill waits for every group's master and probes
-    the pull group's committed offsets.  The schedule comes from ``options.schedule``
-    or is drawn from ``seed``, ``families`` and ``faults``; the cluster gets a second
-    nameserver and tmpfs stores when the schedule needs them.  A fault this cluster
-    cannot inject is recorded as a ``fault`` fail event (with the reason) and skipped.
-    Judged with :data:`GENERATED_CHECK` (campaigns, :mod:`~ha_controller.drills.campaign`).
-``strict-lock``
-    two orderly consumers of one group on a FIFO topic with broker lock strict mode on
-    (``--no-strict``: off).  Consumer A holds every queue; the master of ``broker-a`` is
-    killed (``--netns``: partitioned) right after A renewed its locks; consumer B joins
-    while the slave acts and is allotted ``broker-a``'s queues, which it must not get
-    until A let them go; the master returns; B leaves.  Strict mode: no double grant.
-    Without it the acting slave, which never saw A's locks, grants them to B at once:
-    the verdict fails with ``double_lock_grants`` (the risk strict mode removes).
+nemesis logged at INFO and above).  The drill's options and context are in
+:mod:`~ha_controller.drills.drill`; this module re-exports the names scripts import.
 """
 
 from __future__ import annotations
@@ -83,41 +23,45 @@ import shutil
 import signal
 import tempfile
 import time
-from collections.abc import Awaitable, Callable, Mapping, Sequence
-from dataclasses import dataclass, field, replace
+from collections.abc import Callable, Mapping, Sequence
 from pathlib import Path
-from typing import Final, Protocol
+from typing import Final
 
 from ha_controller.client.admin import NameserverClient
-from ha_controller.drills.checker import CheckOptions, FaultWindow, Verdict, check
-from ha_controller.drills.cluster import ClusterSpec, DrillCluster, FaultUnsupported, Replication
-from ha_controller.drills.generator import (
-    FAMILIES,
-    GeneratorSpec,
-    PlannedFault,
-    Schedule,
-    ScheduleGenerator,
-    Step,
+from ha_controller.drills.checker import FaultWindow, Verdict, check
+from ha_controller.drills.cluster import ClusterSpec, DrillCluster, FaultUnsupported
+from ha_controller.drills.drill import (
+    FIFO_GROUP,
+    FIFO_TOPIC,
+    GROUP_A,
+    PULL_GROUP,
+    PUSH_GROUP,
+    QUEUES,
+    TOPIC,
+    Consuming,
+    Drill,
+    DrillOptions,
+    DrillResult,
+    Scenario,
 )
-from ha_controller.drills.history import Event, Fault, HistoryWriter, read_history
+from ha_controller.drills.history import Event, HistoryWriter, StoreMode, read_history
 from ha_controller.drills.nemesis import (
-    ActiveFault,
-    FaultKind,
     Nemesis,
     RoleObserver,
     heal_action,
 )
 from ha_controller.drills.report import write_report
+from ha_controller.drills.scenarios import (
+    DELAY_LEVELS_S,
+    GENERATED_CHECK,
+    POP_GROUP,
+    SCENARIOS,
+    generator_spec,
+)
 from ha_controller.drills.workloads import (
-    DelayedProducerWorkload,
-    Delivered,
-    OrderlyWorkload,
-    PopWorkload,
     ProducerWorkload,
     PullWorkload,
     PushWorkload,
-    TransactionWorkload,
-    offset_probe,
 )
 from ha_controller.process import LOG_FORMAT
 from ha_controller.protocol.errors import HaError
@@ -127,702 +71,20 @@ from ha_controller.testing import EventuallyTimeout, eventually
 __all__ = [
     "DELAY_LEVELS_S",
     "GENERATED_CHECK",
+    "POP_GROUP",
     "SCENARIOS",
     "DrillOptions",
     "DrillResult",
     "Scenario",
+    "generator_spec",
     "run_drill",
     "run_drill_sync",
 ]
 
 log = logging.getLogger(__name__)
 
-TOPIC: Final = "DrillTopic"
-FIFO_TOPIC: Final = "DrillFifo"
-PUSH_GROUP: Final = "drill-push"
-FIFO_GROUP: Final = "drill-fifo"
-PULL_GROUP: Final = "drill-pull"
-GROUP_A: Final = "broker-a"
-DELAY_TOPIC: Final = "DrillDelay"
-DELAY_GROUP: Final = "drill-delay"
-TX_TOPIC: Final = "DrillTx"
-TX_GROUP: Final = "drill-tx"
-POP_TOPIC: Final = "DrillPop"
-POP_GROUP: Final = "drill-pop"
-ORDERLY_TOPIC: Final = "DrillOrderly"
-ORDERLY_GROUP: Final = "drill-orderly"
-
-#: ``HAC_DELAY_LEVELS`` of ``delayed-acting``: level n delays by entry n-1 seconds.
-DELAY_LEVELS_S: Final[tuple[int, ...]] = (1, 2, 3, 4, 5, 6, 8, 10)
-#: ``delayed-acting`` draws levels 1..6 and timers of 1..6 s
-DELAY_MAX_S: Final = 6
-POP_INVISIBLE_S: Final = 3.0
-#: POP offsets and the revive progress replicate through the commit log with the
-#: messages, so the drill keeps popping right up to the kill (no quiet period)
-POP_QUIESCE_S: Final = 0.0
-#: client ids sort B before A, so B is allotted broker-a's queues (AllocateAveragely)
-ORDERLY_IDS: Final = {"orderly-a": "drill-orderly-2-a", "orderly-b": "drill-orderly-1-b"}
-#: queues of every drill topic in every group
-QUEUES: Final = 4
-#: the brokers' not-active timeout in drills (FAST_ENV), which ``pause`` stays below
-#: and ``pause-past-expiry`` goes past
-NOT_ACTIVE_TIMEOUT_MS: Final = 2000
-#: size of each broker's tmpfs store when a schedule fills disks
-TMPFS_STORE_MB: Final = 64
-#: ``generated``: how late a delayed message may be.  A master frozen or cut off holds
-#: its due messages until it is expired (not-active timeout 2 s, scan 0.5 s) and a
-#: slave acts; 5 s covers that budget with room, a later delivery is a finding.
-GENERATED_LATE_TOLERANCE_MS: Final = 5_000
 #: where a failing drill keeps its brokers' stores (a gzipped tar of ``store/``)
 STORES_ARCHIVE: Final = "stores.tar.gz"
-#: the checker options of ``generated`` drills (and so of campaigns): the POP group's
-#: duplicates count after its first ack (un-acked POP messages come back by design);
-#: every other group's count strictly
-GENERATED_CHECK: Final = CheckOptions(
-    timer_tolerance_ms=GENERATED_LATE_TOLERANCE_MS,
-    level_tolerance_ms=GENERATED_LATE_TOLERANCE_MS,
-    after_ack_groups=frozenset({POP_GROUP}),
-)
-
-
-@dataclass(frozen=True, slots=True)
-class DrillOptions:
-    scenario: str
-    duration_s: float = 60.0
-    seed: int = 0
-    out: Path | None = None
-    netns: bool = False
-    replication: Replication = "sync"
-    skip_pre_online: bool = False
-    rate: float = 100.0
-    fault_s: float = 8.0
-    gap_s: float = 6.0
-    drain_timeout_s: float = 30.0
-    fifo: bool = True
-    push: bool = True
-    pull: bool = True
-    #: attempts per send: 1 records each attempt's outcome (Jepsen style); the client's
-    #: default 3 retries an unknown outcome elsewhere, so duplicates become expected.
-    send_attempts: int = 1
-    groups: tuple[str, ...] = ("broker-a", "broker-b")
-    replicas: int = 3
-    quiet: bool = False
-    #: ``strict-lock``: brokers lock queues in strict mode (``--no-strict``: False)
-    strict_locks: bool = True
-    #: nameservers to run (1 or 2)
-    nameservers: int = 1
-    #: each broker's store on a tmpfs of this many MiB (disk-full faults)
-    tmpfs_store_mb: int | None = None
-    #: ``generated``: the schedule to run (None: drawn from ``seed``, ``families``,
-    #: ``faults``)
-    schedule: Schedule | None = None
-    families: tuple[str, ...] = ()
-    faults: int = 8
-    #: ``generated``: the generator's spec (None: the defaults for this cluster)
-    generator: GeneratorSpec | None = None
-
-
-@dataclass(slots=True)
-class DrillResult:
-    options: DrillOptions
-    out: Path
-    verdict: Verdict
-    drained: bool
-    elapsed_s: float
-
-    @property
-    def ok(self) -> bool:
-        return self.verdict.ok
-
-
-@dataclass
-class Drill:
-    """What a scenario works with."""
-
-    options: DrillOptions
-    cluster: DrillCluster
-    history: HistoryWriter
-    observer: RoleObserver
-    nemesis: Nemesis
-    rng: random.Random
-    say: Callable[[str], None]
-    producers: list[ProducerWorkload] = field(default_factory=list)
-    pushers: list[PushWorkload] = field(default_factory=list)
-    puller: PullWorkload | None = None
-    #: further consumers (POP, orderly) the drain waits for, per consumer group
-    consumers: list[Consuming] = field(default_factory=list)
-    #: further drain conditions: name -> how many things are still outstanding
-    waits: dict[str, Callable[[], int]] = field(default_factory=dict)
-    #: ``_acting_cycle`` hooks: awaited before each master kill / called right after it
-    before_fault: list[Callable[[], Awaitable[None]]] = field(default_factory=list)
-    after_fault: list[Callable[[], None]] = field(default_factory=list)
-    deadline: float = 0.0
-    #: groups whose master was lost for good (not waited for at the end)
-    lost_masters: set[str] = field(default_factory=set)
-
-    def remaining(self) -> float:
-        return self.deadline - time.monotonic()
-
-    async def wait_acting(self, group: str = GROUP_A, timeout: float = 30.0) -> float | None:
-        """Wait until a slave of ``group`` is observed acting; the seconds waited, or None."""
-        t = time.monotonic()
-
-        def acting() -> bool:
-            return any(
-                role == "acting" and target.startswith(group + "/")
-                for target, role in self.observer.roles.items()
-            )
-
-        try:
-            await eventually(acting, timeout, interval=0.1)
-        except EventuallyTimeout:
-            self.say(f"WARNING: no slave of {group} acted within {timeout:.0f} s")
-            return None
-        return time.monotonic() - t
-
-    def jitter(self, seconds: float) -> float:
-        return seconds * self.rng.uniform(0.8, 1.2)
-
-    async def wait_master(self, group: str = GROUP_A, timeout: float = 45.0) -> float:
-        """Wait until the nameserver lists ``group``'s master; returns the seconds waited."""
-        t = time.monotonic()
-        try:
-            await eventually(lambda: self.observer.master_online(group), timeout, interval=0.1)
-        except EventuallyTimeout:
-            self.say(f"WARNING: {group} has no master after {timeout:.0f} s")
-        return time.monotonic() - t
-
-    async def probe(self) -> None:
-        """Offset probe of the pull group with the pull consumer paused (resumed after)."""
-        if self.puller is None:
-            return
-        await self.puller.pause()  # returns at once when it is paused already
-        try:
-            found = await offset_probe(
-                self.cluster.namesrv, TOPIC, PULL_GROUP, self.history, process="prober"
-            )
-            self.say(f"offset probe: {len(found)} queues read")
-        except (HaError, OSError) as exc:  # e.g. a nameserver that lost its routes
-            self.say(f"WARNING: offset probe failed: {type(exc).__name__}: {exc}")
-        finally:
-            self.puller.resume()
-
-
-class Consuming(Protocol):
-    """A consumer workload as the drain sees it."""
-
-    @property
-    def consumer_group(self) -> str: ...
-    @property
-    def topic(self) -> str: ...
-    @property
-    def delivered(self) -> Delivered: ...
-
-
-ScenarioFn = Callable[[Drill], Awaitable[None]]
-SetupFn = Callable[[Drill, contextlib.AsyncExitStack], Awaitable[None]]
-
-
-def _no_env(_o: DrillOptions) -> Mapping[str, str]:
-    return {}
-
-
-@dataclass(frozen=True, slots=True)
-class Scenario:
-    name: str
-    description: str
-    run: ScenarioFn
-    netns: bool = False
-    spec: Callable[[DrillOptions], DrillOptions] = lambda o: o
-    #: the checker's options for this scenario (also for ``hactl analyze``)
-    check: CheckOptions = field(default_factory=CheckOptions)
-    #: environment of every cluster process (broker settings the scenario needs)
-    env: Callable[[DrillOptions], Mapping[str, str]] = _no_env
-    #: topics to create besides DrillTopic/DrillFifo
-    topics: tuple[str, ...] = ()
-    #: starts the scenario's own workloads (after the standard ones) on the stack
-    setup: SetupFn | None = None
-
-
-def _cycle(kind: FaultKind, role: str, *, loss_pct: float = 0) -> ScenarioFn:
-    async def run(d: Drill) -> None:
-        o = d.options
-        await asyncio.sleep(min(5.0, max(d.remaining() * 0.1, 1.0)))
-        n = 0
-        while d.remaining() > o.fault_s + 2 or n == 0:
-            target = d.nemesis.resolve(role, GROUP_A)
-            fault = await d.nemesis.inject(kind, target, loss_pct=loss_pct)
-            await asyncio.sleep(d.jitter(o.fault_s))
-            await d.nemesis.heal(fault)
-            n += 1
-            if role == "master":
-                waited = await d.wait_master()
-                d.say(f"master of {GROUP_A} online {waited:.1f} s after the heal")
-                await d.probe()
-            if d.remaining() <= 0:
-                break
-            await asyncio.sleep(min(d.jitter(o.gap_s), max(d.remaining(), 0.0)))
-        if d.remaining() > 0:  # traffic goes on, fault-free, until the duration is over
-            await asyncio.sleep(d.remaining())
-
-    return run
-
-
-async def _master_return(d: Drill) -> None:
-    await asyncio.sleep(min(4.0, max(d.remaining() * 0.1, 1.0)))
-    assert d.puller is not None, "master-return needs the pull workload"
-    await d.puller.pause()
-    d.say("pull consumer paused: a backlog builds up on both groups")
-    await asyncio.sleep(2.0)
-    target = d.nemesis.resolve("master", GROUP_A)
-    fault = await d.nemesis.inject("kill", target)
-    d.puller.resume()
-    d.say("pull consumer resumed: it consumes the backlog through the acting slave")
-    acked = set().union(*(p.acked for p in d.producers if p.topic == TOPIC))
-    with contextlib.suppress(EventuallyTimeout):
-        await eventually(lambda: acked <= d.puller.delivered.keys if d.puller else True, 20, 0.1)
-    await asyncio.sleep(1.5)  # the commits after the last batch
-    # No commit may reach the returning master before the probe reads what it serves.
-    await d.puller.pause()
-    await d.nemesis.heal(fault)
-    waited = await d.wait_master()
-    d.say(f"master of {GROUP_A} online {waited:.1f} s after its restart")
-    await d.probe()
-    if d.remaining() > 0:
-        await asyncio.sleep(d.remaining())
-
-
-async def _kill_after_ack(d: Drill) -> None:
-    await asyncio.sleep(min(4.0, max(d.remaining() * 0.1, 1.0)))
-    assert d.puller is not None, "kill-after-ack needs the pull workload"
-    for p in d.producers:
-        p.pause()
-    # The consumer must not read the burst from the master before it is lost.
-    await d.puller.pause()
-    slaves = [t for t in d.cluster.broker_targets(GROUP_A) if not t.endswith("/0")]
-    killed = [await d.nemesis.inject("kill", t) for t in slaves]
-    await asyncio.sleep(0.5)
-    burst = d.producers[0]
-    n = max(50, int(d.options.rate * 2))
-    acked = await burst.burst(n)
-    d.say(f"burst of {n}: {acked} acknowledged with {GROUP_A}'s slaves down")
-    await d.nemesis.inject("kill", d.nemesis.resolve("master", GROUP_A), restart=False)
-    d.lost_masters.add(GROUP_A)
-    for fault in killed:
-        await d.nemesis.heal(fault)
-    d.puller.resume()
-    for p in d.producers:
-        p.resume()
-    with contextlib.suppress(EventuallyTimeout):
-        await eventually(lambda: d.observer.groups.get(GROUP_A, {}).get("members"), 30, 0.2)
-    if d.remaining() > 0:
-        await asyncio.sleep(d.remaining())
-
-
-async def _heal_master(d: Drill, fault: ActiveFault) -> None:
-    await d.nemesis.heal(fault)
-    waited = await d.wait_master()
-    d.say(f"master of {GROUP_A} online {waited:.1f} s after the heal")
-
-
-async def _acting_cycle(d: Drill) -> None:
-    """Repeat: kill the master, hold it down ``fault_s`` after a slave acts, restart.
-    The drill's ``before_fault`` hooks run before each kill, ``after_fault`` right after."""
-    o = d.options
-    await asyncio.sleep(min(4.0, max(d.remaining() * 0.1, 2.0)))
-    n = 0
-    while n == 0 or d.remaining() > o.fault_s + 6:
-        for before in d.before_fault:
-            await before()
-        fault = await d.nemesis.inject("kill", d.nemesis.resolve("master", GROUP_A))
-        for after in d.after_fault:
-            after()
-        waited = await d.wait_acting()
-        if waited is not None:
-            d.say(f"a slave of {GROUP_A} acts {waited:.1f} s after the fault")
-        await asyncio.sleep(d.jitter(o.fault_s))
-        await _heal_master(d, fault)
-        n += 1
-        if d.remaining() <= 0:
-            break
-        await asyncio.sleep(min(d.jitter(o.gap_s), max(d.remaining(), 0.0)))
-    if d.remaining() > 0:
-        await asyncio.sleep(d.remaining())
-
-
-def _push(d: Drill, topic: str, group: str) -> PushWorkload:
-    return PushWorkload(d.cluster.namesrv, topic, group, d.history, process=f"push-{topic}")
-
-
-def _special_rate(o: DrillOptions) -> float:
-    return max(o.rate / 4, 5.0)
-
-
-async def _setup_delayed(d: Drill, stack: contextlib.AsyncExitStack) -> None:
-    o = d.options
-    d.pushers.append(await stack.enter_async_context(_push(d, DELAY_TOPIC, DELAY_GROUP)))
-    delayed = await stack.enter_async_context(
-        DelayedProducerWorkload(
-            d.cluster.namesrv,
-            DELAY_TOPIC,
-            d.history,
-            process="delay-0",
-            levels_ms=[s * 1000 for s in DELAY_LEVELS_S],
-            levels=range(1, DELAY_MAX_S + 1),
-            timer_ms=(1000, DELAY_MAX_S * 1000),
-            seed=o.seed,
-            rate=_special_rate(o),
-            concurrency=2,
-            max_attempts=o.send_attempts,
-        )
-    )
-    d.producers.append(delayed)
-
-
-async def _setup_transactions(d: Drill, stack: contextlib.AsyncExitStack) -> None:
-    o = d.options
-    pusher = await stack.enter_async_context(_push(d, TX_TOPIC, TX_GROUP))
-    d.pushers.append(pusher)
-    tx = await stack.enter_async_context(
-        TransactionWorkload(
-            d.cluster.namesrv,
-            TX_TOPIC,
-            d.history,
-            process="tx-0",
-            seed=o.seed,
-            rate=_special_rate(o),
-            concurrency=2,
-            max_attempts=o.send_attempts,
-        )
-    )
-    d.producers.append(tx)
-    d.waits["unresolved transactions"] = lambda: len(tx.unresolved() - pusher.delivered.keys)
-
-
-async def _setup_pop(d: Drill, stack: contextlib.AsyncExitStack) -> None:
-    o = d.options
-    pop = await stack.enter_async_context(
-        PopWorkload(
-            d.cluster.namesrv,
-            POP_TOPIC,
-            POP_GROUP,
-            d.history,
-            process="pop-0",
-            invisible_s=POP_INVISIBLE_S,
-            skip_ratio=0.2,
-            seed=o.seed,
-        )
-    )
-    d.consumers.append(pop)
-    d.waits["POP deliveries not acked"] = lambda: len(pop.pending())
-
-    async def quiesce() -> None:
-        # POP offsets and the revive service's progress replicate to the slaves through
-        # the commit log, so nothing needs to settle before the kill: the acting slave
-        # continues exactly where the master stopped (RocketMQ's slaves copy every 10 s
-        # and pop again what the master popped in that window).
-        if POP_QUIESCE_S:
-            await pop.pause()
-            await asyncio.sleep(POP_QUIESCE_S)
-
-    d.before_fault.append(quiesce)
-    d.after_fault.append(pop.resume)
-    d.producers.append(
-        await stack.enter_async_context(
-            ProducerWorkload(
-                d.cluster.namesrv,
-                POP_TOPIC,
-                d.history,
-                process="pop-producer",
-                rate=_special_rate(o),
-                concurrency=2,
-                max_attempts=o.send_attempts,
-            )
-        )
-    )
-
-
-def _orderly(d: Drill, process: str) -> OrderlyWorkload:
-    return OrderlyWorkload(
-        d.cluster.namesrv,
-        ORDERLY_TOPIC,
-        ORDERLY_GROUP,
-        d.history,
-        process=process,
-        client_id=ORDERLY_IDS[process],
-    )
-
-
-async def _start_orderly_producer(d: Drill, stack: contextlib.AsyncExitStack) -> None:
-    """The producer of the orderly topic: one sender, eight message groups."""
-    d.producers.append(
-        await stack.enter_async_context(
-            ProducerWorkload(
-                d.cluster.namesrv,
-                ORDERLY_TOPIC,
-                d.history,
-                process="orderly-producer",
-                rate=_special_rate(d.options),
-                concurrency=1,
-                message_groups=8,
-                max_attempts=d.options.send_attempts,
-            )
-        )
-    )
-
-
-async def _setup_strict_lock(d: Drill, stack: contextlib.AsyncExitStack) -> None:
-    a, b = (_orderly(d, process) for process in ORDERLY_IDS)
-    for workload in (a, b):  # B starts later, in the scenario
-        stack.push_async_callback(workload.aclose)
-        d.consumers.append(workload)
-    await a.start()
-    await _start_orderly_producer(d, stack)
-
-
-async def _strict_lock(d: Drill) -> None:
-    o = d.options
-    a, b = (c for c in d.consumers if isinstance(c, OrderlyWorkload))
-    everything = QUEUES * len(o.groups)
-
-    def holds(w: OrderlyWorkload, n: int) -> bool:
-        return len(w.consumer.held_queues()) == n
-
-    with contextlib.suppress(EventuallyTimeout):
-        await eventually(lambda: holds(a, everything), 20, 0.1)
-    await asyncio.sleep(min(3.0, max(d.remaining() * 0.1, 1.0)))
-    # A renews now, so that its next renewal is lock_renew_interval_s (20 s) away
-    outcome = await a.consumer.lock_all()
-    d.say(f"{a.process} renewed {len(outcome.granted)} locks; the master of {GROUP_A} goes")
-    kind: FaultKind = "partition" if o.netns else "kill"
-    fault = await d.nemesis.inject(kind, d.nemesis.resolve("master", GROUP_A))
-    waited = await d.wait_acting()
-    if waited is not None:
-        d.say(f"a slave of {GROUP_A} acts {waited:.1f} s after the fault; {b.process} joins")
-    await b.start()
-    t = time.monotonic()
-    try:
-        await eventually(lambda: holds(b, QUEUES) and holds(a, everything - QUEUES), 30, 0.1)
-        d.say(f"{b.process} holds {GROUP_A}'s queues {time.monotonic() - t:.1f} s after joining")
-    except EventuallyTimeout:
-        d.say(f"WARNING: {b.process} did not get {GROUP_A}'s queues while the slave acts")
-    await asyncio.sleep(d.jitter(o.fault_s))
-    await _heal_master(d, fault)
-    await asyncio.sleep(min(3.0, max(d.remaining(), 1.0)))
-    d.say(f"{b.process} leaves")
-    await b.aclose()
-    with contextlib.suppress(EventuallyTimeout):
-        await eventually(lambda: holds(a, everything), 30, 0.1)
-    d.say(
-        f"{a.process} holds all {everything} queues again; lock grants "
-        f"a={a.locker.grants} b={b.locker.grants}, refusals a={a.locker.refusals} "
-        f"b={b.locker.refusals}"
-    )
-    if d.remaining() > 0:
-        await asyncio.sleep(d.remaining())
-
-
-async def _setup_orderly(d: Drill, stack: contextlib.AsyncExitStack) -> None:
-    """Two orderly consumers of one group, both running throughout (``generated``)."""
-    for process in ORDERLY_IDS:
-        workload = _orderly(d, process)
-        stack.push_async_callback(workload.aclose)
-        d.consumers.append(workload)
-        await workload.start()
-    await _start_orderly_producer(d, stack)
-
-
-async def _setup_everything(d: Drill, stack: contextlib.AsyncExitStack) -> None:
-    """Every special workload besides the standard ones (``generated``)."""
-    await _setup_delayed(d, stack)
-    await _setup_transactions(d, stack)
-    await _setup_pop(d, stack)
-    await _setup_orderly(d, stack)
-
-
-def _generated_env(o: DrillOptions) -> Mapping[str, str]:
-    return {
-        "HAC_DELAY_LEVELS": " ".join(f"{s}s" for s in DELAY_LEVELS_S),
-        "HAC_TRANSACTION_CHECK_INTERVAL_MS": "500",
-        "HAC_TRANSACTION_TIMEOUT_MS": "2000",
-        "HAC_TRANSACTION_CHECK_MAX": "1000",
-        "HAC_POP_REVIVE_INTERVAL_MS": "200",
-        "HAC_LOCK_IN_STRICT_MODE": "true" if o.strict_locks else "false",
-        "HAC_BROKER_NOT_ACTIVE_TIMEOUT_MS": str(NOT_ACTIVE_TIMEOUT_MS),
-    }
-
-
-def generator_spec(o: DrillOptions) -> GeneratorSpec:
-    """The generator spec for ``o``'s cluster (``o.generator`` when given)."""
-    if o.generator is not None:
-        return o.generator
-    return GeneratorSpec(
-        groups=o.groups, replicas=o.replicas, not_active_timeout_ms=NOT_ACTIVE_TIMEOUT_MS
-    )
-
-
-def _generated_spec(o: DrillOptions) -> DrillOptions:
-    """Draw the schedule (unless given) and size the cluster and the duration for it."""
-    schedule = o.schedule
-    if schedule is None:
-        families = o.families or tuple(
-            f for f in FAMILIES if o.netns or f not in ("partition", "loss")
-        )
-        schedule = ScheduleGenerator(o.seed, generator_spec(o)).generate(families, o.faults)
-    return replace(
-        o,
-        schedule=schedule,
-        nameservers=max(o.nameservers, schedule.nameservers),
-        tmpfs_store_mb=o.tmpfs_store_mb or (TMPFS_STORE_MB if schedule.needs_tmpfs else None),
-        duration_s=schedule.estimated_s(),
-    )
-
-
-async def _generated(d: Drill) -> None:
-    """Run ``d.options.schedule`` step by step (module docstring, ``generated``)."""
-    schedule = d.options.schedule
-    assert schedule is not None, "the generated scenario needs a schedule"
-    for line in schedule.describe():
-        d.say("  " + line)
-    await asyncio.sleep(2.0)
-    for i, step in enumerate(schedule.steps):
-        d.say(f"step {i + 1}/{len(schedule.steps)}")
-        await _run_step(d, step)
-        for g in d.options.groups:
-            waited = await d.wait_master(g)
-            if waited > 0.5:
-                d.say(f"master of {g} online {waited:.1f} s after the step")
-        await d.probe()
-        await asyncio.sleep(step.gap_s)
-
-
-async def _run_step(d: Drill, step: Step) -> None:
-    async def one(planned: PlannedFault) -> None:
-        await asyncio.sleep(planned.offset_s)
-        try:
-            fault = await d.nemesis.inject(
-                planned.kind,
-                planned.target,
-                loss_pct=planned.loss_pct,
-                direction=planned.direction,
-                family=planned.family,
-            )
-        except FaultUnsupported as exc:
-            d.history.record(
-                "nemesis",
-                "fail",
-                Fault(
-                    kind=planned.kind, target=planned.target, detail=str(exc), family=planned.family
-                ),
-            )
-            d.say(f"skipped {planned.describe()}: {exc}")
-            return
-        await asyncio.sleep(planned.duration_s)
-        await d.nemesis.heal(fault)
-
-    async with asyncio.TaskGroup() as tg:
-        for planned in step.faults:
-            tg.create_task(one(planned))
-
-
-SCENARIOS: Final[dict[str, Scenario]] = {
-    s.name: s
-    for s in (
-        Scenario(
-            "kill-master", "kill -9 the master of broker-a, restart it", _cycle("kill", "master")
-        ),
-        Scenario(
-            "pause-master", "SIGSTOP the master of broker-a, SIGCONT", _cycle("pause", "master")
-        ),
-        Scenario(
-            "partition-master",
-            "cut the master of broker-a off the network, heal",
-            _cycle("partition", "master"),
-            netns=True,
-        ),
-        Scenario(
-            "loss-master",
-            "drop 30% of the master's packets (netem or iptables)",
-            _cycle("netem", "master", loss_pct=30),
-            netns=True,
-        ),
-        Scenario(
-            "kill-slave",
-            "kill -9 the lowest slave of broker-a, restart it",
-            _cycle("kill", "slave"),
-        ),
-        Scenario(
-            "pause-nameserver", "SIGSTOP the nameserver, SIGCONT", _cycle("pause", "nameserver")
-        ),
-        Scenario(
-            "master-return",
-            "kill the master while the acting slave serves a backlog; it returns; probe offsets",
-            _master_return,
-        ),
-        Scenario(
-            "kill-after-ack",
-            "slaves down, burst acked by the master alone, master lost right after",
-            _kill_after_ack,
-            spec=lambda o: replace(
-                o, push=False, fifo=False, pull=True, drain_timeout_s=min(o.drain_timeout_s, 15.0)
-            ),
-        ),
-        Scenario(
-            "delayed-acting",
-            "delay-level and timer messages fall due while the slave acts; escaped to broker-b",
-            _acting_cycle,
-            spec=lambda o: replace(o, fifo=False, pull=False),
-            env=lambda o: {"HAC_DELAY_LEVELS": " ".join(f"{s}s" for s in DELAY_LEVELS_S)},
-            topics=(DELAY_TOPIC,),
-            setup=_setup_delayed,
-        ),
-        Scenario(
-            "transactions-acting",
-            "transactions open at the kill are escaped by the acting slave and checked back",
-            _acting_cycle,
-            spec=lambda o: replace(o, fifo=False, pull=False),
-            env=lambda o: {
-                "HAC_TRANSACTION_CHECK_INTERVAL_MS": "500",
-                "HAC_TRANSACTION_TIMEOUT_MS": "2000",
-                "HAC_TRANSACTION_CHECK_MAX": "1000",
-            },
-            topics=(TX_TOPIC,),
-            setup=_setup_transactions,
-        ),
-        Scenario(
-            "pop-acting",
-            "a SimpleConsumer receives and acks through the acting slave; un-acked ones revive",
-            _acting_cycle,
-            spec=lambda o: replace(o, fifo=False, pull=False),
-            check=CheckOptions(redelivery="after_ack"),
-            env=lambda o: {"HAC_POP_REVIVE_INTERVAL_MS": "200"},
-            topics=(POP_TOPIC,),
-            setup=_setup_pop,
-        ),
-        Scenario(
-            "generated",
-            "a generated fault schedule (--seed, --families, --faults) against every workload",
-            _generated,
-            spec=_generated_spec,
-            check=GENERATED_CHECK,
-            env=_generated_env,
-            topics=(DELAY_TOPIC, TX_TOPIC, POP_TOPIC, ORDERLY_TOPIC),
-            setup=_setup_everything,
-        ),
-        Scenario(
-            "strict-lock",
-            "two orderly consumers; one joins while the slave acts; strict locks (--no-strict)",
-            _strict_lock,
-            spec=lambda o: replace(o, fifo=False, pull=False),
-            env=lambda o: {"HAC_LOCK_IN_STRICT_MODE": "true" if o.strict_locks else "false"},
-            topics=(ORDERLY_TOPIC,),
-            setup=_setup_strict_lock,
-        ),
-    )
-}
-
-
-# ---- the runner ------------------------------------------------------------------------
 
 
 def _say_factory(quiet: bool, start_ms: int) -> Callable[[str], None]:
@@ -853,15 +115,20 @@ async def run_drill(options: DrillOptions) -> DrillResult:
     t0 = time.monotonic()
     start_ms = now_ms()  # the drill start: every printed time counts from here
     say = _say_factory(options.quiet, start_ms)
+    env = dict(scenario.env(options))
+    if options.flush_mode is not None:
+        env["HAC_FLUSH_MODE"] = options.flush_mode
     spec = ClusterSpec(
         groups=options.groups,
         replicas=options.replicas,
         replication=options.replication,
         skip_pre_online=options.skip_pre_online,
         netns=options.netns,
-        env=dict(scenario.env(options)),
+        env=env,
         nameservers=options.nameservers,
         tmpfs_store_mb=options.tmpfs_store_mb,
+        lazyfs_stores=options.lazyfs_stores,
+        clock_shim=options.clock_shim,
     )
     shutil.rmtree(out / "logs", ignore_errors=True)
     cluster = DrillCluster(spec, log_dir=out / "logs")
@@ -878,6 +145,13 @@ async def run_drill(options: DrillOptions) -> DrillResult:
         await _shielded_thread(cluster.start)
         for line in cluster.describe():
             say("  " + line)
+        flush_mode, flush_interval_ms = spec.store_mode()
+        history.record("drill", "info", StoreMode(flush_mode, flush_interval_ms))
+        say(
+            f"  stores flush {flush_mode}"
+            + (f" every {flush_interval_ms} ms" if flush_mode == "async" else " on every write")
+            + (" through lazyfs (unsynced writes die with the power)" if spec.lazyfs_stores else "")
+        )
         drained = await _drive(scenario, options, cluster, history, say)
         history.close()
         verdict = check(out / "history.jsonl", scenario=scenario.name, options=scenario.check)

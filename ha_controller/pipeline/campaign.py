@@ -132,6 +132,7 @@ def analyze_campaign(
         seed=int(recorded["seed"]),
         skipped=recorded.get("skipped_families", {}),
         extra={"source": "spark"},
+        asked=bool(recorded.get("families_asked", False)),
     )
     for name, verdict in verdicts.items():
         (root / name / "verdict.spark.json").write_text(verdict.to_json() + "\n", "utf-8")

@@ -20,38 +20,46 @@ the checker.
 every grouping and join), which keeps a campaign of small drills, or the tests, cheap;
 :func:`read_drills` reads a campaign's histories in one scan with that column taken from
 each file's drill directory, and :func:`verdicts_of` judges such a frame.
+
+Parts beside it: the schema and readers (:mod:`~ha_controller.pipeline.events`), the
+small collected rows (:mod:`~ha_controller.pipeline.rows`), the lock and offset checks
+(:mod:`~ha_controller.pipeline.locks_offsets`) and the unavailability
+windows (:mod:`~ha_controller.pipeline.windows`).
 """
 
 from __future__ import annotations
 
-import bisect
 import json
 import os
 from collections.abc import Mapping, Sequence
+from dataclasses import replace
 from functools import reduce
 from pathlib import Path
-from typing import Any
 
 from pyspark import StorageLevel
-from pyspark.sql import Column, DataFrame, Row, SparkSession, Window
+from pyspark.sql import Column, DataFrame, SparkSession, Window
 from pyspark.sql import functions as F
-from pyspark.sql.types import (
-    BooleanType,
-    LongType,
-    StringType,
-    StructField,
-    StructType,
-)
 
 from ha_controller.drills.checker import (
-    AVAILABILITY_KINDS,
+    POWER_CLUSTER,
     CheckOptions,
-    FaultWindow,
+    Durability,
     Verdict,
     no_writable_master_spans,
-    target_group,
+    unsynced_losses,
 )
-from ha_controller.drills.history import DELAY_LEVELS_MS, VALUE_FIELDS, columnar_copy
+from ha_controller.drills.history import DELAY_LEVELS_MS
+from ha_controller.pipeline.events import (
+    EVENT_SCHEMA,
+    VALUE_SCHEMA,
+    HistorySource,
+    flat,
+    read_drills,
+    read_events,
+)
+from ha_controller.pipeline.locks_offsets import double_grants, offset_rollbacks
+from ha_controller.pipeline.rows import Rows, collect, flag, part, total
+from ha_controller.pipeline.windows import Windows, closes, operations
 
 __all__ = [
     "EVENT_SCHEMA",
@@ -65,69 +73,6 @@ __all__ = [
     "read_events",
     "verdicts_of",
 ]
-
-_SPARK_TYPES: dict[str, Any] = {
-    "string": StringType(),
-    "long": LongType(),
-    "boolean": BooleanType(),
-}
-_VALUE_FIELDS: tuple[tuple[str, Any], ...] = tuple(
-    (name, _SPARK_TYPES[kind]) for name, kind in VALUE_FIELDS
-)
-
-#: ``value`` of every event kind the checkers read (history module docstring).
-VALUE_SCHEMA = StructType([StructField(name, dtype, True) for name, dtype in _VALUE_FIELDS])
-
-#: One history line.
-EVENT_SCHEMA = StructType(
-    [
-        StructField("t_ms", LongType(), True),
-        StructField("process", StringType(), True),
-        StructField("type", StringType(), True),
-        StructField("f", StringType(), True),
-        StructField("value", VALUE_SCHEMA, True),
-    ]
-)
-
-
-def read_events(spark: SparkSession, paths: str | os.PathLike[str] | Sequence[Any]) -> DataFrame:
-    """Read history files with the explicit schema.
-
-    A JSON-lines file with a current columnar copy (``history.parquet``, see
-    :func:`ha_controller.drills.history.write_columnar`) is read from the copy: no JSON
-    parsing, and only the columns a query uses.  Otherwise the JSON lines are read
-    (FAILFAST): a line that is not JSON, or whose fields do not fit
-    :data:`EVENT_SCHEMA` (a string where a number belongs), fails the job; the
-    in-process reader rejects the first and treats a mistyped value field as missing.
-    """
-    if isinstance(paths, str | os.PathLike):
-        files = [os.fspath(paths)]
-    else:
-        files = [os.fspath(p) for p in paths]
-    columnar = {f: columnar_copy(f) for f in files}
-    parquet = [os.fspath(c) for c in columnar.values() if c is not None]
-    jsonl = [f for f, c in columnar.items() if c is None]
-    frames = []
-    if parquet:
-        frames.append(spark.read.schema(EVENT_SCHEMA).parquet(*parquet))
-    if jsonl or not frames:
-        frames.append(spark.read.schema(EVENT_SCHEMA).option("mode", "FAILFAST").json(jsonl))
-    return reduce(lambda a, b: a.unionByName(b), frames)
-
-
-def _flat(events: DataFrame) -> DataFrame:
-    return events.where(
-        F.col("t_ms").isNotNull() & F.col("type").isNotNull() & F.col("f").isNotNull()
-    ).select(
-        "hid",
-        "t_ms",
-        "type",
-        "f",
-        *[F.col(f"value.{name}").alias(name) for name, _ in _VALUE_FIELDS if name != "role"],
-    )
-
-
-HistorySource = str | os.PathLike[str] | Sequence[Any] | DataFrame
 
 
 def compute_verdict(
@@ -165,22 +110,6 @@ def compute_verdicts(
     return verdicts_of(spark, events, list(histories), options=options)
 
 
-def read_drills(spark: SparkSession, files: Mapping[str, Sequence[Path]]) -> DataFrame:
-    """The histories of many drills (drill -> its ``history*.jsonl`` files) read in one
-    scan, with a ``hid`` column naming each event's drill (the name of the directory
-    its file is in, which must be the drill's name) and partitioned by it."""
-    for drill, paths in files.items():
-        for path in paths:
-            if Path(path).parent.name != drill:
-                raise ValueError(f"{path}: a history of drill {drill!r} must be in {drill}/")
-    everything = [p for paths in files.values() for p in paths]
-    return (
-        read_events(spark, everything)
-        .withColumn("hid", F.regexp_extract(F.input_file_name(), r"([^/]+)/[^/]+$", 1))
-        .repartition("hid")
-    )
-
-
 def verdicts_of(
     spark: SparkSession,
     events: DataFrame,
@@ -198,12 +127,12 @@ def verdicts_of(
     (cached), without joining events back.  Everything else is read in three rounds,
     each one ``collect`` of small rows (:func:`_first_round`, :func:`_second_round`,
     :func:`_closes`), and the fault windows are put together on the driver
-    (:class:`_Windows`).  Events read from JSON lines are cached once (each further
+    (:class:`Windows`).  Events read from JSON lines are cached once (each further
     scan would parse the JSON again); Parquet is scanned again instead, column by
     column.
     """
     opts = options if options is not None else CheckOptions()
-    ev = _flat(events)
+    ev = flat(events)
     cache_events = any(not f.endswith(".parquet") for f in events.inputFiles())
     if cache_events:
         ev = ev.persist(StorageLevel.MEMORY_AND_DISK)
@@ -211,31 +140,64 @@ def verdicts_of(
     try:
         # the cache of the key rows is built by the one query of this round that reads
         # them (several readers at once would each compute the rows they find missing)
-        first = _Rows(_collect(_first_round(ev, keys, opts)))
-        win = _Windows(first.every("fault"))
+        first = Rows(collect(_first_round(ev, keys, opts)))
+        win = Windows(first.every("fault"))
         held = {
             hid: spans
             for hid in win.hids
             if (spans := no_writable_master_spans(win.stubs(hid, first.write_groups(hid))))
         }
-        second = _Rows(_collect(_second_round(spark, ev, keys, opts, win.epochs, held)))
+        power = {hid: _durability(first, hid) for hid in names}
+        cuts = {hid: (d.bound_ms, p) for hid, (d, p) in power.items() if p}
+        second = Rows(collect(_second_round(spark, ev, keys, opts, win.epochs, held, cuts)))
         win.open(second.every("ops"))
         scopes = win.scopes()
         if scopes:
-            win.close(_collect([_closes(spark, ev, keys, scopes)]))
+            win.close(collect([closes(spark, ev, keys, scopes)]))
     finally:
         keys.unpersist()
         if cache_events:
             ev.unpersist()
     faults = win.faults()
-    return {
-        name: Verdict(
-            scenario=name,
-            counts=_counts(name, first, second),
-            faults=faults.get(name, ()),
+    out: dict[str, Verdict] = {}
+    for name in names:
+        durability, cut_list = power[name]
+        counts = _counts(name, first, second)
+        unsynced, window = unsynced_losses(
+            [
+                (
+                    int(r["n1"]),
+                    r["s2"],
+                    max(len(_groups_of_topic(first, second, name).get(str(r["s1"]), ())), 1)
+                    - int(r["n3"]),
+                )
+                for r in second.of("unsynced", name)
+            ],
+            cut_list,
+            durability.bound_ms,
         )
-        for name in names
-    }
+        durability = replace(durability, unsynced_lost=unsynced, loss_window_ms=window)
+        counts["unsynced_lost"] = unsynced
+        if durability.flush_mode == "async":
+            counts["lost"] -= unsynced
+        out[name] = Verdict(
+            scenario=name, counts=counts, faults=faults.get(name, ()), durability=durability
+        )
+    return out
+
+
+def _durability(first: Rows, hid: str) -> tuple[Durability, list[tuple[int, str]]]:
+    """History ``hid``'s store settings (its earliest ``store`` event) and its power
+    losses ``(start, target)``, from the first round's rows."""
+    store = first.of("store", hid)
+    mode = None if not store or store[0]["s1"] is None else str(store[0]["s1"])
+    interval = None if not store or store[0]["n1"] is None else int(store[0]["n1"])
+    cuts = [
+        (int(r["n1"]), str(r["s3"]))
+        for r in first.of("fault", hid)
+        if r["s1"] == "info" and r["s2"] == "power"
+    ]
+    return Durability(mode, interval, len(cuts)), cuts
 
 
 def fault_families(events: DataFrame) -> dict[str, dict[tuple[int, str, str], list[str | None]]]:
@@ -298,6 +260,13 @@ def _keys(ev: DataFrame, opts: CheckOptions) -> DataFrame:
         ),
         F.bool_or(is_send).alias("sent"),
         F.min(F.when(is_send & (col("type") == "ok"), col("t_ms"))).alias("ok_t"),
+        # the earliest send ok's broker (ties by name), for losses at a power loss
+        F.min(
+            F.when(
+                is_send & (col("type") == "ok"),
+                F.struct("t_ms", F.coalesce(col("broker"), F.lit("")).alias("broker")),
+            )
+        ).alias("ok_first"),
         F.coalesce(
             F.bool_or(F.when(is_end & (col("type") == "ok"), col("commit"))), F.lit(False)
         ).alias("committed"),
@@ -340,6 +309,7 @@ def _keys(ev: DataFrame, opts: CheckOptions) -> DataFrame:
             "key",
             "sent",
             "ok_t",
+            F.when(col("ok_first.broker") != "", col("ok_first.broker")).alias("ok_broker"),
             "committed",
             "outcomes",
             "receipts",
@@ -369,55 +339,6 @@ def _keys(ev: DataFrame, opts: CheckOptions) -> DataFrame:
 
 
 #: the columns of the small rows every round collects (:func:`_collect`): which part of
-#: the verdict a row belongs to, its history, and up to three names and five numbers
-_SMALL_COLUMNS = ("part", "hid", "s1", "s2", "s3", "n1", "n2", "n3", "n4", "n5", "groups")
-
-
-def _part(name: str, frame: DataFrame, **columns: Column | str) -> DataFrame:
-    """``frame`` as rows of part ``name`` (``hid`` plus ``columns`` by small-row name)."""
-    return frame.select(
-        F.lit(name).alias("part"),
-        "hid",
-        *[
-            (F.col(c) if isinstance(c, str) else c).alias(alias)
-            for alias, c in sorted(columns.items())
-        ],
-    )
-
-
-def _collect(parts: Sequence[DataFrame]) -> list[Row]:
-    """One ``collect`` of the union of small frames made by :func:`_part`."""
-    union = reduce(lambda a, b: a.unionByName(b, allowMissingColumns=True), parts)
-    return union.collect()  # small rows: bounded by histories x faults x groups x topics
-
-
-class _Rows:
-    """Collected small rows by part and history."""
-
-    def __init__(self, rows: Sequence[Row]) -> None:
-        self._parts: dict[tuple[str, str], list[Row]] = {}
-        for r in rows:
-            self._parts.setdefault((str(r["part"]), str(r["hid"])), []).append(r)
-
-    def of(self, part: str, hid: str) -> list[Row]:
-        return self._parts.get((part, hid), [])
-
-    def every(self, part: str) -> list[Row]:
-        return [r for (p, _hid), rows in self._parts.items() if p == part for r in rows]
-
-    def total(self, part: str, hid: str, column: str) -> int:
-        return sum(int(r[column] or 0) for r in self.of(part, hid))
-
-    def write_groups(self, hid: str) -> list[str]:
-        return sorted({str(g) for r in self.of("keys", hid) for g in r["groups"] or ()})
-
-
-def _total(name: str, expr: Column) -> Column:
-    return F.coalesce(F.sum(expr), F.lit(0)).cast("long").alias(name)
-
-
-def _flag(cond: Column) -> Column:
-    return F.when(cond, 1).otherwise(0)
 
 
 def _first_round(ev: DataFrame, keys: DataFrame, opts: CheckOptions) -> list[DataFrame]:
@@ -436,16 +357,16 @@ def _first_round(ev: DataFrame, keys: DataFrame, opts: CheckOptions) -> list[Dat
         ),
     ).when(col("t_inv").isNotNull(), F.array(col("inv_broker")))
     key_counts = keys.groupBy("hid").agg(
-        _total("n1", _flag(col("acked"))),
-        _total("n2", col("n_recv")),
-        _total("n3", F.when(col("unexpected"), col("n_recv"))),
-        _total(
+        total("n1", flag(col("acked"))),
+        total("n2", col("n_recv")),
+        total("n3", F.when(col("unexpected"), col("n_recv"))),
+        total(
             "n4",
-            _flag(col("sent") & col("ok_t").isNull() & ~col("rolled_back") & (col("n_recv") > 0)),
+            flag(col("sent") & col("ok_t").isNull() & ~col("rolled_back") & (col("n_recv") > 0)),
         ),
-        _total(
+        total(
             "n5",
-            _flag(
+            flag(
                 col("is_tx")
                 & col("ok_t").isNotNull()
                 & ~col("committed")
@@ -468,20 +389,32 @@ def _first_round(ev: DataFrame, keys: DataFrame, opts: CheckOptions) -> list[Dat
         .select("hid", "topic", "consumer_group")
         .distinct()
     )
+    store = (
+        ev.where((col("f") == "store") & (col("type") == "info"))
+        .groupBy("hid")
+        .agg(F.min_by(F.struct("flush_mode", "flush_interval_ms"), col("t_ms")).alias("m"))
+    )
+    corrupt = (
+        ev.where((col("f") == "receive") & (col("type") == "ok") & (col("corrupt") == F.lit(True)))
+        .groupBy("hid")
+        .agg(total("n", F.lit(1)))
+    )
     return [
-        _part("keys", key_counts, n1="n1", n2="n2", n3="n3", n4="n4", n5="n5", groups="groups"),
-        _part("fault", faults, s1="type", s2="kind", s3="target", n1="t_ms"),  # one per fault
-        _part(
+        part("keys", key_counts, n1="n1", n2="n2", n3="n3", n4="n4", n5="n5", groups="groups"),
+        part("fault", faults, s1="type", s2="kind", s3="target", n1="t_ms"),  # one per fault
+        part("store", store, s1="m.flush_mode", n1="m.flush_interval_ms"),
+        part("corrupt", corrupt, n1="n"),
+        part(
             "grants",
-            _double_grants(ev, opts.lock_lease_ms).groupBy("hid").agg(_total("n", col("n"))),
+            double_grants(ev, opts.lock_lease_ms).groupBy("hid").agg(total("n", col("n"))),
             n1="n",
         ),
-        _part(
+        part(
             "rollbacks",
-            _offset_rollbacks(ev).groupBy("hid").agg(_total("n", F.lit(1))),
+            offset_rollbacks(ev).groupBy("hid").agg(total("n", F.lit(1))),
             n1="n",
         ),
-        _part("subscribed", subscribed, s1="topic", s2="consumer_group"),
+        part("subscribed", subscribed, s1="topic", s2="consumer_group"),
     ]
 
 
@@ -492,6 +425,7 @@ def _second_round(
     opts: CheckOptions,
     epochs: Mapping[str, Sequence[int]],
     held: Mapping[str, Sequence[tuple[int, int]]],
+    cuts: Mapping[str, tuple[int, Sequence[tuple[int, str]]]],
 ) -> list[DataFrame]:
     """The failures of every (history, kind, group, fault epoch) (a count and the
     earliest issue, for the windows' openings; epoch 0 is before the first fault), the
@@ -499,9 +433,11 @@ def _second_round(
     acknowledged keys per topic and the FIFO order violations.
 
     ``epochs``: each history's distinct fault starts, sorted; ``held``: its spans
-    without a writable master (for ``late_delayed``)."""
+    without a writable master (for ``late_delayed``); ``cuts``: its power losses'
+    bound and ``(start, target)`` (for ``unsynced_lost``: the acknowledged keys within
+    the bound before a power loss of their group are collected, a few per power loss)."""
     col = F.col
-    ops = _operations(ev, keys)
+    ops = operations(ev, keys)
     if epochs:
         starts = spark.createDataFrame(
             [(hid, list(s)) for hid, s in epochs.items()], "e_hid string, starts array<long>"
@@ -584,9 +520,9 @@ def _second_round(
         )
     )
     pair_counts = judged.groupBy("hid").agg(
-        _total("duplicated", redelivered),
-        _total("received_acked_pairs", _flag(col("acked"))),
-        _total("late", _flag(late)),
+        total("duplicated", redelivered),
+        total("received_acked_pairs", flag(col("acked"))),
+        total("late", flag(late)),
     )
     acked_topics = (
         keys.where(col("acked")).groupBy("hid", "topic").agg(F.count(F.lit(1)).alias("n"))
@@ -614,30 +550,65 @@ def _second_round(
     order_counts = (
         firsts.withColumn("prev_max", F.max("ok_t").over(stream))
         .groupBy("hid")
-        .agg(_total("n", _flag(col("ok_t") < col("prev_max"))))
+        .agg(total("n", flag(col("ok_t") < col("prev_max"))))
     )
+    parts = []
+    if cuts:
+        power = spark.createDataFrame(
+            [(hid, bound, [(t, target) for t, target in c]) for hid, (bound, c) in cuts.items()],
+            "p_hid string, bound long, cuts array<struct<t: long, target: string>>",
+        )
+
+        def covers(c: Column) -> Column:
+            return (
+                ((c["target"] == col("ok_broker")) | (c["target"] == F.lit(POWER_CLUSTER)))
+                & (c["t"] >= col("ok_t"))
+                & (c["t"] <= col("ok_t") + col("bound"))
+            )
+
+        near = (
+            keys.where(col("acked") & col("ok_broker").isNotNull())
+            .join(F.broadcast(power), col("hid") == col("p_hid"))
+            .where(F.exists("cuts", covers))
+            .select(
+                "hid",
+                "topic",
+                "ok_t",
+                "ok_broker",
+                F.size(F.array_distinct(F.transform("receipts", lambda r: r["cg"]))).alias("recv"),
+            )
+        )
+        parts.append(part("unsynced", near, s1="topic", s2="ok_broker", n1="ok_t", n3="recv"))
     return [
-        _part("ops", per_epoch, s1="op", s2="grp", n1="e", n2="n_fail", n3="issued"),
-        _part(
+        *parts,
+        part("ops", per_epoch, s1="op", s2="grp", n1="e", n2="n_fail", n3="issued"),
+        part(
             "pairs",
             pair_counts,
             n1="duplicated",
             n2="received_acked_pairs",
             n3="late",
         ),
-        _part("subscribed", pairs.select("hid", "topic", "cg").distinct(), s1="topic", s2="cg"),
-        _part("acked_topic", acked_topics, s1="topic", n1="n"),
-        _part("order", order_counts, n1="n"),
+        part("subscribed", pairs.select("hid", "topic", "cg").distinct(), s1="topic", s2="cg"),
+        part("acked_topic", acked_topics, s1="topic", n1="n"),
+        part("order", order_counts, n1="n"),
     ]
 
 
-def _counts(hid: str, first: _Rows, second: _Rows) -> dict[str, int]:
-    """The counts of history ``hid`` from the collected rows."""
-    # lost = sum over acknowledged keys of max(groups subscribing the key's topic, 1)
-    #        - (groups that received the key)
+def _groups_of_topic(first: Rows, second: Rows, hid: str) -> dict[str, set[str]]:
+    """topic -> the consumer groups that subscribe it (declared or by receiving)."""
     groups_of_topic: dict[str, set[str]] = {}
     for r in (*first.of("subscribed", hid), *second.of("subscribed", hid)):
         groups_of_topic.setdefault(str(r["s1"]), set()).add(str(r["s2"]))
+    return groups_of_topic
+
+
+def _counts(hid: str, first: Rows, second: Rows) -> dict[str, int]:
+    """The counts of history ``hid`` from the collected rows (``unsynced_lost`` and its
+    share of ``lost`` are settled by the caller)."""
+    # lost = sum over acknowledged keys of max(groups subscribing the key's topic, 1)
+    #        - (groups that received the key)
+    groups_of_topic = _groups_of_topic(first, second, hid)
     expected_pairs = sum(
         int(r["n1"]) * max(len(groups_of_topic.get(str(r["s1"]), ())), 1)
         for r in second.of("acked_topic", hid)
@@ -654,311 +625,9 @@ def _counts(hid: str, first: _Rows, second: _Rows) -> dict[str, int]:
         "unresolved_transactions": first.total("keys", hid, "n5"),
         "double_lock_grants": first.total("grants", hid, "n1"),
         "offset_rollbacks": first.total("rollbacks", hid, "n1"),
+        "corrupt_deliveries": first.total("corrupt", hid, "n1"),
+        "unsynced_lost": 0,
     }
-
-
-def _double_grants(ev: DataFrame, lease_ms: int) -> DataFrame:
-    col = F.col
-    ident = col("consumer_group").isNotNull() & col("consumer").isNotNull() & col("mq").isNotNull()
-    grants = (
-        ev.where((col("f") == "lock") & (col("type") == "ok") & col("granted") & ident)
-        .groupBy("hid", col("t_ms").alias("t"), col("consumer_group").alias("cg"), "consumer", "mq")
-        .agg(F.count(F.lit(1)).alias("n"))
-    )
-    unlocks = ev.where((col("f") == "unlock") & ident).select(
-        col("hid").alias("uhid"),
-        col("t_ms").alias("ut"),
-        col("consumer_group").alias("ucg"),
-        col("consumer").alias("uc"),
-        col("mq").alias("umq"),
-    )
-    with_end = (
-        grants.join(
-            unlocks,
-            (col("hid") == col("uhid"))
-            & (col("cg") == col("ucg"))
-            & (col("consumer") == col("uc"))
-            & (col("mq") == col("umq"))
-            & (col("ut") >= col("t")),
-            "left",
-        )
-        .groupBy("hid", "t", "cg", "consumer", "mq", "n")
-        .agg(F.least(col("t") + F.lit(lease_ms), F.min("ut")).alias("end"))
-    )
-    others = with_end.select(
-        col("hid").alias("h_hid"),
-        col("t").alias("h_t"),
-        col("cg").alias("h_cg"),
-        col("consumer").alias("h_consumer"),
-        col("mq").alias("h_mq"),
-        col("end").alias("h_end"),
-    )
-    return with_end.join(
-        others,
-        (col("hid") == col("h_hid"))
-        & (col("cg") == col("h_cg"))
-        & (col("mq") == col("h_mq"))
-        & (col("consumer") != col("h_consumer"))
-        & (col("h_t") <= col("t"))
-        & (col("t") < col("h_end")),
-        "left_semi",
-    )
-
-
-def _offset_rollbacks(ev: DataFrame) -> DataFrame:
-    col = F.col
-
-    def of(f: str) -> DataFrame:
-        return ev.where(
-            (col("f") == f)
-            & (col("type") == "ok")
-            & col("consumer_group").isNotNull()
-            & col("mq").isNotNull()
-            & col("offset").isNotNull()
-        )
-
-    probes = of("offset_probe").select("hid", "t_ms", "consumer_group", "mq", "offset")
-    commits = of("commit_offset").select(
-        col("hid").alias("c_hid"),
-        col("t_ms").alias("c_t"),
-        col("consumer_group").alias("c_cg"),
-        col("mq").alias("c_mq"),
-        col("offset").alias("c_offset"),
-    )
-    return probes.join(
-        commits,
-        (col("hid") == col("c_hid"))
-        & (col("consumer_group") == col("c_cg"))
-        & (col("mq") == col("c_mq"))
-        & (col("c_t") < col("t_ms"))
-        & (col("c_offset") > col("offset")),
-        "left_semi",
-    )
-
-
-def _operations(ev: DataFrame, keys: DataFrame) -> DataFrame:
-    """Writes and reads as the availability windows see them (checker docstring):
-    ``hid, op ("write"|"read"), ok, t, issued, grp`` (``grp`` null: no group named).
-    Writes come from the per-key rows (:func:`_keys`), reads from the events."""
-    col = F.col
-    sends = keys.where(col("t_inv").isNotNull() | (F.size("outcomes") > 0))
-    answered = sends.select("hid", "t_inv", "inv_broker", F.explode("outcomes").alias("o")).select(
-        "hid",
-        F.lit("write").alias("op"),
-        (col("o.type") == "ok").alias("ok"),
-        col("o.t_ms").alias("t"),
-        F.coalesce(col("t_inv"), col("o.t_ms")).alias("issued"),
-        F.when(col("o.type") == "ok", col("o.broker"))
-        .otherwise(F.coalesce(col("o.broker"), col("inv_broker")))
-        .alias("grp"),
-    )
-    unanswered = sends.where(F.size("outcomes") == 0).select(
-        "hid",
-        F.lit("write").alias("op"),
-        F.lit(False).alias("ok"),
-        col("t_inv").alias("t"),
-        col("t_inv").alias("issued"),
-        col("inv_broker").alias("grp"),
-    )
-    reads = ev.where((col("f") == "receive") & col("type").isin("ok", "fail", "info")).select(
-        "hid",
-        F.lit("read").alias("op"),
-        (col("type") == "ok").alias("ok"),
-        col("t_ms").alias("t"),
-        col("t_ms").alias("issued"),
-        col("broker").alias("grp"),
-    )
-    return answered.unionByName(unanswered).unionByName(reads)
-
-
-#: an availability scope: (history, "write"|"read", group, or None for the cluster)
-_Scope = tuple[str, str, str | None]
-
-
-def _closes(
-    spark: SparkSession,
-    ev: DataFrame,
-    keys: DataFrame,
-    scopes: Mapping[_Scope, Sequence[int]],
-) -> DataFrame:
-    """The earliest success closing each window, as small rows.
-
-    ``scopes``: the distinct openings of every scope, sorted.  A success closes a window
-    opened at ``w`` when it was issued and recorded at or after ``w``, i.e. when
-    ``least(issued, t) >= w``; it is put in the bucket of the last opening at or before
-    that, and the earliest ``t`` of each (scope, bucket) comes back: the window opened
-    at the ``k``-th opening closes at the earliest of the buckets ``k`` and after
-    (:meth:`_Windows.close`).  At most one row per opening and scope."""
-    col = F.col
-    table = spark.createDataFrame(
-        [(hid, op, grp, list(ws)) for (hid, op, grp), ws in scopes.items()],
-        "w_hid string, w_op string, w_grp string, ws array<long>",
-    )
-    reached = F.least(col("issued"), col("t"))
-    return _part(
-        "close",
-        _operations(ev, keys)
-        .where(col("ok"))
-        .join(
-            F.broadcast(table),
-            (col("hid") == col("w_hid"))
-            & (col("op") == col("w_op"))
-            & (col("w_grp").isNull() | (col("grp") == col("w_grp"))),
-        )
-        .select(
-            col("w_hid").alias("hid"),
-            "w_op",
-            "w_grp",
-            F.size(F.filter("ws", lambda w: w <= reached)).alias("bucket"),
-            "t",
-        )
-        .where(col("bucket") > 0)
-        .groupBy("hid", "w_op", "w_grp", "bucket")
-        .agg(F.min("t").alias("t")),
-        s1="w_op",
-        s2="w_grp",
-        n1="bucket",
-        n2="t",
-    )
-
-
-class _Windows:
-    """The faults of every history and their unavailability windows, put together on
-    the driver from the collected rows, as the checker defines them (its ``_faults``):
-    the fault events (:meth:`__init__`), the failures per (scope, epoch)
-    (:meth:`open`), and the earliest success per (scope, bucket) (:meth:`close`)."""
-
-    def __init__(self, fault_rows: Sequence[Row]) -> None:
-        self._starts: dict[str, list[tuple[int, str, str]]] = {}
-        self._heals: dict[tuple[str, str, str], list[int]] = {}
-        for r in fault_rows:
-            hid, t, kind, target = str(r["hid"]), int(r["n1"]), str(r["s2"]), str(r["s3"])
-            if r["s1"] == "info":
-                self._starts.setdefault(hid, []).append((t, kind, target))
-            else:
-                self._heals.setdefault((hid, kind, target), []).append(t)
-        for starts in self._starts.values():
-            starts.sort()
-        for heals in self._heals.values():
-            heals.sort()
-        #: each history's distinct fault starts, sorted (epoch k starts at the k-th)
-        self.epochs = {hid: sorted({s for s, _, _ in v}) for hid, v in self._starts.items()}
-        self._groups: dict[tuple[str, str], set[str]] = {}
-        self._opened: dict[tuple[_Scope, int], int] = {}  # (scope, start) -> opening
-        self._unattributed: dict[tuple[str, str, int], int] = {}  # (hid, op, epoch)
-        self._closed: dict[tuple[_Scope, int], int] = {}  # (scope, opening) -> close
-
-    @property
-    def hids(self) -> list[str]:
-        return sorted(self._starts)
-
-    def _end(self, hid: str, start: int, kind: str, target: str) -> int | None:
-        healed = self._heals.get((hid, kind, target), [])
-        i = bisect.bisect_left(healed, start)
-        return healed[i] if i < len(healed) else None
-
-    def stubs(self, hid: str, write_groups: Sequence[str]) -> list[FaultWindow]:
-        """The faults of ``hid`` without their windows (every write group at 0): what
-        :func:`no_writable_master_spans` reads."""
-        return [
-            FaultWindow(
-                kind,
-                target,
-                start,
-                self._end(hid, start, kind, target),
-                0,
-                write_unavailable_ms=dict.fromkeys(write_groups, 0),
-            )
-            for start, kind, target in self._starts.get(hid, [])
-        ]
-
-    def open(self, rows: Sequence[Row]) -> None:
-        """The openings, from one row per (history, kind, group, epoch) with the number
-        of failures and their earliest issue (``_second_round``'s ``ops``)."""
-        failed: dict[tuple[_Scope, int], tuple[int, int | None]] = {}
-        for r in rows:
-            hid, op, grp = str(r["hid"]), str(r["s1"]), r["s2"]
-            if grp is not None:
-                self._groups.setdefault((hid, op), set()).add(str(grp))
-            e, n, issued = int(r["n1"]), int(r["n2"]), r["n3"]
-            if e == 0 or n == 0:
-                continue
-            if grp is None:
-                self._unattributed[(hid, op, e)] = n
-            for scope in ((hid, op, None), *(((hid, op, str(grp)),) if grp is not None else ())):
-                was_n, was_t = failed.get((scope, e), (0, None))
-                t = int(issued) if was_t is None else min(was_t, int(issued))
-                failed[(scope, e)] = (was_n + n, t)
-        for hid, starts in self._starts.items():
-            targeted: dict[int, set[str]] = {}
-            for start, _kind, target in starts:
-                group = target_group(target)
-                if group is not None:
-                    targeted.setdefault(start, set()).add(group)
-            for e, start in enumerate(self.epochs[hid], 1):
-                for op in AVAILABILITY_KINDS:
-                    for grp in (None, *sorted(self._groups.get((hid, op), ()))):
-                        scope = (hid, op, grp)
-                        if op == "write" and grp is not None and grp in targeted.get(start, ()):
-                            self._opened[(scope, start)] = start
-                        elif (scope, e) in failed:
-                            issued = failed[(scope, e)][1]
-                            assert issued is not None
-                            self._opened[(scope, start)] = max(issued, start)
-
-    def scopes(self) -> dict[_Scope, list[int]]:
-        """Every scope with an opened window -> its distinct openings, sorted."""
-        out: dict[_Scope, set[int]] = {}
-        for (scope, _start), opened in self._opened.items():
-            out.setdefault(scope, set()).add(opened)
-        return {scope: sorted(ws) for scope, ws in out.items()}
-
-    def close(self, rows: Sequence[Row]) -> None:
-        """The closes, from the earliest success per (scope, bucket) (:func:`_closes`)."""
-        scopes = self.scopes()
-        earliest: dict[_Scope, dict[int, int]] = {}
-        for r in rows:
-            scope = (str(r["hid"]), str(r["s1"]), None if r["s2"] is None else str(r["s2"]))
-            earliest.setdefault(scope, {})[int(r["n1"])] = int(r["n2"])
-        for scope, ws in scopes.items():
-            found = earliest.get(scope, {})
-            best: int | None = None
-            for k in range(len(ws), 0, -1):  # bucket k holds successes from ws[k - 1] on
-                t = found.get(k)
-                if t is not None and (best is None or t < best):
-                    best = t
-                if best is not None:
-                    self._closed[(scope, ws[k - 1])] = best
-
-    def _window(self, scope: _Scope, start: int) -> int | None:
-        opened = self._opened.get((scope, start))
-        if opened is None:
-            return 0  # no failure in the epoch
-        closed = self._closed.get((scope, opened))
-        return None if closed is None else closed - opened
-
-    def faults(self) -> dict[str, tuple[FaultWindow, ...]]:
-        out: dict[str, tuple[FaultWindow, ...]] = {}
-        for hid, starts in self._starts.items():
-            epoch = {start: e for e, start in enumerate(self.epochs[hid], 1)}
-            write_groups = sorted(self._groups.get((hid, "write"), ()))
-            read_groups = sorted(self._groups.get((hid, "read"), ()))
-            out[hid] = tuple(
-                FaultWindow(
-                    kind,
-                    target,
-                    start,
-                    self._end(hid, start, kind, target),
-                    self._window((hid, "write", None), start),
-                    self._window((hid, "read", None), start),
-                    {g: self._window((hid, "write", g), start) for g in write_groups},
-                    {g: self._window((hid, "read", g), start) for g in read_groups},
-                    self._unattributed.get((hid, "write", epoch[start]), 0),
-                    self._unattributed.get((hid, "read", epoch[start]), 0),
-                )
-                for start, kind, target in starts
-            )
-        return out
 
 
 def compute_dir_verdict(

@@ -339,14 +339,62 @@ class BrokerStatus(_message.Message):
     def __init__(self, json: _Optional[str] = ...) -> None: ...
 
 class HaReport(_message.Message):
-    __slots__ = ("max_offset", "slave_addr", "broker_id")
+    __slots__ = ("max_offset", "slave_addr", "broker_id", "member_id")
     MAX_OFFSET_FIELD_NUMBER: _ClassVar[int]
     SLAVE_ADDR_FIELD_NUMBER: _ClassVar[int]
     BROKER_ID_FIELD_NUMBER: _ClassVar[int]
+    MEMBER_ID_FIELD_NUMBER: _ClassVar[int]
     max_offset: int
     slave_addr: str
     broker_id: int
-    def __init__(self, max_offset: _Optional[int] = ..., slave_addr: _Optional[str] = ..., broker_id: _Optional[int] = ...) -> None: ...
+    member_id: int
+    def __init__(self, max_offset: _Optional[int] = ..., slave_addr: _Optional[str] = ..., broker_id: _Optional[int] = ..., member_id: _Optional[int] = ...) -> None: ...
+
+class EpochRequest(_message.Message):
+    __slots__ = ("member_id", "epoch")
+    MEMBER_ID_FIELD_NUMBER: _ClassVar[int]
+    EPOCH_FIELD_NUMBER: _ClassVar[int]
+    member_id: int
+    epoch: int
+    def __init__(self, member_id: _Optional[int] = ..., epoch: _Optional[int] = ...) -> None: ...
+
+class EpochEntry(_message.Message):
+    __slots__ = ("epoch", "start_offset")
+    EPOCH_FIELD_NUMBER: _ClassVar[int]
+    START_OFFSET_FIELD_NUMBER: _ClassVar[int]
+    epoch: int
+    start_offset: int
+    def __init__(self, epoch: _Optional[int] = ..., start_offset: _Optional[int] = ...) -> None: ...
+
+class EpochCache(_message.Message):
+    __slots__ = ("epochs", "max_offset", "epoch")
+    EPOCHS_FIELD_NUMBER: _ClassVar[int]
+    MAX_OFFSET_FIELD_NUMBER: _ClassVar[int]
+    EPOCH_FIELD_NUMBER: _ClassVar[int]
+    epochs: _containers.RepeatedCompositeFieldContainer[EpochEntry]
+    max_offset: int
+    epoch: int
+    def __init__(self, epochs: _Optional[_Iterable[_Union[EpochEntry, _Mapping]]] = ..., max_offset: _Optional[int] = ..., epoch: _Optional[int] = ...) -> None: ...
+
+class PrepareSwitchRequest(_message.Message):
+    __slots__ = ("target_member", "epoch", "timeout_ms")
+    TARGET_MEMBER_FIELD_NUMBER: _ClassVar[int]
+    EPOCH_FIELD_NUMBER: _ClassVar[int]
+    TIMEOUT_MS_FIELD_NUMBER: _ClassVar[int]
+    target_member: int
+    epoch: int
+    timeout_ms: int
+    def __init__(self, target_member: _Optional[int] = ..., epoch: _Optional[int] = ..., timeout_ms: _Optional[int] = ...) -> None: ...
+
+class PrepareSwitchResponse(_message.Message):
+    __slots__ = ("caught_up", "end_offset", "detail")
+    CAUGHT_UP_FIELD_NUMBER: _ClassVar[int]
+    END_OFFSET_FIELD_NUMBER: _ClassVar[int]
+    DETAIL_FIELD_NUMBER: _ClassVar[int]
+    caught_up: bool
+    end_offset: int
+    detail: str
+    def __init__(self, caught_up: _Optional[bool] = ..., end_offset: _Optional[int] = ..., detail: _Optional[str] = ...) -> None: ...
 
 class HaTransfer(_message.Message):
     __slots__ = ("offset", "data", "master_max_offset")

@@ -8,7 +8,7 @@ from typing import ClassVar as _ClassVar, Optional as _Optional, Union as _Union
 DESCRIPTOR: _descriptor.FileDescriptor
 
 class RegisterBrokerRequest(_message.Message):
-    __slots__ = ("cluster", "broker_addr", "broker_name", "broker_id", "ha_addr", "heartbeat_timeout_ms", "enable_acting_master", "topic_configs", "data_version", "timestamp_ms", "signature", "pre_online_done", "max_offset", "store_writable", "acl_revision", "acl_digest")
+    __slots__ = ("cluster", "broker_addr", "broker_name", "broker_id", "ha_addr", "heartbeat_timeout_ms", "enable_acting_master", "topic_configs", "data_version", "timestamp_ms", "signature", "pre_online_done", "max_offset", "store_writable", "acl_revision", "acl_digest", "member_id", "epoch")
     CLUSTER_FIELD_NUMBER: _ClassVar[int]
     BROKER_ADDR_FIELD_NUMBER: _ClassVar[int]
     BROKER_NAME_FIELD_NUMBER: _ClassVar[int]
@@ -25,6 +25,8 @@ class RegisterBrokerRequest(_message.Message):
     STORE_WRITABLE_FIELD_NUMBER: _ClassVar[int]
     ACL_REVISION_FIELD_NUMBER: _ClassVar[int]
     ACL_DIGEST_FIELD_NUMBER: _ClassVar[int]
+    MEMBER_ID_FIELD_NUMBER: _ClassVar[int]
+    EPOCH_FIELD_NUMBER: _ClassVar[int]
     cluster: str
     broker_addr: str
     broker_name: str
@@ -41,15 +43,113 @@ class RegisterBrokerRequest(_message.Message):
     store_writable: bool
     acl_revision: int
     acl_digest: str
-    def __init__(self, cluster: _Optional[str] = ..., broker_addr: _Optional[str] = ..., broker_name: _Optional[str] = ..., broker_id: _Optional[int] = ..., ha_addr: _Optional[str] = ..., heartbeat_timeout_ms: _Optional[int] = ..., enable_acting_master: _Optional[bool] = ..., topic_configs: _Optional[_Iterable[_Union[_common_pb2.TopicConfig, _Mapping]]] = ..., data_version: _Optional[_Union[_common_pb2.DataVersion, _Mapping]] = ..., timestamp_ms: _Optional[int] = ..., signature: _Optional[bytes] = ..., pre_online_done: _Optional[bool] = ..., max_offset: _Optional[int] = ..., store_writable: _Optional[bool] = ..., acl_revision: _Optional[int] = ..., acl_digest: _Optional[str] = ...) -> None: ...
+    member_id: int
+    epoch: int
+    def __init__(self, cluster: _Optional[str] = ..., broker_addr: _Optional[str] = ..., broker_name: _Optional[str] = ..., broker_id: _Optional[int] = ..., ha_addr: _Optional[str] = ..., heartbeat_timeout_ms: _Optional[int] = ..., enable_acting_master: _Optional[bool] = ..., topic_configs: _Optional[_Iterable[_Union[_common_pb2.TopicConfig, _Mapping]]] = ..., data_version: _Optional[_Union[_common_pb2.DataVersion, _Mapping]] = ..., timestamp_ms: _Optional[int] = ..., signature: _Optional[bytes] = ..., pre_online_done: _Optional[bool] = ..., max_offset: _Optional[int] = ..., store_writable: _Optional[bool] = ..., acl_revision: _Optional[int] = ..., acl_digest: _Optional[str] = ..., member_id: _Optional[int] = ..., epoch: _Optional[int] = ...) -> None: ...
 
 class RegisterBrokerResponse(_message.Message):
-    __slots__ = ("master_addr", "master_ha_addr")
+    __slots__ = ("master_addr", "master_ha_addr", "controller")
     MASTER_ADDR_FIELD_NUMBER: _ClassVar[int]
     MASTER_HA_ADDR_FIELD_NUMBER: _ClassVar[int]
+    CONTROLLER_FIELD_NUMBER: _ClassVar[int]
     master_addr: str
     master_ha_addr: str
-    def __init__(self, master_addr: _Optional[str] = ..., master_ha_addr: _Optional[str] = ...) -> None: ...
+    controller: ControllerView
+    def __init__(self, master_addr: _Optional[str] = ..., master_ha_addr: _Optional[str] = ..., controller: _Optional[_Union[ControllerView, _Mapping]] = ...) -> None: ...
+
+class GroupState(_message.Message):
+    __slots__ = ("epoch", "master_member", "sync_state_set", "master_addr", "unclean")
+    EPOCH_FIELD_NUMBER: _ClassVar[int]
+    MASTER_MEMBER_FIELD_NUMBER: _ClassVar[int]
+    SYNC_STATE_SET_FIELD_NUMBER: _ClassVar[int]
+    MASTER_ADDR_FIELD_NUMBER: _ClassVar[int]
+    UNCLEAN_FIELD_NUMBER: _ClassVar[int]
+    epoch: int
+    master_member: int
+    sync_state_set: _containers.RepeatedScalarFieldContainer[int]
+    master_addr: str
+    unclean: bool
+    def __init__(self, epoch: _Optional[int] = ..., master_member: _Optional[int] = ..., sync_state_set: _Optional[_Iterable[int]] = ..., master_addr: _Optional[str] = ..., unclean: _Optional[bool] = ...) -> None: ...
+
+class ControllerView(_message.Message):
+    __slots__ = ("enabled", "state", "has_state", "route_id", "confirmed_age_ms")
+    ENABLED_FIELD_NUMBER: _ClassVar[int]
+    STATE_FIELD_NUMBER: _ClassVar[int]
+    HAS_STATE_FIELD_NUMBER: _ClassVar[int]
+    ROUTE_ID_FIELD_NUMBER: _ClassVar[int]
+    CONFIRMED_AGE_MS_FIELD_NUMBER: _ClassVar[int]
+    enabled: bool
+    state: GroupState
+    has_state: bool
+    route_id: int
+    confirmed_age_ms: int
+    def __init__(self, enabled: _Optional[bool] = ..., state: _Optional[_Union[GroupState, _Mapping]] = ..., has_state: _Optional[bool] = ..., route_id: _Optional[int] = ..., confirmed_age_ms: _Optional[int] = ...) -> None: ...
+
+class GetReplicaInfoRequest(_message.Message):
+    __slots__ = ("cluster", "broker_name", "member_id", "broker_addr", "max_offset", "epoch")
+    CLUSTER_FIELD_NUMBER: _ClassVar[int]
+    BROKER_NAME_FIELD_NUMBER: _ClassVar[int]
+    MEMBER_ID_FIELD_NUMBER: _ClassVar[int]
+    BROKER_ADDR_FIELD_NUMBER: _ClassVar[int]
+    MAX_OFFSET_FIELD_NUMBER: _ClassVar[int]
+    EPOCH_FIELD_NUMBER: _ClassVar[int]
+    cluster: str
+    broker_name: str
+    member_id: int
+    broker_addr: str
+    max_offset: int
+    epoch: int
+    def __init__(self, cluster: _Optional[str] = ..., broker_name: _Optional[str] = ..., member_id: _Optional[int] = ..., broker_addr: _Optional[str] = ..., max_offset: _Optional[int] = ..., epoch: _Optional[int] = ...) -> None: ...
+
+class AlterSyncStateSetRequest(_message.Message):
+    __slots__ = ("cluster", "broker_name", "master_member", "epoch", "sync_state_set")
+    CLUSTER_FIELD_NUMBER: _ClassVar[int]
+    BROKER_NAME_FIELD_NUMBER: _ClassVar[int]
+    MASTER_MEMBER_FIELD_NUMBER: _ClassVar[int]
+    EPOCH_FIELD_NUMBER: _ClassVar[int]
+    SYNC_STATE_SET_FIELD_NUMBER: _ClassVar[int]
+    cluster: str
+    broker_name: str
+    master_member: int
+    epoch: int
+    sync_state_set: _containers.RepeatedScalarFieldContainer[int]
+    def __init__(self, cluster: _Optional[str] = ..., broker_name: _Optional[str] = ..., master_member: _Optional[int] = ..., epoch: _Optional[int] = ..., sync_state_set: _Optional[_Iterable[int]] = ...) -> None: ...
+
+class ElectMasterRequest(_message.Message):
+    __slots__ = ("cluster", "broker_name", "target_member", "timeout_ms")
+    CLUSTER_FIELD_NUMBER: _ClassVar[int]
+    BROKER_NAME_FIELD_NUMBER: _ClassVar[int]
+    TARGET_MEMBER_FIELD_NUMBER: _ClassVar[int]
+    TIMEOUT_MS_FIELD_NUMBER: _ClassVar[int]
+    cluster: str
+    broker_name: str
+    target_member: int
+    timeout_ms: int
+    def __init__(self, cluster: _Optional[str] = ..., broker_name: _Optional[str] = ..., target_member: _Optional[int] = ..., timeout_ms: _Optional[int] = ...) -> None: ...
+
+class ElectMasterResponse(_message.Message):
+    __slots__ = ("controller", "paused_ms", "detail")
+    CONTROLLER_FIELD_NUMBER: _ClassVar[int]
+    PAUSED_MS_FIELD_NUMBER: _ClassVar[int]
+    DETAIL_FIELD_NUMBER: _ClassVar[int]
+    controller: ControllerView
+    paused_ms: int
+    detail: str
+    def __init__(self, controller: _Optional[_Union[ControllerView, _Mapping]] = ..., paused_ms: _Optional[int] = ..., detail: _Optional[str] = ...) -> None: ...
+
+class NotifyBrokerRoleChangedRequest(_message.Message):
+    __slots__ = ("cluster", "broker_name", "state", "route_id", "fence_wait_ms")
+    CLUSTER_FIELD_NUMBER: _ClassVar[int]
+    BROKER_NAME_FIELD_NUMBER: _ClassVar[int]
+    STATE_FIELD_NUMBER: _ClassVar[int]
+    ROUTE_ID_FIELD_NUMBER: _ClassVar[int]
+    FENCE_WAIT_MS_FIELD_NUMBER: _ClassVar[int]
+    cluster: str
+    broker_name: str
+    state: GroupState
+    route_id: int
+    fence_wait_ms: int
+    def __init__(self, cluster: _Optional[str] = ..., broker_name: _Optional[str] = ..., state: _Optional[_Union[GroupState, _Mapping]] = ..., route_id: _Optional[int] = ..., fence_wait_ms: _Optional[int] = ...) -> None: ...
 
 class UnregisterBrokerRequest(_message.Message):
     __slots__ = ("cluster", "broker_addr", "broker_name", "broker_id", "timestamp_ms", "signature")
@@ -68,7 +168,7 @@ class UnregisterBrokerRequest(_message.Message):
     def __init__(self, cluster: _Optional[str] = ..., broker_addr: _Optional[str] = ..., broker_name: _Optional[str] = ..., broker_id: _Optional[int] = ..., timestamp_ms: _Optional[int] = ..., signature: _Optional[bytes] = ...) -> None: ...
 
 class BrokerHeartbeatRequest(_message.Message):
-    __slots__ = ("cluster", "broker_addr", "broker_name", "max_offset", "store_writable", "acl_revision", "acl_digest")
+    __slots__ = ("cluster", "broker_addr", "broker_name", "max_offset", "store_writable", "acl_revision", "acl_digest", "member_id", "epoch")
     CLUSTER_FIELD_NUMBER: _ClassVar[int]
     BROKER_ADDR_FIELD_NUMBER: _ClassVar[int]
     BROKER_NAME_FIELD_NUMBER: _ClassVar[int]
@@ -76,6 +176,8 @@ class BrokerHeartbeatRequest(_message.Message):
     STORE_WRITABLE_FIELD_NUMBER: _ClassVar[int]
     ACL_REVISION_FIELD_NUMBER: _ClassVar[int]
     ACL_DIGEST_FIELD_NUMBER: _ClassVar[int]
+    MEMBER_ID_FIELD_NUMBER: _ClassVar[int]
+    EPOCH_FIELD_NUMBER: _ClassVar[int]
     cluster: str
     broker_addr: str
     broker_name: str
@@ -83,7 +185,15 @@ class BrokerHeartbeatRequest(_message.Message):
     store_writable: bool
     acl_revision: int
     acl_digest: str
-    def __init__(self, cluster: _Optional[str] = ..., broker_addr: _Optional[str] = ..., broker_name: _Optional[str] = ..., max_offset: _Optional[int] = ..., store_writable: _Optional[bool] = ..., acl_revision: _Optional[int] = ..., acl_digest: _Optional[str] = ...) -> None: ...
+    member_id: int
+    epoch: int
+    def __init__(self, cluster: _Optional[str] = ..., broker_addr: _Optional[str] = ..., broker_name: _Optional[str] = ..., max_offset: _Optional[int] = ..., store_writable: _Optional[bool] = ..., acl_revision: _Optional[int] = ..., acl_digest: _Optional[str] = ..., member_id: _Optional[int] = ..., epoch: _Optional[int] = ...) -> None: ...
+
+class BrokerHeartbeatResponse(_message.Message):
+    __slots__ = ("controller",)
+    CONTROLLER_FIELD_NUMBER: _ClassVar[int]
+    controller: ControllerView
+    def __init__(self, controller: _Optional[_Union[ControllerView, _Mapping]] = ...) -> None: ...
 
 class QueryDataVersionRequest(_message.Message):
     __slots__ = ("cluster", "broker_addr", "broker_name", "broker_id", "data_version")
@@ -122,12 +232,21 @@ class ClusterEntry(_message.Message):
     def __init__(self, cluster: _Optional[str] = ..., broker_names: _Optional[_Iterable[str]] = ...) -> None: ...
 
 class ClusterInfo(_message.Message):
-    __slots__ = ("clusters", "brokers")
+    __slots__ = ("clusters", "brokers", "controller")
+    class ControllerEntry(_message.Message):
+        __slots__ = ("key", "value")
+        KEY_FIELD_NUMBER: _ClassVar[int]
+        VALUE_FIELD_NUMBER: _ClassVar[int]
+        key: str
+        value: GroupState
+        def __init__(self, key: _Optional[str] = ..., value: _Optional[_Union[GroupState, _Mapping]] = ...) -> None: ...
     CLUSTERS_FIELD_NUMBER: _ClassVar[int]
     BROKERS_FIELD_NUMBER: _ClassVar[int]
+    CONTROLLER_FIELD_NUMBER: _ClassVar[int]
     clusters: _containers.RepeatedCompositeFieldContainer[ClusterEntry]
     brokers: _containers.RepeatedCompositeFieldContainer[_common_pb2.BrokerData]
-    def __init__(self, clusters: _Optional[_Iterable[_Union[ClusterEntry, _Mapping]]] = ..., brokers: _Optional[_Iterable[_Union[_common_pb2.BrokerData, _Mapping]]] = ...) -> None: ...
+    controller: _containers.MessageMap[str, GroupState]
+    def __init__(self, clusters: _Optional[_Iterable[_Union[ClusterEntry, _Mapping]]] = ..., brokers: _Optional[_Iterable[_Union[_common_pb2.BrokerData, _Mapping]]] = ..., controller: _Optional[_Mapping[str, GroupState]] = ...) -> None: ...
 
 class GetBrokerMemberGroupRequest(_message.Message):
     __slots__ = ("cluster", "broker_name")

@@ -56,6 +56,12 @@ class RequestCode(enum.IntEnum):
     BROKER_HEARTBEAT = 904
     NOTIFY_MIN_BROKER_ID_CHANGE = 905
     EXCHANGE_BROKER_HA_INFO = 906
+    # controller mode (RIP-44's codes; ha_controller/controller/)
+    CONTROLLER_ALTER_SYNC_STATE_SET = 1001
+    CONTROLLER_ELECT_MASTER = 1002
+    CONTROLLER_GET_REPLICA_INFO = 1004
+    GET_BROKER_EPOCH_CACHE = 1007
+    NOTIFY_BROKER_ROLE_CHANGED = 1008
     POP_MESSAGE = 200050
     ACK_MESSAGE = 200051
     CHANGE_MESSAGE_INVISIBLETIME = 200053
@@ -70,6 +76,8 @@ class RequestCode(enum.IntEnum):
     # the HA port's handshake when the cluster has a secret (ha_controller/auth.py)
     HA_HELLO = 900013
     HA_AUTH = 900014
+    # controller mode: a slave's epoch check before its first report (HA port)
+    HA_EPOCH = 900015
     GET_TRANSACTION_OFFSETS = 900020
     GET_RECALL_TABLE = 900021
     GET_POP_ACK_TABLE = 900022
@@ -78,6 +86,8 @@ class RequestCode(enum.IntEnum):
     PUT_ACL_TABLE = 900024
     # an acting slave hands a recall to the other members of its group before answering
     PUT_RECALLS = 900025
+    # controller mode: a master stops taking writes for a planned switch
+    PREPARE_SWITCH = 900030
 
 
 def method_name(method: int) -> str:

@@ -387,6 +387,24 @@ class ConfigError(HaError, ValueError):
     code = 700
 
 
+# --- controller mode (an etcd-backed master switch) -----------------------------
+
+
+class EtcdUnavailable(HaError, ConnectionError):
+    """No etcd endpoint answered, or etcd refused the request."""
+
+    code = 800
+    retriable = True
+
+
+class StaleEpoch(HaError):
+    """A request from (or for) a master of an epoch that is not the group's current
+    one: a master that was replaced must not acknowledge anything more."""
+
+    code = 801
+    retriable = True
+
+
 def _all_subclasses(cls: type[HaError]) -> list[type[HaError]]:
     out: list[type[HaError]] = []
     for sub in cls.__subclasses__():

@@ -570,6 +570,8 @@ class Cluster:
                 return False
             st = json.loads(body)
             ids = {s["brokerId"] for s in st["slaves"]}
+            if "syncStateSet" in st and len(st["syncStateSet"] or ()) < len(replicas[name]):
+                return False  # controller mode: every member in the sync-state set
             return not st["isolated"] and ids >= replicas[name] - {0}
 
         async with NameserverClient([self.namesrv], tls=tls) as ns:

@@ -75,6 +75,18 @@ def test_paused_or_cut_off_master_is_not_green(kind: str, state: str) -> None:
     assert f"{HEAL_ACTIONS[kind]} broker-a/0" in svg
 
 
+@pytest.mark.parametrize("target", ["broker-a", "cluster"])
+def test_power_loss_of_a_group_or_the_cluster_takes_every_lane_down(target: str) -> None:
+    events = [
+        Event.of(e.t_ms, e.process, e.type, Fault("power", target, "x")) if e.f == "fault" else e
+        for e in _history("kill")
+    ]
+    svg = timeline_svg(events, start_ms=T0)
+    for lane in ("broker-a/0", "broker-a/1"):
+        assert ("down", "10.0", "14.0") in _lane(svg, lane), lane
+    assert f"power on {target}" in svg
+
+
 def test_lost_host_stays_down() -> None:
     events = [e for e in _history("kill", observed_after=False) if e.type != "ok" or e.f != "fault"]
     svg = timeline_svg(events, start_ms=T0)
@@ -89,6 +101,9 @@ def test_heal_labels_say_what_the_heal_does() -> None:
         "partition": "heal partition",
         "netem": "clear loss",
         "disk": "free disk",
+        "power": "power on",
+        "corrupt": "restart",
+        "clock": "reset clock",
     }
 
 

@@ -5,6 +5,7 @@ out-of-range flag, a nameserver nobody listens on."""
 from __future__ import annotations
 
 import importlib.util
+import os
 import socket
 import subprocess
 from collections.abc import Iterator
@@ -15,8 +16,16 @@ import pytest
 from ha_controller.testing import hactl_argv
 
 
-def hactl(*args: str, timeout: float = 60) -> subprocess.CompletedProcess[str]:
-    return subprocess.run(hactl_argv(*args), capture_output=True, text=True, timeout=timeout)
+def hactl(
+    *args: str, timeout: float = 60, env: dict[str, str] | None = None
+) -> subprocess.CompletedProcess[str]:
+    return subprocess.run(
+        hactl_argv(*args),
+        capture_output=True,
+        text=True,
+        timeout=timeout,
+        env=None if env is None else {**os.environ, **env},
+    )
 
 
 def one_line_error(out: subprocess.CompletedProcess[str], code: int) -> str:
@@ -92,13 +101,16 @@ def test_store_dir_that_is_a_file(tmp_path: Path) -> None:
 
 
 def test_corrupt_topic_table(tmp_path: Path) -> None:
+    """On a broker without replicas to take it from (with them it waits for one:
+    tests/integration/test_corrupt_metadata.py)."""
     store = tmp_path / "store"
     store.mkdir()
+    alone = {"HAC_TOTAL_REPLICAS": "1", "HAC_IN_SYNC_REPLICAS": "1"}
     (store / "topics.json").write_text('{"topics": [')
-    line = one_line_error(hactl(*broker_argv(store)), 1)
+    line = one_line_error(hactl(*broker_argv(store), env=alone), 1)
     assert line.startswith(f"hactl broker: StoreError: corrupt topic table {store}/topics.json")
     (store / "topics.json").write_text('{"topics": [{"perm": 6}], "dataVersion": {}}')
-    line = one_line_error(hactl(*broker_argv(store)), 1)
+    line = one_line_error(hactl(*broker_argv(store), env=alone), 1)
     assert "missing key 'topicName'" in line
 
 

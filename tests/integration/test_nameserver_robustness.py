@@ -68,9 +68,15 @@ async def flood(port: int, per_kind: int) -> int:
 async def test_malformed_flood(nameserver: ProcessHandle) -> None:
     port = int(nameserver.rpc.rsplit(":", 1)[1])
     assert nameserver.proc is not None
-    # a registered broker must survive the flood
+    # a registered broker must survive the flood; it does not heartbeat meanwhile, so its
+    # registration lasts longer than the flood takes on a loaded machine
     broker = SimulatedBroker(
-        nameserver.rpc, "c1", "survivor", 0, topics={"T": SimulatedBroker.topic("T")}
+        nameserver.rpc,
+        "c1",
+        "survivor",
+        0,
+        topics={"T": SimulatedBroker.topic("T")},
+        heartbeat_timeout_ms=600_000,
     )
     await broker.start()
     await broker.register()

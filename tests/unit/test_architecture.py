@@ -418,6 +418,31 @@ def test_membership_does_not_import_the_special_services() -> None:
     assert_never_imports(("broker_agent.membership",), ("broker_agent.special",))
 
 
+def test_the_metadata_tables_sit_below_the_broker_parts() -> None:
+    """metadata/ (the tables, their files, their sync) is handed what it needs through
+    narrow ports: it never reaches the core, membership, the special services, the write
+    path or the service."""
+    assert_never_imports(
+        ("broker_agent.metadata",),
+        (
+            "broker_agent.core",
+            "broker_agent.membership",
+            "broker_agent.special",
+            "broker_agent.write_path",
+            "broker_agent.service",
+        ),
+    )
+
+
+def test_the_write_path_and_the_store_do_not_import_the_core() -> None:
+    """The write path sees its broker through ``WriteCore`` (the unit tests run it over
+    an in-memory store), the store sees nothing of the broker."""
+    assert_never_imports(
+        ("broker_agent.write_path", "broker_agent.store"),
+        ("broker_agent.core", "broker_agent.service"),
+    )
+
+
 def test_only_the_write_path_puts_into_the_store() -> None:
     store_put = re.compile(r"\bstore\.put(?:_batch)?\(")
     hits = [

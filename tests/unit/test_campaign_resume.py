@@ -103,7 +103,7 @@ def options(out: Path, **kw: object) -> CampaignOptions:
 
 
 def test_options_are_recorded_and_rebuilt(tmp_path: Path) -> None:
-    o = options(tmp_path, max_drills=9, netns=True)
+    o = options(tmp_path, max_drills=9, netns=True, flush_mode="sync", families_asked=True)
     write_campaign(tmp_path, o, [])
     assert recorded_options(tmp_path) == replace(o, quiet=False)
     # a summary from before the options were recorded: what it says, defaults otherwise
@@ -144,6 +144,7 @@ def test_contradicting_options_are_refused_naming_flag_and_values(tmp_path: Path
         ({"rate": 30.0}, "--rate 30.0 contradicts the campaign in {}, recorded with --rate 20.0"),
         ({"drain_timeout_s": 30.0}, "--drain-timeout 30.0 contradicts"),
         ({"faults_per_drill": 8}, "--faults-per-drill 8 contradicts"),
+        ({"flush_mode": "sync"}, "--flush-mode sync contradicts the campaign in {}"),
         ({"faults": 1}, "--faults 1 is below the 2 faults per family"),
     ):
         with pytest.raises(CampaignError) as exc:

@@ -39,7 +39,7 @@ def verdict(faults: tuple[FaultWindow, ...], **nonzero: int) -> Verdict:
 
 def test_drill_quota_round_robin_and_rotation() -> None:
     remaining = dict.fromkeys(FAMILIES, 10)
-    assert drill_quota(remaining, 8) == dict.fromkeys(FAMILIES, 1)
+    assert drill_quota(remaining, len(FAMILIES)) == dict.fromkeys(FAMILIES, 1)
     assert drill_quota(remaining, 3, rotate=2) == dict.fromkeys(FAMILIES[2:5], 1)
     assert drill_quota({"kill": 5, "slave": 1}, 4) == {"kill": 3, "slave": 1}
     assert drill_quota({"kill": 1, "slave": 1}, 8) == {"kill": 1, "slave": 1}
@@ -145,9 +145,29 @@ def test_campaign_document_shape_ok_and_failing_seeds() -> None:
     assert (doc["ok"], doc["complete"]) == (False, False)
 
 
+def test_a_family_asked_for_and_skipped_is_never_clean() -> None:
+    """``--families kill,partition``: a partition that could not be injected (a drill
+    had to skip it) leaves the campaign incomplete; with the default families the
+    skipped one is only listed."""
+    clean = [o for o in outcomes() if o.seed == 1001]
+    skipped = {"partition": "no one-way partition here"}
+    for asked, ok in ((True, False), (False, True)):
+        doc = campaign_document(
+            clean,
+            families=("kill", "partition"),
+            faults_per_family=1,
+            seed=1,
+            skipped=skipped,
+            asked=asked,
+        )
+        assert (doc["ok"], doc["complete"], doc["families_asked"]) == (ok, ok, asked)
+        assert doc["skipped_families"] == skipped
+
+
 def test_unavailable_families_without_netns() -> None:
     skipped = unavailable_families(FAMILIES, netns=False)
     assert {"partition", "loss"} <= set(skipped)
+    assert "corruption" not in skipped  # needs nothing
     assert "needs --netns" in skipped["partition"]
     assert not {"kill", "pause", "pause-past-expiry", "slave", "nameserver"} & set(skipped)
 
@@ -180,3 +200,23 @@ def test_every_family_has_a_colour(family: str) -> None:
     from ha_controller.drills.report import FAMILY_COLOURS
 
     assert family in FAMILY_COLOURS
+
+
+def test_a_missing_fault_tool_refuses_in_one_line(monkeypatch: pytest.MonkeyPatch) -> None:
+    from ha_controller.drills.clock import clock_available
+    from ha_controller.drills.lazyfs import lazyfs_available
+    from ha_controller.drills.needs import refusal
+
+    monkeypatch.setenv("HAC_LAZYFS", "/nonexistent/hac-lazyfs")
+    monkeypatch.setenv("HAC_CLOCK_SHIM", "/nonexistent/libhac-clock.so")
+    for probe in (lazyfs_available, clock_available):
+        probe.cache_clear()
+    try:
+        said = refusal(["kill", "power-loss", "clock", "corruption"], netns=False)
+    finally:
+        for probe in (lazyfs_available, clock_available):
+            probe.cache_clear()
+    assert said is not None and "\n" not in said
+    assert "power-loss cannot be injected here" in said
+    assert "clock cannot be injected here: needs libhac-clock.so" in said
+    assert "make tools" in said and "kill" not in said and "corruption" not in said

@@ -13,7 +13,7 @@ from pathlib import Path
 
 import pytest
 
-from broker_agent.membership.preonline import adopt_topics
+from broker_agent.metadata.topics import TopicConfigManager
 from broker_agent.replication.catchup import (
     LOST_VOLUME_MARKER,
     CatchUp,
@@ -23,7 +23,6 @@ from broker_agent.replication.catchup import (
     plan_catch_up,
 )
 from broker_agent.store import GetMessageStatus, MessageStore, StoreConfig
-from broker_agent.topics import TopicConfigManager
 from ha_controller.dataversion import DataVersion
 from ha_controller.proto import broker_pb2
 from ha_controller.protocol.codes import RequestCode
@@ -92,7 +91,7 @@ def test_an_older_topic_table_adds_what_a_lost_table_lacks(tmp_path: Path) -> No
     topics = TopicConfigManager(tmp_path / "topics.json")
     topics.upsert(topic("A", 8))
     old = DataVersion(0, 0, 1)
-    assert adopt_topics(topics, [topic("A", 4), topic("B")], old, add_missing=True) == ["B"]
+    assert topics.adopt([topic("A", 4), topic("B")], old, add_missing=True) == ["B"]
     a = topics.get("A")
     assert a is not None and a.write_queue_nums == 8
     assert (tmp_path / "topics.json").exists()
@@ -104,7 +103,7 @@ def test_an_older_topic_table_adds_nothing_to_a_kept_table(tmp_path: Path) -> No
     topics = TopicConfigManager(tmp_path / "topics.json")
     topics.upsert(topic("A", 8))
     old = DataVersion(0, 0, 1)
-    assert adopt_topics(topics, [topic("A", 4), topic("B")], old, add_missing=False) == []
+    assert topics.adopt([topic("A", 4), topic("B")], old, add_missing=False) == []
     assert topics.get("B") is None
 
 
@@ -114,7 +113,7 @@ def test_a_newer_topic_table_wins_for_every_topic_it_holds(tmp_path: Path) -> No
     topics.upsert(topic("C"))
     newer = DataVersion(1, 0, 0)
     theirs = [topic("A", 4), topic("B")]
-    assert sorted(adopt_topics(topics, theirs, newer, add_missing=False)) == ["A", "B"]
+    assert sorted(topics.adopt(theirs, newer, add_missing=False)) == ["A", "B"]
     a = topics.get("A")
     assert a is not None and a.write_queue_nums == 4
     assert topics.get("C") is not None

@@ -17,7 +17,9 @@ import pytest
 
 from ha_controller.drills.checker import (
     COUNT_NAMES,
+    FAILING_COUNTS,
     CheckOptions,
+    Durability,
     FaultWindow,
     Verdict,
     availability_summary,
@@ -41,6 +43,7 @@ from ha_controller.drills.history import (
     SendInvoke,
     SendOk,
     SendOutcome,
+    StoreMode,
     Subscribe,
     Unlock,
     read_history,
@@ -98,8 +101,10 @@ class H:
         consumer: str = "c1",
         qo: int = 0,
         broker: str = "broker-a",
+        corrupt: bool | None = None,
     ) -> H:
-        return self.add(t, consumer, "ok", Receive(key, f"ID-{key}", broker, 0, qo, consumer, cg))
+        value = Receive(key, f"ID-{key}", broker, 0, qo, consumer, cg, corrupt=corrupt)
+        return self.add(t, consumer, "ok", value)
 
 
 def counts(**nonzero: int) -> dict[str, int]:
@@ -400,8 +405,43 @@ def case_targeted_no_failures() -> H:
 class Case:
     build: Callable[[], H]
     counts: dict[str, int]
-    faults: tuple[FaultWindow, ...] = ()
+    #: None: not pinned (the Spark test still compares them whole)
+    faults: tuple[FaultWindow, ...] | None = ()
     options: CheckOptions = field(default_factory=CheckOptions)
+    durability: Durability | None = None
+
+
+def case_corrupt() -> H:
+    h = H()
+    h.send(0, "k0").send(1, "k1")
+    h.recv(10, "k0").recv(11, "k1", corrupt=True)
+    h.recv(12, "stranger", corrupt=True)  # a corrupt key as well: unexpected and corrupt
+    return h
+
+
+def case_power_loss(mode: str) -> Callable[[], H]:
+    """Flush ``mode`` every 500 ms; a power loss of broker-a at 2000 and of the cluster
+    at 5000.  Lost: k100 (acked 1900 ms before the cut: outside the bound of 1500 ms),
+    kb900 (its group broker-b did not lose power at 2000), and inside the bound k700,
+    k1990 (broker-a at 2000) and kb4800 (the cluster at 5000)."""
+
+    def build() -> H:
+        h = H()
+        h.add(0, "drill", "info", StoreMode(mode, 500))
+        h.add(0, "c1", "info", Subscribe("c1", "G", "T"))
+        for t in (100, 700, 1990):
+            h.send(t - 5, f"k{t}", done_t=t)
+        h.send(895, "kb900", done_t=900, broker="broker-b")
+        h.send(1200, "k1200", done_t=1205)
+        h.recv(1300, "k1200", qo=9)
+        h.add(2000, "nemesis", "info", Fault("power", "broker-a"))
+        h.add(3000, "nemesis", "ok", Fault("power", "broker-a"))
+        h.send(4795, "kb4800", done_t=4800, broker="broker-b")
+        h.add(5000, "nemesis", "info", Fault("power", "cluster"))
+        h.add(8000, "nemesis", "ok", Fault("power", "cluster"))
+        return h
+
+    return build
 
 
 CASES: dict[str, Case] = {
@@ -511,6 +551,21 @@ CASES: dict[str, Case] = {
             FaultWindow("pause", "nameserver", 7_000, None, 0, 0, {"broker-a": 0, "broker-b": 0}),
         ),
     ),
+    "corrupt": Case(
+        case_corrupt, counts(acknowledged=2, delivered=3, unexpected=1, corrupt_deliveries=2)
+    ),
+    "power_loss_async": Case(
+        case_power_loss("async"),
+        counts(acknowledged=6, delivered=1, lost=2, unsynced_lost=3),
+        None,
+        durability=Durability("async", 500, 2, 3, 1300),
+    ),
+    "power_loss_sync": Case(
+        case_power_loss("sync"),
+        counts(acknowledged=6, delivered=1, lost=5, unsynced_lost=3),
+        None,
+        durability=Durability("sync", 500, 2, 3, 1300),
+    ),
     "group_gap": Case(
         case_group_gap,
         counts(acknowledged=_gap_acked(), delivered=_gap_acked()),
@@ -524,10 +579,11 @@ def test_case_counts(name: str) -> None:
     case = CASES[name]
     verdict = check(case.build().events, scenario=name, options=case.options)
     assert dict(verdict.counts) == case.counts
-    assert verdict.faults == case.faults
-    failing = any(
-        case.counts[k] for k in COUNT_NAMES if k not in ("acknowledged", "delivered", "recovered")
-    )
+    if case.faults is not None:
+        assert verdict.faults == case.faults
+    if case.durability is not None:
+        assert verdict.durability == case.durability
+    failing = any(case.counts[k] for k in FAILING_COUNTS)
     assert verdict.ok is not failing
 
 
@@ -535,7 +591,14 @@ def test_clean_is_ok_and_json_shape() -> None:
     verdict = check(case_clean().events, scenario="kill-master")
     assert verdict.ok
     doc = json.loads(verdict.to_json())
-    assert list(doc) == ["scenario", "ok", "counts", "faults", "availability"]
+    assert list(doc) == ["scenario", "ok", "counts", "faults", "availability", "durability"]
+    assert doc["durability"] == {
+        "flush_mode": None,
+        "flush_interval_ms": None,
+        "power_losses": 0,
+        "unsynced_lost": 0,
+        "loss_window_ms": 0,
+    }
     assert list(doc["counts"]) == list(COUNT_NAMES)
     assert doc["faults"] == [
         {

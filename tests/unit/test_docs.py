@@ -197,8 +197,11 @@ def test_error_table_matches_the_code() -> None:
 
 
 def _exported_metrics() -> set[str]:
+    from prometheus_client import CollectorRegistry
+
     from broker_agent.metrics import BrokerMetrics
     from ha_controller.rpc.metrics import RPC_METRICS
+    from nameserver.controller import ControllerMetrics
     from nameserver.metrics import NameserverMetrics
 
     group = {
@@ -208,9 +211,12 @@ def _exported_metrics() -> set[str]:
         "masterOnline": False,
         "members": [{"brokerId": 1, "lastHeartbeatAgeMs": 5}],
     }
+    controller = CollectorRegistry()  # a nameserver with etcd_endpoints
+    ControllerMetrics(controller)
     registries = [
         BrokerMetrics("c", "g", 0).registry,
         NameserverMetrics(lambda: [group], lambda: {("c", "g"): 1.0}).registry,
+        controller,
     ]
     names = set(RPC_METRICS)
     try:
@@ -236,7 +242,7 @@ def test_every_metric_is_documented() -> None:
 
 
 def test_every_http_route_is_documented() -> None:
-    from broker_agent.app import http_routes as broker_routes
+    from broker_agent.listeners import http_routes as broker_routes
     from nameserver.app import http_routes as nameserver_routes
 
     text = _page("http-and-metrics.md")

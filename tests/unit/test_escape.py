@@ -447,7 +447,7 @@ async def test_a_named_group_and_queue_is_where_it_goes_or_it_fails(env: Env) ->
     # what it did not replicate (long campaign seed 1026)
     assert not sent.no_replica_wait
     # the neighbour master is not another group's
-    assert neighbour.write_path.appends == []
+    assert neighbour.core.store.appended == []
     r = await slave.escape.put_message_to_specific_queue(
         TOPIC, b"ack", {}, kind="pop_ack", to_group="broker_x", to_queue=2
     )
@@ -479,11 +479,11 @@ async def test_a_masters_own_record_goes_right_behind_its_message_and_nowhere_el
     master = env.broker(broker_id=0)
     three_groups(env)
     await master.escape.put_message_to_specific_queue(TOPIC, b"x", {}, kind="pop_retry", then=ack)
-    message, record = master.write_path.appends[-2:]
+    message, record = master.core.store.appended[-2:]
     assert (message.topic, record.topic, record.queue_id) == (TOPIC, "REVIVE", 0)
     slave = env.broker(broker_id=1)
     await slave.escape.put_message_to_specific_queue(TOPIC, b"x", {}, kind="pop_retry", then=ack)
-    assert slave.write_path.appends == []
+    assert slave.core.store.appended == []
     [sent] = [r for m in env.masters.values() for r in m.sends]
     assert [e.body for e in sent.entries] == [b"x"]
 

@@ -8,17 +8,27 @@ from collections import Counter, defaultdict
 import pytest
 
 from ha_controller.drills.generator import (
+    CLUSTER,
+    CORRUPTIONS,
     FAMILIES,
     GeneratorSpec,
     PlannedFault,
     Schedule,
     ScheduleGenerator,
     parse_families,
+    power_scope,
     target_group_of,
 )
 
 SEEDS = range(200)
 TIMEOUT_S = GeneratorSpec().not_active_timeout_ms / 1000
+
+
+def held(f: PlannedFault) -> str:
+    """What a fault holds: a group, ``nameserver``, or everything (``*``)."""
+    if f.family == "power-loss" and power_scope(f.target) != "broker":
+        return "*" if f.target == CLUSTER else f.target
+    return target_group_of(f.target) or "nameserver"
 
 
 def every_family(seed: int, per_family: int = 3) -> Schedule:
@@ -57,7 +67,7 @@ def test_quota_is_exact(seed: int) -> None:
 
 def test_generate_spreads_faults_over_families() -> None:
     for seed in range(30):
-        counts = ScheduleGenerator(seed).generate(FAMILIES, 16).family_counts()
+        counts = ScheduleGenerator(seed).generate(FAMILIES, 2 * len(FAMILIES)).family_counts()
         assert counts == Counter(dict.fromkeys(FAMILIES, 2))
         uneven = ScheduleGenerator(seed).generate(("kill", "slave", "loss"), 7).family_counts()
         assert sorted(uneven.values()) == [2, 2, 3]
@@ -77,6 +87,33 @@ def test_every_family_covered_and_shaped() -> None:
     assert seen["loss"] == {"netem"}
     assert seen["disk-full"] == {"disk"}
     assert seen["slave"] == seen["nameserver"] == {"kill", "pause"}
+    assert (seen["power-loss"], seen["corruption"], seen["clock"]) == (
+        {"power"},
+        {"corrupt"},
+        {"clock"},
+    )
+
+
+def test_new_families_cover_their_variants() -> None:
+    scopes: Counter[str] = Counter()
+    variants: Counter[tuple[str, bool]] = Counter()
+    clock_targets: Counter[str] = Counter()
+    steps: list[float] = []
+    for seed in SEEDS:
+        for f in every_family(seed).faults():
+            if f.family == "power-loss":
+                scopes[power_scope(f.target)] += 1
+            elif f.family == "corruption":
+                variants[(f.variant, f.stopped)] += 1
+            elif f.family == "clock":
+                kind = "nameserver" if target_group_of(f.target) is None else f.target[-1]
+                clock_targets["master" if kind == "0" else kind] += 1
+                steps.append(f.clock_step_s)
+    assert set(scopes) == {"broker", "group", "cluster"}
+    assert set(variants) == {(v, stopped) for v in CORRUPTIONS for stopped in (True, False)}
+    assert {"nameserver", "master", "1", "2"} == set(clock_targets)
+    assert min(steps) <= -10 and max(steps) >= 10
+    assert all(10 <= abs(s) <= 60 for s in steps)
 
 
 def check_shape(f: PlannedFault) -> None:
@@ -84,11 +121,18 @@ def check_shape(f: PlannedFault) -> None:
     if f.family == "nameserver":
         assert f.target in ("nameserver", "nameserver-1")
         return
+    if f.family == "power-loss":
+        assert f.target == CLUSTER or f.target in GeneratorSpec().groups or group is not None
+        return
+    if f.family == "clock":
+        assert f.target == "nameserver" or group is not None
+        assert f.clock_step_s != 0
+        return
     assert group in GeneratorSpec().groups
     bid = int(f.target.rpartition("/")[2])
     if f.family == "slave":
         assert bid in (1, 2)
-    elif f.family != "disk-full":
+    elif f.family not in ("disk-full", "corruption"):
         assert bid == 0
     if f.family == "pause":
         assert 0 < f.duration_s < 0.6 * TIMEOUT_S, f  # well below the not-active timeout
@@ -131,8 +175,8 @@ def test_no_overlap_on_one_target_or_group_and_never_both_nameservers() -> None:
             # the second starts while the first is in effect: they overlap, intentionally
             assert a.offset_s == 0 < b.offset_s < a.end_s
             assert a.target != b.target
-            held = [target_group_of(f.target) or "nameserver" for f in step.faults]
-            assert held[0] != held[1], step  # two groups, or a group and a nameserver
+            assert held(a) != "*" and held(b) != "*", step  # a cluster power loss is alone
+            assert held(a) != held(b), step  # two groups, or a group and a nameserver
     assert overlapped > len(SEEDS)  # overlap_ratio 0.3 of ~20 steps per schedule
 
 
@@ -142,7 +186,7 @@ def test_single_group_overlaps_only_with_a_nameserver() -> None:
         schedule = ScheduleGenerator(seed, spec).generate_quota(dict.fromkeys(FAMILIES, 2))
         for step in schedule.steps:
             if len(step.faults) == 2:
-                assert {target_group_of(f.target) for f in step.faults} == {"broker-a", None}
+                assert {held(f) for f in step.faults} == {"broker-a", "nameserver"}
 
 
 def test_no_overlap_without_overlap_ratio() -> None:

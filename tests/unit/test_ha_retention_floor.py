@@ -8,6 +8,8 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Any, cast
 
+import pytest
+
 from broker_agent.replication.ha import HaMaster, SlaveLink
 from broker_agent.replication.holds import SlaveHolds
 from broker_agent.store import MessageStore, StoreConfig
@@ -94,12 +96,24 @@ def test_a_second_link_of_the_same_slave_closing_leaves_the_first_in_charge(
 
 def test_the_positions_outlive_a_restart_of_the_master(tmp_path: Path) -> None:
     path = tmp_path / "slave_holds.json"
-    holds = SlaveHolds()
+    holds = SlaveHolds(path)
     holds.detached(2, 3000, T0)
-    SlaveHolds.save(path, holds.snapshot({1: 5000}, T0 + 1000))
-    again = SlaveHolds.load(path)  # the restarted master: both slaves away
+    holds.keep({1: 5000}, T0 + 1000)
+    holds.persist()
+    again = SlaveHolds(path)  # the restarted master: both slaves away
+    again.load()
     assert again.away == {1: (5000, T0 + 1000), 2: (3000, T0)}
     assert floor(again, [], T0 + HOLD_MS) == 5000  # 2's hold ran out, 1's did not
-    path.write_text("{not json")
-    assert SlaveHolds.load(path).away == {}
-    assert SlaveHolds.load(tmp_path / "missing.json").away == {}
+    missing = SlaveHolds(tmp_path / "missing.json")
+    missing.load()
+    assert missing.away == {}
+
+
+@pytest.mark.parametrize("text", ["{not json", '{"1": 5000}', "[]"])
+def test_an_unreadable_file_is_set_aside_and_holds_nothing(tmp_path: Path, text: str) -> None:
+    path = tmp_path / "slave_holds.json"
+    path.write_text(text)
+    holds = SlaveHolds(path)
+    holds.load()
+    assert holds.away == {} and holds.lost
+    assert (tmp_path / "slave_holds.json.corrupt").read_text() == text

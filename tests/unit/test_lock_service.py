@@ -36,7 +36,7 @@ PEER_TIMEOUT_MS = 300
 
 @dataclass
 class FakeHost:
-    """The parts of a ``BrokerService`` the lock service uses."""
+    """The parts of a ``BrokerCore`` the lock service uses, and the member-group fetch."""
 
     cfg: BrokerConfig
     acting: ActingState
@@ -135,7 +135,7 @@ async def start_node(cfg: BrokerConfig, *, acting: bool = False) -> Node:
         pool=ConnectionPool(connect_timeout_ms=1000),
         metrics=BrokerMetrics(cfg.cluster, cfg.broker_name, cfg.broker_id),
     )
-    service = LockService(host)
+    service = LockService(host, host.fetch_member_group)
     dispatcher = Dispatcher()
     service.register(dispatcher)
     server = RpcServer(dispatcher, name=f"lock-{cfg.broker_id}")

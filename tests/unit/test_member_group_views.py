@@ -22,6 +22,7 @@ from broker_agent.membership import group as group_module
 from broker_agent.membership.group import STRAGGLER_WAIT_MS, MemberGroupSync
 from broker_agent.membership.preonline import PreOnline
 from broker_agent.membership.views import believed_view, fresh_window_ms, has_live_master
+from broker_agent.metadata.forward import ForwardSync
 from broker_agent.replication.ha import HaSlave
 from ha_controller.config import BrokerConfig
 from ha_controller.proto import broker_pb2, nameserver_pb2
@@ -270,7 +271,11 @@ async def test_a_fenced_masters_pre_online_waits_for_its_special_work_under_way(
     delivery_done = asyncio.Event()
     step = await step_under_way(core, delivery_done)  # a delivery waiting for replicas
     core.isolated = True
-    preonline = PreOnline(core, cast(Any, Members()), cast(Any, None), [], cast(Any, None))
+
+    async def register() -> None: ...
+
+    forward = ForwardSync(core, [], {}, register)  # no table to sync
+    preonline = PreOnline(core, cast(Any, Members()), cast(Any, None), forward, cast(Any, None))
     run = asyncio.create_task(preonline.run())
     await asyncio.sleep(0.2)
     assert asked == [] and core.preonline_step == "finishing the special work under way"

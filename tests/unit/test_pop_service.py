@@ -1,8 +1,8 @@
 """PopService through its handlers and its revive pass, on small fakes of its ports.
 
-The broker is a ``FakeCore`` and ``FakeWritePath`` (``tests/fakes.py``: an in-memory
-store, the real plain ActingState / TopicConfigManager / ConsumerOffsetManager,
-appends recorded) and a ``RecordingEscape`` recording what the service escapes and
+The broker is a ``FakeCore`` (``tests/fakes.py``: an in-memory store recording what is
+appended, the real plain ActingState / TopicConfigManager / ConsumerOffsetManager)
+under the real ``WritePath``, and a ``RecordingEscape`` recording what the service escapes and
 reads back.  Requests go through the handlers the service registered on its
 dispatcher.  The service takes a ``FakeClock`` the tests set instead of sleeping out
 invisible times.  No BrokerService, no MessageStore, no sockets.
@@ -19,11 +19,9 @@ from typing import Any, cast
 
 import pytest
 from fakes import (
-    Appended,
     EscapePut,
     FakeClock,
     FakeCore,
-    FakeWritePath,
     RecordingEscape,
     call_handler,
 )
@@ -36,6 +34,7 @@ from broker_agent.special.pop import Checkpoint, PopService, ReceiptHandle, revi
 from broker_agent.special.pop.records import MIN_INVISIBLE_MS
 from broker_agent.special.pop.revive import CK_REWRITE_INTERVALS_S
 from broker_agent.special.ports import CorePort, WritePort
+from broker_agent.write_path import WritePath
 from ha_controller.config import BrokerConfig
 from ha_controller.proto import broker_pb2, common_pb2
 from ha_controller.protocol.codes import RequestCode
@@ -77,7 +76,7 @@ def clock() -> FakeClock:
 @dataclass
 class Broker:
     core: FakeCore
-    write_path: FakeWritePath
+    write_path: WritePath
     escape: RecordingEscape
     service: PopService
 
@@ -90,8 +89,8 @@ class Broker:
     def checkpoints(self) -> list[Checkpoint]:
         return [Checkpoint.from_json(m.body) for m in self.records("ck")]
 
-    def revive_appends(self) -> list[Appended]:
-        return [a for a in self.write_path.appends if a.topic == REVIVE]
+    def revive_appends(self) -> list[StoredMessage]:
+        return [a for a in self.core.store.appended if a.topic == REVIVE]
 
     def retried(self) -> list[EscapePut]:
         return [p for p in self.escape.puts if p.kind == "pop_retry"]
@@ -118,7 +117,7 @@ def make_broker(
     if acting:
         core.acting.on_min_broker_change(cfg.broker_id, addr)
         assert core.acting.acting
-    write_path = FakeWritePath(core)
+    write_path = WritePath(core)
     # records escaped to the revive queue of a remote master, retry messages, and
     # original messages read back from the stores of the groups it knows
     escape = RecordingEscape()
@@ -246,10 +245,10 @@ async def test_pop_returns_messages_with_receipt_handles_and_commits_the_offset(
     [ck_record] = master.records("ck")
     assert ck_record.properties["POP_KEY"] == ck.key == handles[0].ck_key(GROUP, TOPIC)
     [ck_append] = master.revive_appends()
-    assert ck_append.how == "append_local"
+    assert ck_append.store_host == master.core.addr  # its own write path, not an escape
     # the pop offset is the group's consumer offset, committed through the write path
     assert master.core.offsets.query(GROUP, TOPIC, 0) == 2
-    assert (GROUP, TOPIC, 0, 2) in master.write_path.replicated_offsets
+    assert (GROUP, TOPIC, 0, 2) in master.core.store.offset_records()
     assert master.core.topics.get(retry_topic(GROUP)) is not None
     assert master.core.topics_changed_calls == 1
     assert messages_out(master) == 2
@@ -298,7 +297,7 @@ async def test_pop_on_a_plain_slave_or_isolated_broker_is_refused(
         await pop(master)
 
     for broker in (master, slave):
-        assert broker.write_path.appends == []
+        assert broker.core.store.appended == []
         assert broker.escape.puts == []
         assert broker.core.offsets.query(GROUP, TOPIC, 0) == -1
 
@@ -322,7 +321,7 @@ async def test_ack_on_master_writes_an_ack_record_to_the_revive_queue(master: Br
     [ck] = master.checkpoints()
     assert ack_record.properties["POP_KEY"] == ck.key
     assert json.loads(ack_record.body) == {"k": ck.key, "o": 1}
-    assert [a.how for a in master.revive_appends()] == ["append_local", "append_local"]
+    assert [a.properties[PROPERTY_TAGS] for a in master.revive_appends()] == ["ck", "ack"]
     assert master.escape.puts == []
 
 
@@ -353,7 +352,7 @@ async def test_pop_and_ack_on_acting_slave_escape_their_records(acting: Broker) 
 
     resp = await pop(acting)
 
-    assert acting.write_path.appends == []  # a slave never appends to its own store
+    assert acting.core.store.appended == []  # a slave never appends to its own store
     [ck_put] = acting.escape.puts
     assert (ck_put.kind, ck_put.topic, ck_put.properties[PROPERTY_TAGS]) == ("pop_ck", REVIVE, "ck")
     ck = Checkpoint.from_json(ck_put.body)
@@ -369,7 +368,7 @@ async def test_pop_and_ack_on_acting_slave_escape_their_records(acting: Broker) 
     assert (ack_put.kind, ack_put.topic) == ("pop_ack", REVIVE)
     assert ack_put.properties == {PROPERTY_TAGS: "ack", "POP_KEY": ck.key}
     assert json.loads(ack_put.body) == {"k": ck.key, "o": 0}
-    assert acting.write_path.appends == []
+    assert acting.core.store.appended == []
 
 
 async def test_an_acting_slaves_pop_is_a_step_its_returning_master_waits_for(
@@ -633,7 +632,7 @@ async def test_acting_slave_revives_the_lost_masters_ck_minus_local_acks(
 
     await ack(acting, handle.encode())
     assert acting.escape.puts == []  # nothing escaped for this ack
-    assert acting.write_path.appends == []
+    assert acting.core.store.appended == []
 
     clock.now = T0 + 10_000
     await acting.service.revive.revive_once()
@@ -989,7 +988,7 @@ async def test_a_broker_taking_over_waits_one_invisible_time_for_orderly_queues(
     for m in got.messages:
         await ack(acting, m.properties[PROPERTY_POP_CK])
     assert acting.core.offsets.query(GROUP, TOPIC, 0) == 2
-    assert acting.write_path.appends == []  # an acting slave never appends
+    assert acting.core.store.appended == []  # an acting slave never appends
 
 
 async def test_a_starting_master_hands_out_orderly_batches_at_once(master: Broker) -> None:

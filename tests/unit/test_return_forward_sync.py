@@ -41,6 +41,9 @@ class Table:
     def busy(self) -> bool:
         return False
 
+    def awaiting_replica(self) -> bool:
+        return False
+
 
 async def test_a_slave_that_starts_acting_during_the_fetch_keeps_its_tables() -> None:
     acting = False

@@ -527,7 +527,7 @@ async def test_each_delivery_carries_its_progress_to_the_slaves(nodes: NodeFacto
     async with running(master):
         await advance(master, 1000)
         assert len(delivered(master)) == 2
-    records = master.broker.write_path.replicated_records
+    records = master.broker.core.store.progress_records()
     delay = [r for r in records if r["G"] == DELAY_OFFSET_GROUP]
     timer = [r for r in records if r["G"] == TIMER_CHECKPOINT_GROUP]
     assert delay and delay[-1] == {"G": DELAY_OFFSET_GROUP, "T": SCHEDULE_TOPIC, "Q": "1", "O": "1"}
@@ -582,7 +582,7 @@ async def test_a_recalled_timer_message_is_never_delivered(nodes: NodeFactory) -
         await advance(master, 10_000)
     assert uniq_keys(master) == ["keep"]
     # the marker went into the timer queue through the write path, once
-    markers = [a for a in master.broker.write_path.appends if a.topic == TIMER_TOPIC]
+    markers = [a for a in master.broker.core.store.appended if a.topic == TIMER_TOPIC]
     assert [a.properties[PROPERTY_TIMER_DEL_UNIQKEY] for a in markers] == ["drop"]
     assert master.schedule.delivery.recalled_skipped == 1
 
@@ -603,7 +603,7 @@ async def test_recall_of_an_unknown_or_delivered_message_is_refused(nodes: NodeF
         with pytest.raises(NotRecallable, match="no scheduled message"):  # another topic's
             await recall(master, addr, "later", T0 + 60_000, topic="other")
     assert len(master.schedule.recalls) == 0
-    assert not [a for a in master.broker.write_path.appends if a.topic == TIMER_TOPIC]
+    assert not [a for a in master.broker.core.store.appended if a.topic == TIMER_TOPIC]
 
 
 async def test_the_recall_marker_in_the_timer_queue_alone_keeps_it_undelivered(
@@ -634,7 +634,7 @@ async def test_an_acting_slaves_recall_survives_restart_and_reaches_the_master(
     put_delayed(slave, {"TIMER_DELIVER_MS": str(T0 + 60_000), "UNIQ_KEY": "late"})
     async with serving(slave) as addr, running(slave):
         await recall(slave, addr, "late", T0 + 60_000)
-    assert slave.broker.write_path.appends == []  # a slave never appends to its own store
+    assert slave.broker.core.store.appended == []  # a slave never appends to its own store
     await slave.broker.aclose()
     again = nodes(broker_id=1, store="s")  # restart: the table is on disk
     assert "late" in again.schedule.recalls

@@ -1,9 +1,10 @@
 """TransactionService through its handlers and its check loop, on small fakes of
 its ports.
 
-The broker is a ``FakeCore`` and ``FakeWritePath`` (``tests/fakes.py``: an in-memory
-store, the real plain ActingState / TopicConfigManager / ConsumerOffsetManager,
-appends recorded) and a ``RecordingEscape`` that records what the service hands on.
+The broker is a ``FakeCore`` (``tests/fakes.py``: an in-memory store recording what is
+appended, the real plain ActingState / TopicConfigManager / ConsumerOffsetManager)
+under the real ``WritePath``, and a ``RecordingEscape`` that records what the service
+hands on.
 Requests go through the handlers the service registered on its dispatcher; a
 ``FakePool`` routes RPCs to another fake broker's dispatcher in the same process.
 No BrokerService, no MessageStore, no sockets: a producer connection is a fake
@@ -21,10 +22,8 @@ from typing import Any, TypeVar, cast
 
 import pytest
 from fakes import (
-    Appended,
     FakeConn,
     FakeCore,
-    FakeWritePath,
     RecordingEscape,
     call_handler,
     request_context,
@@ -39,6 +38,7 @@ from broker_agent.special.transaction import (
     TransactionService,
     store_target,
 )
+from broker_agent.write_path import WritePath
 from ha_controller.config import BrokerConfig
 from ha_controller.dataversion import DataVersion
 from ha_controller.proto import broker_pb2, common_pb2
@@ -149,22 +149,22 @@ class GatedEscape(RecordingEscape):
 @dataclass
 class Broker:
     core: FakeCore
-    write_path: FakeWritePath
+    write_path: WritePath
     escape: RecordingEscape
     pool: FakePool
     service: TransactionService
 
     @property
-    def ops(self) -> list[Appended]:
-        return [a for a in self.write_path.appends if a.topic == OP_TOPIC]
+    def ops(self) -> list[StoredMessage]:
+        return [a for a in self.core.store.appended if a.topic == OP_TOPIC]
 
     @property
-    def committed(self) -> list[Appended]:
-        return [a for a in self.write_path.appends if a.topic != OP_TOPIC]
+    def committed(self) -> list[StoredMessage]:
+        return [a for a in self.core.store.appended if a.topic != OP_TOPIC]
 
-    def stored(self, appended: Appended) -> StoredMessage:
+    def stored(self, appended: StoredMessage) -> StoredMessage:
         msg = self.core.store.get_message_at(
-            appended.topic, appended.queue_id, appended.result.queue_offset
+            appended.topic, appended.queue_id, appended.queue_offset
         )
         assert msg is not None
         return msg
@@ -200,7 +200,7 @@ def make_broker(
         assert core.acting.acting
     pool = FakePool()
     core.pool = cast(ConnectionPool, pool)
-    write_path = FakeWritePath(core)
+    write_path = WritePath(core)
     escape = RecordingEscape() if escape is None else escape
     # the fakes are duck-typed: CorePort names the concrete MessageStore, and the
     # service takes the concrete EscapeBridge (there is no escape port)
@@ -294,8 +294,8 @@ async def test_commit_on_master_appends_real_message_and_op_and_resolves(master:
 
     await end(master, half, commit=True)
 
-    real, op = master.write_path.appends
-    assert (real.how, real.topic, real.queue_id) == ("append_local", TOPIC, QID)
+    real, op = master.core.store.appended
+    assert (real.topic, real.queue_id, real.store_host) == (TOPIC, QID, master.core.addr)
     assert real.properties[PROPERTY_UNIQ_KEY] == TID
     assert real.properties[PROPERTY_PREPARED_QUEUE_OFFSET] == str(half)
     assert PROPERTY_TRAN_MSG not in real.properties
@@ -336,12 +336,12 @@ async def test_rollback_on_master_records_only_the_op(master: Broker) -> None:
 async def test_duplicate_end_transaction_is_ignored(master: Broker) -> None:
     half = send_half(master)
     await end(master, half, commit=True)
-    appends = list(master.write_path.appends)
+    appends = list(master.core.store.appended)
 
     await end(master, half, commit=True)
     await end(master, half, commit=False)
 
-    assert master.write_path.appends == appends
+    assert master.core.store.appended == appends
     assert len(master.core.store.messages(TOPIC, QID)) == 1
 
 
@@ -366,7 +366,7 @@ async def test_end_transaction_for_a_missing_or_foreign_half_is_refused(master: 
     with pytest.raises(BadRequest, match="not TX-other"):
         await end(master, half, tid="TX-other")
 
-    assert master.write_path.appends == []
+    assert master.core.store.appended == []
     assert not master.service.progress.is_resolved(half, TID)
 
 
@@ -387,7 +387,7 @@ async def test_end_transaction_on_an_isolated_broker_is_refused(master: Broker) 
     with pytest.raises(BrokerIsolated):
         await end(master, half, commit=True)
 
-    assert master.write_path.appends == []
+    assert master.core.store.appended == []
     assert master.service.progress.half_offset == 0
 
 
@@ -396,7 +396,7 @@ async def test_commit_on_acting_slave_goes_through_the_escape_bridge(acting: Bro
 
     await end(acting, half, commit=True)
 
-    assert acting.write_path.appends == []  # a slave never appends to its own store
+    assert acting.core.store.appended == []  # a slave never appends to its own store
     [put] = acting.escape.puts
     assert (put.kind, put.topic, put.body) == ("transaction", TOPIC, b"order-1")
     assert put.properties[PROPERTY_UNIQ_KEY] == TID
@@ -415,7 +415,7 @@ async def test_rollback_on_acting_slave_only_moves_the_progress(acting: Broker) 
     await end(acting, half, commit=False)
 
     assert acting.escape.puts == []
-    assert acting.write_path.appends == []
+    assert acting.core.store.appended == []
     assert acting.service.progress.half_offset == half + 1
 
 
@@ -532,7 +532,7 @@ async def test_commit_while_the_half_is_being_escaped_follows_the_half(
     await ending
 
     assert [p.kind for p in escape.puts] == ["transaction_half"]
-    assert acting.write_path.appends == []
+    assert acting.core.store.appended == []
     assert acting.service.progress.is_resolved(half)
     assert acting.service.escaped == 1
     assert acting.pool.calls == [(other.core.addr, RequestCode.END_TRANSACTION)]
@@ -608,7 +608,7 @@ async def test_escape_to_local_master_then_end_transaction_is_forwarded(tmp_path
     [real] = other.core.store.messages(TOPIC, QID)
     assert (real.body, real.properties[PROPERTY_UNIQ_KEY]) == (b"order-1", TID)
     assert other.service.progress.is_resolved(escaped.queue_offset, TID)
-    assert acting.write_path.appends == []
+    assert acting.core.store.appended == []
 
 
 # ---- the check loop: master ------------------------------------------------------------
@@ -631,7 +631,7 @@ async def test_check_on_master_asks_the_producer_about_an_old_half(master: Broke
     assert check.message.body == b"order-1"
     assert (check.broker_name, check.broker_addr) == ("broker-a", master.core.addr)
     assert master.service.checked == 1
-    assert master.write_path.appends == []  # nothing resolved by asking
+    assert master.core.store.appended == []  # nothing resolved by asking
 
 
 async def test_check_skips_dead_producer_connections(master: Broker) -> None:
@@ -657,7 +657,7 @@ async def test_check_without_a_producer_sends_nothing(master: Broker) -> None:
 
     assert other_group.sent == []
     assert master.service.checked == 0
-    assert master.write_path.appends == []  # never checked, so never discarded
+    assert master.core.store.appended == []  # never checked, so never discarded
 
 
 async def test_half_is_discarded_after_the_last_check(tmp_path: Path) -> None:
@@ -670,7 +670,7 @@ async def test_half_is_discarded_after_the_last_check(tmp_path: Path) -> None:
         await master.service.check_once()
 
     assert len(producer.sent) == 2
-    [op] = master.write_path.appends
+    [op] = master.core.store.appended
     assert op.topic == OP_TOPIC
     assert op.properties[PROPERTY_OP_RESULT] == "discard"
     assert master.service.progress.half_offset == half + 1

@@ -26,7 +26,6 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Final
 
-from broker_agent.metadata.offsets import write_json_atomic
 from broker_agent.metadata.pop_acks import PopAckTable
 from broker_agent.special.escape_ids import escape_id
 from broker_agent.special.pop.records import TAG_ACK, TAG_CK, Checkpoint, ack_body, parse_ack
@@ -224,9 +223,10 @@ class PopReviveService:
                     await self.revive_once()
                 except HaError as exc:
                     log.warning("pop revive pass failed: %s", exc)
-                payload = self.acks.file_payload()
-                if payload is not None and self.acks.path is not None:
-                    await asyncio.to_thread(write_json_atomic, self.acks.path, payload)
+                try:
+                    await self.acks.persist_async()
+                except OSError as exc:  # a full disk: the table stays dirty, tried again
+                    log.warning("cannot persist the POP ack table: %s; retrying", exc)
         finally:
             with contextlib.suppress(OSError):
                 self.acks.persist()

@@ -13,7 +13,7 @@ from broker_agent.metadata.pop_acks import PopAckSnapshot
 from broker_agent.metadata.subscriptions import (
     SubscriptionGroupConfig,
     SubscriptionGroupManager,
-    SubscriptionGroupSync,
+    subscription_group_sync,
 )
 from broker_agent.metadata.versioned import TableSync, VersionedTable
 from broker_agent.special.clock import SYSTEM_CLOCK, Clock
@@ -45,7 +45,7 @@ class PopService:
         self.core = core
         now = clock.now_ms
         self.subscriptions = SubscriptionGroupManager(core.store_dir / "subscriptions.json")
-        self.subscriptions.load()
+        self.subscriptions.load(replicas=core.has_replicas)
         self.revive_log = ReviveLog(core, write_path, escape, now)
         self.revive = PopReviveService(core, write_path, escape, self.revive_log, now)
         self.receive = PopMessageProcessor(
@@ -150,5 +150,6 @@ class PopService:
             describe=describe,
             # reviving (master, acting slave): the table is this broker's own
             busy=lambda: self.revive.active,
+            file=acks,
         )
-        return [SubscriptionGroupSync(self.subscriptions), pop_acks]
+        return [subscription_group_sync(self.subscriptions), pop_acks]

@@ -15,7 +15,8 @@ from collections.abc import Callable, Mapping
 from pathlib import Path
 from typing import Any
 
-from broker_agent.metadata.json_table import JsonTable
+from broker_agent.metadata.json_table import JsonTable, oldest
+from broker_agent.metadata.progress import ProgressLog, replay
 from broker_agent.metadata.versioned import TableSync
 from ha_controller.dataversion import DataVersion, SteppedVersion
 from ha_controller.proto import broker_pb2
@@ -37,6 +38,11 @@ def delay_record(level: int, offset: int) -> dict[str, str]:
 class DelayOffsetTable(JsonTable):
     """level -> next schedule-queue offset to deliver, with a stepped DataVersion."""
 
+    what = "delay offset table"
+    rebuilt_from = (
+        "rebuilt from the delay offset records in the commit log (a replica's table, newer, "
+        "is adopted in pre-online and by the forward sync)"
+    )
     persist_when_missing = True
 
     def __init__(self, path: Path | None, version_step: int = 200) -> None:
@@ -49,10 +55,20 @@ class DelayOffsetTable(JsonTable):
         return self._version.version
 
     def restore(self, data: Any) -> None:
-        self.offsets = {int(k): int(v) for k, v in data["offsets"].items()}
+        offsets = {int(k): int(v) for k, v in data["offsets"].items()}
         self.data_version.assign(DataVersion.from_dict(data["dataVersion"]))
+        self.offsets = offsets
 
-    def payload(self) -> object:
+    def start_over(self) -> None:
+        self.offsets = {}
+        self.data_version.assign(oldest())
+
+    def rebuild_from_log(self, store: ProgressLog) -> int:
+        """Take every delay offset record still in the commit log (after
+        :meth:`start_over`); how many there were."""
+        return replay(store, DELAY_OFFSET_GROUP, self.apply_record)
+
+    def payload(self) -> dict[str, Any]:
         return {
             "offsets": {str(k): v for k, v in sorted(self.offsets.items())},
             "dataVersion": self.data_version.to_dict(),
@@ -135,4 +151,5 @@ def delay_offset_sync(
         take_as_is=lambda s: table.replace(*s),
         describe=lambda s: str(s[0]),
         busy=busy,
+        file=table,
     )

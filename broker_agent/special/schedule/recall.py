@@ -135,7 +135,9 @@ class RecallService:
         others = {
             bid: addr
             for bid, addr in (group.broker_addrs.items() if group is not None else ())
-            if bid != core.cfg.broker_id and addr != core.addr
+            # not the master: an acting slave acts because it is gone, and a returning
+            # master takes the recall table in its pre-online
+            if bid not in (0, core.cfg.broker_id) and addr != core.addr
         }
         if not others:
             return

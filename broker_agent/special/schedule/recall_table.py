@@ -13,7 +13,7 @@ from collections.abc import Callable, Mapping
 from pathlib import Path
 from typing import Any, Final
 
-from broker_agent.metadata.json_table import JsonTable
+from broker_agent.metadata.json_table import JsonTable, oldest
 from broker_agent.metadata.versioned import TableSync
 from ha_controller.dataversion import DataVersion
 from ha_controller.proto import broker_pb2
@@ -35,6 +35,12 @@ class RecallTable(JsonTable):
     whose due time is older than the store's retention are forgotten, and at most
     :data:`MAX_RECALLS` are kept."""
 
+    what = "recall table"
+    rebuilt_from = (
+        "starting empty: the timer loop reads the recall markers in the timer queue again, "
+        "and a replica's recalls join in pre-online and by the forward sync"
+    )
+
     def __init__(
         self,
         path: Path | None,
@@ -54,12 +60,17 @@ class RecallTable(JsonTable):
         return len(self.entries)
 
     def restore(self, data: Any) -> None:
-        self.entries = {
+        entries = {
             str(k): (int(v["due"]), str(v.get("topic", ""))) for k, v in data["recalls"].items()
         }
         self.data_version.assign(DataVersion.from_dict(data["dataVersion"]))
+        self.entries = entries
 
-    def payload(self) -> object:
+    def start_over(self) -> None:
+        self.entries = {}
+        self.data_version.assign(oldest())
+
+    def payload(self) -> dict[str, Any]:
         return {
             "recalls": {k: {"due": d, "topic": t} for k, (d, t) in self.entries.items()},
             "dataVersion": self.data_version.to_dict(),
@@ -137,4 +148,5 @@ def recall_sync(table: RecallTable) -> TableSync[broker_pb2.RecallTable, RecallS
         adopt=adopt,
         describe=lambda s: f"{len(s[0])} recalled",
         busy=lambda: False,
+        file=table,
     )

@@ -67,13 +67,20 @@ class ScheduleService:
         self.delay_offsets = DelayOffsetTable(
             core.store_dir / "delay_offsets.json", self.cfg.delay_offset_update_version_step
         )
-        self.delay_offsets.load()
         self.timer = TimerCheckpointFile(core.store_dir / "timer_checkpoint.json")
-        self.timer.load()
         self.recalls = RecallTable(
             core.store_dir / "recalls.json", self.cfg.file_reserved_time_ms, clock.now_ms
         )
-        self.recalls.load()
+        rebuilt: tuple[DelayOffsetTable | TimerCheckpointFile, ...] = (
+            self.delay_offsets,
+            self.timer,
+        )
+        for table in rebuilt:
+            table.load()
+            if table.lost:
+                found = table.rebuild_from_log(core.store)
+                log.info("%s rebuilt from %d record(s) of the commit log", table.what, found)
+        self.recalls.load()  # a lost one: the timer loop reads the markers again
         self.delivery = Delivery(core, escape, self.recalls, clock)
         self.timer_loop = TimerLoop(core, write_path, self.timer, self.recalls, self.delivery)
         self.recall = RecallService(core, write_path, self.recalls, self.timer_loop, clock)
@@ -141,20 +148,31 @@ class ScheduleService:
                 self.persist()
             log.info("schedule service stopped")
 
+    @property
+    def _files(self) -> tuple[JsonTable, ...]:
+        return (self.delay_offsets, self.timer, self.recalls)
+
     async def _persist_loop(self) -> None:
         while True:
             await asyncio.sleep(PERSIST_INTERVAL_S)
-            await asyncio.to_thread(self.persist)
+            for table in self._files:
+                try:
+                    await table.persist_async()
+                except OSError as exc:
+                    self._persist_failed(table, exc)
 
     def persist(self) -> None:
-        tables: tuple[JsonTable, ...] = (self.delay_offsets, self.timer, self.recalls)
-        for table in tables:
+        for table in self._files:
             try:
                 table.persist()
             except OSError as exc:
-                # a full disk (a master then escapes its deliveries, see EscapeBridge):
-                # the table stays dirty and is written once there is room again
-                log.warning("cannot persist %s: %s; retrying", type(table).__name__, exc)
+                self._persist_failed(table, exc)
+
+    @staticmethod
+    def _persist_failed(table: JsonTable, exc: OSError) -> None:
+        # a full disk (a master then escapes its deliveries, see EscapeBridge): the
+        # table stays dirty and is written once there is room again
+        log.warning("cannot persist the %s: %s; retrying", table.what, exc)
 
     # ---- delay levels -------------------------------------------------------------
 

@@ -26,7 +26,8 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from broker_agent.metadata.json_table import JsonTable
+from broker_agent.metadata.json_table import JsonTable, oldest
+from broker_agent.metadata.progress import ProgressLog, replay
 from broker_agent.metadata.versioned import TableSync
 from broker_agent.special.ports import CorePort, WritePort
 from broker_agent.special.schedule.delivery import IDLE_WAIT_S, OVERDUE_LOG_MS, POLL_S, Delivery
@@ -106,13 +107,14 @@ class TimerCheckpoint:
         )
 
     @classmethod
-    def from_dict(cls, data: Mapping[str, object]) -> TimerCheckpoint:
-        version = data.get("dataVersion")
+    def from_dict(cls, data: Mapping[str, Any]) -> TimerCheckpoint:
+        """What :meth:`to_dict` wrote (KeyError, ValueError, TypeError, AttributeError for
+        another shape; ``nextMsDeliveredBelow`` came later and may be missing)."""
         return cls(
-            int(str(data.get("lastReadTimeMs", 0))),
-            int(str(data.get("masterTimerQueueOffset", 0))),
-            DataVersion.from_dict(version) if isinstance(version, dict) else DataVersion(),
-            int(str(data.get("nextMsDeliveredBelow", 0))),
+            int(data["lastReadTimeMs"]),
+            int(data["masterTimerQueueOffset"]),
+            DataVersion.from_dict(data["dataVersion"]),
+            int(data.get("nextMsDeliveredBelow", 0)),
         )
 
 
@@ -142,16 +144,33 @@ class TimerMark:
 class TimerCheckpointFile(JsonTable):
     """The timer checkpoint, persisted; its version moves on every change."""
 
+    what = "timer checkpoint"
+    rebuilt_from = (
+        "rebuilt from the timer checkpoint records in the commit log (a replica's "
+        "checkpoint, newer, is adopted in pre-online and by the forward sync)"
+    )
     persist_when_missing = True
 
     def __init__(self, path: Path | None) -> None:
         super().__init__(path)
         self.cp = TimerCheckpoint()
 
+    @property
+    def data_version(self) -> DataVersion:
+        return self.cp.version
+
     def restore(self, data: Any) -> None:
         self.cp = TimerCheckpoint.from_dict(data)
 
-    def payload(self) -> object:
+    def start_over(self) -> None:
+        self.cp = TimerCheckpoint(data_version=oldest())
+
+    def rebuild_from_log(self, store: ProgressLog) -> int:
+        """Take the newest timer checkpoint record still in the commit log (after
+        :meth:`start_over`); how many there were."""
+        return replay(store, TIMER_CHECKPOINT_GROUP, self.apply_record)
+
+    def payload(self) -> dict[str, Any]:
         return self.cp.to_dict()
 
     def _set(self, mark: TimerMark) -> bool:
@@ -303,6 +322,7 @@ def timer_checkpoint_sync(
         adopt=timer.adopt_if_newer,
         describe=_describe,
         busy=busy,
+        file=timer,
     )
 
 

@@ -1,0 +1,86 @@
+"""Progress records: the commit-log records that carry the metadata tables' changes.
+
+A master appends one to the system offsets topic (``OFFSET_TOPIC``, queue 0) for every
+consumer-offset commit and for every delivery of a delayed or timer message (its
+properties: ``G`` names what it carries, see ``WritePath.replicate_record``).  They
+reach the slaves with the durability of messages, and two things read them:
+
+- a slave applies each as it is dispatched (:class:`ProgressRecords`,
+  ``.forward``);
+- a table whose file could not be read is rebuilt from those still in the log
+  (:func:`replay`): in log order, so the newest wins.
+
+Records older than retention are gone, but only with the segments before them: what
+they counted (the messages consumed or delivered) was stored earlier still, so it is
+gone too.
+"""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import Callable, Mapping
+from typing import Final, Protocol
+
+from ha_controller.protocol.properties import (
+    DELAY_OFFSET_GROUP,
+    OFFSET_TOPIC,
+    TIMER_CHECKPOINT_GROUP,
+)
+from ha_controller.protocol.record import StoredMessage
+
+__all__ = ["PROGRESS_GROUPS", "ProgressApplier", "ProgressLog", "ProgressRecords", "replay"]
+
+log = logging.getLogger(__name__)
+
+#: Applies one progress record (its properties); KeyError or ValueError for a malformed one.
+ProgressApplier = Callable[[Mapping[str, str]], None]
+
+#: The ``G`` of the special services' records; every other ``G`` is a consumer group.
+PROGRESS_GROUPS: Final = frozenset({DELAY_OFFSET_GROUP, TIMER_CHECKPOINT_GROUP})
+
+
+class ProgressLog(Protocol):
+    """The reads :func:`replay` makes of the store (MessageStore)."""
+
+    def min_offset(self, topic: str, queue_id: int) -> int: ...
+
+    def max_offset(self, topic: str, queue_id: int) -> int: ...
+
+    def get_message_at(self, topic: str, queue_id: int, offset: int) -> StoredMessage | None: ...
+
+
+def replay(store: ProgressLog, group: str | None, apply: ProgressApplier) -> int:
+    """Apply every progress record still in the log whose ``G`` is ``group`` (None:
+    every consumer group), oldest first; how many were applied."""
+    applied = 0
+    offset = store.min_offset(OFFSET_TOPIC, 0)
+    end = store.max_offset(OFFSET_TOPIC, 0)
+    while offset < end:
+        msg = store.get_message_at(OFFSET_TOPIC, 0, offset)
+        offset += 1
+        if msg is None:
+            continue
+        g = msg.properties.get("G")
+        if g is None or (g != group if group is not None else g in PROGRESS_GROUPS):
+            continue
+        try:
+            apply(msg.properties)
+        except (KeyError, ValueError):
+            log.warning("malformed progress record at %d skipped: %s", offset - 1, msg.properties)
+            continue
+        applied += 1
+    return applied
+
+
+class ProgressRecords:
+    """Dispatches a replicated progress record to the table it belongs to."""
+
+    def __init__(self, consumer: ProgressApplier, special: Mapping[str, ProgressApplier]) -> None:
+        """``consumer`` applies a consumer-offset record; ``special`` the special
+        services' records by their ``G``."""
+        self._consumer = consumer
+        self._special = dict(special)
+
+    def apply(self, record: Mapping[str, str]) -> None:
+        """KeyError or ValueError for a malformed record."""
+        self._special.get(record["G"], self._consumer)(record)
