@@ -10,7 +10,6 @@ prints one JSON object, which the test checks.
 
 from __future__ import annotations
 
-import asyncio
 import importlib.util
 import json
 import os
@@ -43,9 +42,9 @@ TOPIC_TX50 = "v2-tx50"
 TOPIC_SWITCH = "v2-switch"
 SWITCH_GROUP = "g-switch"
 FIFO_GROUP = "g-fifo"
-#: set orderly with `hactl group update G --orderly`
+#: set orderly as `hactl group update G --orderly` does (create_typed_topics)
 ORDERLY_GROUP = "g-rules-orderly"
-#: topic -> its message type (`hactl topic create --message-type`)
+#: topic -> its message type (as `hactl topic create --message-type`)
 TOPICS = {
     TOPIC_NORMAL: "NORMAL",
     TOPIC_FIFO: "FIFO",
@@ -620,18 +619,15 @@ def run_sdk(scenario: str, timeout: float, **args: Any) -> dict[str, Any]:
     )
 
 
-async def _create_topics(namesrv: str) -> None:
-    from ha_controller.client.admin import NameserverClient
-    from ha_controller.protocol.topics import TopicMessageType
-
-    async with NameserverClient([namesrv]) as ns:
-        for topic, kind in TOPICS.items():
-            await ns.create_topic(topic, queues=4, message_type=TopicMessageType(kind))
-
-
 @pytest.fixture(scope="module")
 def grpc_cluster() -> Iterator[Any]:
-    from ha_controller.testing import ProcessHandle, _base_env, hactl_argv, run_cluster
+    from ha_controller.testing import (
+        ProcessHandle,
+        _base_env,
+        create_typed_topics,
+        hactl_argv,
+        run_cluster,
+    )
 
     env = {
         "HAC_TRANSACTION_TIMEOUT_MS": "1000",
@@ -661,15 +657,8 @@ def grpc_cluster() -> Iterator[Any]:
     )
     try:
         proxy.start()
-        # in one process: a `hactl topic create` each took ~3 s, most of the module's
-        # setup (`--message-type` itself is tested in test_cli_tools)
-        asyncio.run(_create_topics(cluster.namesrv))
-        subprocess.run(
-            hactl_argv("group", "update", ORDERLY_GROUP, "--orderly", "--namesrv", cluster.namesrv),
-            check=True,
-            capture_output=True,
-            timeout=20,
-        )
+        # in this process; hactl's --message-type: test_cli_tools, --orderly: the switch case
+        create_typed_topics(cluster.namesrv, TOPICS, orderly_groups=(ORDERLY_GROUP,))
         yield cluster, proxy
     finally:
         proxy.stop()

@@ -24,14 +24,14 @@ from typing import Any
 
 import pytest
 
-from ha_controller.testing import hactl_argv, run_cluster, run_proxy
+from ha_controller.testing import create_typed_topics, run_cluster, run_proxy
 
 ROOT = Path(__file__).resolve().parents[2]
 SCENARIOS = ROOT / "tests" / "sdk_java" / "Scenarios.java"
 SDK_DIR = Path(os.environ.get("HAC_JAVA_SDK_DIR", ROOT / ".venv" / "sdk-java"))
 SDK_JAR = SDK_DIR / "lib" / "rocketmq-client-java-5.0.8.jar"
 UNAVAILABLE = SDK_DIR.parent / "java-sdk-unavailable"
-#: topic -> its message type (`hactl topic create --message-type`)
+#: topic -> its message type (as `hactl topic create --message-type`)
 TOPICS = {
     "java-normal": "NORMAL",
     "java-push": "NORMAL",
@@ -64,17 +64,6 @@ def _why_missing() -> str | None:
 pytestmark = pytest.mark.skipif(_why_missing() is not None, reason=_why_missing() or "")
 
 
-def hactl(cluster: Any, *args: str) -> str:
-    done = subprocess.run(
-        hactl_argv(*args, "--namesrv", cluster.namesrv),
-        check=True,
-        capture_output=True,
-        text=True,
-        timeout=20,
-    )
-    return done.stdout
-
-
 @pytest.fixture(scope="module")
 def results() -> Iterator[dict[str, Any]]:
     """Every scenario's result, from one JVM run against one cluster and gateway."""
@@ -88,10 +77,7 @@ def results() -> Iterator[dict[str, Any]]:
         proxy = run_proxy(
             cluster.namesrv, cluster.workdir, extra_args=("--long-polling-timeout-s", "5")
         )
-        for topic, kind in TOPICS.items():
-            hactl(cluster, "topic", "create", topic, "--queues", "4", "--message-type", kind)
-        for group in ORDERLY_GROUPS:
-            hactl(cluster, "group", "update", group, "--orderly")
+        create_typed_topics(cluster.namesrv, TOPICS, orderly_groups=ORDERLY_GROUPS)
         classes = cluster.workdir / "java-classes"
         subprocess.run(
             ["javac", "-d", str(classes), "-cp", str(SDK_DIR / "lib" / "*"), str(SCENARIOS)],

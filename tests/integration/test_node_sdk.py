@@ -24,7 +24,13 @@ from typing import Any
 
 import pytest
 
-from ha_controller.testing import ProcessHandle, _base_env, hactl_argv, run_cluster
+from ha_controller.testing import (
+    ProcessHandle,
+    _base_env,
+    create_typed_topics,
+    hactl_argv,
+    run_cluster,
+)
 
 ROOT = Path(__file__).resolve().parents[2]
 SCENARIOS = ROOT / "tests" / "sdk_node" / "scenarios.js"
@@ -32,7 +38,7 @@ SDK_DIR = Path(os.environ.get("HAC_NODE_SDK_DIR", ROOT / ".venv" / "sdk-node"))
 SDK_PACKAGE = SDK_DIR / "node_modules" / "rocketmq-client-nodejs" / "package.json"
 UNAVAILABLE = SDK_DIR.parent / "node-sdk-unavailable"
 
-#: topic -> its message type (`hactl topic create --message-type`)
+#: topic -> its message type (as `hactl topic create --message-type`)
 TOPICS = {
     "node-normal": "NORMAL",
     "node-fifo": "FIFO",
@@ -48,7 +54,7 @@ TOPICS = {
     "node-rules-tx": "TRANSACTION",
     "node-rules-delay": "DELAY",
 }
-#: consumer groups set orderly with `hactl group update G --orderly`
+#: consumer groups set orderly (as `hactl group update G --orderly`)
 ORDERLY_GROUPS = ("node-g-fifo", "node-g-fifo2")
 #: invisible time of push consumers at the renewal tests' gateway
 SHORT_INVISIBLE_MS = 2000
@@ -124,32 +130,9 @@ def node_cluster() -> Iterator[Any]:
         proxies.append(
             start_proxy(cluster, "proxy-short", HAC_DEFAULT_INVISIBLE_MS=str(SHORT_INVISIBLE_MS))
         )
-        for topic, kind in TOPICS.items():
-            subprocess.run(
-                hactl_argv(
-                    "topic",
-                    "create",
-                    topic,
-                    "--namesrv",
-                    cluster.namesrv,
-                    "--queues",
-                    "4",
-                    "--message-type",
-                    kind,
-                ),
-                check=True,
-                capture_output=True,
-                timeout=20,
-            )
-        for group in ORDERLY_GROUPS:
-            done = subprocess.run(
-                hactl_argv("group", "update", group, "--orderly", "--namesrv", cluster.namesrv),
-                check=True,
-                capture_output=True,
-                text=True,
-                timeout=20,
-            )
-            assert "broker-a" in done.stdout and "broker-b" in done.stdout, done.stdout
+        # in this process: a hactl subprocess per topic cost 2-3 s (hactl: test_cli_tools)
+        reached = create_typed_topics(cluster.namesrv, TOPICS, orderly_groups=ORDERLY_GROUPS)
+        assert sorted(reached) == ["broker-a", "broker-b"], reached
         yield cluster, proxies[0], proxies[1]
     finally:
         for p in proxies:
