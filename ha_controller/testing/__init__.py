@@ -647,6 +647,23 @@ def create_typed_topics(
     return asyncio.run(create())
 
 
+def unlike_rocketmq(outcomes: Mapping[str, Any], expected: Mapping[str, Any]) -> list[str]:
+    """The cases of an SDK scenario answered otherwise than RocketMQ answers them.
+    ``outcomes``: case -> ``{"ok", "code", ...}`` as the scenario saw it; ``expected``:
+    case -> None (RocketMQ takes it), a v2 code (its proxy refuses it with that code) or
+    ``"sdk"`` (the SDK itself refuses it, no code from the server)."""
+    wrong = []
+    for name, want in expected.items():
+        got = outcomes[name]
+        if want is None and not got["ok"]:
+            wrong.append(f"{name}: refused, RocketMQ takes it: {got}")
+        elif want == "sdk" and (got["ok"] or got["code"] is not None):
+            wrong.append(f"{name}: the SDK itself should refuse it: {got}")
+        elif isinstance(want, int) and (got["ok"] or got["code"] != want):
+            wrong.append(f"{name}: want code {want}, got {got}")
+    return wrong
+
+
 async def stored_messages(
     pull: PullConsumer, queues: Iterable[MessageQueue], *, max_msgs: int = 64
 ) -> AsyncIterator[ReceivedMessage]:

@@ -30,6 +30,7 @@ from ha_controller.testing import (
     create_typed_topics,
     hactl_argv,
     run_cluster,
+    unlike_rocketmq,
 )
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -165,19 +166,6 @@ NODE_RULES_RECEIVE = {
 }
 
 
-def _as_rocketmq(outcomes: dict[str, Any], expected: dict[str, Any]) -> list[str]:
-    wrong = []
-    for name, want in expected.items():
-        got = outcomes[name]
-        if want is None and not got["ok"]:
-            wrong.append(f"{name}: refused, RocketMQ takes it: {got}")
-        elif want == "sdk" and (got["ok"] or got["code"] is not None):
-            wrong.append(f"{name}: the SDK itself should refuse it: {got}")
-        elif isinstance(want, int) and (got["ok"] or got["code"] != want):
-            wrong.append(f"{name}: want code {want}, got {got}")
-    return wrong
-
-
 def test_node_sdk_own_tests_and_rocketmqs_rules(node_cluster: Any) -> None:
     """Issue 35: through the Node.js SDK 1.0.8's own test suite a normal send returned
     an empty transaction id and received messages lacked ``__SHARDINGKEY`` and
@@ -192,8 +180,8 @@ def test_node_sdk_own_tests_and_rocketmqs_rules(node_cluster: Any) -> None:
     [tx] = out["received"]["node-rules-tx"]
     assert tx["messageId"] == out["tx"]["messageId"]
     assert tx["properties"].get("__transactionId__") == out["tx"]["transactionId"], tx
-    wrong = _as_rocketmq(out["send"], NODE_RULES_SEND)
-    wrong += _as_rocketmq(out["receive"], NODE_RULES_RECEIVE)
+    wrong = unlike_rocketmq(out["send"], NODE_RULES_SEND)
+    wrong += unlike_rocketmq(out["receive"], NODE_RULES_RECEIVE)
     assert not wrong, "\n".join(wrong)
 
 
