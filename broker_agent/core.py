@@ -90,7 +90,7 @@ def store_config(cfg: BrokerConfig) -> StoreConfig:
         min_free_disk_ratio=cfg.min_free_disk_ratio,
         warn_free_disk_ratio=cfg.warn_free_disk_ratio,
         disk_check_interval_ms=cfg.disk_check_interval_ms,
-        max_message_size_bytes=cfg.max_message_bytes,
+        max_message_size_bytes=cfg.max_record_bytes,
         file_reserved_time_ms=cfg.file_reserved_time_ms,
         delete_when=cfg.delete_when,
         disk_max_used_space_ratio=cfg.disk_max_used_space_ratio,

@@ -35,6 +35,7 @@ from ha_controller.config import BrokerConfig
 from ha_controller.protocol.errors import (
     BadRequest,
     InSyncReplicasNotEnough,
+    MessageTooLarge,
     NotMaster,
     NotWritable,
     StoreFull,
@@ -48,9 +49,10 @@ from ha_controller.protocol.record import (
     encoded_size_bound,
     tag_hash,
 )
+from ha_controller.protocol.validation import check_body
 from ha_controller.routing import Perm, TopicConfig
 
-#: what a client's message must leave of ``max_message_bytes`` for the properties the
+#: what a client's message must leave of the largest record for the properties the
 #: brokers add when they hand it on: a delayed or half message delivered or escaped to
 #: another group (ESCAPE_ID, the escaping broker as born host), a POP retry (its retry
 #: topic and origin).  Without it a message stored at the limit could never be handed
@@ -231,10 +233,13 @@ class WritePath:
         )
 
     def check_client_size(self, requests: Sequence[PutRequest]) -> None:
-        """BadRequest when a client's message leaves less than
-        :data:`CLIENT_HEADROOM_BYTES` of ``max_message_bytes`` (nothing stored)."""
-        limit = self.core.cfg.max_message_bytes - CLIENT_HEADROOM_BYTES
+        """MessageTooLarge for a client's message whose body is over ``max_message_bytes``
+        (RocketMQ's maxMessageSize bounds the body), or whose record leaves less than
+        :data:`CLIENT_HEADROOM_BYTES` of the largest record (nothing stored)."""
+        cfg = self.core.cfg
+        limit = cfg.max_record_bytes - CLIENT_HEADROOM_BYTES
         for r in requests:
+            check_body(r.body, cfg.max_message_bytes)
             props = r.properties or {}
             if encoded_size_bound(r.topic, r.body, props, r.born_host, r.store_host) <= limit:
                 continue  # the common case: no encoding needed to tell
@@ -249,10 +254,11 @@ class WritePath:
                 )
             )
             if size > limit:
-                raise BadRequest(
-                    f"message of {size} bytes exceeds {limit} (max_message_bytes "
-                    f"{self.core.cfg.max_message_bytes} less {CLIENT_HEADROOM_BYTES} kept for "
-                    "the properties a broker adds when it hands a message on)"
+                raise MessageTooLarge(
+                    f"message of {size} bytes exceeds {limit} (the largest record, "
+                    f"max_message_bytes {cfg.max_message_bytes} and its properties, less "
+                    f"{CLIENT_HEADROOM_BYTES} kept for the properties a broker adds when it "
+                    "hands a message on)"
                 )
 
     def append(

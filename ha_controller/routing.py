@@ -14,6 +14,7 @@ from typing import Any, Final
 
 from ha_controller.dataversion import DataVersion
 from ha_controller.protocol.properties import SYNC_BROKER_MEMBER_GROUP_PREFIX
+from ha_controller.protocol.topics import TopicMessageType
 
 __all__ = [
     "SYNC_BROKER_MEMBER_GROUP_PREFIX",
@@ -100,6 +101,9 @@ class TopicConfig:
     perm: int = Perm.READ | Perm.WRITE
     topic_sys_flag: int = 0
     order: bool = False
+    #: the kind of messages it takes (RocketMQ's ``message.type``); a topic from before
+    #: types, or one a broker made on a first send, takes every kind
+    message_type: TopicMessageType = TopicMessageType.MIXED
 
     def to_json(self) -> dict[str, Any]:
         return {
@@ -109,6 +113,7 @@ class TopicConfig:
             "perm": self.perm,
             "topicSysFlag": self.topic_sys_flag,
             "order": self.order,
+            "messageType": self.message_type.value,
         }
 
     @classmethod
@@ -120,6 +125,7 @@ class TopicConfig:
             perm=int(data["perm"]),
             topic_sys_flag=int(data.get("topicSysFlag", 0)),
             order=bool(data.get("order", False)),
+            message_type=TopicMessageType.from_wire(str(data.get("messageType", ""))),
         )
 
 

@@ -8,6 +8,7 @@ from __future__ import annotations
 
 from ha_controller.dataversion import DataVersion
 from ha_controller.proto import common_pb2, nameserver_pb2
+from ha_controller.protocol.topics import TopicMessageType
 from ha_controller.routing import (
     BrokerData,
     BrokerMemberGroup,
@@ -35,6 +36,7 @@ def topic_config_to_pb(tc: TopicConfig) -> common_pb2.TopicConfig:
         perm=tc.perm,
         topic_sys_flag=tc.topic_sys_flag,
         order=tc.order,
+        message_type=tc.message_type.value,
     )
 
 
@@ -46,6 +48,7 @@ def topic_config_from_pb(pb: common_pb2.TopicConfig) -> TopicConfig:
         pb.perm,
         pb.topic_sys_flag,
         pb.order,
+        TopicMessageType.from_wire(pb.message_type),
     )
 
 

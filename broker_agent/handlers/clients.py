@@ -10,7 +10,12 @@ from broker_agent.core import BrokerCore
 from ha_controller.proto import broker_pb2, common_pb2
 from ha_controller.protocol.codes import RequestCode
 from ha_controller.protocol.errors import BadRequest, NotMaster
-from ha_controller.protocol.topics import perm_problem, queue_nums_problem, topic_name_problem
+from ha_controller.protocol.topics import (
+    message_type_name_problem,
+    perm_problem,
+    queue_nums_problem,
+    topic_name_problem,
+)
 from ha_controller.rpc import RequestContext
 from ha_controller.wire import data_version_to_pb, topic_config_from_pb, topic_config_to_pb
 
@@ -70,7 +75,7 @@ class ClientHandlers:
 
         Everything is checked before anything changes: the name (the brokers' system
         prefixes are refused; a group's retry and dead-letter topics may be adjusted),
-        the queue counts and the permission."""
+        the queue counts, the permission and the message type."""
         core = self.core
         core.check_online()
         if not core.acting.is_master:
@@ -81,6 +86,7 @@ class ClientHandlers:
             or queue_nums_problem(config.read_queue_nums)
             or queue_nums_problem(config.write_queue_nums)
             or perm_problem(config.perm)
+            or message_type_name_problem(req.topic.message_type)
         )
         if problem is not None:
             raise BadRequest(problem)

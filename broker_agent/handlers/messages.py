@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 import logging
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 
 from broker_agent.convert import message_to_pb
 from broker_agent.core import BrokerCore
@@ -16,10 +16,17 @@ from ha_controller.protocol.codes import RequestCode
 from ha_controller.protocol.errors import (
     BadRequest,
     InSyncReplicasNotEnough,
+    MessageTypeConflict,
     SlaveAckTimeout,
 )
-from ha_controller.protocol.properties import PROPERTY_ESCAPE_ID, PROPERTY_UNIQ_KEY
+from ha_controller.protocol.properties import (
+    PROPERTY_ESCAPE_ID,
+    PROPERTY_TRANSACTION_ID,
+    PROPERTY_UNIQ_KEY,
+)
 from ha_controller.protocol.record import tag_hash
+from ha_controller.protocol.topics import message_type_of, message_type_problem
+from ha_controller.routing import TopicConfig
 from ha_controller.rpc import RequestContext
 
 log = logging.getLogger(__name__)
@@ -38,6 +45,16 @@ WAITABLE = frozenset(
 
 #: Where a sent entry is stored: (topic, queue, properties rewritten in place).
 StoreTarget = Callable[[str, int, dict[str, str]], tuple[str, int]]
+
+
+def check_message_types(config: TopicConfig, entries: Sequence[broker_pb2.SendEntry]) -> None:
+    """MessageTypeConflict, before anything is stored, when a message is of a kind the
+    topic does not take (RocketMQ's proxy checks the same, with the same words)."""
+    for entry in entries:
+        kind = message_type_of(entry.properties)
+        problem = message_type_problem(config.topic_name, config.message_type, kind)
+        if problem is not None:
+            raise MessageTypeConflict(problem)
 
 
 class MessageHandlers:
@@ -65,6 +82,10 @@ class MessageHandlers:
         put_topic, put_qid = self._half_target(topic, queue_id, props)
         if put_topic == topic:  # a half message is not delayed until committed
             put_topic, put_qid = delayed_target(self.core.cfg, topic, queue_id, props)
+        elif props.get(PROPERTY_UNIQ_KEY):
+            # a half message carries its transaction id, and so does the committed
+            # message (RocketMQ's broker sets it: clients read it from the properties)
+            props[PROPERTY_TRANSACTION_ID] = props[PROPERTY_UNIQ_KEY]
         return put_topic, put_qid
 
     async def send(
@@ -121,6 +142,8 @@ class MessageHandlers:
         core.check_store_writable("SEND_MESSAGE")
         # a member's escape hands on a message taken in before: its topic may be read-only
         config = wp.topic_for_delivery(req.topic) if eid else wp.topic_for_write(req.topic)
+        if not eid:  # a member's escape hands on a message its topic took in before
+            check_message_types(config, req.entries)
         queue_id = wp.pick_queue(config, req.queue_id, strict=True)
         try:
             needed = wp.check_replicas()

@@ -94,6 +94,8 @@ OP_REMOVE_TAG: Final = "d"
 SKIPPABLE: Final = frozenset(
     {GetMessageStatus.OFFSET_TOO_SMALL, GetMessageStatus.OFFSET_FOUND_NULL}
 )
+#: How many halves rolled back by a check are remembered for a late commit.
+MAX_CHECK_ROLLBACKS: Final = 10_000
 #: How many resolved transaction ids are remembered (oldest forgotten first).
 MAX_RESOLVED_IDS: Final = 100_000
 #: Half messages looked at per check pass (the rest wait for the next pass).
@@ -329,6 +331,9 @@ class TransactionService:
         self._checks: dict[int, int] = {}  # half offset -> checks sent (in memory)
         self._escape_failures: dict[int, int] = {}
         self._inflight: set[int] = set()
+        #: half offset -> transaction id, of halves a check rolled back (in memory): the
+        #: producer's own commit arriving after it still counts, as in RocketMQ
+        self._check_rollbacks: OrderedDict[int, str] = OrderedDict()
         # half offset -> set once its escape (in flight now) has finished, either way
         self._escaping: dict[int, asyncio.Event] = {}
         # half offset -> (group it was escaped to, its half offset there), while acting
@@ -443,7 +448,20 @@ class TransactionService:
             # we handed this half message on: the decision goes where it lives now
             await self._forward_end(msg, escaped, req)
             return common_pb2.Empty()
-        if self.progress.is_resolved(offset, tid) or offset in self._inflight:
+        late_commit = req.commit and not req.from_check and self._check_rollbacks.get(offset) == tid
+        if late_commit and offset not in self._inflight:
+            # the check asked the producer while its own commit was on the way, and a
+            # checker answered ROLLBACK: the producer's decision is the one it was told
+            # about (RocketMQ's EndTransactionProcessor commits it too; ignored, the
+            # producer would be told OK for a message never delivered)
+            log.warning(
+                "transaction %s (half %d): the producer commits after a check rolled it "
+                "back; committed",
+                tid,
+                offset,
+            )
+            del self._check_rollbacks[offset]
+        elif self.progress.is_resolved(offset, tid) or offset in self._inflight:
             log.info("END_TRANSACTION for %s (half %d) already resolved: ignored", tid, offset)
             return common_pb2.Empty()
         self._inflight.add(offset)
@@ -454,6 +472,10 @@ class TransactionService:
                 await self._record(msg, offset, "commit" if req.commit else "rollback")
         finally:
             self._inflight.discard(offset)
+        if req.from_check and not req.commit and tid:
+            self._check_rollbacks[offset] = tid
+            while len(self._check_rollbacks) > MAX_CHECK_ROLLBACKS:
+                self._check_rollbacks.popitem(last=False)
         log.info(
             "transaction %s (half %d) %s%s",
             tid,

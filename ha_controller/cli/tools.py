@@ -42,6 +42,7 @@ from ha_controller.protocol.errors import BadRequest, InSyncReplicasNotEnough
 from ha_controller.protocol.properties import DEFAULT_DELAY_LEVELS, MAX_DELAY_LEVEL
 from ha_controller.protocol.topics import (
     MAX_QUEUE_NUMS,
+    TopicMessageType,
     perm_problem,
     reserved_prefix,
     topic_name_problem,
@@ -104,6 +105,10 @@ exit status:
 The topic's messages stay in the brokers' stores until retention removes them.
 """
 
+MESSAGE_TYPE_HELP = (
+    "the messages the topic takes: NORMAL, FIFO, DELAY, TRANSACTION or PRIORITY only "
+    "that kind, MIXED every kind (what topics made before message types take)"
+)
 TOPIC_RULES = (
     "A topic name is 1..127 characters of [%|a-zA-Z0-9_-]; the prefixes %RETRY%, "
     "%DLQ%, rmq_sys_, SCHEDULE_TOPIC, RMQ_SYS_ (and TBW102) are the brokers' own.  "
@@ -129,6 +134,17 @@ def any_topic_name(text: str) -> str:
     if problem is not None:
         raise argparse.ArgumentTypeError(problem)
     return text
+
+
+def message_type(text: str) -> TopicMessageType:
+    """A topic message type (NORMAL, FIFO, DELAY, TRANSACTION, PRIORITY, MIXED; any
+    case)."""
+    if not text:
+        raise argparse.ArgumentTypeError("a message type must not be empty")
+    try:
+        return TopicMessageType.parse(text)
+    except ValueError as exc:
+        raise argparse.ArgumentTypeError(str(exc)) from None
 
 
 def perm(text: str) -> int:
@@ -265,6 +281,12 @@ def add_commands(sub: Any) -> None:
         help=f"read and write queues per broker group (1..{MAX_QUEUE_NUMS})",
     )
     tc.add_argument("--perm", type=perm, default=6, help="READ 4 | WRITE 2 | INHERIT 1")
+    tc.add_argument(
+        "--message-type",
+        type=message_type,
+        default=TopicMessageType.NORMAL,
+        help=MESSAGE_TYPE_HELP + " (default NORMAL, as RocketMQ)",
+    )
 
     tu = action("update", "change only the given settings of a topic on every master", _update)
     tu.add_argument("topic", type=topic_name, help="an existing topic")
@@ -274,6 +296,7 @@ def add_commands(sub: Any) -> None:
     tu.add_argument("--read-queues", type=queues, help="read queues per broker group")
     tu.add_argument("--write-queues", type=queues, help="write queues per broker group")
     tu.add_argument("--perm", type=perm, help="READ 4 | WRITE 2 | INHERIT 1")
+    tu.add_argument("--message-type", type=message_type, help=MESSAGE_TYPE_HELP)
 
     td = action(
         "delete",
@@ -583,6 +606,7 @@ async def _create(args: argparse.Namespace) -> int:
                 queues=args.queues,
                 perm=args.perm,
                 exist_ok=False,
+                message_type=args.message_type,
             )
         except TopicExists as exc:
             print(
@@ -611,10 +635,10 @@ async def _update(args: argparse.Namespace) -> int:
         return 2
     read_q = args.queues if args.queues is not None else args.read_queues
     write_q = args.queues if args.queues is not None else args.write_queues
-    if read_q is None and write_q is None and args.perm is None:
+    if read_q is None and write_q is None and args.perm is None and args.message_type is None:
         print(
             "hactl topic update: nothing to change (--queues, --read-queues, --write-queues, "
-            "--perm)",
+            "--perm, --message-type)",
             file=sys.stderr,
         )
         return 2
@@ -627,12 +651,13 @@ async def _update(args: argparse.Namespace) -> int:
             read_queues=read_q,
             write_queues=write_q,
             perm=args.perm,
+            message_type=args.message_type,
         )
 
     def show(c: Any) -> str:
         return (
             f"queues {c.read_queue_nums}/{c.write_queue_nums} perm {c.perm} "
-            f"({Perm.to_string(c.perm)})"
+            f"({Perm.to_string(c.perm)}) type {c.message_type.value}"
         )
 
     for group, (before, after) in sorted(changes.items()):
@@ -697,13 +722,14 @@ async def _list(args: argparse.Namespace) -> int:
         )
         return EXIT_OK
     print_table(
-        ("TOPIC", "GROUP", "QUEUES R/W", "PERM"),
+        ("TOPIC", "GROUP", "QUEUES R/W", "PERM", "TYPE"),
         [
             (
                 t,
                 g,
                 f"{c.read_queue_nums}/{c.write_queue_nums}",
                 f"{c.perm} ({Perm.to_string(c.perm)})",
+                c.message_type.value,
             )
             for t, g, c in rows
         ],

@@ -23,6 +23,7 @@ from ha_controller.protocol.errors import (
     TopicNotFound,
     UnknownMethod,
 )
+from ha_controller.protocol.topics import TopicMessageType
 from ha_controller.routing import BrokerMemberGroup, TopicConfig, TopicRouteData
 from ha_controller.rpc import ConnectionPool
 from ha_controller.rpc.connection import M
@@ -328,12 +329,15 @@ class NameserverClient(AsyncLifecycle):
         queues: int = 4,
         perm: int = 6,
         exist_ok: bool = True,
+        message_type: TopicMessageType = TopicMessageType.MIXED,
     ) -> list[str]:
         """Create a topic on every master (of ``cluster``); returns their group names.
 
         With ``exist_ok`` (the default, RocketMQ's UPDATE_AND_CREATE_TOPIC) an existing
         topic is replaced by the new settings; without it TopicExists is raised, before
-        anything changes, when a master already has the topic."""
+        anything changes, when a master already has the topic.  ``message_type``: the
+        kind of messages it takes (MIXED: all; ``hactl topic create`` makes NORMAL
+        topics unless told otherwise, as RocketMQ)."""
         masters = await self._masters(cluster)
         if not exist_ok:
             tables = await asyncio.gather(*(self.broker_topics(addr) for _, addr in masters))
@@ -344,7 +348,7 @@ class NameserverClient(AsyncLifecycle):
             }
             if found:
                 raise TopicExists(topic, found)
-        config = TopicConfig(topic, queues, queues, perm)
+        config = TopicConfig(topic, queues, queues, perm, message_type=message_type)
         for _, addr in masters:
             await self._upsert(addr, config)
         return [group for group, _ in masters]
@@ -395,6 +399,7 @@ class NameserverClient(AsyncLifecycle):
         read_queues: int | None = None,
         write_queues: int | None = None,
         perm: int | None = None,
+        message_type: TopicMessageType | None = None,
     ) -> dict[str, tuple[TopicConfig, TopicConfig]]:
         """Change only the given settings of ``topic`` on every master (of ``cluster``)
         that has it; group name -> (before, after).  TopicNotFound when none has it."""
@@ -410,6 +415,7 @@ class NameserverClient(AsyncLifecycle):
                 read_queue_nums=before.read_queue_nums if read_queues is None else read_queues,
                 write_queue_nums=before.write_queue_nums if write_queues is None else write_queues,
                 perm=before.perm if perm is None else perm,
+                message_type=before.message_type if message_type is None else message_type,
             )
             if after != before:
                 await self._upsert(addr, after)

@@ -30,6 +30,8 @@ from ha_controller.protocol.properties import (
     PROPERTY_TIMER_DELIVER_MS,
     PROPERTY_UNIQ_KEY,
 )
+from ha_controller.protocol.validation import MessageLimits, check_body, check_topic
+from ha_controller.protocol.validation import check_message as validate
 
 if TYPE_CHECKING:
     from ha_controller.proto import broker_pb2
@@ -50,13 +52,14 @@ __all__ = [
     "MessageQueue",
     "ReceivedMessage",
     "SendReceipt",
+    "check_message",
     "check_size",
     "new_client_id",
     "new_message_id",
 ]
 
 #: RocketMQ's ``maxMessageSize`` (the producer's and the broker's ``max_message_bytes``
-#: default): 4 MiB of bodies and properties per send.
+#: default): the largest body, and the most a batch's bodies and properties weigh.
 DEFAULT_MAX_MESSAGE_BYTES: Final = 4 * 1024 * 1024
 
 #: Properties the SDK sets from a message's fields; not allowed as user properties.
@@ -318,21 +321,48 @@ def new_client_id() -> str:
 
 
 def message_size(message: Message) -> int:
-    """What a message weighs against the limit: its body and its user properties."""
+    """What a message weighs in a batch: its body and its user properties."""
     props = sum(len(k.encode()) + len(v.encode()) for k, v in message.properties.items())
     return len(message.body) + props
 
 
+def check_message(
+    message: Message, max_bytes: int = DEFAULT_MAX_MESSAGE_BYTES, now: int | None = None
+) -> None:
+    """Refuse, before anything is sent, what RocketMQ refuses
+    (``ha_controller.protocol.validation``, the same rules as the gateway's and the
+    brokers'): a topic a client may not use, an empty body or one over ``max_bytes``, a
+    tag, key, message group or user property RocketMQ would not take, user properties,
+    tag and keys over 16 KiB together, a delivery time more than a day ahead.  Each is
+    its typed error (not retriable)."""
+    check_topic(message.topic)
+    props = {k: v for k, v in message.properties.items() if k != PROPERTY_UNIQ_KEY}
+    validate(
+        body=message.body,
+        tag=message.tags,
+        keys=message.keys,
+        properties=props,
+        message_group=message.message_group,
+        deliver_ms=message.deliver_ts_ms,
+        now_ms=int(time.time() * 1000) if now is None else now,
+        limits=MessageLimits(max_body_bytes=max_bytes),
+    )
+
+
 def check_size(messages: Sequence[Message], max_bytes: int = DEFAULT_MAX_MESSAGE_BYTES) -> None:
-    """Refuse (``MessageTooLarge``, not retriable) a send whose messages weigh more than
-    ``max_bytes`` together, before anything is sent (RocketMQ's ``Validators.checkMessage``:
-    no attempt, no retry, nothing on the wire)."""
+    """Refuse (``MessageTooLarge``, not retriable) a send before anything is sent
+    (RocketMQ's ``Validators.checkMessage``: no attempt, no retry, nothing on the wire):
+    a message whose body is over ``max_bytes``, or a batch whose bodies and properties
+    weigh more than ``max_bytes`` together (as RocketMQ's encoded batch)."""
+    if len(messages) == 1:
+        check_body(messages[0].body, max_bytes)
+        return
     total = 0
     for message in messages:
         total += message_size(message)
     if total > max_bytes:
-        what = "the message" if len(messages) == 1 else f"the batch of {len(messages)} messages"
         raise MessageTooLarge(
-            f"{what} to {messages[0].topic!r} has {total} bytes of bodies and properties; the "
-            f"limit is {max_bytes} (the producer's max_message_bytes, RocketMQ's maxMessageSize)"
+            f"the batch of {len(messages)} messages to {messages[0].topic!r} has {total} bytes "
+            f"of bodies and properties; the limit is {max_bytes} (the producer's "
+            "max_message_bytes, RocketMQ's maxMessageSize)"
         )

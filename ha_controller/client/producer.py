@@ -39,6 +39,7 @@ from ha_controller.client.message import (
     MessageQueue,
     ReceivedMessage,
     SendReceipt,
+    check_message,
     check_size,
     message_size,
     new_client_id,
@@ -493,9 +494,8 @@ class Producer(AsyncLifecycle):
         """Queue ``message`` for the batch of its topic that leaves at the end of this tick."""
         if not self._started or self._closed:
             raise RuntimeError("producer is not running (use start() or async with)")
+        check_message(message, self.max_message_bytes)
         size = message_size(message)
-        if size > self.max_message_bytes:
-            check_size([message], self.max_message_bytes)  # raises MessageTooLarge
         loop = asyncio.get_running_loop()
         fut: asyncio.Future[SendReceipt] = loop.create_future()
         pending = self._coalescing.get(message.topic)
@@ -561,6 +561,9 @@ class Producer(AsyncLifecycle):
     ) -> list[SendReceipt]:
         if not self._started or self._closed:
             raise RuntimeError("producer is not running (use start() or async with)")
+        now = now_ms()
+        for m in messages:
+            check_message(m, self.max_message_bytes, now)
         check_size(messages, self.max_message_bytes)
         topic = messages[0].topic
         message_group = messages[0].message_group

@@ -42,6 +42,7 @@ from ha_controller.client.routes import RouteCache, addr_for_subscribe, parse_na
 from ha_controller.proto import broker_pb2
 from ha_controller.protocol.codes import RequestCode
 from ha_controller.protocol.errors import HaError, TopicNotFound
+from ha_controller.protocol.validation import check_consumer_group, check_topic
 from ha_controller.routing import TopicRouteData
 from ha_controller.rpc import ConnectionPool
 
@@ -159,6 +160,8 @@ class PushConsumer(AsyncLifecycle):
         tls: ssl.SSLContext | None = None,
         credentials: Credentials | None = None,
     ) -> None:
+        check_consumer_group(group)  # IllegalConsumerGroup (a ValueError)
+        check_topic(topic)
         if batch < 1:
             raise ValueError(f"batch must be >= 1, got {batch}")
         if max_consume_attempts < 1:

@@ -28,6 +28,11 @@ from ha_controller.proto import broker_pb2
 from ha_controller.protocol.codes import RequestCode
 from ha_controller.protocol.errors import BrokerUnavailable, HaError, TopicNotFound
 from ha_controller.protocol.properties import PROPERTY_POP_CK, retry_topic
+from ha_controller.protocol.validation import (
+    check_consumer_group,
+    check_invisible_ms,
+    check_topic,
+)
 from ha_controller.rpc import ConnectionPool
 
 __all__ = ["PROPERTY_POP_CK", "SimpleConsumer", "retry_topic_of"]
@@ -61,12 +66,16 @@ class SimpleConsumer(AsyncLifecycle):
         tls: ssl.SSLContext | None = None,
         credentials: Credentials | None = None,
     ) -> None:
-        if not group:
-            raise ValueError("consumer group must not be empty")
+        check_consumer_group(group)  # IllegalConsumerGroup (a ValueError)
         if not topics:
             raise ValueError("subscribe to at least one topic")
+        for topic in topics:
+            check_topic(topic)
         if invisible_duration_s <= 0:
             raise ValueError(f"invisible_duration_s must be positive, got {invisible_duration_s}")
+        # RocketMQ's upper bound (the gateway's 10 s floor is RocketMQ's proxy's; a POP
+        # straight to the brokers, as RocketMQ's own clients do, has none)
+        check_invisible_ms(int(invisible_duration_s * 1000))
         self.group = group
         self.topics = [*topics, retry_topic_of(group)]
         self.invisible_duration_s = invisible_duration_s
@@ -138,6 +147,7 @@ class SimpleConsumer(AsyncLifecycle):
         receipt handle (use that one to ack)."""
         if duration_s <= 0:
             raise ValueError(f"duration_s must be positive, got {duration_s}")
+        check_invisible_ms(int(duration_s * 1000))
         resp = await self._call_ack(
             RequestCode.CHANGE_MESSAGE_INVISIBLETIME, message, int(duration_s * 1000)
         )

@@ -13,6 +13,8 @@ from ha_controller.config.schema import GIB, KIB, MIB, setting
 from ha_controller.config.tables import AclConfig, RpcLimits, TlsConfig
 from ha_controller.config.values import FlushMode, LogLevel, ReplicationMode
 from ha_controller.protocol.properties import DEFAULT_DELAY_LEVELS, parse_delay_levels
+from ha_controller.protocol.record import BLANK_MIN_SIZE
+from ha_controller.protocol.validation import RECORD_ALLOWANCE_BYTES
 
 __all__ = ["BrokerConfig"]
 
@@ -268,10 +270,11 @@ class BrokerConfig(Validated):
         4 * MIB,
         ge=4 * KIB,
         doc=(
-            "RocketMQ maxMessageSize; a record must fit in one segment and one frame. A client's "
-            "message must leave 2 KiB of it for the properties the broker adds when it delivers a "
-            "delayed message, commits a transaction, revives a POP message or escapes one to "
-            "another group."
+            "RocketMQ maxMessageSize: the largest message body. A stored record may have 64 KiB "
+            "more for its properties and header, as in RocketMQ's store (within one segment); a "
+            "client's message must leave 2 KiB of that for the properties the broker adds when "
+            "it delivers a delayed message, commits a transaction, revives a POP message or "
+            "escapes one to another group."
         ),
     )
     min_free_disk_ratio: float = setting(
@@ -579,6 +582,16 @@ class BrokerConfig(Validated):
         if self.store_dir is not None:
             return Path(self.store_dir).expanduser()
         return Path.home() / "store" / f"{self.broker_name}-{self.broker_id}"
+
+    @property
+    def max_record_bytes(self) -> int:
+        """The largest record the store takes: a body of ``max_message_bytes`` and up to
+        64 KiB of properties and header (RocketMQ's store: ``MessageExtEncoder``), within
+        one segment (a blank record must fit after it)."""
+        return min(
+            self.max_message_bytes + RECORD_ALLOWANCE_BYTES,
+            self.segment_size_bytes - BLANK_MIN_SIZE,
+        )
 
     @property
     def max_delay_level(self) -> int:

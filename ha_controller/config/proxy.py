@@ -87,8 +87,45 @@ class ProxyConfig(Validated):
         le=1 * GIB,
         doc=(
             "Largest serialized request (one gRPC message); gRPC refuses a larger one with "
-            "RESOURCE_EXHAUSTED before reading it. It must hold one 4 MiB body, the largest the "
-            "gateway takes, and its properties."
+            "RESOURCE_EXHAUSTED before reading it. It must hold one body of `max_message_bytes`, "
+            "the largest the gateway takes, and 64 KiB of properties."
+        ),
+    )
+    max_message_bytes: int = setting(
+        4 * MIB,
+        ge=1 * KIB,
+        le=512 * MIB,
+        doc=(
+            "Largest message body (RocketMQ's proxy `maxMessageSize`), sent to producers in their "
+            "settings; a larger one is answered MESSAGE_BODY_TOO_LARGE. User properties, tag and "
+            "keys come on top (at most 16 KiB together, as RocketMQ's `maxUserPropertySize`). "
+            "The brokers' own `max_message_bytes` must be at least this."
+        ),
+    )
+    receive_min_invisible_ms: int = setting(
+        10_000,
+        ge=0,
+        doc=(
+            "Shortest invisible time a ReceiveMessage may ask for (RocketMQ's "
+            "`minInvisibleTimeMillsForRecv`); a shorter one is answered ILLEGAL_INVISIBLE_TIME. "
+            "Push consumers' receives (auto-renewed) use `default_invisible_ms` instead."
+        ),
+    )
+    max_invisible_ms: int = setting(
+        12 * 3600 * 1000,
+        ge=1000,
+        doc=(
+            "Longest invisible time a ReceiveMessage or ChangeInvisibleDuration may ask for "
+            "(RocketMQ's `maxInvisibleTimeMills`); a longer one is answered "
+            "ILLEGAL_INVISIBLE_TIME."
+        ),
+    )
+    max_delay_ms: int = setting(
+        24 * 3600 * 1000,
+        ge=1000,
+        doc=(
+            "Furthest ahead a delayed message's delivery time may be (RocketMQ's "
+            "`maxDelayTimeMills`); further is answered ILLEGAL_DELIVERY_TIME."
         ),
     )
     max_concurrent_calls: int = setting(
@@ -167,6 +204,17 @@ class ProxyConfig(Validated):
             yield (
                 ("max_concurrent_receives", "max_concurrent_calls"),
                 "receives are calls: they cannot be allowed more than calls in total",
+            )
+        if self.max_request_bytes < self.max_message_bytes + 64 * KIB:
+            yield (
+                ("max_request_bytes", "max_message_bytes"),
+                f"a request must hold a body of max_message_bytes ({self.max_message_bytes}) and "
+                "64 KiB of properties",
+            )
+        if self.receive_min_invisible_ms > self.max_invisible_ms:
+            yield (
+                ("receive_min_invisible_ms", "max_invisible_ms"),
+                "the shortest invisible time cannot be longer than the longest",
             )
         if self.acl.enabled and not self.acl.allow_anonymous and self.cluster_secret is None:
             yield (

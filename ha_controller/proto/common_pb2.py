@@ -24,7 +24,7 @@ _sym_db = _symbol_database.Default()
 
 
 
-DESCRIPTOR = _descriptor_pool.Default().AddSerializedFile(b'\n ha_controller/proto/common.proto\x12\nhac.common\"\x07\n\x05\x45mpty\"K\n\x0b\x44\x61taVersion\x12\x15\n\rstate_version\x18\x01 \x01(\x03\x12\x0f\n\x07\x63ounter\x18\x02 \x01(\x03\x12\x14\n\x0ctimestamp_ms\x18\x03 \x01(\x03\"\x89\x01\n\x0bTopicConfig\x12\x12\n\ntopic_name\x18\x01 \x01(\t\x12\x17\n\x0fread_queue_nums\x18\x02 \x01(\x05\x12\x18\n\x10write_queue_nums\x18\x03 \x01(\x05\x12\x0c\n\x04perm\x18\x04 \x01(\x05\x12\x16\n\x0etopic_sys_flag\x18\x05 \x01(\x05\x12\r\n\x05order\x18\x06 \x01(\x08\"\x95\x02\n\nBrokerData\x12\x0f\n\x07\x63luster\x18\x01 \x01(\t\x12\x13\n\x0b\x62roker_name\x18\x02 \x01(\t\x12=\n\x0c\x62roker_addrs\x18\x03 \x03(\x0b\x32\'.hac.common.BrokerData.BrokerAddrsEntry\x12\x1c\n\x14\x65nable_acting_master\x18\x04 \x01(\x08\x12\x1d\n\x10\x61\x63ting_broker_id\x18\x05 \x01(\x03H\x00\x88\x01\x01\x12\x12\n\x05\x65poch\x18\x06 \x01(\x03H\x01\x88\x01\x01\x1a\x32\n\x10\x42rokerAddrsEntry\x12\x0b\n\x03key\x18\x01 \x01(\x03\x12\r\n\x05value\x18\x02 \x01(\t:\x02\x38\x01\x42\x13\n\x11_acting_broker_idB\x08\n\x06_epoch\"y\n\tQueueData\x12\x13\n\x0b\x62roker_name\x18\x01 \x01(\t\x12\x17\n\x0fread_queue_nums\x18\x02 \x01(\x05\x12\x18\n\x10write_queue_nums\x18\x03 \x01(\x05\x12\x0c\n\x04perm\x18\x04 \x01(\x05\x12\x16\n\x0etopic_sys_flag\x18\x05 \x01(\x05\"k\n\nTopicRoute\x12\r\n\x05topic\x18\x01 \x01(\t\x12\'\n\x07\x62rokers\x18\x02 \x03(\x0b\x32\x16.hac.common.BrokerData\x12%\n\x06queues\x18\x03 \x03(\x0b\x32\x15.hac.common.QueueDatab\x06proto3')
+DESCRIPTOR = _descriptor_pool.Default().AddSerializedFile(b'\n ha_controller/proto/common.proto\x12\nhac.common\"\x07\n\x05\x45mpty\"K\n\x0b\x44\x61taVersion\x12\x15\n\rstate_version\x18\x01 \x01(\x03\x12\x0f\n\x07\x63ounter\x18\x02 \x01(\x03\x12\x14\n\x0ctimestamp_ms\x18\x03 \x01(\x03\"\x9f\x01\n\x0bTopicConfig\x12\x12\n\ntopic_name\x18\x01 \x01(\t\x12\x17\n\x0fread_queue_nums\x18\x02 \x01(\x05\x12\x18\n\x10write_queue_nums\x18\x03 \x01(\x05\x12\x0c\n\x04perm\x18\x04 \x01(\x05\x12\x16\n\x0etopic_sys_flag\x18\x05 \x01(\x05\x12\r\n\x05order\x18\x06 \x01(\x08\x12\x14\n\x0cmessage_type\x18\x07 \x01(\t\"\x95\x02\n\nBrokerData\x12\x0f\n\x07\x63luster\x18\x01 \x01(\t\x12\x13\n\x0b\x62roker_name\x18\x02 \x01(\t\x12=\n\x0c\x62roker_addrs\x18\x03 \x03(\x0b\x32\'.hac.common.BrokerData.BrokerAddrsEntry\x12\x1c\n\x14\x65nable_acting_master\x18\x04 \x01(\x08\x12\x1d\n\x10\x61\x63ting_broker_id\x18\x05 \x01(\x03H\x00\x88\x01\x01\x12\x12\n\x05\x65poch\x18\x06 \x01(\x03H\x01\x88\x01\x01\x1a\x32\n\x10\x42rokerAddrsEntry\x12\x0b\n\x03key\x18\x01 \x01(\x03\x12\r\n\x05value\x18\x02 \x01(\t:\x02\x38\x01\x42\x13\n\x11_acting_broker_idB\x08\n\x06_epoch\"y\n\tQueueData\x12\x13\n\x0b\x62roker_name\x18\x01 \x01(\t\x12\x17\n\x0fread_queue_nums\x18\x02 \x01(\x05\x12\x18\n\x10write_queue_nums\x18\x03 \x01(\x05\x12\x0c\n\x04perm\x18\x04 \x01(\x05\x12\x16\n\x0etopic_sys_flag\x18\x05 \x01(\x05\"k\n\nTopicRoute\x12\r\n\x05topic\x18\x01 \x01(\t\x12\'\n\x07\x62rokers\x18\x02 \x03(\x0b\x32\x16.hac.common.BrokerData\x12%\n\x06queues\x18\x03 \x03(\x0b\x32\x15.hac.common.QueueDatab\x06proto3')
 
 _globals = globals()
 _builder.BuildMessageAndEnumDescriptors(DESCRIPTOR, _globals)
@@ -38,13 +38,13 @@ if not _descriptor._USE_C_DESCRIPTORS:
   _globals['_DATAVERSION']._serialized_start=57
   _globals['_DATAVERSION']._serialized_end=132
   _globals['_TOPICCONFIG']._serialized_start=135
-  _globals['_TOPICCONFIG']._serialized_end=272
-  _globals['_BROKERDATA']._serialized_start=275
-  _globals['_BROKERDATA']._serialized_end=552
-  _globals['_BROKERDATA_BROKERADDRSENTRY']._serialized_start=471
-  _globals['_BROKERDATA_BROKERADDRSENTRY']._serialized_end=521
-  _globals['_QUEUEDATA']._serialized_start=554
-  _globals['_QUEUEDATA']._serialized_end=675
-  _globals['_TOPICROUTE']._serialized_start=677
-  _globals['_TOPICROUTE']._serialized_end=784
+  _globals['_TOPICCONFIG']._serialized_end=294
+  _globals['_BROKERDATA']._serialized_start=297
+  _globals['_BROKERDATA']._serialized_end=574
+  _globals['_BROKERDATA_BROKERADDRSENTRY']._serialized_start=493
+  _globals['_BROKERDATA_BROKERADDRSENTRY']._serialized_end=543
+  _globals['_QUEUEDATA']._serialized_start=576
+  _globals['_QUEUEDATA']._serialized_end=697
+  _globals['_TOPICROUTE']._serialized_start=699
+  _globals['_TOPICROUTE']._serialized_end=806
 # @@protoc_insertion_point(module_scope)

@@ -152,6 +152,95 @@ class ReceiptHandleExpired(BadRequest):
     code = 214
 
 
+# --- what a message or a consumer may carry (ha_controller.protocol.validation) ------
+# RocketMQ's proxy answers each of these with its own v2 status code; the gateway maps
+# the class to it (ha_controller.proxy.convert.code_for).  Nothing was stored or changed.
+
+
+class IllegalTopic(BadRequest):
+    """A topic name a client may not use (RocketMQ's ILLEGAL_TOPIC)."""
+
+    code = 215
+
+
+class IllegalConsumerGroup(BadRequest):
+    """A consumer group name a client may not use: malformed, or one of the groups
+    RocketMQ reserves for itself (ILLEGAL_CONSUMER_GROUP)."""
+
+    code = 216
+
+
+class IllegalMessageTag(BadRequest):
+    """A tag that is empty or blank, contains ``|`` or a control character
+    (ILLEGAL_MESSAGE_TAG)."""
+
+    code = 217
+
+
+class IllegalMessageKey(BadRequest):
+    """A message key that is blank or contains a control character (ILLEGAL_MESSAGE_KEY)."""
+
+    code = 218
+
+
+class IllegalMessageGroup(BadRequest):
+    """A FIFO message group that is blank, too long or contains a control character
+    (ILLEGAL_MESSAGE_GROUP)."""
+
+    code = 219
+
+
+class IllegalPropertyKey(BadRequest):
+    """A user property named like a system property, or a user property (key or value)
+    with a control character (ILLEGAL_MESSAGE_PROPERTY_KEY)."""
+
+    code = 220
+
+
+class PropertiesTooLarge(BadRequest):
+    """More user properties than allowed, or user properties, tag and keys over their
+    size limit together (MESSAGE_PROPERTIES_TOO_LARGE)."""
+
+    code = 221
+
+
+class MessageBodyEmpty(BadRequest):
+    """A message without a body (MESSAGE_BODY_EMPTY)."""
+
+    code = 222
+
+
+class IllegalDeliveryTime(BadRequest):
+    """A delivery time further ahead than the delay limit (ILLEGAL_DELIVERY_TIME)."""
+
+    code = 223
+
+
+class IllegalInvisibleTime(BadRequest):
+    """An invisible time outside the allowed range (ILLEGAL_INVISIBLE_TIME)."""
+
+    code = 224
+
+
+class IllegalFilterExpression(BadRequest):
+    """A subscription filter that cannot be served (ILLEGAL_FILTER_EXPRESSION)."""
+
+    code = 225
+
+
+class MessageTypeConflict(BadRequest):
+    """A message whose type the topic does not take, e.g. a FIFO message to a NORMAL
+    topic (RocketMQ's MESSAGE_PROPERTY_CONFLICT_WITH_TYPE)."""
+
+    code = 226
+
+
+class IllegalMessageId(BadRequest):
+    """A v2 message without a message id (ILLEGAL_MESSAGE_ID)."""
+
+    code = 227
+
+
 # --- cluster semantics -----------------------------------------------------
 
 

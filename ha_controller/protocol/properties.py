@@ -21,6 +21,7 @@ __all__ = [
     "MAX_DELAY_LEVEL",
     "OFFSET_TOPIC",
     "OP_TOPIC",
+    "PROPERTY_BORN_TIMESTAMP",
     "PROPERTY_DELAY",
     "PROPERTY_DUE_MS",
     "PROPERTY_KEYS",
@@ -37,6 +38,7 @@ __all__ = [
     "PROPERTY_POP_CK",
     "PROPERTY_POP_KEY",
     "PROPERTY_PREPARED_QUEUE_OFFSET",
+    "PROPERTY_PRIORITY",
     "PROPERTY_PRODUCER_GROUP",
     "PROPERTY_REAL_QID",
     "PROPERTY_REAL_TOPIC",
@@ -46,6 +48,7 @@ __all__ = [
     "PROPERTY_TAGS",
     "PROPERTY_TIMER_DELIVER_MS",
     "PROPERTY_TIMER_DEL_UNIQKEY",
+    "PROPERTY_TRANSACTION_ID",
     "PROPERTY_TRAN_MSG",
     "PROPERTY_UNIQ_KEY",
     "RETRY_PREFIX",
@@ -72,6 +75,14 @@ PROPERTY_TIMER_DEL_UNIQKEY: Final = "TIMER_DEL_UNIQKEY"
 PROPERTY_TRAN_MSG: Final = "TRAN_MSG"
 PROPERTY_PRODUCER_GROUP: Final = "PGROUP"
 PROPERTY_MESSAGE_GROUP: Final = "__SHARDINGKEY"
+#: a half message's transaction id (its UNIQ_KEY), kept by the committed message, as
+#: RocketMQ's broker sets it; clients see it as a user property, as with RocketMQ
+PROPERTY_TRANSACTION_ID: Final = "__transactionId__"
+#: a PRIORITY message's priority (the v2 ``priority``; the name is ours)
+PROPERTY_PRIORITY: Final = "__PRIORITY"
+#: the sender's own born time of a message the gRPC gateway stored (RocketMQ's proxy
+#: keeps it the same way; the stored born time is the gateway's)
+PROPERTY_BORN_TIMESTAMP: Final = "BORN_TIMESTAMP"
 #: where a delayed or half message really goes (schedule, timer, transactions)
 PROPERTY_REAL_TOPIC: Final = "REAL_TOPIC"
 PROPERTY_REAL_QID: Final = "REAL_QID"

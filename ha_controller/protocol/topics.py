@@ -8,6 +8,11 @@ brokers' own ``%...%`` offset tables are reserved.  Queue counts are bounded by
 :data:`MAX_QUEUE_NUMS`; a permission is a combination of READ 4, WRITE 2 and INHERIT 1
 with at least READ or WRITE.
 
+A topic has a message type (RocketMQ 5's ``message.type`` attribute,
+:class:`TopicMessageType`): NORMAL, FIFO, DELAY, TRANSACTION or PRIORITY take only
+their own kind of message; MIXED takes every kind (what topics made before types
+existed, and topics the brokers create on a first send, are).
+
 Sans-IO: each ``*_problem`` function returns the reason a value is refused, or None.
 ``hactl`` turns a reason into a usage error before anything is sent; a broker turns it
 into ``BadRequest`` before anything is created or persisted.
@@ -15,13 +20,20 @@ into ``BadRequest`` before anything is created or persisted.
 
 from __future__ import annotations
 
+import enum
 import re
+from collections.abc import Mapping
 from typing import Final
 
 from ha_controller.protocol.properties import (
     AUTO_CREATE_TOPIC,
     DELAY_OFFSET_GROUP,
     DLQ_PREFIX,
+    PROPERTY_DELAY,
+    PROPERTY_MESSAGE_GROUP,
+    PROPERTY_PRIORITY,
+    PROPERTY_TIMER_DELIVER_MS,
+    PROPERTY_TRAN_MSG,
     RETRY_PREFIX,
     REVIVE_GROUP,
     TIMER_CHECKPOINT_GROUP,
@@ -35,7 +47,11 @@ __all__ = [
     "SYSTEM_TOPIC_PREFIXES",
     "TOPIC_NAME_MAX_LEN",
     "VALID_PERMS",
+    "TopicMessageType",
     "group_name_problem",
+    "message_type_name_problem",
+    "message_type_of",
+    "message_type_problem",
     "perm_problem",
     "queue_nums_problem",
     "reserved_prefix",
@@ -143,3 +159,78 @@ def group_name_problem(name: str, *, allow_reserved: bool = False) -> str | None
             if name.startswith(prefix):
                 return f"group name {name!r} uses {prefix!r}, which is reserved for the brokers"
     return None
+
+
+class TopicMessageType(enum.StrEnum):
+    """The kind of messages a topic takes (RocketMQ's ``TopicMessageType``, PRIORITY as
+    in RocketMQ 5.4); MIXED takes all."""
+
+    NORMAL = "NORMAL"
+    FIFO = "FIFO"
+    DELAY = "DELAY"
+    TRANSACTION = "TRANSACTION"
+    PRIORITY = "PRIORITY"
+    MIXED = "MIXED"
+
+    def accepts(self, kind: TopicMessageType) -> bool:
+        return self is TopicMessageType.MIXED or self is kind
+
+    @classmethod
+    def parse(cls, text: str) -> TopicMessageType:
+        """``text`` (any case) as a type; "" is MIXED (a topic from before types).
+        ValueError naming the choices otherwise."""
+        if not text:
+            return cls.MIXED
+        try:
+            return cls(text.upper())
+        except ValueError:
+            choices = "|".join(t.value for t in cls)
+            raise ValueError(f"message type {text!r} is not one of {choices}") from None
+
+    @classmethod
+    def from_wire(cls, text: str) -> TopicMessageType:
+        """As :meth:`parse`, but a type this version does not know (a newer peer's) is
+        MIXED: the topic keeps working; the topic admin request checks it first."""
+        try:
+            return cls.parse(text)
+        except ValueError:
+            return cls.MIXED
+
+
+def message_type_name_problem(text: str) -> str | None:
+    """Why ``text`` is not a topic message type, or None ("" is MIXED)."""
+    try:
+        TopicMessageType.parse(text)
+    except ValueError as exc:
+        return str(exc)
+    return None
+
+
+def message_type_of(properties: Mapping[str, str]) -> TopicMessageType:
+    """A message's kind by its properties, as RocketMQ's proxy and broker tell it
+    (``TopicMessageType.parseFromMessageProperty``): a prepared transaction message,
+    then a delayed one (delay level or delivery time), then a FIFO one (message
+    group), then a PRIORITY one; NORMAL otherwise."""
+    if properties.get(PROPERTY_TRAN_MSG, "").lower() == "true":
+        return TopicMessageType.TRANSACTION
+    if PROPERTY_DELAY in properties or PROPERTY_TIMER_DELIVER_MS in properties:
+        return TopicMessageType.DELAY
+    if PROPERTY_MESSAGE_GROUP in properties:
+        return TopicMessageType.FIFO
+    if PROPERTY_PRIORITY in properties:
+        return TopicMessageType.PRIORITY
+    return TopicMessageType.NORMAL
+
+
+def message_type_problem(
+    topic: str, topic_type: TopicMessageType, kind: TopicMessageType
+) -> str | None:
+    """Why topic ``topic`` of type ``topic_type`` refuses a ``kind`` message, or None
+    (RocketMQ's words)."""
+    if topic_type.accepts(kind):
+        return None
+    return (
+        f"TopicMessageType validate failed, the expected type is {topic_type.value}, but "
+        f"actual type is {kind.value} (topic {topic!r}; hactl topic update {topic} "
+        "--message-type changes it)"
+    )

@@ -22,15 +22,16 @@ from ha_controller.proto import broker_pb2
 from ha_controller.proto.rocketmq.v2 import definition_pb2 as v2
 from ha_controller.proto.rocketmq.v2 import service_pb2 as v2s
 from ha_controller.protocol.codes import RequestCode
-from ha_controller.protocol.errors import BadRequest, HaError, NotMaster
+from ha_controller.protocol.errors import HaError, NotMaster
 from ha_controller.protocol.properties import (
     PROPERTY_POP_CK,
     PROPERTY_RETRY_TOPIC,
     dlq_topic,
     now_ms,
 )
+from ha_controller.protocol.validation import check_invisible_ms
 from ha_controller.proxy import convert
-from ha_controller.proxy.core import MIN_INVISIBLE_MS, GatewayCore, retriable
+from ha_controller.proxy.core import GatewayCore, retriable
 from ha_controller.proxy.handles import GatewayHandle
 from ha_controller.proxy.renewal import CLIENT_GONE_S, Key, Renewal, RenewalTable, key_of
 
@@ -103,8 +104,7 @@ class Acker:
             group, topic = request.group.name, request.topic.name
             h = GatewayHandle.decode(request.receipt_handle)
             invisible_ms = convert.ms_of_duration(request.invisible_duration)
-            if invisible_ms < MIN_INVISIBLE_MS:
-                raise BadRequest(f"invisible duration must be >= {MIN_INVISIBLE_MS} ms")
+            check_invisible_ms(invisible_ms, max_ms=self.core.cfg.max_invisible_ms)
             h = await self._settle(group, h)  # a nack: no more renewals
             new = await self._change(group, topic, h, invisible_ms)
             return v2s.ChangeInvisibleDurationResponse(

@@ -11,8 +11,8 @@ import logging
 import os
 import socket
 import uuid
-from collections.abc import AsyncIterator, Awaitable, Callable
-from typing import Any, Final
+from collections.abc import AsyncIterator, Awaitable
+from typing import Any, Final, Protocol
 
 import grpc
 
@@ -36,7 +36,11 @@ __all__ = ["CONSUMER_BACKOFF_S", "Clients"]
 #: (1s 5s 10s 30s 1m ... 20m 30m).
 CONSUMER_BACKOFF_S: Final = tuple(ms // 1000 for ms in DELAY_LEVELS_MS[:16])
 
-Orderly = Callable[[str, str], Awaitable[bool]]
+
+class Orderly(Protocol):
+    """Whether a consumer group consumes orderly (``Receiver.group_orderly``)."""
+
+    def __call__(self, group: str, topic: str, *, fresh: bool = False) -> Awaitable[bool]: ...
 
 
 class Clients:
@@ -149,8 +153,10 @@ class Clients:
         if settings.client_type == v2.PRODUCER:
             s.kind = PRODUCER
             s.topics = frozenset(convert.topics_of(settings.publishing.topics))
-            out.publishing.max_body_size = convert.MAX_BODY_BYTES
-            out.publishing.validate_message_type = False
+            out.publishing.max_body_size = cfg.max_message_bytes
+            # as RocketMQ's proxy (enableTopicMessageTypeCheck): an SDK that checks a
+            # message's type against the queue's accepted types refuses it before sending
+            out.publishing.validate_message_type = True
             out.backoff_policy.CopyFrom(
                 v2.RetryPolicy(
                     max_attempts=cfg.send_attempts,
@@ -169,7 +175,7 @@ class Clients:
             topics = [e.topic.name for e in settings.subscription.subscriptions if e.topic.name]
             orderly = s.group in cfg.fifo_groups
             if not orderly and topics:
-                orderly = await self._orderly(s.group, topics[0])
+                orderly = await self._orderly(s.group, topics[0], fresh=True)
             sub.fifo = orderly
             sub.receive_batch_size = MAX_BATCH
             sub.long_polling_timeout.CopyFrom(convert.duration_of_ms(cfg.long_polling_timeout_ms))

@@ -26,39 +26,53 @@ from ha_controller.protocol.errors import (
     ConnectionClosed,
     EscapeFailed,
     HaError,
+    IllegalConsumerGroup,
+    IllegalDeliveryTime,
+    IllegalFilterExpression,
+    IllegalInvisibleTime,
+    IllegalMessageGroup,
+    IllegalMessageId,
+    IllegalMessageKey,
+    IllegalMessageTag,
+    IllegalPropertyKey,
+    IllegalTopic,
     InSyncReplicasNotEnough,
+    MessageBodyEmpty,
     MessageTooLarge,
+    MessageTypeConflict,
     NotMaster,
     NotRecallable,
     NotWritable,
     Overloaded,
+    PropertiesTooLarge,
     ReceiptHandleExpired,
     RequestTimeout,
     ServiceStopping,
     TopicNotFound,
 )
 from ha_controller.protocol.properties import (
+    PROPERTY_BORN_TIMESTAMP,
     PROPERTY_DELAY,
-    PROPERTY_DUE_MS,
-    PROPERTY_ESCAPE_ID,
     PROPERTY_KEYS,
-    PROPERTY_MAX_OFFSET,
     PROPERTY_MESSAGE_GROUP,
-    PROPERTY_MIN_OFFSET,
-    PROPERTY_OP_RESULT,
-    PROPERTY_OP_TRANSACTION_ID,
-    PROPERTY_ORIGIN_MESSAGE_ID,
-    PROPERTY_POP_CK,
     PROPERTY_PREPARED_QUEUE_OFFSET,
+    PROPERTY_PRIORITY,
     PROPERTY_PRODUCER_GROUP,
-    PROPERTY_REAL_QID,
-    PROPERTY_REAL_TOPIC,
     PROPERTY_RECONSUME_TIME,
-    PROPERTY_RETRY_TOPIC,
     PROPERTY_TAGS,
     PROPERTY_TIMER_DELIVER_MS,
     PROPERTY_TRAN_MSG,
+    PROPERTY_TRANSACTION_ID,
     PROPERTY_UNIQ_KEY,
+)
+from ha_controller.protocol.properties import now_ms as now_ms_clock
+from ha_controller.protocol.topics import TopicMessageType
+from ha_controller.protocol.topics import message_type_of as topic_message_type_of
+from ha_controller.protocol.validation import (
+    DEFAULT_LIMITS,
+    SYSTEM_PROPERTIES,
+    MessageLimits,
+    check_message,
 )
 from ha_controller.proxy.handles import InvalidHandle
 from ha_controller.routing import Perm, TopicRouteData
@@ -82,40 +96,65 @@ __all__ = [
     "writable_queues",
 ]
 
-#: Properties our brokers set or read; never shown as user properties, and a
-#: v2 client may not set them as user properties (ILLEGAL_MESSAGE_PROPERTY_KEY).
-SYSTEM_PROPERTIES: Final = frozenset(
-    {
-        PROPERTY_TAGS,
-        PROPERTY_KEYS,
-        PROPERTY_UNIQ_KEY,
-        PROPERTY_MESSAGE_GROUP,
-        PROPERTY_TIMER_DELIVER_MS,
-        PROPERTY_DELAY,
-        PROPERTY_TRAN_MSG,
-        PROPERTY_PRODUCER_GROUP,
-        PROPERTY_RECONSUME_TIME,
-        PROPERTY_RETRY_TOPIC,
-        PROPERTY_PREPARED_QUEUE_OFFSET,
-        PROPERTY_REAL_TOPIC,
-        PROPERTY_REAL_QID,
-        PROPERTY_DUE_MS,
-        PROPERTY_ESCAPE_ID,
-        PROPERTY_POP_CK,
-        PROPERTY_ORIGIN_MESSAGE_ID,
-        PROPERTY_OP_TRANSACTION_ID,
-        PROPERTY_OP_RESULT,
-        PROPERTY_MIN_OFFSET,
-        PROPERTY_MAX_OFFSET,
-    }
-)
+#: Properties our brokers set or read that a received message does not show as user
+#: properties (RocketMQ's ``MessageConst.STRING_HASH_SET``, and our brokers' own).  As
+#: with RocketMQ, the message group (``__SHARDINGKEY``) and a committed transaction's
+#: ``__transactionId__`` are shown: the SDKs' own tests read them there.  A v2 client
+#: may set none of ``SYSTEM_PROPERTIES`` as a user property (ILLEGAL_MESSAGE_PROPERTY_KEY).
+HIDDEN_PROPERTIES: Final = SYSTEM_PROPERTIES - {PROPERTY_MESSAGE_GROUP, PROPERTY_TRANSACTION_ID}
 
-ALL_MESSAGE_TYPES: Final = (v2.NORMAL, v2.FIFO, v2.DELAY, v2.TRANSACTION)
-MAX_BODY_BYTES: Final = 4 * 1024 * 1024
+#: what QueryRoute says each queue accepts, by the topic's type (RocketMQ's
+#: RouteActivity; a MIXED topic lists the four types every SDK knows)
+ALL_MESSAGE_TYPES: Final[tuple[v2.MessageType, ...]] = (
+    v2.NORMAL,
+    v2.FIFO,
+    v2.DELAY,
+    v2.TRANSACTION,
+)
+_ACCEPTED: Final[dict[TopicMessageType, tuple[v2.MessageType, ...]]] = {
+    TopicMessageType.NORMAL: (v2.NORMAL,),
+    TopicMessageType.FIFO: (v2.FIFO,),
+    TopicMessageType.DELAY: (v2.DELAY,),
+    TopicMessageType.TRANSACTION: (v2.TRANSACTION,),
+    TopicMessageType.PRIORITY: (v2.PRIORITY,),
+    TopicMessageType.MIXED: ALL_MESSAGE_TYPES,
+}
+#: a v2 message type as a topic message type
+TOPIC_TYPE_OF_V2: Final = {
+    v2.NORMAL: TopicMessageType.NORMAL,
+    v2.FIFO: TopicMessageType.FIFO,
+    v2.DELAY: TopicMessageType.DELAY,
+    v2.TRANSACTION: TopicMessageType.TRANSACTION,
+    v2.PRIORITY: TopicMessageType.PRIORITY,
+}
+
+
+def accepted_types(topic_type: TopicMessageType) -> tuple[v2.MessageType, ...]:
+    return _ACCEPTED[topic_type]
 
 
 def status(code: int = v2.OK, message: str = "OK") -> v2.Status:
     return v2.Status(code=code, message=message)  # type: ignore[arg-type]
+
+
+#: the v2 status of each refusal of ``ha_controller.protocol.validation``, as RocketMQ's
+#: proxy answers the same check
+_VALIDATION_CODES: Final[tuple[tuple[type[HaError], int], ...]] = (
+    (MessageTooLarge, v2.MESSAGE_BODY_TOO_LARGE),
+    (MessageBodyEmpty, v2.MESSAGE_BODY_EMPTY),
+    (PropertiesTooLarge, v2.MESSAGE_PROPERTIES_TOO_LARGE),
+    (IllegalPropertyKey, v2.ILLEGAL_MESSAGE_PROPERTY_KEY),
+    (IllegalMessageTag, v2.ILLEGAL_MESSAGE_TAG),
+    (IllegalMessageKey, v2.ILLEGAL_MESSAGE_KEY),
+    (IllegalMessageGroup, v2.ILLEGAL_MESSAGE_GROUP),
+    (IllegalMessageId, v2.ILLEGAL_MESSAGE_ID),
+    (IllegalDeliveryTime, v2.ILLEGAL_DELIVERY_TIME),
+    (IllegalInvisibleTime, v2.ILLEGAL_INVISIBLE_TIME),
+    (IllegalFilterExpression, v2.ILLEGAL_FILTER_EXPRESSION),
+    (IllegalTopic, v2.ILLEGAL_TOPIC),
+    (IllegalConsumerGroup, v2.ILLEGAL_CONSUMER_GROUP),
+    (MessageTypeConflict, v2.MESSAGE_PROPERTY_CONFLICT_WITH_TYPE),
+)
 
 
 def code_for(exc: BaseException) -> int:
@@ -143,8 +182,9 @@ def code_for(exc: BaseException) -> int:
         return v2.HA_NOT_AVAILABLE
     if isinstance(exc, AccessDenied):  # the client ACL: the user lacks a permission
         return v2.FORBIDDEN
-    if isinstance(exc, MessageTooLarge):  # RocketMQ's proxy: a body over maxMessageSize
-        return v2.MESSAGE_BODY_TOO_LARGE
+    for cls, code in _VALIDATION_CODES:  # RocketMQ's proxy's code for the same check
+        if isinstance(exc, cls):
+            return code
     if isinstance(exc, BadRequest):
         return v2.BAD_REQUEST
     if isinstance(exc, HaError):
@@ -248,26 +288,37 @@ def _broker_pb(name: str, gateway: v2.Endpoints) -> v2.Broker:
     return v2.Broker(name=name, id=0, endpoints=gateway)
 
 
-def v2_queues(route: TopicRouteData, gateway: v2.Endpoints) -> list[v2.MessageQueue]:
-    """QueryRoute: every queue as broker id 0 at the gateway's endpoints; an
-    acting group's queues are READ (the nameserver wiped its write perm)."""
+def v2_queues(
+    route: TopicRouteData,
+    gateway: v2.Endpoints,
+    topic_type: TopicMessageType = TopicMessageType.MIXED,
+) -> list[v2.MessageQueue]:
+    """QueryRoute: every queue as broker id 0 at the gateway's endpoints, accepting the
+    topic's message types; an acting group's queues are READ (the nameserver wiped its
+    write perm)."""
     perms = {qd.broker_name: qd.perm for qd in route.queue_datas}
+    accepted = accepted_types(topic_type)
     return [
         v2.MessageQueue(
             topic=v2.Resource(name=route.topic),
             id=q.queue_id,
             permission=_permission(perms[q.broker_name], q.readable, q.writable),  # type: ignore[arg-type]
             broker=_broker_pb(q.broker_name, gateway),
-            accept_message_types=ALL_MESSAGE_TYPES,
+            accept_message_types=accepted,
         )
         for q in route_queues(route)
     ]
 
 
-def assignments(route: TopicRouteData, gateway: v2.Endpoints) -> list[v2.Assignment]:
+def assignments(
+    route: TopicRouteData,
+    gateway: v2.Endpoints,
+    topic_type: TopicMessageType = TopicMessageType.MIXED,
+) -> list[v2.Assignment]:
     """QueryAssignment: one assignment per readable group, queue id -1 (POP from
     any queue), like RocketMQ's proxy."""
     readable = sorted({q.broker_name for q in route_queues(route) if q.readable})
+    accepted = accepted_types(topic_type)
     return [
         v2.Assignment(
             message_queue=v2.MessageQueue(
@@ -275,7 +326,7 @@ def assignments(route: TopicRouteData, gateway: v2.Endpoints) -> list[v2.Assignm
                 id=-1,
                 permission=v2.READ,
                 broker=_broker_pb(name, gateway),
-                accept_message_types=ALL_MESSAGE_TYPES,
+                accept_message_types=accepted,
             )
         )
         for name in readable
@@ -285,7 +336,7 @@ def assignments(route: TopicRouteData, gateway: v2.Endpoints) -> list[v2.Assignm
 def tags_of(expr: v2.FilterExpression) -> list[str]:
     """TAG filter ``a || b`` -> ["a", "b"]; "*" or empty -> [] (all)."""
     if expr.type == v2.SQL:
-        raise BadRequest("SQL92 filters are not supported by ha-controller")
+        raise IllegalFilterExpression("SQL92 filters are not supported by ha-controller")
     text = expr.expression.strip()
     if not text or text == "*":
         return []
@@ -300,6 +351,8 @@ def message_type_of(msg: v2.Message) -> int:
         return v2.FIFO
     if sp.HasField("delivery_timestamp"):
         return v2.DELAY
+    if sp.HasField("priority"):
+        return v2.PRIORITY
     return v2.NORMAL
 
 
@@ -313,43 +366,71 @@ class SendPlan:
     message_group: str | None
     born_host: str
 
+    @property
+    def topic_type(self) -> TopicMessageType:
+        """The kind the topic must take (by the properties, as RocketMQ's proxy tells)."""
+        return topic_message_type_of(self.entry.properties)
 
-def send_entry(msg: v2.Message, topic: str) -> SendPlan:
-    """v2 Message -> our SendEntry (properties as RocketMQ names them)."""
+
+def send_entry(
+    msg: v2.Message,
+    topic: str,
+    *,
+    limits: MessageLimits = DEFAULT_LIMITS,
+    now_ms: int | None = None,
+) -> SendPlan:
+    """v2 Message -> our SendEntry (properties as RocketMQ names them), after every
+    check RocketMQ's proxy makes (``ha_controller.protocol.validation``), each refused
+    with its typed error.  The stored born time is the gateway's clock, as with
+    RocketMQ's proxy (the SDK's goes to BORN_TIMESTAMP): the brokers time transaction
+    checks from it, and an SDK's clock, or its whole seconds, must not make a half
+    message look older than it is."""
     sp = msg.system_properties
-    if not msg.body:
-        raise BadRequest("message body is empty")
-    if len(msg.body) > MAX_BODY_BYTES:
-        raise MessageTooLarge(f"message body is larger than {MAX_BODY_BYTES} bytes")
-    reserved = SYSTEM_PROPERTIES.intersection(msg.user_properties)
-    if reserved:
-        raise BadRequest(f"reserved property names in user properties: {sorted(reserved)}")
+    now = now_ms if now_ms is not None else now_ms_clock()
     kind = message_type_of(msg)
+    if kind not in TOPIC_TYPE_OF_V2:
+        raise BadRequest(f"message type {kind} is not supported")
+    if not sp.message_id or sp.message_id.isspace():
+        raise IllegalMessageId("message id cannot be empty")
+    deliver = delivery_ms(sp.delivery_timestamp) if sp.HasField("delivery_timestamp") else None
+    check_message(
+        body=msg.body,
+        tag=sp.tag if sp.HasField("tag") else None,
+        keys=list(sp.keys),
+        properties=msg.user_properties,
+        reserved=SYSTEM_PROPERTIES,
+        message_group=sp.message_group if sp.HasField("message_group") else None,
+        deliver_ms=deliver,
+        now_ms=now,
+        limits=limits,
+    )
     props = dict(msg.user_properties)
     message_id = sp.message_id
-    if message_id:
-        props[PROPERTY_UNIQ_KEY] = message_id
+    props[PROPERTY_UNIQ_KEY] = message_id
     props[PROPERTY_PRODUCER_GROUP] = topic  # a gRPC producer's group is its topic (as RocketMQ)
-    if sp.HasField("tag") and sp.tag:
+    if sp.HasField("tag"):
         props[PROPERTY_TAGS] = sp.tag
     if sp.keys:
         props[PROPERTY_KEYS] = " ".join(sp.keys)
+    if sp.HasField("born_timestamp"):
+        props[PROPERTY_BORN_TIMESTAMP] = str(ms_of_timestamp(sp.born_timestamp))
     group: str | None = None
     if kind == v2.FIFO:
         if not sp.message_group:
-            raise BadRequest("a FIFO message needs a message group")
+            raise IllegalMessageGroup("a FIFO message needs a message group")
         group = sp.message_group
         props[PROPERTY_MESSAGE_GROUP] = group
     elif kind == v2.DELAY:
-        if not sp.HasField("delivery_timestamp"):
-            raise BadRequest("a DELAY message needs a delivery timestamp")
-        props[PROPERTY_TIMER_DELIVER_MS] = str(delivery_ms(sp.delivery_timestamp))
+        if deliver is None:
+            raise IllegalDeliveryTime("a DELAY message needs a delivery timestamp")
+        props[PROPERTY_TIMER_DELIVER_MS] = str(deliver)
     elif kind == v2.TRANSACTION:
         props[PROPERTY_TRAN_MSG] = "true"
-    elif kind != v2.NORMAL:
-        raise BadRequest(f"message type {kind} is not supported")
-    born_ms = ms_of_timestamp(sp.born_timestamp) if sp.HasField("born_timestamp") else 0
-    entry = broker_pb2.SendEntry(body=msg.body, properties=props, born_ts_ms=born_ms)
+    elif kind == v2.PRIORITY:
+        if sp.priority < 0:
+            raise BadRequest(f"priority must be >= 0, not {sp.priority}")
+        props[PROPERTY_PRIORITY] = str(sp.priority)
+    entry = broker_pb2.SendEntry(body=msg.body, properties=props, born_ts_ms=now)
     return SendPlan(entry, kind, message_id, group, sp.born_host)
 
 
@@ -360,7 +441,16 @@ def _received_type(props: Mapping[str, str]) -> int:
         return v2.DELAY
     if PROPERTY_PREPARED_QUEUE_OFFSET in props or PROPERTY_TRAN_MSG in props:
         return v2.TRANSACTION
+    if PROPERTY_PRIORITY in props:
+        return v2.PRIORITY
     return v2.NORMAL
+
+
+def _int(text: str | None) -> int:
+    try:
+        return int(text or 0)
+    except ValueError:
+        return 0
 
 
 def _md5_hex(body: bytes) -> str:
@@ -390,7 +480,8 @@ def message_to_v2(
         store_host=m.store_host,
         queue_id=m.queue_id,
         queue_offset=m.queue_offset,
-        delivery_attempt=int(props.get(PROPERTY_RECONSUME_TIME, "0") or 0) + 1,
+        # the broker's count: RECONSUME_TIME, plus the re-pops of an orderly batch
+        delivery_attempt=max(m.reconsume_times, _int(props.get(PROPERTY_RECONSUME_TIME))) + 1,
     )
     if PROPERTY_TAGS in props:
         sp.tag = props[PROPERTY_TAGS]
@@ -401,11 +492,14 @@ def message_to_v2(
     deliver = props.get(PROPERTY_TIMER_DELIVER_MS, "")
     if deliver.isdigit():
         sp.delivery_timestamp.CopyFrom(timestamp_of_ms(int(deliver)))
+    priority = props.get(PROPERTY_PRIORITY, "")
+    if priority.isdigit():
+        sp.priority = int(priority)
     if receipt_handle is not None:
         sp.receipt_handle = receipt_handle
     if invisible_ms is not None:
         sp.invisible_duration.CopyFrom(duration_of_ms(invisible_ms))
-    user = {k: v for k, v in props.items() if k not in SYSTEM_PROPERTIES}
+    user = {k: v for k, v in props.items() if k not in HIDDEN_PROPERTIES}
     return v2.Message(
         topic=v2.Resource(name=topic), user_properties=user, system_properties=sp, body=m.body
     )

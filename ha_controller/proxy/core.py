@@ -19,9 +19,13 @@ from google.protobuf.message import Message as PbMessage
 
 from ha_controller.client.admin import NameserverClient
 from ha_controller.config import ProxyConfig
+from ha_controller.proto import broker_pb2, common_pb2
 from ha_controller.proto.rocketmq.v2 import definition_pb2 as v2
 from ha_controller.proto.rocketmq.v2 import service_pb2 as v2s
+from ha_controller.protocol.codes import RequestCode
 from ha_controller.protocol.errors import HaError, NotMaster, TopicNotFound
+from ha_controller.protocol.topics import TopicMessageType
+from ha_controller.protocol.validation import MessageLimits
 from ha_controller.proxy import convert
 from ha_controller.proxy.auth import GatewayAuth
 from ha_controller.proxy.limits import CallBounds
@@ -34,10 +38,9 @@ log = logging.getLogger(__name__)
 
 R = TypeVar("R", bound=PbMessage)
 
-__all__ = ["MAX_BATCH", "MIN_INVISIBLE_MS", "GatewayCore", "retriable"]
+__all__ = ["MAX_BATCH", "GatewayCore", "retriable"]
 
 MAX_BATCH: Final = 32
-MIN_INVISIBLE_MS: Final = 1000
 
 
 def retriable(exc: BaseException) -> bool:
@@ -71,6 +74,12 @@ class GatewayCore:
         self._routes: dict[str, tuple[float, TopicRouteData]] = {}
         #: broker name -> id-0 address, from any route
         self.group_addrs: dict[str, str] = {}
+        #: topic -> (until, message type), from a master's topic table
+        self._topic_types: dict[str, tuple[float, TopicMessageType]] = {}
+        #: what a message may carry (the gateway's settings, RocketMQ's other defaults)
+        self.limits = MessageLimits(
+            max_body_bytes=cfg.max_message_bytes, max_delay_ms=cfg.max_delay_ms
+        )
 
     # ---- routes ----------------------------------------------------------------
 
@@ -111,6 +120,38 @@ class GatewayCore:
         """One call to the id-0 address of group ``broker_name`` (see :meth:`group_addr`)."""
         addr = await self.group_addr(topic, broker_name)
         return await self.pool.call_pb(addr, method, request, resp_type, self.cfg.broker_timeout_ms)
+
+    async def topic_type(self, topic: str) -> TopicMessageType:
+        """``topic``'s message type, as a master of its route holds it
+        (GET_ALL_TOPIC_CONFIG: the whole table, every topic of it cached for the route
+        TTL, at least 1 s; RocketMQ's proxy caches topic configs the same way).  MIXED
+        when no master can tell: the brokers check a send's type themselves."""
+        now = time.monotonic()
+        cached = self._topic_types.get(topic)
+        if cached is not None and now < cached[0]:
+            return cached[1]
+        kind = cached[1] if cached is not None else TopicMessageType.MIXED
+        try:
+            route = await self.route(topic)
+            addrs = [a for b in route.broker_datas if (a := b.broker_addrs.get(0)) is not None]
+            if addrs:
+                table = await self.pool.call_pb(
+                    addrs[0],
+                    RequestCode.GET_ALL_TOPIC_CONFIG,
+                    common_pb2.Empty(),
+                    broker_pb2.TopicConfigTable,
+                    self.cfg.broker_timeout_ms,
+                )
+                until = now + max(1.0, self.cfg.route_ttl_ms / 1000)
+                for tc in table.topics:
+                    self._topic_types[tc.topic_name] = (
+                        until,
+                        TopicMessageType.from_wire(tc.message_type),
+                    )
+                kind = self._topic_types.setdefault(topic, (until, TopicMessageType.MIXED))[1]
+        except (HaError, OSError, TimeoutError) as exc:
+            log.info("topic table for %s not read (%s): %s kept", topic, exc, kind.value)
+        return kind
 
     def endpoints(self, given: v2.Endpoints | None = None) -> v2.Endpoints:
         if given is not None and given.addresses:

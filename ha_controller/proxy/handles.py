@@ -1,10 +1,11 @@
 """What the gateway hands to v2 clients and gets back: receipt handles,
 transaction ids, recall handles.  Plain objects, no I/O.
 
-A v2 client sends back only opaque strings (``receipt_handle``,
-``transaction_id``) and never a broker address, so each string carries what the
-gateway needs to find the broker again; nothing is kept in gateway memory that a
-gateway restart could lose.
+A v2 client sends back only opaque strings and never a broker address.  A receipt
+handle and a recall handle carry what the gateway needs to find the broker again, so
+any gateway instance reads them.  A transaction id is the message id, as with RocketMQ
+(the SDKs compare the two); where its half message is (:class:`TransactionId`) the
+gateway keeps in memory, as RocketMQ's proxy does (``ha_controller.proxy.transactions``).
 """
 
 from __future__ import annotations
@@ -21,11 +22,12 @@ __all__ = [
     "GatewayHandle",
     "InvalidHandle",
     "RecallHandle",
+    "TX_PREFIX",
     "TransactionId",
 ]
 
 _HANDLE_PREFIX: Final = "h1."
-_TX_PREFIX: Final = "t1."
+TX_PREFIX: Final = "t1."
 
 
 class InvalidHandle(BadRequest):
@@ -101,8 +103,9 @@ class GatewayHandle:
 
 @dataclass(frozen=True, slots=True)
 class TransactionId:
-    """The v2 transaction id: where the half message is (group, half-queue
-    offset, commit-log offset) and the broker's transaction id (UNIQ_KEY)."""
+    """Where a half message is (group, half-queue offset, commit-log offset) and the
+    broker's transaction id (UNIQ_KEY).  Before transaction ids were message ids, its
+    encoding was the v2 transaction id; it is still read as one."""
 
     broker_name: str
     half_offset: int
@@ -111,13 +114,13 @@ class TransactionId:
 
     def encode(self) -> str:
         return _pack(
-            _TX_PREFIX,
+            TX_PREFIX,
             [self.broker_name, self.half_offset, self.commit_log_offset, self.uniq_key],
         )
 
     @classmethod
     def decode(cls, text: str) -> TransactionId:
-        data = _unpack(_TX_PREFIX, text, "transaction id")
+        data = _unpack(TX_PREFIX, text, "transaction id")
         try:
             name, half, clo, uniq = data
             return cls(_str(name), _int(half), _int(clo), _str(uniq))

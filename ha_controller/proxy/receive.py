@@ -10,9 +10,10 @@ for renewal (``ha_controller.proxy.ack``).
 
 from __future__ import annotations
 
+import asyncio
 import logging
 import time
-from collections.abc import Awaitable, Callable
+from collections.abc import Awaitable, Callable, Coroutine
 from typing import Any, Final
 
 import grpc
@@ -23,8 +24,13 @@ from ha_controller.proto.rocketmq.v2 import service_pb2 as v2s
 from ha_controller.protocol.codes import RequestCode
 from ha_controller.protocol.errors import BadRequest, HaError, TopicNotFound
 from ha_controller.protocol.properties import PROPERTY_POP_CK, now_ms, retry_topic
+from ha_controller.protocol.validation import (
+    check_consumer_group,
+    check_invisible_ms,
+    check_topic,
+)
 from ha_controller.proxy import convert
-from ha_controller.proxy.core import MAX_BATCH, MIN_INVISIBLE_MS, GatewayCore
+from ha_controller.proxy.core import MAX_BATCH, GatewayCore
 from ha_controller.proxy.handles import GatewayHandle
 from ha_controller.proxy.limits import ThrottledLog, client_id
 from ha_controller.proxy.renewal import RenewalTable
@@ -40,6 +46,11 @@ POLL_SLICE_MS: Final = 5000
 #: ... and this long when other groups serve the topic too, whose messages the
 #: receive looks for between its waits on the group it names
 OTHER_GROUPS_SLICE_MS: Final = 1000
+#: what is left of the invisible time of a message popped for a receive that is gone
+#: (RocketMQ's proxy ``invisibleTimeMillisWhenClear``)
+RELEASE_INVISIBLE_MS: Final = 1000
+#: releases under way at once; beyond, messages are left to their invisible time
+MAX_RELEASES: Final = 1024
 
 
 class Receiver:
@@ -50,6 +61,8 @@ class Receiver:
         self.renewals = renewals
         self._failures = ThrottledLog(log)  # failed receives: one line per kind per 10 s
         self._orderly: dict[str, tuple[float, bool]] = {}  # group -> (until, orderly)
+        #: background releases of messages popped for receives that are gone
+        self._releases: set[asyncio.Task[None]] = set()
 
     async def receive(
         self, request: v2s.ReceiveMessageRequest, context: grpc.aio.ServicerContext[Any, Any]
@@ -74,11 +87,22 @@ class Receiver:
         finally:
             core.metrics.held_receives.dec()
         core.count("ReceiveMessage", code)
-        yield v2s.ReceiveMessageResponse(status=convert.status(code, text))
-        if messages:  # the SDKs measure delivery latency from it (Python's push consumer needs it)
-            yield v2s.ReceiveMessageResponse(delivery_timestamp=convert.timestamp_of_ms(now_ms()))
-        for m in messages:
-            yield v2s.ReceiveMessageResponse(message=m)
+        written = 0
+        try:
+            yield v2s.ReceiveMessageResponse(status=convert.status(code, text))
+            if messages:  # the SDKs measure delivery latency from it (Python's push needs it)
+                yield v2s.ReceiveMessageResponse(
+                    delivery_timestamp=convert.timestamp_of_ms(now_ms())
+                )
+            for m in messages:
+                yield v2s.ReceiveMessageResponse(message=m)
+                written += 1
+        except BaseException:
+            # the client went away: what it did not get comes back at once (below)
+            left = messages[written:]
+            handles = [GatewayHandle.decode(m.system_properties.receipt_handle) for m in left]
+            self._release_later(request.group.name, request.message_queue.topic.name, handles)
+            raise
 
     def _track_for_renewal(
         self, cid: str, request: v2s.ReceiveMessageRequest, messages: list[v2.Message]
@@ -99,16 +123,19 @@ class Receiver:
         group = request.group.name
         mq = request.message_queue
         topic, broker = mq.topic.name, mq.broker.name
-        if not group or not topic or not broker:
-            raise BadRequest("ReceiveMessage needs a group and a message queue")
+        check_topic(topic)
+        check_consumer_group(group)
+        if not broker:
+            raise BadRequest("ReceiveMessage needs a message queue")
         batch = max(1, min(request.batch_size or MAX_BATCH, MAX_BATCH))
         invisible_ms = (
             convert.ms_of_duration(request.invisible_duration)
             if request.HasField("invisible_duration")
             else cfg.default_invisible_ms
         )
-        if invisible_ms < MIN_INVISIBLE_MS:
-            raise BadRequest(f"invisible duration must be >= {MIN_INVISIBLE_MS} ms")
+        # RocketMQ's bounds; a push consumer's receive (auto-renewed) has no floor
+        floor = 0 if request.auto_renew else cfg.receive_min_invisible_ms
+        check_invisible_ms(invisible_ms, min_ms=floor, max_ms=cfg.max_invisible_ms)
         poll_ms = (
             convert.ms_of_duration(request.long_polling_timeout)
             if request.HasField("long_polling_timeout")
@@ -183,16 +210,19 @@ class Receiver:
             log.debug("receive from %s skipped: %s", name, exc)
             return []
 
-    async def group_orderly(self, group: str, topic: str) -> bool:
+    async def group_orderly(self, group: str, topic: str, *, fresh: bool = False) -> bool:
         """Whether consumer group ``group`` consumes orderly: named in ``fifo_groups``,
         or its subscription group config (``hactl group update G --orderly``) on a
-        group of ``topic``'s route says so.  Cached for the route TTL (at least 1 s)."""
+        group of ``topic``'s route says so.  Cached for the route TTL (at least 1 s);
+        ``fresh`` asks the broker again (a consumer's settings: an SDK keeps the answer
+        for its whole life, so one started after the group changed must not be told the
+        old one, and its receives then see the new one too)."""
         core = self.core
         if group in core.cfg.fifo_groups:
             return True
         now = time.monotonic()
         cached = self._orderly.get(group)
-        if cached is not None and now < cached[0]:
+        if cached is not None and now < cached[0] and not fresh:
             return cached[1]
         orderly = cached[1] if cached is not None else False
         try:
@@ -234,6 +264,85 @@ class Receiver:
             log.debug("retry receive from %s skipped: %s", name, exc)
             return []
 
+    # ---- what a gone client was handed -------------------------------------------------
+
+    def _release_later(self, group: str, topic: str, handles: list[GatewayHandle]) -> None:
+        """Make messages popped for a client that is gone visible again within about a
+        second (RocketMQ's proxy: ``invisibleTimeMillisWhenClear``), in the background.
+        Left alone they would come back only after their invisible time, from the retry
+        topic: after later messages, out of order for a FIFO group whose consumer was
+        just restarted (its old long poll still popped what arrived)."""
+        if not handles:
+            return
+        if len(self._releases) >= MAX_RELEASES:
+            log.info(
+                "%d release(s) under way: %d message(s) left to their invisible time",
+                len(self._releases),
+                len(handles),
+            )
+            return
+
+        async def release() -> None:
+            for h in handles:
+                h = self.renewals.take(group, h)  # the newest handle; no more renewals
+                try:
+                    addr = await self.core.group_addr(topic, h.broker_name)
+                    await self._nack(addr, group, h.pop_topic, h.broker_handle)
+                except (HaError, OSError, TimeoutError) as exc:
+                    log.debug("release of %s/%d skipped: %s", h.broker_name, h.queue_offset, exc)
+
+        self._spawn(release())
+
+    def _release_popped(
+        self, call: asyncio.Future[broker_pb2.PopMessageResponse], addr: str, group: str, topic: str
+    ) -> None:
+        """The broker still holds a pop whose receive is gone: release what it pops."""
+        if len(self._releases) >= MAX_RELEASES:
+            call.cancel()
+            return
+
+        async def release() -> None:
+            try:
+                resp = await call
+            except (HaError, OSError, TimeoutError):
+                return
+            for m in resp.messages:
+                try:
+                    await self._nack(addr, group, topic, m.properties.get(PROPERTY_POP_CK, ""))
+                except (HaError, OSError, TimeoutError) as exc:
+                    log.debug("release of %s/%d skipped: %s", topic, m.queue_offset, exc)
+
+        self._spawn(release())
+
+    def _spawn(self, work: Coroutine[Any, Any, None]) -> None:
+        task = asyncio.get_running_loop().create_task(work, name="proxy-receive-release")
+        self._releases.add(task)
+        task.add_done_callback(self._releases.discard)
+
+    async def _nack(self, addr: str, group: str, topic: str, broker_handle: str) -> None:
+        if not broker_handle:
+            return
+        await self.core.pool.call_pb(
+            addr,
+            RequestCode.CHANGE_MESSAGE_INVISIBLETIME,
+            broker_pb2.AckMessageRequest(
+                consumer_group=group,
+                topic=topic,
+                receipt_handle=broker_handle,
+                invisible_time_ms=RELEASE_INVISIBLE_MS,
+            ),
+            broker_pb2.AckMessageResponse,
+            self.core.cfg.broker_timeout_ms,
+        )
+
+    async def aclose(self) -> None:
+        """Wait a little for releases under way, then cancel what is left."""
+        if self._releases:
+            _, pending = await asyncio.wait(list(self._releases), timeout=2.0)
+            for task in pending:
+                task.cancel()
+            await asyncio.gather(*pending, return_exceptions=True)
+
     async def _pop(
         self,
         addr: str,
@@ -249,22 +358,31 @@ class Receiver:
         *,
         order: bool = False,
     ) -> list[v2.Message]:
-        resp = await self.core.pool.call_pb(
-            addr,
-            RequestCode.POP_MESSAGE,
-            broker_pb2.PopMessageRequest(
-                consumer_group=group,
-                topic=pop_topic,
-                queue_id=queue_id,
-                max_msg_nums=batch,
-                invisible_time_ms=invisible_ms,
-                poll_time_ms=poll_ms,
-                tags=tags,
-                order=order,
-            ),
-            broker_pb2.PopMessageResponse,
-            poll_ms + self.core.cfg.broker_timeout_ms,
+        call = asyncio.ensure_future(
+            self.core.pool.call_pb(
+                addr,
+                RequestCode.POP_MESSAGE,
+                broker_pb2.PopMessageRequest(
+                    consumer_group=group,
+                    topic=pop_topic,
+                    queue_id=queue_id,
+                    max_msg_nums=batch,
+                    invisible_time_ms=invisible_ms,
+                    poll_time_ms=poll_ms,
+                    tags=tags,
+                    order=order,
+                ),
+                broker_pb2.PopMessageResponse,
+                poll_ms + self.core.cfg.broker_timeout_ms,
+            )
         )
+        try:
+            resp = await asyncio.shield(call)
+        except asyncio.CancelledError:
+            # the receive is gone (the client left, or its deadline passed) while the
+            # broker holds the pop: whatever it pops now nobody receives
+            self._release_popped(call, addr, group, pop_topic)
+            raise
         invisible = resp.invisible_time_ms or invisible_ms
         until = (resp.pop_time_ms or now_ms()) + invisible
         out = []

@@ -3,9 +3,11 @@
 A v2 send names no queue: the gateway picks one, round robin over the writable
 queues, a FIFO message group by SipHash over them; a retriable failure moves the
 message to another group (at most ``send_attempts`` tries), and a group that failed
-is avoided for a while.  A transactional send first makes sure the broker knows where
-to send its check (``Clients.ensure_heartbeat``); its receipt carries the v2
-transaction id, a delayed send's the recall handle.
+is avoided for a while.  Every message of a call is checked first
+(``ha_controller.protocol.validation``, and the topic's message type), so that a refused
+call stores nothing.  A transactional send first makes sure the broker knows where to
+send its check (``Clients.ensure_heartbeat``); a delayed send's receipt carries the
+recall handle.
 """
 
 from __future__ import annotations
@@ -22,8 +24,10 @@ from ha_controller.proto import broker_pb2
 from ha_controller.proto.rocketmq.v2 import definition_pb2 as v2
 from ha_controller.proto.rocketmq.v2 import service_pb2 as v2s
 from ha_controller.protocol.codes import RequestCode
-from ha_controller.protocol.errors import BadRequest, HaError, NotMaster
+from ha_controller.protocol.errors import BadRequest, HaError, MessageTypeConflict, NotMaster
 from ha_controller.protocol.properties import PROPERTY_TIMER_DELIVER_MS
+from ha_controller.protocol.topics import TopicMessageType, message_type_problem
+from ha_controller.protocol.validation import check_topic
 from ha_controller.proxy import convert
 from ha_controller.proxy.clients import Clients
 from ha_controller.proxy.core import GatewayCore, retriable
@@ -67,7 +71,14 @@ class Sender:
             if len(topics) != 1 or "" in topics:
                 raise BadRequest("the messages of one SendMessage need one topic")
             topic = topics.pop()
-            plans = [convert.send_entry(m, topic) for m in request.messages]
+            check_topic(topic)
+            # every message is checked, and the topic's type, before any is sent
+            plans = [convert.send_entry(m, topic, limits=core.limits) for m in request.messages]
+            topic_type = await core.topic_type(topic)
+            for plan in plans:
+                problem = message_type_problem(topic, topic_type, plan.topic_type)
+                if problem is not None:
+                    raise MessageTypeConflict(problem)
             entries = [await self._send_one(topic, p, cid, deadline) for p in plans]
             failed = [e.status for e in entries if e.status.code != v2.OK]
             overall = failed[0] if failed else convert.status()
@@ -127,21 +138,28 @@ class Sender:
                 continue
             self._isolation.release(q.addr)
             result = resp.results[0]
+            message_id = plan.message_id or result.uniq_key or result.msg_id
+            # the transaction id is the message id for every send, as RocketMQ's broker
+            # answers it (SDKs compare the two); for a half message the gateway keeps
+            # where it is, for the EndTransaction to come
             entry = v2s.SendResultEntry(
                 status=convert.status(),
-                message_id=plan.message_id or result.uniq_key or result.msg_id,
+                message_id=message_id,
                 offset=result.queue_offset,
+                transaction_id=message_id,
             )
             if plan.message_type == v2.TRANSACTION:
-                uniq = result.uniq_key or plan.message_id
-                entry.transaction_id = TransactionId(
-                    resp.broker_name or q.broker_name,
-                    result.queue_offset,
-                    result.commit_log_offset,
-                    uniq,
-                ).encode()
-                if cid:
-                    self.transactions.owner.put(uniq, cid)
+                self.transactions.remember(
+                    topic,
+                    TransactionId(
+                        resp.broker_name or q.broker_name,
+                        result.queue_offset,
+                        result.commit_log_offset,
+                        result.uniq_key or plan.message_id,
+                    ),
+                    message_id,
+                    cid,
+                )
             elif plan.message_type == v2.DELAY:
                 entry.recall_handle = RecallHandle(
                     topic,
@@ -162,6 +180,14 @@ class Sender:
 
         async def work() -> v2s.RecallMessageResponse:
             topic = request.topic.name
+            check_topic(topic)
+            # only a topic that takes delayed messages has any to recall (RocketMQ's
+            # ProducerProcessor checks the same)
+            problem = message_type_problem(
+                topic, await self.core.topic_type(topic), TopicMessageType.DELAY
+            )
+            if problem is not None:
+                raise MessageTypeConflict(problem)
             try:
                 handle = RecallHandle.decode(request.recall_handle)
             except InvalidHandle as exc:

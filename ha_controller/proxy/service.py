@@ -36,6 +36,7 @@ from ha_controller.proto.rocketmq.v2 import definition_pb2 as v2
 from ha_controller.proto.rocketmq.v2 import service_pb2 as v2s
 from ha_controller.proto.rocketmq.v2 import service_pb2_grpc
 from ha_controller.protocol.codes import RequestCode
+from ha_controller.protocol.validation import check_consumer_group, check_topic
 from ha_controller.proxy import convert
 from ha_controller.proxy.ack import Acker
 from ha_controller.proxy.auth import GatewayAuth
@@ -181,6 +182,7 @@ class Gateway(service_pb2_grpc.MessagingServiceServicer):
             wake.clear()
 
     async def aclose(self) -> None:
+        await self.receiver.aclose()
         await self.core.pool.aclose()
         await self.core.ns.pool.aclose()
 
@@ -192,8 +194,10 @@ class Gateway(service_pb2_grpc.MessagingServiceServicer):
         core = self.core
 
         async def work() -> v2s.QueryRouteResponse:
+            check_topic(request.topic.name)
             route = await core.route(request.topic.name, fresh=True)
-            queues = convert.v2_queues(route, core.endpoints(request.endpoints))
+            kind = await core.topic_type(route.topic)
+            queues = convert.v2_queues(route, core.endpoints(request.endpoints), kind)
             return v2s.QueryRouteResponse(status=convert.status(), message_queues=queues)
 
         return await core.answer("QueryRoute", v2s.QueryRouteResponse, work)
@@ -204,8 +208,11 @@ class Gateway(service_pb2_grpc.MessagingServiceServicer):
         core = self.core
 
         async def work() -> v2s.QueryAssignmentResponse:
+            check_topic(request.topic.name)
+            check_consumer_group(request.group.name)
             route = await core.route(request.topic.name)
-            found = convert.assignments(route, core.endpoints(request.endpoints))
+            kind = await core.topic_type(route.topic)
+            found = convert.assignments(route, core.endpoints(request.endpoints), kind)
             return v2s.QueryAssignmentResponse(status=convert.status(), assignments=found)
 
         return await core.answer("QueryAssignment", v2s.QueryAssignmentResponse, work)

@@ -619,6 +619,51 @@ def run_cluster(
     return cluster
 
 
+def create_typed_topics(
+    namesrv: str,
+    topics: Mapping[str, str],
+    *,
+    queues: int = 4,
+    orderly_groups: Iterable[str] = (),
+) -> list[str]:
+    """Create each topic of ``topics`` (name -> message type, as ``hactl topic create
+    --message-type``) on every master, and set ``orderly_groups`` orderly (``hactl
+    group update G --orderly``), in this process: one hactl subprocess per topic costs
+    seconds.  Returns the broker groups the last change reached."""
+    from ha_controller.client.admin import NameserverClient
+    from ha_controller.protocol.topics import TopicMessageType
+
+    async def create() -> list[str]:
+        reached: list[str] = []
+        async with NameserverClient([namesrv]) as ns:
+            for topic, kind in topics.items():
+                reached = await ns.create_topic(
+                    topic, queues=queues, message_type=TopicMessageType(kind.upper())
+                )
+            for group in orderly_groups:
+                reached = await ns.update_subscription_group(group, orderly=True)
+        return reached
+
+    return asyncio.run(create())
+
+
+def unlike_rocketmq(outcomes: Mapping[str, Any], expected: Mapping[str, Any]) -> list[str]:
+    """The cases of an SDK scenario answered otherwise than RocketMQ answers them.
+    ``outcomes``: case -> ``{"ok", "code", ...}`` as the scenario saw it; ``expected``:
+    case -> None (RocketMQ takes it), a v2 code (its proxy refuses it with that code) or
+    ``"sdk"`` (the SDK itself refuses it, no code from the server)."""
+    wrong = []
+    for name, want in expected.items():
+        got = outcomes[name]
+        if want is None and not got["ok"]:
+            wrong.append(f"{name}: refused, RocketMQ takes it: {got}")
+        elif want == "sdk" and (got["ok"] or got["code"] is not None):
+            wrong.append(f"{name}: the SDK itself should refuse it: {got}")
+        elif isinstance(want, int) and (got["ok"] or got["code"] != want):
+            wrong.append(f"{name}: want code {want}, got {got}")
+    return wrong
+
+
 async def stored_messages(
     pull: PullConsumer, queues: Iterable[MessageQueue], *, max_msgs: int = 64
 ) -> AsyncIterator[ReceivedMessage]:

@@ -23,7 +23,10 @@ import java.util.concurrent.ExecutorService;
 import java.util.concurrent.Executors;
 import java.util.concurrent.Future;
 import java.util.concurrent.TimeUnit;
+import java.util.concurrent.Callable;
 import java.util.function.BooleanSupplier;
+import java.util.regex.Matcher;
+import java.util.regex.Pattern;
 import org.apache.rocketmq.client.apis.ClientConfiguration;
 import org.apache.rocketmq.client.apis.ClientException;
 import org.apache.rocketmq.client.apis.ClientServiceProvider;
@@ -54,7 +57,7 @@ public final class Scenarios {
         masterPid = Long.parseLong(opts.getOrDefault("master_pid", "0"));
         // the first five use topics and groups of their own and run at once; the master
         // kill runs alone, last
-        List<String> parallel = List.of("normal", "push", "fifo", "delay", "transaction");
+        List<String> parallel = List.of("normal", "push", "fifo", "delay", "transaction", "rules");
         String only = opts.getOrDefault("only", "");
         List<String> wanted = only.isEmpty() ? null : List.of(only.split(","));
         ExecutorService pool = Executors.newFixedThreadPool(parallel.size());
@@ -101,6 +104,7 @@ public final class Scenarios {
             case "fifo": return fifo();
             case "delay": return delay();
             case "transaction": return transaction();
+            case "rules": return rules();
             case "failover": return failover();
             default: throw new IllegalArgumentException(name);
         }
@@ -313,6 +317,159 @@ public final class Scenarios {
             out.put("late", drain("java-g-tx", "java-tx", 1, 2_000));
         }
         out.put("checked", new ArrayList<>(checked));
+        return out;
+    }
+
+    static final Pattern RESPONSE_CODE = Pattern.compile("response-code=(\\d+)");
+
+    /** What a call came to: ok, or the error and the v2 code the server answered (null
+     *  when the SDK refused it itself). */
+    static Map<String, Object> outcome(Callable<Object> call) {
+        Map<String, Object> o = new LinkedHashMap<>();
+        try {
+            o.put("value", call.call());
+            o.put("ok", true);
+        } catch (Throwable e) {
+            o.put("ok", false);
+            Integer code = null;
+            StringBuilder why = new StringBuilder();
+            for (Throwable c = e; c != null; c = c.getCause()) {
+                why.append(c).append(" <- ");
+                Matcher m = RESPONSE_CODE.matcher(String.valueOf(c.getMessage()));
+                if (code == null && m.find()) {
+                    code = Integer.parseInt(m.group(1));
+                }
+            }
+            o.put("code", code);
+            String text = why.toString();
+            o.put("error", text.substring(0, Math.min(300, text.length())));
+        }
+        return o;
+    }
+
+    static String repeat(char ch, int n) {
+        return String.valueOf(ch).repeat(n);
+    }
+
+    /** RocketMQ's e2e cases for its 5.x clients (apache/rocketmq-e2e, written for this
+     *  SDK): MessageKey, MessageTag, MessageUserProperty, NormalMessageSize,
+     *  SimpleConsumerInit, ConsumerGroup and topic types; each an outcome the test
+     *  checks against RocketMQ's answer. */
+    static Map<String, Object> rules() throws Exception {
+        Map<String, Object> out = new LinkedHashMap<>();
+        Map<String, Object> send = new LinkedHashMap<>();
+        int kb = 1024;
+        byte[] big = new byte[4 * 1024 * 1024];
+        java.util.Arrays.fill(big, (byte) 'b');
+        byte[] bigger = new byte[4 * 1024 * 1024 + 1];
+        try (Producer p = SP.newProducerBuilder().setClientConfiguration(config())
+                .setTopics("java-rules")
+                .setTransactionChecker(v -> TransactionResolution.COMMIT)
+                .build()) {
+            Map<String, Callable<Message>> cases = new LinkedHashMap<>();
+            cases.put("key_16kb", () -> SP.newMessageBuilder().setTopic("java-rules")
+                .setKeys(repeat('k', 16 * kb)).setBody(bytes("x")).build());
+            cases.put("key_over_16kb", () -> SP.newMessageBuilder().setTopic("java-rules")
+                .setKeys(repeat('k', 16 * kb + 1)).setBody(bytes("x")).build());
+            cases.put("key_control", () -> SP.newMessageBuilder().setTopic("java-rules")
+                .setKeys("\u0000").setBody(bytes("x")).build());
+            cases.put("tag_16kb", () -> SP.newMessageBuilder().setTopic("java-rules")
+                .setTag(repeat('t', 16 * kb)).setBody(bytes("x")).build());
+            cases.put("tag_over_16kb", () -> SP.newMessageBuilder().setTopic("java-rules")
+                .setTag(repeat('t', 16 * kb + 1)).setBody(bytes("x")).build());
+            cases.put("tag_control", () -> SP.newMessageBuilder().setTopic("java-rules")
+                .setTag("\u0000").setBody(bytes("x")).build());
+            cases.put("tag_bar", () -> SP.newMessageBuilder().setTopic("java-rules")
+                .setTag("a|b").setBody(bytes("x")).build());
+            cases.put("props_128", () -> {
+                org.apache.rocketmq.client.apis.message.MessageBuilder b = SP.newMessageBuilder()
+                    .setTopic("java-rules").setBody(bytes("x"));
+                for (int i = 0; i < 128; i++) {
+                    b.addProperty(String.valueOf(i), "ab");
+                }
+                return b.build();
+            });
+            cases.put("props_129", () -> {
+                org.apache.rocketmq.client.apis.message.MessageBuilder b = SP.newMessageBuilder()
+                    .setTopic("java-rules").setBody(bytes("x"));
+                for (int i = 0; i <= 128; i++) {
+                    b.addProperty(String.valueOf(i), "ab");
+                }
+                return b.build();
+            });
+            cases.put("props_16kb", () -> SP.newMessageBuilder().setTopic("java-rules")
+                .addProperty(repeat('k', 8 * kb), repeat('v', 8 * kb)).setBody(bytes("x")).build());
+            cases.put("props_over_16kb", () -> SP.newMessageBuilder().setTopic("java-rules")
+                .addProperty(repeat('k', 8 * kb), repeat('v', 8 * kb + 1)).setBody(bytes("x"))
+                .build());
+            cases.put("props_control", () -> SP.newMessageBuilder().setTopic("java-rules")
+                .addProperty("\u0000", "value").setBody(bytes("x")).build());
+            cases.put("props_system_key", () -> SP.newMessageBuilder().setTopic("java-rules")
+                .addProperty("UNIQ_KEY", "value").setBody(bytes("x")).build());
+            cases.put("normal_4mib", () -> SP.newMessageBuilder().setTopic("java-rules")
+                .setBody(big).build());
+            cases.put("normal_4mib_16kb_props", () -> SP.newMessageBuilder().setTopic("java-rules")
+                .addProperty(repeat('k', 8 * kb), repeat('v', 8 * kb)).setBody(big).build());
+            cases.put("normal_over_4mib", () -> SP.newMessageBuilder().setTopic("java-rules")
+                .setBody(bigger).build());
+            cases.put("fifo_4mib", () -> SP.newMessageBuilder().setTopic("java-rules-fifo")
+                .setMessageGroup("size").setBody(big).build());
+            cases.put("delay_4mib", () -> SP.newMessageBuilder().setTopic("java-rules-delay")
+                .setDeliveryTimestamp(System.currentTimeMillis() + 2000).setBody(big).build());
+            cases.put("delay_over_24h", () -> SP.newMessageBuilder().setTopic("java-rules-delay")
+                .setDeliveryTimestamp(System.currentTimeMillis() + 25L * 3600 * 1000)
+                .setBody(bytes("x")).build());
+            cases.put("fifo_to_normal", () -> SP.newMessageBuilder().setTopic("java-rules")
+                .setMessageGroup("g").setBody(bytes("x")).build());
+            cases.put("delay_to_normal", () -> SP.newMessageBuilder().setTopic("java-rules")
+                .setDeliveryTimestamp(System.currentTimeMillis() + 2000).setBody(bytes("x"))
+                .build());
+            cases.put("normal_to_fifo", () -> SP.newMessageBuilder().setTopic("java-rules-fifo")
+                .setBody(bytes("x")).build());
+            for (Map.Entry<String, Callable<Message>> c : cases.entrySet()) {
+                send.put(c.getKey(), outcome(() -> p.send(c.getValue().call()).getMessageId()
+                    .toString()));
+            }
+            send.put("tx_4mib", outcome(() -> {
+                Transaction t = p.beginTransaction();
+                SendReceipt r = p.send(SP.newMessageBuilder().setTopic("java-rules-tx")
+                    .setBody(big).build(), t);
+                t.commit();
+                return r.getMessageId().toString();
+            }));
+            send.put("tx_to_normal", outcome(() -> {
+                Transaction t = p.beginTransaction();
+                SendReceipt r = p.send(message("java-rules", "tx"), t);
+                t.commit();
+                return r.getMessageId().toString();
+            }));
+        }
+        out.put("send", send);
+        Map<String, Object> receive = new LinkedHashMap<>();
+        try (SimpleConsumer c = SP.newSimpleConsumerBuilder()
+                .setClientConfiguration(config())
+                .setConsumerGroup("java-g-rules")
+                .setAwaitDuration(Duration.ofSeconds(1))
+                .setSubscriptionExpressions(Collections.singletonMap("java-rules",
+                    FilterExpression.SUB_ALL))
+                .build()) {
+            receive.put("invisible_9s", outcome(() -> c.receive(1, Duration.ofMillis(9999)).size()));
+            receive.put("invisible_over_12h",
+                outcome(() -> c.receive(1, Duration.ofMillis(43_200_001)).size()));
+            receive.put("invisible_10s", outcome(() -> c.receive(1, Duration.ofSeconds(10)).size()));
+        }
+        receive.put("default_consumer", outcome(() -> {
+            try (SimpleConsumer c = SP.newSimpleConsumerBuilder()
+                    .setClientConfiguration(config())
+                    .setConsumerGroup("DEFAULT_CONSUMER")
+                    .setAwaitDuration(Duration.ofSeconds(1))
+                    .setSubscriptionExpressions(Collections.singletonMap("java-rules",
+                        FilterExpression.SUB_ALL))
+                    .build()) {
+                return c.receive(32, Duration.ofSeconds(10)).size();
+            }
+        }));
+        out.put("receive", receive);
         return out;
     }
 

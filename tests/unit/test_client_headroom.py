@@ -5,8 +5,11 @@ a few dozen bytes of ``max_message_bytes`` could be stored, but not escaped (the
 adds ``ESCAPE_ID`` and the escaping broker's address): the target refused it as too
 large, the acting slave retried it for ever, and its whole delay level waited behind
 it.  POP retries add more (their retry topic and origin).  So a client's message must
-leave :data:`CLIENT_HEADROOM_BYTES`, and every message the brokers derive from one that
-fits, with the longest names the cluster accepts, must fit in ``max_message_bytes``.
+leave :data:`CLIENT_HEADROOM_BYTES` of the largest record, and every message the brokers
+derive from one that fits, with the longest names the cluster accepts, must fit in it.
+The largest record is a body of ``max_message_bytes`` and 64 KiB more (RocketMQ's store
+counts the body alone against maxMessageSize): the messages here reach it with a
+property, their bodies stay small.
 """
 
 from __future__ import annotations
@@ -23,12 +26,15 @@ from broker_agent.special.schedule import delayed_target, restored
 from broker_agent.store.message_store import PutRequest
 from broker_agent.write_path import CLIENT_HEADROOM_BYTES, WritePath
 from ha_controller.config import BrokerConfig
-from ha_controller.protocol.errors import BadRequest
+from ha_controller.protocol.errors import BadRequest, MessageTooLarge
 from ha_controller.protocol.properties import PROPERTY_ESCAPE_ID, retry_topic
 from ha_controller.protocol.record import StoredMessage, encoded_size
 from ha_controller.protocol.topics import GROUP_NAME_MAX_LEN, TOPIC_NAME_MAX_LEN
+from ha_controller.protocol.validation import RECORD_ALLOWANCE_BYTES
 
-LIMIT = 8192
+LIMIT = 8192  # max_message_bytes: the body
+RECORD = LIMIT + RECORD_ALLOWANCE_BYTES  # the largest record (segments are 64 MiB)
+BODY = 16
 BROKER = "b" * 127  # the longest broker name a config accepts
 GROUP = "g" * GROUP_NAME_MAX_LEN
 TOPIC = "t" * TOPIC_NAME_MAX_LEN
@@ -83,20 +89,33 @@ def _stored(topic: str, queue_id: int, body: bytes, props: dict[str, str]) -> St
     )
 
 
-def _at_client_limit(topic: str, props: dict[str, str]) -> PutRequest:
-    """The largest message with ``props`` that a client may send."""
-    base = _request(topic, 0, props)
-    return _request(topic, LIMIT - CLIENT_HEADROOM_BYTES - _size(base), props)
+def _at_client_limit(topic: str, props: dict[str, str], extra: int = 0) -> PutRequest:
+    """The largest message with ``props`` that a client may send (``extra`` bytes more):
+    a small body and a property that fills the record."""
+    base = _request(topic, BODY, {**props, "filler": ""})
+    need = RECORD - CLIENT_HEADROOM_BYTES - _size(base) + extra
+    return _request(topic, BODY, {**props, "filler": "x" * need})
 
 
 def test_a_client_message_must_leave_the_headroom(write_path: WritePath) -> None:
+    assert write_path.core.cfg.max_record_bytes == RECORD
     props = {"UNIQ_KEY": "u" * 32, "KEYS": "é" * 10}  # not ASCII: sized in bytes
     largest = _at_client_limit(TOPIC, props)
-    assert _size(largest) == LIMIT - CLIENT_HEADROOM_BYTES
+    assert _size(largest) == RECORD - CLIENT_HEADROOM_BYTES
     write_path.check_client_size([_request(TOPIC, 10, props), largest])
-    too_large = _request(TOPIC, len(largest.body) + 1, props)
-    with pytest.raises(BadRequest, match=f"exceeds {LIMIT - CLIENT_HEADROOM_BYTES}"):
+    too_large = _at_client_limit(TOPIC, props, extra=1)
+    with pytest.raises(MessageTooLarge, match=f"exceeds {RECORD - CLIENT_HEADROOM_BYTES}"):
         write_path.check_client_size([_request(TOPIC, 10, props), too_large])
+    assert issubclass(MessageTooLarge, BadRequest)
+
+
+def test_the_body_alone_counts_against_max_message_bytes(write_path: WritePath) -> None:
+    """As RocketMQ: a body of max_message_bytes is taken with properties on top, one
+    byte more is refused."""
+    props = {"UNIQ_KEY": "u" * 32, "p": "v" * 16_000}
+    write_path.check_client_size([_request(TOPIC, LIMIT, props)])
+    with pytest.raises(MessageTooLarge, match="body"):
+        write_path.check_client_size([_request(TOPIC, LIMIT + 1, props)])
 
 
 def test_a_delayed_message_at_the_limit_can_still_be_escaped(write_path: WritePath) -> None:
@@ -105,13 +124,13 @@ def test_a_delayed_message_at_the_limit_can_still_be_escaped(write_path: WritePa
     schedule_topic, qid = delayed_target(cfg, TOPIC, 0, props)  # props rewritten in place
     sent = _at_client_limit(schedule_topic, props)
     write_path.check_client_size([sent])
-    stored = _stored(schedule_topic, qid, sent.body, props)
+    stored = _stored(schedule_topic, qid, sent.body, dict(sent.properties or {}))
     target = restored(stored)
     assert target is not None
     topic, _qid, out = target
     out[PROPERTY_ESCAPE_ID] = escape_id(BROKER, "timer", stored)
     escaped = _request(topic, len(sent.body), out)._replace(born_host=BROKER_HOST)
-    assert _size(escaped) <= LIMIT
+    assert _size(escaped) <= RECORD
 
 
 def test_a_pop_retry_of_a_message_at_the_limit_can_still_be_escaped(
@@ -120,7 +139,7 @@ def test_a_pop_retry_of_a_message_at_the_limit_can_still_be_escaped(
     props = {"UNIQ_KEY": "u" * 32}
     sent = _at_client_limit("t", props)  # a short topic: the retry topic is long
     write_path.check_client_size([sent])
-    stored = _stored("t", 0, sent.body, props)
+    stored = _stored("t", 0, sent.body, dict(sent.properties or {}))
     ck = Checkpoint(
         broker_name=BROKER,
         group=GROUP,
@@ -136,4 +155,4 @@ def test_a_pop_retry_of_a_message_at_the_limit_can_still_be_escaped(
     out = retry_properties(stored, ck)
     out[PROPERTY_ESCAPE_ID] = escape_id(BROKER, "pop_retry", stored, ck.key)
     retry = _request(retry_topic(GROUP), len(sent.body), out)._replace(born_host=BROKER_HOST)
-    assert _size(retry) <= LIMIT
+    assert _size(retry) <= RECORD

@@ -127,11 +127,14 @@ class PopMessageProcessor:
         tags = {tag_hash(t) for t in req.tags if t and t != "*"} or None
         max_msgs = max(1, min(req.max_msg_nums or MAX_POP_BATCH, MAX_POP_BATCH))
         invisible = max(MIN_INVISIBLE_MS, req.invisible_time_ms)
-        orderly = req.order or self.subscriptions.orderly(req.consumer_group)
-        pop_queue = self._pop_queue_orderly if orderly else self._pop_queue
         resp = broker_pb2.PopMessageResponse(invisible_time_ms=invisible)
         deadline = time.monotonic() + max(0, req.poll_time_ms) / 1000
         while True:
+            # asked again after every wait: a pop held while its group turned orderly
+            # (hactl group update G --orderly) must not hand out a new message the old
+            # way, behind the back of the group's new orderly consumers
+            orderly = req.order or self.subscriptions.orderly(req.consumer_group)
+            pop_queue = self._pop_queue_orderly if orderly else self._pop_queue
             pop_ms = self.revive_log.pop_time()
             resp.pop_time_ms = pop_ms
             for qid in qids:
