@@ -20,7 +20,15 @@ with one deliberate difference:
 
 The locks live in memory only: a broker that restarts, or a slave that starts
 acting, has never seen the locks granted elsewhere.  That is exactly the risk
-strict mode covers.
+strict mode covers, as long as a quorum of members remembers.  When every member
+restarts at once (a power loss of the group or the cluster) none does, and a client
+still trusts the lock it was granted for up to 30 s.  So a broker that has voted for
+a lock once writes a marker (``lock_votes.json`` in its store, synced before the vote
+is answered); one that starts with the marker does not count its own vote for one
+lock lifetime (``lock_max_live_time_ms``, never below the clients' 30 s): as a peer it
+answers that it locked nothing, as the locking broker it needs a quorum of peers
+without itself.  A restart of one member changes nothing (the others remember); a
+restart of every member grants no lock for one lock lifetime.
 """
 
 from __future__ import annotations
@@ -29,10 +37,12 @@ import asyncio
 import logging
 import time
 from collections.abc import Awaitable, Callable, Mapping
+from pathlib import Path
 from typing import Protocol, TypeVar
 
 from broker_agent.locks.manager import MessageQueueKey, RebalanceLockManager, quorum_grant
 from broker_agent.membership.acting import ActingState
+from broker_agent.metadata.json_table import write_json_atomic
 from broker_agent.metrics import BrokerMetrics
 from ha_controller.config import BrokerConfig
 from ha_controller.proto import broker_pb2, common_pb2
@@ -110,9 +120,11 @@ class LockService:
         fetch_member_group: Callable[[], Awaitable[BrokerMemberGroup | None]],
         *,
         clock: Callable[[], int] = monotonic_ms,
+        marker: Path | None = None,
     ) -> None:
         """``fetch_member_group`` asks a nameserver for the group when the broker does
-        not know it yet (``MemberGroupSync.fetch_member_group``)."""
+        not know it yet (``MemberGroupSync.fetch_member_group``); ``marker`` is the file
+        that says an earlier run voted for locks (None: nothing is remembered)."""
         self._host = host
         self._fetch_member_group = fetch_member_group
         cfg = host.cfg
@@ -123,6 +135,19 @@ class LockService:
         self.manager = RebalanceLockManager(clock, cfg.lock_max_live_time_ms)
         self._clock = clock
         self._last_sweep_ms = clock()
+        self._marker = marker
+        self._marked = marker is not None and marker.exists()
+        #: strict mode: until then (clock ms) this broker's own vote does not count
+        self.forgets_until_ms = 0
+        if self.strict and self._marked:
+            self.forgets_until_ms = clock() + cfg.lock_max_live_time_ms
+            log.warning(
+                "queue locks: an earlier run of this broker voted for locks it no longer "
+                "knows (%s); its own vote does not count for %d ms, until every lock it may "
+                "have granted expired",
+                marker,
+                cfg.lock_max_live_time_ms,
+            )
 
     def register(self, dispatcher: Dispatcher) -> None:
         dispatcher.add(RequestCode.LOCK_BATCH_MQ, broker_pb2.LockBatchRequest, self.lock_batch)
@@ -137,20 +162,30 @@ class LockService:
         if not req.only_this_broker:
             self._check_serves_locks("LOCK_BATCH_MQ")
         self._sweep()
-        self_locked = self.manager.try_lock_batch(group, mqs, client_id)
-        if req.only_this_broker:
+        forgets = self.forgets()
+        if req.only_this_broker and forgets:
             mode = "peer"
-            granted = self_locked
-        elif not self.strict or self.quorum <= 1:
-            mode = "local"
-            granted = self_locked
+            granted: set[MessageQueueKey] = set()  # a vote that does not count
         else:
-            mode = "strict"
-            try:
-                granted = await self._quorum_lock(group, client_id, self_locked)
-            except QuorumNotReached:
-                self._count(mode, "no_quorum")
-                raise
+            self_locked = self.manager.try_lock_batch(group, mqs, client_id)
+            if req.only_this_broker:
+                mode = "peer"
+                granted = self_locked
+            elif not self.strict or (self.quorum <= 1 and not forgets):
+                mode = "local"
+                granted = self_locked
+            else:
+                mode = "strict"
+                try:
+                    granted = await self._quorum_lock(
+                        group, client_id, self_locked, own_vote=not forgets
+                    )
+                except QuorumNotReached:
+                    self._count(mode, "no_quorum")
+                    raise
+            if granted and not self._remember_voting():
+                self.manager.release(group, granted, client_id)
+                granted = set()
         self._count(mode, _result(len(mqs), len(granted)))
         return broker_pb2.LockBatchResponse(locked=[mq_to_pb(mq) for mq in sorted(granted)])
 
@@ -177,8 +212,31 @@ class LockService:
 
     # ---- strict mode ------------------------------------------------------------------
 
+    def forgets(self) -> bool:
+        """Strict mode, started with the marker: this broker's own vote does not count
+        yet."""
+        return self._clock() < self.forgets_until_ms
+
+    def _remember_voting(self) -> bool:
+        """Make sure the marker is on disk before a vote for a lock is answered; False
+        when it cannot be written (the vote is withdrawn)."""
+        if self._marked or self._marker is None:
+            return True
+        try:
+            write_json_atomic(self._marker, {"firstVoteMs": int(time.time() * 1000)})
+        except OSError as exc:
+            log.error("cannot write %s: %s; no lock is granted", self._marker, exc)
+            return False
+        self._marked = True
+        return True
+
     async def _quorum_lock(
-        self, group: str, client_id: str, self_locked: set[MessageQueueKey]
+        self,
+        group: str,
+        client_id: str,
+        self_locked: set[MessageQueueKey],
+        *,
+        own_vote: bool = True,
     ) -> set[MessageQueueKey]:
         if not self_locked:
             return set()
@@ -194,7 +252,7 @@ class LockService:
         )
         peer_locked = [{mq_from_pb(pb) for pb in answer.locked} for answer in answers.values()]
         total = self._host.cfg.total_replicas
-        granted = quorum_grant(self_locked, peer_locked, total)
+        granted = quorum_grant(self_locked, peer_locked, total, own_vote=own_vote)
         missed = self_locked - granted
         if missed:
             self.manager.release(group, missed, client_id)
