@@ -22,13 +22,14 @@ The locks live in memory only: a broker that restarts, or a slave that starts
 acting, has never seen the locks granted elsewhere.  That is exactly the risk
 strict mode covers, as long as a quorum of members remembers.  When every member
 restarts at once (a power loss of the group or the cluster) none does, and a client
-still trusts the lock it was granted for up to 30 s.  So a broker that has voted for
-a lock once writes a marker (``lock_votes.json`` in its store, synced before the vote
-is answered); one that starts with the marker does not count its own vote for one
-lock lifetime (``lock_max_live_time_ms``, never below the clients' 30 s): as a peer it
-answers that it locked nothing, as the locking broker it needs a quorum of peers
-without itself.  A restart of one member changes nothing (the others remember); a
-restart of every member grants no lock for one lock lifetime.
+still trusts the lock it was granted for up to 30 s.  So a broker that votes for a
+lock keeps the time of its last vote in a marker (``lock_votes.json`` in its store,
+synced before the vote is answered, at most once a second, the time a second ahead);
+one that starts within one lock lifetime (``lock_max_live_time_ms``, never below the
+clients' 30 s) of that time does not count its own vote until the lifetime is over:
+as a peer it answers that it locked nothing, as the locking broker it needs a quorum of
+peers without itself.  A restart of one member changes nothing (the others remember);
+a restart of every member grants no lock until one lifetime after the last vote.
 """
 
 from __future__ import annotations
@@ -42,7 +43,11 @@ from typing import Protocol, TypeVar
 
 from broker_agent.locks.manager import MessageQueueKey, RebalanceLockManager, quorum_grant
 from broker_agent.membership.acting import ActingState
-from broker_agent.metadata.json_table import write_json_atomic
+from broker_agent.metadata.json_table import (
+    TableUnreadable,
+    read_json_checked,
+    write_json_atomic,
+)
 from broker_agent.metrics import BrokerMetrics
 from ha_controller.config import BrokerConfig
 from ha_controller.proto import broker_pb2, common_pb2
@@ -65,6 +70,8 @@ R = TypeVar("R", broker_pb2.LockBatchResponse, common_pb2.Empty)
 
 # Forget expired lock entries at most this often (on the request path, no task).
 EXPIRE_SWEEP_INTERVAL_MS = 10_000
+# The vote marker holds a time this far ahead, so that it is written at most this often.
+VOTE_MARK_AHEAD_MS = 1_000
 
 
 class LockCore(Protocol):
@@ -91,6 +98,10 @@ class LockCore(Protocol):
 
 def monotonic_ms() -> int:
     return int(time.monotonic() * 1000)
+
+
+def wall_ms() -> int:
+    return int(time.time() * 1000)
 
 
 def mq_from_pb(pb: broker_pb2.MessageQueue) -> MessageQueueKey:
@@ -121,10 +132,12 @@ class LockService:
         *,
         clock: Callable[[], int] = monotonic_ms,
         marker: Path | None = None,
+        wall: Callable[[], int] = wall_ms,
     ) -> None:
         """``fetch_member_group`` asks a nameserver for the group when the broker does
         not know it yet (``MemberGroupSync.fetch_member_group``); ``marker`` is the file
-        that says an earlier run voted for locks (None: nothing is remembered)."""
+        that says until when an earlier run voted for locks (None: nothing is remembered),
+        ``wall`` the wall clock (ms) its time is read on."""
         self._host = host
         self._fetch_member_group = fetch_member_group
         cfg = host.cfg
@@ -136,18 +149,35 @@ class LockService:
         self._clock = clock
         self._last_sweep_ms = clock()
         self._marker = marker
-        self._marked = marker is not None and marker.exists()
+        self._wall = wall
+        #: the vote time the marker covers (wall ms): votes before it need no write
+        self._covered_ms = 0
         #: strict mode: until then (clock ms) this broker's own vote does not count
         self.forgets_until_ms = 0
-        if self.strict and self._marked:
-            self.forgets_until_ms = clock() + cfg.lock_max_live_time_ms
-            log.warning(
-                "queue locks: an earlier run of this broker voted for locks it no longer "
-                "knows (%s); its own vote does not count for %d ms, until every lock it may "
-                "have granted expired",
-                marker,
-                cfg.lock_max_live_time_ms,
-            )
+        if self.strict and marker is not None:
+            forgets_ms = self._forgotten_ms(marker, cfg.lock_max_live_time_ms)
+            if forgets_ms > 0:
+                self.forgets_until_ms = clock() + forgets_ms
+                log.warning(
+                    "queue locks: an earlier run of this broker voted for locks it no longer "
+                    "knows (%s): its own vote does not count for %d ms, until every lock it "
+                    "may have granted expired",
+                    marker,
+                    forgets_ms,
+                )
+
+    def _forgotten_ms(self, marker: Path, lease_ms: int) -> int:
+        """How long the locks an earlier run voted for may still be trusted: one lease
+        after its last vote (the marker's time), never more than one lease from now (a
+        clock that went back); a whole lease when the marker cannot be read."""
+        try:
+            last_vote_ms = int(read_json_checked(marker)["lastVoteMs"])
+        except FileNotFoundError:
+            return 0
+        except (OSError, TableUnreadable, KeyError, ValueError, TypeError) as exc:
+            log.warning("%s cannot be read (%s): taken as a vote just now", marker, exc)
+            return lease_ms
+        return max(0, min(lease_ms, last_vote_ms + lease_ms - self._wall()))
 
     def register(self, dispatcher: Dispatcher) -> None:
         dispatcher.add(RequestCode.LOCK_BATCH_MQ, broker_pb2.LockBatchRequest, self.lock_batch)
@@ -218,16 +248,21 @@ class LockService:
         return self._clock() < self.forgets_until_ms
 
     def _remember_voting(self) -> bool:
-        """Make sure the marker is on disk before a vote for a lock is answered; False
-        when it cannot be written (the vote is withdrawn)."""
-        if self._marked or self._marker is None:
+        """Make sure the marker covers this vote before it is answered: it holds a time
+        no earlier than any vote of this run, written (and synced) at most once per
+        ``VOTE_MARK_AHEAD_MS``.  False when it cannot be written (the vote is withdrawn)."""
+        if self._marker is None:
             return True
+        now = self._wall()
+        if now < self._covered_ms:
+            return True
+        covered = now + VOTE_MARK_AHEAD_MS
         try:
-            write_json_atomic(self._marker, {"firstVoteMs": int(time.time() * 1000)})
+            write_json_atomic(self._marker, {"lastVoteMs": covered})
         except OSError as exc:
             log.error("cannot write %s: %s; no lock is granted", self._marker, exc)
             return False
-        self._marked = True
+        self._covered_ms = covered
         return True
 
     async def _quorum_lock(

@@ -133,6 +133,7 @@ async def start_node(
     marker: Path | None = None,
     clock: Callable[[], int] | None = None,
 ) -> Node:
+    """``clock`` (ms) is both the lock clock and the wall clock of the vote marker."""
     state = ActingState(cfg.broker_id, True)
     if acting:
         state.on_min_broker_change(cfg.broker_id, "acting")
@@ -145,7 +146,7 @@ async def start_node(
     if clock is None:
         service = LockService(host, host.fetch_member_group, marker=marker)
     else:
-        service = LockService(host, host.fetch_member_group, marker=marker, clock=clock)
+        service = LockService(host, host.fetch_member_group, marker=marker, clock=clock, wall=clock)
     dispatcher = Dispatcher()
     service.register(dispatcher)
     server = RpcServer(dispatcher, name=f"lock-{cfg.broker_id}")
@@ -360,8 +361,9 @@ async def test_a_group_that_restarted_whole_grants_no_lock_for_one_lock_lifetime
 ) -> None:
     """Every member voted for C1's locks, then every member restarted (a power loss):
     none remembers, and C1 may still trust its locks.  Each started with its marker, so
-    its own vote does not count for lock_max_live_time_ms: C2 gets nothing until then.
-    One member restarted alone changes nothing: the others' votes make the quorum."""
+    its own vote does not count until lock_max_live_time_ms after its last vote: C2 gets
+    nothing until then.  One member restarted alone changes nothing: the others' votes
+    make the quorum."""
     now = [1_000_000]
     g = await make_group()
     for bid, node in g.nodes.items():  # fresh members with markers: no marker yet
@@ -391,5 +393,11 @@ async def test_a_group_that_restarted_whole_grants_no_lock_for_one_lock_lifetime
     assert await g.lock(0, C2, MQS) == set()
     assert await g.lock(1, C2, MQS, vote=True) == set()  # a vote that does not count
     assert g.nodes[1].held() == {}
-    now[0] += g.nodes[0].host.cfg.lock_max_live_time_ms
+    lease = g.nodes[0].host.cfg.lock_max_live_time_ms
+    now[0] += lease
     assert await g.lock(0, C2, MQS) == set(MQS)  # every lock C1 may have trusted is over
+
+    now[0] += lease + 1000  # restarted a lease after the last vote: nothing to forget
+    await restart(0, 1, 2)
+    assert not any(node.service.forgets() for node in g.nodes.values())
+    assert await g.lock(0, C1, MQS) == set(MQS)
