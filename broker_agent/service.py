@@ -102,7 +102,9 @@ class BrokerService:
         self.schedule = ScheduleService(core, self.write_path, self.escape)
         self.transactions = TransactionService(core, self.write_path, self.escape)
         self.pop = PopService(core, self.write_path, self.escape)
-        self.locks = LockService(core, self.group.fetch_member_group)
+        self.locks = LockService(
+            core, self.group.fetch_member_group, marker=core.store_dir / "lock_votes.json"
+        )
         special_tables: list[VersionedTable] = [
             *self.schedule.tables(),
             self.transactions.table(),

@@ -357,6 +357,18 @@ class WritePath:
         self.core.offsets.commit(group, topic, queue_id, offset)
         return self.replicate_offset(group, topic, queue_id, offset)
 
+    async def commit_offset_durably(
+        self, group: str, topic: str, queue_id: int, offset: int
+    ) -> int | None:
+        """:meth:`commit_offset` of a commit about to be acknowledged: with ``flush_mode =
+        "sync"`` the table is on disk before this returns (group commit: commits that
+        arrive meanwhile share one write), so the commit survives a power loss of every
+        node; with async it is written with the next flush."""
+        end = self.commit_offset(group, topic, queue_id, offset)
+        if self.core.cfg.flush_mode == "sync":
+            await self.core.offsets.persist_durably()
+        return end
+
     def replicate_offset(self, group: str, topic: str, queue_id: int, offset: int) -> int | None:
         """On the master, append an offset record (consumer or delay offset) so that it
         reaches the slaves with the durability of messages (they apply it as it arrives:

@@ -186,8 +186,11 @@ class SteadyWallClock:
         wall: Callable[[], float] = time.time,
         monotonic: Callable[[], float] = time.monotonic,
         step_s: float = 1.0,
+        keeps: str = "signatures and their freshness checks",
     ) -> None:
+        """``keeps`` names what this clock serves, for the line a step logs."""
         self._wall = wall
+        self._keeps = keeps
         self._monotonic = monotonic
         self._step_s = step_s
         self._base = wall() - monotonic()
@@ -199,10 +202,10 @@ class SteadyWallClock:
         if abs(off - self._off) > self._step_s:
             log.warning(
                 "the wall clock stepped by %+.1f s (now %+.1f s from this process's clock): "
-                "signatures and their freshness checks keep the clock from before; restart "
-                "the process to take the new time",
+                "%s keep the clock from before; restart the process to take the new time",
                 off - self._off,
                 off,
+                self._keeps,
             )
             self._off = off
         return int(steady * 1000)

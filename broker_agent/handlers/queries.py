@@ -46,7 +46,9 @@ class QueryHandlers:
         self.core.check_master_only("UPDATE_CONSUMER_OFFSET")
         if req.offset < 0:
             raise BadRequest("offset must be >= 0")
-        end = self.write_path.commit_offset(req.consumer_group, req.topic, req.queue_id, req.offset)
+        end = await self.write_path.commit_offset_durably(
+            req.consumer_group, req.topic, req.queue_id, req.offset
+        )
         if end is not None:
             # best effort: a committed offset should reach the slave that may act next
             await self.write_path.confirm(end)

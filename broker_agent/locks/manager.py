@@ -237,6 +237,8 @@ def quorum_grant(
     self_locked: set[MessageQueueKey],
     peer_results: Iterable[set[MessageQueueKey]],
     total_replicas: int,
+    *,
+    own_vote: bool = True,
 ) -> set[MessageQueueKey]:
     """Queues granted in strict mode (RocketMQ ``AdminBrokerProcessor.lockBatchMQ``).
 
@@ -245,12 +247,14 @@ def quorum_grant(
     each answering peer locked.  A queue is granted when the local lock plus the
     peers that locked it reach ``total_replicas // 2 + 1`` (from static config,
     not the alive count).  With a quorum of 1 the local result stands alone.
-    A queue a peer reports but this broker did not lock is never granted.
+    A queue a peer reports but this broker did not lock is never granted.  Without
+    ``own_vote`` (a broker that forgot the locks it voted for) the local lock is still
+    needed but does not count: only the peers' votes make the quorum.
     """
     quorum = quorum_size(total_replicas)
-    if quorum <= 1:
+    if quorum <= 1 and own_vote:
         return set(self_locked)
-    counts = dict.fromkeys(self_locked, 1)
+    counts = dict.fromkeys(self_locked, 1 if own_vote else 0)
     for locked in peer_results:
         for mq in locked:
             if mq in counts:

@@ -20,7 +20,16 @@ with one deliberate difference:
 
 The locks live in memory only: a broker that restarts, or a slave that starts
 acting, has never seen the locks granted elsewhere.  That is exactly the risk
-strict mode covers.
+strict mode covers, as long as a quorum of members remembers.  When every member
+restarts at once (a power loss of the group or the cluster) none does, and a client
+still trusts the lock it was granted for up to 30 s.  So a broker that votes for a
+lock keeps the time of its last vote in a marker (``lock_votes.json`` in its store,
+synced before the vote is answered, at most once a second, the time a second ahead);
+one that starts within one lock lifetime (``lock_max_live_time_ms``, never below the
+clients' 30 s) of that time does not count its own vote until the lifetime is over:
+as a peer it answers that it locked nothing, as the locking broker it needs a quorum of
+peers without itself.  A restart of one member changes nothing (the others remember);
+a restart of every member grants no lock until one lifetime after the last vote.
 """
 
 from __future__ import annotations
@@ -29,10 +38,16 @@ import asyncio
 import logging
 import time
 from collections.abc import Awaitable, Callable, Mapping
+from pathlib import Path
 from typing import Protocol, TypeVar
 
 from broker_agent.locks.manager import MessageQueueKey, RebalanceLockManager, quorum_grant
 from broker_agent.membership.acting import ActingState
+from broker_agent.metadata.json_table import (
+    TableUnreadable,
+    read_json_checked,
+    write_json_atomic,
+)
 from broker_agent.metrics import BrokerMetrics
 from ha_controller.config import BrokerConfig
 from ha_controller.proto import broker_pb2, common_pb2
@@ -55,6 +70,8 @@ R = TypeVar("R", broker_pb2.LockBatchResponse, common_pb2.Empty)
 
 # Forget expired lock entries at most this often (on the request path, no task).
 EXPIRE_SWEEP_INTERVAL_MS = 10_000
+# The vote marker holds a time this far ahead, so that it is written at most this often.
+VOTE_MARK_AHEAD_MS = 1_000
 
 
 class LockCore(Protocol):
@@ -81,6 +98,10 @@ class LockCore(Protocol):
 
 def monotonic_ms() -> int:
     return int(time.monotonic() * 1000)
+
+
+def wall_ms() -> int:
+    return int(time.time() * 1000)
 
 
 def mq_from_pb(pb: broker_pb2.MessageQueue) -> MessageQueueKey:
@@ -110,9 +131,13 @@ class LockService:
         fetch_member_group: Callable[[], Awaitable[BrokerMemberGroup | None]],
         *,
         clock: Callable[[], int] = monotonic_ms,
+        marker: Path | None = None,
+        wall: Callable[[], int] = wall_ms,
     ) -> None:
         """``fetch_member_group`` asks a nameserver for the group when the broker does
-        not know it yet (``MemberGroupSync.fetch_member_group``)."""
+        not know it yet (``MemberGroupSync.fetch_member_group``); ``marker`` is the file
+        that says until when an earlier run voted for locks (None: nothing is remembered),
+        ``wall`` the wall clock (ms) its time is read on."""
         self._host = host
         self._fetch_member_group = fetch_member_group
         cfg = host.cfg
@@ -123,6 +148,36 @@ class LockService:
         self.manager = RebalanceLockManager(clock, cfg.lock_max_live_time_ms)
         self._clock = clock
         self._last_sweep_ms = clock()
+        self._marker = marker
+        self._wall = wall
+        #: the vote time the marker covers (wall ms): votes before it need no write
+        self._covered_ms = 0
+        #: strict mode: until then (clock ms) this broker's own vote does not count
+        self.forgets_until_ms = 0
+        if self.strict and marker is not None:
+            forgets_ms = self._forgotten_ms(marker, cfg.lock_max_live_time_ms)
+            if forgets_ms > 0:
+                self.forgets_until_ms = clock() + forgets_ms
+                log.warning(
+                    "queue locks: an earlier run of this broker voted for locks it no longer "
+                    "knows (%s): its own vote does not count for %d ms, until every lock it "
+                    "may have granted expired",
+                    marker,
+                    forgets_ms,
+                )
+
+    def _forgotten_ms(self, marker: Path, lease_ms: int) -> int:
+        """How long the locks an earlier run voted for may still be trusted: one lease
+        after its last vote (the marker's time), never more than one lease from now (a
+        clock that went back); a whole lease when the marker cannot be read."""
+        try:
+            last_vote_ms = int(read_json_checked(marker)["lastVoteMs"])
+        except FileNotFoundError:
+            return 0
+        except (OSError, TableUnreadable, KeyError, ValueError, TypeError) as exc:
+            log.warning("%s cannot be read (%s): taken as a vote just now", marker, exc)
+            return lease_ms
+        return max(0, min(lease_ms, last_vote_ms + lease_ms - self._wall()))
 
     def register(self, dispatcher: Dispatcher) -> None:
         dispatcher.add(RequestCode.LOCK_BATCH_MQ, broker_pb2.LockBatchRequest, self.lock_batch)
@@ -137,20 +192,30 @@ class LockService:
         if not req.only_this_broker:
             self._check_serves_locks("LOCK_BATCH_MQ")
         self._sweep()
-        self_locked = self.manager.try_lock_batch(group, mqs, client_id)
-        if req.only_this_broker:
+        forgets = self.forgets()
+        if req.only_this_broker and forgets:
             mode = "peer"
-            granted = self_locked
-        elif not self.strict or self.quorum <= 1:
-            mode = "local"
-            granted = self_locked
+            granted: set[MessageQueueKey] = set()  # a vote that does not count
         else:
-            mode = "strict"
-            try:
-                granted = await self._quorum_lock(group, client_id, self_locked)
-            except QuorumNotReached:
-                self._count(mode, "no_quorum")
-                raise
+            self_locked = self.manager.try_lock_batch(group, mqs, client_id)
+            if req.only_this_broker:
+                mode = "peer"
+                granted = self_locked
+            elif not self.strict or (self.quorum <= 1 and not forgets):
+                mode = "local"
+                granted = self_locked
+            else:
+                mode = "strict"
+                try:
+                    granted = await self._quorum_lock(
+                        group, client_id, self_locked, own_vote=not forgets
+                    )
+                except QuorumNotReached:
+                    self._count(mode, "no_quorum")
+                    raise
+            if granted and not self._remember_voting():
+                self.manager.release(group, granted, client_id)
+                granted = set()
         self._count(mode, _result(len(mqs), len(granted)))
         return broker_pb2.LockBatchResponse(locked=[mq_to_pb(mq) for mq in sorted(granted)])
 
@@ -177,8 +242,36 @@ class LockService:
 
     # ---- strict mode ------------------------------------------------------------------
 
+    def forgets(self) -> bool:
+        """Strict mode, started with the marker: this broker's own vote does not count
+        yet."""
+        return self._clock() < self.forgets_until_ms
+
+    def _remember_voting(self) -> bool:
+        """Make sure the marker covers this vote before it is answered: it holds a time
+        no earlier than any vote of this run, written (and synced) at most once per
+        ``VOTE_MARK_AHEAD_MS``.  False when it cannot be written (the vote is withdrawn)."""
+        if self._marker is None:
+            return True
+        now = self._wall()
+        if now < self._covered_ms:
+            return True
+        covered = now + VOTE_MARK_AHEAD_MS
+        try:
+            write_json_atomic(self._marker, {"lastVoteMs": covered})
+        except OSError as exc:
+            log.error("cannot write %s: %s; no lock is granted", self._marker, exc)
+            return False
+        self._covered_ms = covered
+        return True
+
     async def _quorum_lock(
-        self, group: str, client_id: str, self_locked: set[MessageQueueKey]
+        self,
+        group: str,
+        client_id: str,
+        self_locked: set[MessageQueueKey],
+        *,
+        own_vote: bool = True,
     ) -> set[MessageQueueKey]:
         if not self_locked:
             return set()
@@ -194,7 +287,7 @@ class LockService:
         )
         peer_locked = [{mq_from_pb(pb) for pb in answer.locked} for answer in answers.values()]
         total = self._host.cfg.total_replicas
-        granted = quorum_grant(self_locked, peer_locked, total)
+        granted = quorum_grant(self_locked, peer_locked, total, own_vote=own_vote)
         missed = self_locked - granted
         if missed:
             self.manager.release(group, missed, client_id)

@@ -23,6 +23,7 @@ import json
 import logging
 import os
 import re
+import threading
 import zlib
 from pathlib import Path
 from typing import Any, ClassVar
@@ -146,6 +147,16 @@ class JsonTable:
         self.lost = False
         #: (REPLICA) started over and not taken from a replica yet
         self.awaiting_replica = False
+        # payloads taken and the last one written (a later write never loses to an
+        # earlier one); one write of the file at a time
+        self._taken = 0
+        self._written = 0
+        self._file_lock = threading.Lock()
+        self._persisting = asyncio.Lock()
+        # persist_durably: changes asked to be durable, those written, the write
+        self._durable_asked = 0
+        self._durable_done = 0
+        self._durable_write: asyncio.Task[None] | None = None
 
     def payload(self) -> dict[str, Any]:
         """What the file holds (JSON-serialisable)."""
@@ -246,24 +257,58 @@ class JsonTable:
         if self.path is None or not self._dirty:
             return None
         self._dirty = False
+        self._taken += 1
         return self.payload()
 
-    def _write(self, payload: dict[str, Any]) -> None:
+    def _write(self, payload: dict[str, Any], taken: int) -> None:
+        """Write the payload taken ``taken``-th, unless a later one is on disk already (a
+        write on the event loop may overtake one on a worker thread)."""
         assert self.path is not None
-        try:
-            write_json_atomic(self.path, payload)
-        except OSError:
-            self._dirty = True
-            raise
+        with self._file_lock:
+            if taken < self._written:
+                return
+            try:
+                write_json_atomic(self.path, payload)
+            except OSError:
+                self._dirty = True
+                raise
+            self._written = taken
 
     def persist(self) -> None:
         """Write the table when it changed since the last write."""
         payload = self.take_payload()
         if payload is not None:
-            self._write(payload)
+            self._write(payload, self._taken)
 
     async def persist_async(self) -> None:
         """:meth:`persist`, the payload built here and written on a worker thread."""
-        payload = self.take_payload()
-        if payload is not None:
-            await asyncio.to_thread(self._write, payload)
+        async with self._persisting:
+            payload = self.take_payload()
+            if payload is not None:
+                await asyncio.to_thread(self._write, payload, self._taken)
+
+    async def persist_durably(self) -> None:
+        """Return once every change made to the table before the call is on disk: the
+        acknowledgement of a change that ``flush_mode = "sync"`` promises survives a
+        power loss.  Group commit: the callers that arrive while a write is on its way
+        share the next one, so there is at most one write in flight and one waiting,
+        however many changes are made meanwhile.  OSError when the write fails (the
+        table stays changed and the next write tries again)."""
+        if self.path is None:
+            return
+        self._durable_asked += 1
+        ticket = self._durable_asked
+        while self._durable_done < ticket:
+            write = self._durable_write
+            if write is None:
+                write = asyncio.get_running_loop().create_task(self._write_durably())
+                self._durable_write = write
+            await asyncio.shield(write)
+
+    async def _write_durably(self) -> None:
+        try:
+            covers = self._durable_asked  # every change asked for so far is in the payload
+            await self.persist_async()
+            self._durable_done = max(self._durable_done, covers)
+        finally:
+            self._durable_write = None

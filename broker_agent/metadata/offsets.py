@@ -119,11 +119,20 @@ class ConsumerOffsetManager(JsonTable):
         self, entries: Iterable[tuple[str, str, int, int]], version: DataVersion
     ) -> bool:
         """Reverse sync in pre-online: adopt a slave's table whose version is >= ours
-        (ties adopt, as RocketMQ does), merging it over our own entries."""
-        if self.data_version.compare(version) > 0:
+        (ties adopt, as RocketMQ does), merging it over our own entries.
+
+        On a tie neither table moved on its own (an acting slave moves the version with
+        its first commit): they differ only by what one of them had not written yet, and
+        a group's offsets only move forward, so the higher offset of an entry is kept.  A
+        slave whose table was synced before this master's last commits (a power loss of
+        the whole group, where the master's were synced with each commit) must not take
+        them back."""
+        order = self.data_version.compare(version)
+        if order > 0:
             return False
         for g, t, q, o in entries:
-            self.table[(g, t, q)] = o
+            if order < 0 or self.table.get((g, t, q), -1) < o:
+                self.table[(g, t, q)] = o
         self.data_version.assign(version)
         self._dirty = True
         self.persist()

@@ -1,8 +1,12 @@
 """The clock the special services read and wait on.
 
 Due times (delay levels, timer messages, invisible times) are wall-clock
-milliseconds (:func:`ha_controller.protocol.properties.now_ms`), as the store's
-timestamps are.  A service that waits for a due time sleeps on the same clock, so a
+milliseconds, but read from this process's steady wall clock
+(:class:`ha_controller.auth.SteadyWallClock`: the wall time at start, moved on by the
+monotonic clock): a step of the process's wall clock (an NTP step, a VM restored)
+neither stamps a delay-level message due that much later nor lets a timer message
+(due at an absolute time of the sender's clock) go early while the step lasts; the step
+is logged once.  A service that waits for a due time sleeps on the same clock, so a
 unit test can pass a clock it moves by hand instead of sleeping.
 """
 
@@ -12,7 +16,7 @@ import asyncio
 from contextlib import AbstractAsyncContextManager
 from typing import Final, Protocol
 
-from ha_controller.protocol.properties import now_ms
+from ha_controller.auth import SteadyWallClock
 
 __all__ = ["SYSTEM_CLOCK", "Clock", "SystemClock"]
 
@@ -31,11 +35,14 @@ class Clock(Protocol):
         ...
 
 
+_steady_ms = SteadyWallClock(keeps="due times of delayed, timer and POP messages")
+
+
 class SystemClock:
-    """The real clock: :func:`now_ms`, ``asyncio.sleep`` and ``asyncio.timeout``."""
+    """The real clock: the steady wall clock, ``asyncio.sleep`` and ``asyncio.timeout``."""
 
     def now_ms(self) -> int:
-        return now_ms()
+        return _steady_ms()
 
     async def sleep(self, seconds: float) -> None:
         await asyncio.sleep(seconds)

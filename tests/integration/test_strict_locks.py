@@ -26,6 +26,7 @@ from ha_controller.client.orderly import (
     dlq_topic,
 )
 from ha_controller.client.push_consumer import MessageListener
+from ha_controller.client.routes import RouteCache
 from ha_controller.proto import broker_pb2, common_pb2
 from ha_controller.protocol.codes import RequestCode
 from ha_controller.rpc import ConnectionPool
@@ -301,3 +302,33 @@ async def test_two_orderly_consumers_over_master_failover(
         (dlq,) = await reader.queues(dlq_topic(GROUP))
         result = await reader.pull(dlq, 0, 32, 0)
         assert [m.properties["ORIGIN_MESSAGE_GROUP"] for m in result.messages] == ["poison"]
+
+
+async def test_no_lock_is_granted_twice_after_every_member_restarted(
+    strict_cluster: Cluster, pool: ConnectionPool
+) -> None:
+    """kill -9 of every member of the group (a power loss of it) forgets every lock while
+    consumer A still trusts its own for 30 s: the restarted group grants none of A's
+    queues to B within that time.  A fresh group grants at once (no marker yet)."""
+    cluster = strict_cluster
+    await create_topics(cluster, pool)
+    async with RouteCache(NameserverClient([cluster.namesrv], pool), watch=False) as routes:
+        await routes.refresh_quietly(TOPIC)
+        a = QueueLocker(routes, pool, GROUP, "10.1.1.1@A")
+        b = QueueLocker(routes, pool, GROUP, "10.2.2.2@B")
+        locked_at = time.monotonic()
+        assert (await a.lock(QUEUES)).granted == QUEUES
+        for bid in (0, 1, 2):
+            cluster.broker(BROKER, bid).kill()
+        for bid in (1, 2, 0):
+            cluster.restart(BROKER, bid)
+        await cluster.wait_ready()
+
+        async def answered() -> LockOutcome | None:
+            await routes.refresh_quietly(TOPIC)
+            outcome = await b.lock(QUEUES)
+            return None if outcome.unknown else outcome
+
+        to_b: LockOutcome = await eventually(answered, timeout=20, interval=0.2)
+        assert time.monotonic() - locked_at < 30.0, "A no longer trusts its lock: proves nothing"
+        assert to_b.granted == frozenset(), "B was granted queues A still trusts"

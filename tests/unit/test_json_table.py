@@ -3,6 +3,7 @@ write, checked read, what an unreadable file becomes."""
 
 from __future__ import annotations
 
+import asyncio
 import json
 import logging
 from pathlib import Path
@@ -10,6 +11,7 @@ from typing import Any
 
 import pytest
 
+from broker_agent.metadata import json_table
 from broker_agent.metadata.json_table import read_json_checked
 from broker_agent.metadata.offsets import ConsumerOffsetManager
 from broker_agent.metadata.subscriptions import SubscriptionGroupConfig, SubscriptionGroupManager
@@ -40,6 +42,54 @@ def test_a_table_that_must_keep_its_first_version_is_written_at_once(tmp_path: P
     recalls = RecallTable(tmp_path / "r.json")
     recalls.load()  # grows from nothing: no file until the first recall
     assert not (tmp_path / "r.json").exists()
+
+
+async def test_durable_commits_share_writes_and_each_waits_for_its_own(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """flush_mode = "sync": every caller of persist_durably returns with its change on disk;
+    callers that arrive while a write is on its way share the next one (group commit)."""
+    path = tmp_path / "consumer_offsets.json"
+    table = ConsumerOffsetManager(path)
+    writes: list[int] = []
+    real = json_table.write_json_atomic
+
+    def counted(p: Path, data: dict[str, Any]) -> None:
+        writes.append(max(e["offset"] for e in data["offsets"]))
+        real(p, data)
+
+    monkeypatch.setattr(json_table, "write_json_atomic", counted)
+
+    async def commit(offset: int) -> int:
+        table.commit("G", "T", 0, offset)
+        await table.persist_durably()
+        on_disk = ConsumerOffsetManager(path)
+        on_disk.load()
+        return on_disk.query("G", "T", 0)
+
+    seen = await asyncio.gather(*(commit(i) for i in range(1, 51)))
+    assert all(got >= i for i, got in enumerate(seen, 1))  # each one's own commit is in
+    assert writes[-1] == 50 and len(writes) <= 3  # 50 commits, a write or two
+    await table.persist_durably()  # nothing changed: no write
+    assert len(writes) <= 3
+
+
+async def test_a_periodic_write_in_flight_does_not_count_for_a_later_change(
+    tmp_path: Path,
+) -> None:
+    """The flush loop's write took the table before this commit: the commit waits for a
+    write of its own."""
+    path = tmp_path / "consumer_offsets.json"
+    table = ConsumerOffsetManager(path)
+    table.commit("G", "T", 0, 1)
+    periodic = asyncio.create_task(table.persist_async())
+    await asyncio.sleep(0)  # the payload with offset 1 is taken, its write under way
+    table.commit("G", "T", 0, 2)
+    await table.persist_durably()
+    await periodic
+    on_disk = ConsumerOffsetManager(path)
+    on_disk.load()
+    assert on_disk.query("G", "T", 0) == 2
 
 
 # ---- the checked read ------------------------------------------------------------------
@@ -127,3 +177,21 @@ def test_a_file_that_cannot_be_opened_is_refused_not_set_aside(tmp_path: Path) -
     with pytest.raises(StoreError, match=r"^cannot read the consumer offset table .*directory"):
         ConsumerOffsetManager(path).load()
     assert path.is_dir() and not (tmp_path / "consumer_offsets.json.corrupt").exists()
+
+
+def test_pre_online_keeps_the_higher_offset_of_a_slave_table_at_the_same_version(
+    tmp_path: Path,
+) -> None:
+    """A tie: neither table moved on its own, the slave's was written before the master's
+    last commits (a power loss of the group): those commits stay.  A newer version (an
+    acting slave's) still wins entry by entry."""
+    master = ConsumerOffsetManager(tmp_path / "consumer_offsets.json")
+    master.commit("G", "T", 0, 40)
+    master.commit("G", "T", 1, 5)
+    same = DataVersion.from_dict(master.data_version.to_dict())
+    assert master.adopt_if_newer([("G", "T", 0, 20), ("G", "T", 1, 9), ("H", "T", 0, 3)], same)
+    assert master.entries() == [("G", "T", 0, 40), ("G", "T", 1, 9), ("H", "T", 0, 3)]
+    newer = DataVersion.from_dict(same.to_dict())
+    newer.take_over()
+    assert master.adopt_if_newer([("G", "T", 0, 30)], newer)
+    assert master.query("G", "T", 0) == 30

@@ -13,6 +13,7 @@ import socket
 import time
 from collections.abc import AsyncIterator, Awaitable, Callable
 from dataclasses import dataclass, field
+from pathlib import Path
 
 import pytest
 
@@ -125,7 +126,14 @@ def config(broker_id: int, *, strict: bool = True, total: int = 3) -> BrokerConf
     )
 
 
-async def start_node(cfg: BrokerConfig, *, acting: bool = False) -> Node:
+async def start_node(
+    cfg: BrokerConfig,
+    *,
+    acting: bool = False,
+    marker: Path | None = None,
+    clock: Callable[[], int] | None = None,
+) -> Node:
+    """``clock`` (ms) is both the lock clock and the wall clock of the vote marker."""
     state = ActingState(cfg.broker_id, True)
     if acting:
         state.on_min_broker_change(cfg.broker_id, "acting")
@@ -135,7 +143,10 @@ async def start_node(cfg: BrokerConfig, *, acting: bool = False) -> Node:
         pool=ConnectionPool(connect_timeout_ms=1000),
         metrics=BrokerMetrics(cfg.cluster, cfg.broker_name, cfg.broker_id),
     )
-    service = LockService(host, host.fetch_member_group)
+    if clock is None:
+        service = LockService(host, host.fetch_member_group, marker=marker)
+    else:
+        service = LockService(host, host.fetch_member_group, marker=marker, clock=clock, wall=clock)
     dispatcher = Dispatcher()
     service.register(dispatcher)
     server = RpcServer(dispatcher, name=f"lock-{cfg.broker_id}")
@@ -343,3 +354,50 @@ async def test_member_group_is_fetched_when_not_known_yet(make_group: GroupFacto
     assert node.held() == dict.fromkeys(MQS, C1)
     # a request whose queues are all held by others locally never starts a round
     assert await g.lock(0, C2, MQS) == set()
+
+
+async def test_a_group_that_restarted_whole_grants_no_lock_for_one_lock_lifetime(
+    make_group: GroupFactory, tmp_path: Path
+) -> None:
+    """Every member voted for C1's locks, then every member restarted (a power loss):
+    none remembers, and C1 may still trust its locks.  Each started with its marker, so
+    its own vote does not count until lock_max_live_time_ms after its last vote: C2 gets
+    nothing until then.  One member restarted alone changes nothing: the others' votes
+    make the quorum."""
+    now = [1_000_000]
+    g = await make_group()
+    for bid, node in g.nodes.items():  # fresh members with markers: no marker yet
+        await node.server.aclose(grace_s=0.5)
+        g.nodes[bid] = await start_node(
+            node.host.cfg, marker=tmp_path / f"votes-{bid}.json", clock=lambda: now[0]
+        )
+    g.publish({bid: n.addr for bid, n in g.nodes.items()})
+    assert await g.lock(0, C1, MQS) == set(MQS)  # at once: nothing was forgotten
+    assert all((tmp_path / f"votes-{bid}.json").exists() for bid in g.nodes)
+
+    async def restart(*ids: int) -> None:
+        for bid in ids:
+            node = g.nodes[bid]
+            await node.server.aclose(grace_s=0.5)
+            g.nodes[bid] = await start_node(
+                node.host.cfg, marker=tmp_path / f"votes-{bid}.json", clock=lambda: now[0]
+            )
+        g.publish({bid: n.addr for bid, n in g.nodes.items()})
+
+    await restart(0)  # the master alone: the slaves remember C1
+    assert g.nodes[0].service.forgets()
+    assert await g.lock(0, C2, MQS) == set()
+    assert await g.lock(0, C1, MQS) == set(MQS)  # C1 renews through the slaves' votes
+
+    await restart(0, 1, 2)
+    assert await g.lock(0, C2, MQS) == set()
+    assert await g.lock(1, C2, MQS, vote=True) == set()  # a vote that does not count
+    assert g.nodes[1].held() == {}
+    lease = g.nodes[0].host.cfg.lock_max_live_time_ms
+    now[0] += lease
+    assert await g.lock(0, C2, MQS) == set(MQS)  # every lock C1 may have trusted is over
+
+    now[0] += lease + 1000  # restarted a lease after the last vote: nothing to forget
+    await restart(0, 1, 2)
+    assert not any(node.service.forgets() for node in g.nodes.values())
+    assert await g.lock(0, C1, MQS) == set(MQS)

@@ -11,6 +11,7 @@ from __future__ import annotations
 
 from typing import Final
 
+from broker_agent.special.clock import SYSTEM_CLOCK
 from ha_controller.config import BrokerConfig
 from ha_controller.protocol.errors import BadRequest
 from ha_controller.protocol.properties import (
@@ -21,7 +22,6 @@ from ha_controller.protocol.properties import (
     PROPERTY_TIMER_DELIVER_MS,
     SCHEDULE_TOPIC,
     TIMER_TOPIC,
-    now_ms,
 )
 from ha_controller.protocol.record import StoredMessage
 
@@ -56,7 +56,7 @@ def delayed_target(
     deliver_text = props.get(PROPERTY_TIMER_DELIVER_MS)
     if level_text is None and deliver_text is None:
         return topic, queue_id
-    now = now_ms() if now is None else now
+    now = SYSTEM_CLOCK.now_ms() if now is None else now
     if level_text is not None:
         try:
             level = int(level_text)
