@@ -40,6 +40,7 @@ ANOMALIES = Anomalies(
     unresolved=20,
     double_locks=10,
     rollbacks=10,
+    split_brain=20,
     faults=8,
 )
 

@@ -23,7 +23,10 @@ Value schemas, per ``f`` (``?`` marks an optional key):
         1..18, see :data:`DELAY_LEVELS_MS`), ``delay_ms`` (relative to the invoke's
         ``t_ms``) or ``due_ts_ms`` (absolute delivery time); ``tx: true`` marks a
         transactional (half) message.
-    ok ``{"key", "msg_id", "broker", "queue_id", "queue_offset"}``
+    ok ``{"key", "msg_id", "broker", "queue_id", "queue_offset", "epoch"?, "member_id"?}``;
+        in controller mode ``epoch`` and ``member_id`` name the epoch under which the
+        group's master acknowledged and which member of the group it is (its own broker
+        id, whatever id it serves as).
     fail ``{"key", "error"?}`` (definitely not stored) / info ``{"key", "error"?}`` (unknown).
     A send invoke without any completion counts as ``info``.
 ``receive``
@@ -178,6 +181,8 @@ VALUE_FIELDS: Final[tuple[tuple[str, str], ...]] = (
     ("corrupt", "boolean"),
     ("flush_mode", "string"),
     ("flush_interval_ms", "long"),
+    ("epoch", "long"),
+    ("member_id", "long"),
 )
 
 _SOURCE_SIZE = b"hac.history.source_size"
@@ -303,6 +308,9 @@ class SendOk(_Value):
     broker: str
     queue_id: int
     queue_offset: int
+    #: controller mode: the epoch and the group member that acknowledged
+    epoch: int | None = None
+    member_id: int | None = None
 
 
 @dataclass(frozen=True, slots=True)

@@ -42,6 +42,7 @@ COUNT_NAMES: Final[tuple[str, ...]] = (
     "double_lock_grants",
     "offset_rollbacks",
     "corrupt_deliveries",
+    "split_brain",
     "unsynced_lost",
 )
 FAILING_COUNTS: Final[tuple[str, ...]] = (
@@ -54,6 +55,7 @@ FAILING_COUNTS: Final[tuple[str, ...]] = (
     "double_lock_grants",
     "offset_rollbacks",
     "corrupt_deliveries",
+    "split_brain",
 )
 #: counts that do not fail a drill but that campaigns add up per family as well
 REPORTED_COUNTS: Final[tuple[str, ...]] = ("unsynced_lost",)

@@ -79,6 +79,7 @@ GENERATED = {
         unresolved=3,
         double_locks=4,
         rollbacks=2,
+        split_brain=4,
         faults=3,
     ),
     "clean": gen.Anomalies(faults=2),
