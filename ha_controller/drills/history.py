@@ -83,6 +83,10 @@ Value schemas, per ``f`` (``?`` marks an optional key):
 ``role``
     info ``{"group", "broker_id", "role"}`` with ``role`` in ``master`` | ``acting`` |
     ``slave`` | ``isolated``: a broker's role as observed by the drill.
+``epoch``
+    info ``{"group", "epoch", "broker_id", "since_ms"?, "reason"?}`` (controller mode):
+    the group's epoch moved, as a nameserver showed it; ``broker_id`` is the member id of
+    its master, ``since_ms`` when the controller began the epoch.
 
 Any other ``f`` is kept by the reader and ignored by the checkers.
 
@@ -115,6 +119,7 @@ __all__ = [
     "EVENT_TYPES",
     "Ack",
     "EndTx",
+    "EpochChange",
     "Event",
     "EventType",
     "Fault",
@@ -423,6 +428,20 @@ class Role(_Value):
     group: str
     broker_id: int
     role: str
+
+
+@dataclass(frozen=True, slots=True)
+class EpochChange(_Value):
+    """Controller mode: the group's epoch as a nameserver showed it, recorded when it
+    moves; ``broker_id`` is the master's member id, ``since_ms`` when the epoch began
+    (the controller's clock)."""
+
+    f: ClassVar[str] = "epoch"
+    group: str
+    epoch: int
+    broker_id: int
+    since_ms: int | None = None
+    reason: str | None = None
 
 
 # --- events ------------------------------------------------------------------------
