@@ -41,6 +41,7 @@ ANOMALIES = Anomalies(
     double_locks=10,
     rollbacks=10,
     split_brain=20,
+    fast_switches=5,
     faults=8,
 )
 

@@ -18,7 +18,9 @@ Every send ok names the epoch and member that acknowledged, as in controller mod
 history runs through :data:`EPOCHS` epochs in turn (epoch ``1 + i // block``, member
 ``epoch % 3``), each handing over cleanly to the next; a split-brain injection is an
 acknowledgement by a writer of its own (a member or an epoch nobody else uses) in the
-middle of an epoch.
+middle of an epoch.  The epochs are also seen (``epoch`` events) 10 s apart; a
+fast-switch injection is a group of its own whose second epoch began 1 s after its
+first.
 
 Like a drill's history writer, it also writes the Parquet copy ``OUT.parquet`` that the
 Spark pipeline reads (``--no-columnar``: JSON lines only).
@@ -64,6 +66,7 @@ class Anomalies:
     double_locks: int = 0
     rollbacks: int = 0
     split_brain: int = 0
+    fast_switches: int = 0
     faults: int = 0
 
 
@@ -84,6 +87,7 @@ class Expected:
     offset_rollbacks: int = 0
     corrupt_deliveries: int = 0
     split_brain: int = 0
+    fast_switches: int = 0
     unsynced_lost: int = 0
     lines: int = 0
 
@@ -148,6 +152,7 @@ def generate(
         double_lock_grants=a.double_locks,
         offset_rollbacks=a.rollbacks,
         split_brain=a.split_brain,
+        fast_switches=a.fast_switches,
     )
 
     def lines() -> Iterator[str]:
@@ -265,6 +270,25 @@ def generate(
         for u in range(a.unexpected):  # never sent: unexpected +1 each
             yield recv(T0 + u, f"ghost{u}", "c0", u, "T0")
         yield from _locks_and_offsets(n_lock_steps, intrusions, rollbacks)
+        for k in range(EPOCHS):  # the epochs as an observer saw them, 10 s apart
+            yield _line(
+                T0 + k * block,
+                "observer",
+                "info",
+                "epoch",
+                f'"group":"broker-a","epoch":{k + 1},"broker_id":{(k + 1) % 3},'
+                f'"since_ms":{T0 + k * 10_000}',
+            )
+        for u in range(a.fast_switches):  # a group switched again after 1 s: +1 each
+            for k in range(2):
+                yield _line(
+                    T0 + k * 1_000,
+                    "observer",
+                    "info",
+                    "epoch",
+                    f'"group":"broker-f{u}","epoch":{k + 1},"broker_id":{k},'
+                    f'"since_ms":{T0 + k * 1_000}',
+                )
         for fno in range(a.faults):
             start = T0 + (fno + 1) * n_msgs // (a.faults + 1)
             kind = ("kill", "pause", "partition", "netem")[fno % 4]

@@ -161,19 +161,27 @@ send invoke ``t_ms``; the ok's own ``t_ms`` without an invoke) and its ok ``t_ms
     is issued before the new master's first write and is not counted; a write an old
     master took in after the new one began is.
 
+``fast_switches``
+    per group, the ``epoch`` info events (the epochs the drill saw, each with the
+    ``since_ms`` its controller began it) in epoch order: consecutive epochs that began
+    less than ``min_switch_interval_ms`` apart (a flapping master switched the group
+    again too soon).  An epoch seen without ``since_ms`` is not judged; events of one
+    epoch take the smallest ``since_ms``.
+
 ``durability`` (top level) states ``flush_mode`` and ``flush_interval_ms`` (null when
 the history does not say), ``power_losses`` (faults of kind ``power``),
 ``unsynced_lost`` and ``loss_window_ms``: over the unsynced lost keys, the longest time
 from the acknowledgement to the power loss (0 when none).
 
 ``ok`` is true only when lost, duplicated, unexpected, order_violations, late_delayed,
-unresolved_transactions, double_lock_grants, offset_rollbacks, corrupt_deliveries
-and split_brain are all zero.
+unresolved_transactions, double_lock_grants, offset_rollbacks, corrupt_deliveries,
+split_brain and fast_switches are all zero.
 """
 
 from __future__ import annotations
 
 import bisect
+import itertools
 import os
 from collections import defaultdict
 from collections.abc import Iterable, Mapping
@@ -308,6 +316,8 @@ def check(
     corrupt = 0
     # split brain: send oks that name their writer (t_ms, key, group, epoch, member)
     writer_oks: list[tuple[int, str, str, int, int]] = []
+    # fast switches: (group, epoch) -> the smallest since_ms seen
+    epoch_since: dict[tuple[str, int], int] = {}
 
     for ev in events:
         v = ev.value
@@ -397,6 +407,11 @@ def check(
                 commits[(cg, mq)].append((ev.t_ms, offset))
             else:
                 probes.append((ev.t_ms, cg, mq, offset))
+        elif f == "epoch":
+            group, epoch, since = _s(v, "group"), _i(v, "epoch"), _i(v, "since_ms")
+            if ev.type == "info" and group is not None and epoch is not None and since is not None:
+                seen = epoch_since.get((group, epoch))
+                epoch_since[(group, epoch)] = since if seen is None else min(since, seen)
         elif f == "store":
             if ev.type == "info" and (store_mode is None or ev.t_ms < store_mode[0]):
                 store_mode = (ev.t_ms, _s(v, "flush_mode"), _i(v, "flush_interval_ms"))
@@ -540,11 +555,24 @@ def check(
             "split_brain": _split_brain(
                 [(t, _issue(invokes, k, t), g, e, m) for t, k, g, e, m in writer_oks]
             ),
+            "fast_switches": _fast_switches(epoch_since, opts.min_switch_interval_ms),
             "unsynced_lost": unsynced,
         },
         faults=faults,
         durability=durability,
     )
+
+
+def _fast_switches(since: Mapping[tuple[str, int], int], min_interval_ms: int) -> int:
+    """Consecutive seen epochs of a group that began less than ``min_interval_ms`` apart."""
+    by_group: dict[str, list[tuple[int, int]]] = defaultdict(list)
+    for (group, epoch), t in since.items():
+        by_group[group].append((epoch, t))
+    count = 0
+    for items in by_group.values():
+        items.sort()
+        count += sum(1 for (_, a), (_, b) in itertools.pairwise(items) if b - a < min_interval_ms)
+    return count
 
 
 def _issue(invokes: Mapping[str, _Invoke], key: str, ok_t: int) -> int:

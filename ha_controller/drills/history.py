@@ -188,6 +188,7 @@ VALUE_FIELDS: Final[tuple[tuple[str, str], ...]] = (
     ("flush_interval_ms", "long"),
     ("epoch", "long"),
     ("member_id", "long"),
+    ("since_ms", "long"),
 )
 
 _SOURCE_SIZE = b"hac.history.source_size"

@@ -1,12 +1,12 @@
-"""The split-brain check on Spark, per history (definition:
-:mod:`ha_controller.drills.checker`, "Split brain")."""
+"""The controller-mode checks on Spark, per history: split brain and fast switches
+(definitions: :mod:`ha_controller.drills.checker`, "Split brain")."""
 
 from __future__ import annotations
 
-from pyspark.sql import DataFrame
+from pyspark.sql import DataFrame, Window
 from pyspark.sql import functions as F
 
-__all__ = ["split_brain"]
+__all__ = ["fast_switches", "split_brain"]
 
 
 def split_brain(keys: DataFrame) -> DataFrame:
@@ -59,6 +59,30 @@ def split_brain(keys: DataFrame) -> DataFrame:
         surrounded.select("hid", "key", "pos")
         .unionByName(foreign.select("hid", "key", "pos"))
         .distinct()
+        .groupBy("hid")
+        .agg(F.count(F.lit(1)).alias("n"))
+    )
+
+
+def fast_switches(ev: DataFrame, min_interval_ms: int) -> DataFrame:
+    """``(hid, n)``: consecutive seen epochs of a group that began less than
+    ``min_interval_ms`` apart."""
+    col = F.col
+    epochs = (
+        ev.where(
+            (col("f") == "epoch")
+            & (col("type") == "info")
+            & col("group").isNotNull()
+            & col("epoch").isNotNull()
+            & col("since_ms").isNotNull()
+        )
+        .groupBy("hid", "group", "epoch")
+        .agg(F.min("since_ms").alias("since"))
+    )
+    previous = F.lag("since").over(Window.partitionBy("hid", "group").orderBy("epoch"))
+    return (
+        epochs.withColumn("prev", previous)
+        .where(col("prev").isNotNull() & (col("since") - col("prev") < F.lit(min_interval_ms)))
         .groupBy("hid")
         .agg(F.count(F.lit(1)).alias("n"))
     )

@@ -60,7 +60,7 @@ from ha_controller.pipeline.events import (
 )
 from ha_controller.pipeline.locks_offsets import double_grants, offset_rollbacks
 from ha_controller.pipeline.rows import Rows, collect, flag, part, total
-from ha_controller.pipeline.split_brain import split_brain
+from ha_controller.pipeline.split_brain import fast_switches, split_brain
 from ha_controller.pipeline.windows import Windows, closes, operations
 
 __all__ = [
@@ -607,6 +607,7 @@ def _second_round(
         part("acked_topic", acked_topics, s1="topic", n1="n"),
         part("order", order_counts, n1="n"),
         part("split", split_brain(keys), n1="n"),
+        part("switches", fast_switches(ev, opts.min_switch_interval_ms), n1="n"),
     ]
 
 
@@ -642,6 +643,7 @@ def _counts(hid: str, first: Rows, second: Rows) -> dict[str, int]:
         "offset_rollbacks": first.total("rollbacks", hid, "n1"),
         "corrupt_deliveries": first.total("corrupt", hid, "n1"),
         "split_brain": second.total("split", hid, "n1"),
+        "fast_switches": second.total("switches", hid, "n1"),
         "unsynced_lost": 0,
     }
 

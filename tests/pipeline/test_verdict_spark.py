@@ -80,6 +80,7 @@ GENERATED = {
         double_locks=4,
         rollbacks=2,
         split_brain=4,
+        fast_switches=2,
         faults=3,
     ),
     "clean": gen.Anomalies(faults=2),

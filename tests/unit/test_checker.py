@@ -30,6 +30,7 @@ from ha_controller.drills.checker import (
 from ha_controller.drills.history import (
     Ack,
     EndTx,
+    EpochChange,
     Event,
     EventType,
     Fault,
@@ -485,8 +486,31 @@ def case_clean_switches() -> H:
     _written(h, [(2000, 2005, 2, 1), (2500, 2505, 2, 1), (4000, 4005, 2, 1)])
     _written(h, [(6000, 6005, 3, 0), (6500, 6505, 3, 0)])
     _written(h, [(10, 15, 1, 0), (2200, 2205, 1, 0), (6100, 6105, 1, 0)], broker="broker-b")
+    # the epochs as seen, each at least min_switch_interval_ms (5 s) after the last
+    for t, epoch, member in ((0, 1, 0), (1950, 2, 1), (5900, 3, 0)):
+        h.add(t + 50, "observer", "info", EpochChange("broker-a", epoch, member, t * 3, "gone"))
+    h.add(60, "observer", "info", EpochChange("broker-b", 1, 0, 0, "initial"))
     h.send(2600, "no-epoch", done_t=2605, broker="broker-a")
     h.recv(2700, "no-epoch", qo=9999)
+    return h
+
+
+def case_fast_switches() -> H:
+    """A flapping master: broker-a's epoch 3 began 4.9 s after epoch 2 (the interval is
+    5 s); epoch 2 seen twice (the smallest since_ms counts), epoch 4 without since_ms
+    (not judged), broker-b's epoch 2 6 s after its first."""
+    h = H()
+    seen = [
+        ("broker-a", 1, 0),
+        ("broker-a", 2, 10_000),
+        ("broker-a", 2, 10_300),
+        ("broker-a", 3, 14_900),
+        ("broker-a", 4, None),
+        ("broker-b", 1, 0),
+        ("broker-b", 2, 6_000),
+    ]
+    for i, (group, epoch, since) in enumerate(seen):
+        h.add(100 * i, "observer", "info", EpochChange(group, epoch, epoch % 3, since))
     return h
 
 
@@ -617,6 +641,10 @@ CASES: dict[str, Case] = {
         case_split_brain_same_epoch, counts(acknowledged=2, delivered=2, split_brain=1), None
     ),
     "clean_switches": Case(case_clean_switches, counts(acknowledged=12, delivered=12), None),
+    "fast_switches": Case(case_fast_switches, counts(fast_switches=1), None),
+    "fast_switches-shorter-interval": Case(
+        case_fast_switches, counts(), None, CheckOptions(min_switch_interval_ms=4_900)
+    ),
     "group_gap": Case(
         case_group_gap,
         counts(acknowledged=_gap_acked(), delivered=_gap_acked()),
