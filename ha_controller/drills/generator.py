@@ -101,6 +101,7 @@ __all__ = [
     "CLUSTER",
     "CONTROLLER_FAMILIES",
     "CORRUPTIONS",
+    "DEFAULT_FAMILIES",
     "DISK_FAMILIES",
     "ETCD_MEMBERS",
     "FAMILIES",
@@ -148,6 +149,9 @@ CONTROLLER_FAMILIES: Final = frozenset(
         "controller-flap",
     }
 )
+#: the families a campaign or a ``generated`` drill runs when none are asked for: the
+#: controller families change the cluster (controller mode), so they run only when asked
+DEFAULT_FAMILIES: Final = tuple(f for f in FAMILIES if f not in CONTROLLER_FAMILIES)
 #: etcd members of a controller-mode cluster
 ETCD_MEMBERS: Final = 3
 #: kills of one ``controller-flap`` step

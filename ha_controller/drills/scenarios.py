@@ -92,7 +92,7 @@ from ha_controller.drills.drill import (
     ScenarioFn,
 )
 from ha_controller.drills.generator import (
-    FAMILIES,
+    DEFAULT_FAMILIES,
     GeneratorSpec,
     PlannedFault,
     ScheduleGenerator,
@@ -492,7 +492,7 @@ def _generated_spec(o: DrillOptions) -> DrillOptions:
                 raise FaultUnsupported(refused)
             families = o.families
         else:  # the default: the families this machine can fault
-            families = tuple(f for f in FAMILIES if refusal([f], netns=o.netns) is None)
+            families = tuple(f for f in DEFAULT_FAMILIES if refusal([f], netns=o.netns) is None)
         schedule = ScheduleGenerator(o.seed, generator_spec(o)).generate(families, o.faults)
     return replace(
         o,

@@ -8,6 +8,7 @@ member on loopback for tests, three for drills.  Ports are picked free on loopba
 from __future__ import annotations
 
 import json
+import os
 import shutil
 import socket
 import subprocess
@@ -25,6 +26,11 @@ _DEBIAN = Path("/usr/bin/etcd")
 
 
 def etcd_binary() -> str | None:
+    """``HAC_ETCD_BINARY`` when set (None when it is not an executable file), else
+    ``etcd`` on PATH, else Debian's."""
+    given = os.environ.get("HAC_ETCD_BINARY")
+    if given:
+        return given if os.access(given, os.X_OK) and Path(given).is_file() else None
     found = shutil.which("etcd")
     if found:
         return found
@@ -34,6 +40,9 @@ def etcd_binary() -> str | None:
 def etcd_missing() -> str | None:
     """Why no etcd can be started here (a one-line skip reason), or None."""
     if etcd_binary() is None:
+        given = os.environ.get("HAC_ETCD_BINARY")
+        if given:
+            return f"HAC_ETCD_BINARY={given} is not an executable file"
         return "etcd not found (Debian: apt-get install etcd-server; make tools does it)"
     return None
 
