@@ -119,6 +119,15 @@ __all__ = [
     "target_group_of",
 ]
 
+#: the controller-mode families, in FAMILIES order
+_CONTROLLER: Final = (
+    "controller-kill",
+    "controller-leader-kill",
+    "controller-isolate",
+    "controller-slave-behind",
+    "etcd-down",
+    "controller-flap",
+)
 FAMILIES: Final[tuple[str, ...]] = (
     "kill",
     "pause",
@@ -131,24 +140,10 @@ FAMILIES: Final[tuple[str, ...]] = (
     "power-loss",
     "corruption",
     "clock",
-    "controller-kill",
-    "controller-leader-kill",
-    "controller-isolate",
-    "controller-slave-behind",
-    "etcd-down",
-    "controller-flap",
+    *_CONTROLLER,
 )
 #: families that need controller mode (etcd and the nameservers' controller)
-CONTROLLER_FAMILIES: Final = frozenset(
-    {
-        "controller-kill",
-        "controller-leader-kill",
-        "controller-isolate",
-        "controller-slave-behind",
-        "etcd-down",
-        "controller-flap",
-    }
-)
+CONTROLLER_FAMILIES: Final = frozenset(_CONTROLLER)
 #: the families a campaign or a ``generated`` drill runs when none are asked for: the
 #: controller families change the cluster (controller mode), so they run only when asked
 DEFAULT_FAMILIES: Final = tuple(f for f in FAMILIES if f not in CONTROLLER_FAMILIES)
