@@ -19,8 +19,7 @@ history runs through :data:`EPOCHS` epochs in turn (epoch ``1 + i // block``, me
 ``epoch % 3``), each handing over cleanly to the next; a split-brain injection is an
 acknowledgement by a writer of its own (a member or an epoch nobody else uses) in the
 middle of an epoch.  The epochs are also seen (``epoch`` events) 10 s apart; a
-fast-switch injection is a group of its own whose second epoch began 1 s after its
-first.
+fast-switch injection is a group of its own switched twice 1 s apart.
 
 Like a drill's history writer, it also writes the Parquet copy ``OUT.parquet`` that the
 Spark pipeline reads (``--no-columnar``: JSON lines only).
@@ -279,8 +278,8 @@ def generate(
                 f'"group":"broker-a","epoch":{k + 1},"broker_id":{(k + 1) % 3},'
                 f'"since_ms":{T0 + k * 10_000}',
             )
-        for u in range(a.fast_switches):  # a group switched again after 1 s: +1 each
-            for k in range(2):
+        for u in range(a.fast_switches):  # switched, then again 1 s later: +1 each
+            for k in range(3):  # (the first switch, after epoch 1, may come at any time)
                 yield _line(
                     T0 + k * 1_000,
                     "observer",

@@ -163,10 +163,11 @@ send invoke ``t_ms``; the ok's own ``t_ms`` without an invoke) and its ok ``t_ms
 
 ``fast_switches``
     per group, the ``epoch`` info events (the epochs the drill saw, each with the
-    ``since_ms`` its controller began it) in epoch order: consecutive epochs that began
-    less than ``min_switch_interval_ms`` apart (a flapping master switched the group
-    again too soon).  An epoch seen without ``since_ms`` is not judged; events of one
-    epoch take the smallest ``since_ms``.
+    ``since_ms`` its controller began it) in epoch order: consecutive epochs after the
+    first (each began with a switch) that began less than ``min_switch_interval_ms``
+    apart (a flapping master switched the group again too soon).  The first switch may
+    come at any time after the group's initial epoch 1.  An epoch seen without
+    ``since_ms`` is not judged; events of one epoch take the smallest ``since_ms``.
 
 ``durability`` (top level) states ``flush_mode`` and ``flush_interval_ms`` (null when
 the history does not say), ``power_losses`` (faults of kind ``power``),
@@ -564,14 +565,19 @@ def check(
 
 
 def _fast_switches(since: Mapping[tuple[str, int], int], min_interval_ms: int) -> int:
-    """Consecutive seen epochs of a group that began less than ``min_interval_ms`` apart."""
+    """Consecutive seen epochs of a group, the earlier past epoch 1, that began less
+    than ``min_interval_ms`` apart."""
     by_group: dict[str, list[tuple[int, int]]] = defaultdict(list)
     for (group, epoch), t in since.items():
         by_group[group].append((epoch, t))
     count = 0
     for items in by_group.values():
         items.sort()
-        count += sum(1 for (_, a), (_, b) in itertools.pairwise(items) if b - a < min_interval_ms)
+        count += sum(
+            1
+            for (epoch, a), (_, b) in itertools.pairwise(items)
+            if epoch > 1 and b - a < min_interval_ms
+        )
     return count
 
 

@@ -65,8 +65,8 @@ def split_brain(keys: DataFrame) -> DataFrame:
 
 
 def fast_switches(ev: DataFrame, min_interval_ms: int) -> DataFrame:
-    """``(hid, n)``: consecutive seen epochs of a group that began less than
-    ``min_interval_ms`` apart."""
+    """``(hid, n)``: consecutive seen epochs of a group, the earlier past epoch 1, that
+    began less than ``min_interval_ms`` apart."""
     col = F.col
     epochs = (
         ev.where(
@@ -79,10 +79,15 @@ def fast_switches(ev: DataFrame, min_interval_ms: int) -> DataFrame:
         .groupBy("hid", "group", "epoch")
         .agg(F.min("since_ms").alias("since"))
     )
-    previous = F.lag("since").over(Window.partitionBy("hid", "group").orderBy("epoch"))
+    window = Window.partitionBy("hid", "group").orderBy("epoch")
     return (
-        epochs.withColumn("prev", previous)
-        .where(col("prev").isNotNull() & (col("since") - col("prev") < F.lit(min_interval_ms)))
+        epochs.withColumn("prev", F.lag("since").over(window))
+        .withColumn("prev_epoch", F.lag("epoch").over(window))
+        .where(
+            col("prev").isNotNull()
+            & (col("prev_epoch") > 1)
+            & (col("since") - col("prev") < F.lit(min_interval_ms))
+        )
         .groupBy("hid")
         .agg(F.count(F.lit(1)).alias("n"))
     )

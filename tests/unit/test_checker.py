@@ -498,7 +498,8 @@ def case_clean_switches() -> H:
 def case_fast_switches() -> H:
     """A flapping master: broker-a's epoch 3 began 4.9 s after epoch 2 (the interval is
     5 s); epoch 2 seen twice (the smallest since_ms counts), epoch 4 without since_ms
-    (not judged), broker-b's epoch 2 6 s after its first."""
+    (not judged); broker-b's first switch 3 s after its initial epoch (the first
+    switch may come at any time), its second 6 s after the first."""
     h = H()
     seen = [
         ("broker-a", 1, 0),
@@ -507,7 +508,8 @@ def case_fast_switches() -> H:
         ("broker-a", 3, 14_900),
         ("broker-a", 4, None),
         ("broker-b", 1, 0),
-        ("broker-b", 2, 6_000),
+        ("broker-b", 2, 3_000),
+        ("broker-b", 3, 9_000),
     ]
     for i, (group, epoch, since) in enumerate(seen):
         h.add(100 * i, "observer", "info", EpochChange(group, epoch, epoch % 3, since))
