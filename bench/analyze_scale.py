@@ -40,6 +40,8 @@ ANOMALIES = Anomalies(
     unresolved=20,
     double_locks=10,
     rollbacks=10,
+    split_brain=20,
+    fast_switches=5,
     faults=8,
 )
 

@@ -2,7 +2,7 @@
 
     python bench/gen_history.py OUT.jsonl --operations 1000000 --seed 7 \\
         --lost 10 --duplicated 10 --unexpected 5 --recovered 5 --order 5 --late 5 \\
-        --unresolved 3 --double-locks 2 --rollbacks 2 --faults 3
+        --unresolved 3 --double-locks 2 --rollbacks 2 --split-brain 3 --faults 3
 
 ``operations`` is the number of history lines (events) to aim for; the generator writes
 messages until it reaches it, so the file has ``operations`` lines give or take a few.
@@ -13,6 +13,13 @@ by one consumer), 8 delayed (timer ``delay_ms``, absolute ``due_ts_ms`` or delay
 9 transactional (commit, rollback, or commit through a check-back).  Every anomaly is
 injected so that each injection adds exactly one to its count in the verdict (see the
 comments in :func:`generate`); :class:`Expected` holds the resulting counts.
+
+Every send ok names the epoch and member that acknowledged, as in controller mode: the
+history runs through :data:`EPOCHS` epochs in turn (epoch ``1 + i // block``, member
+``epoch % 3``), each handing over cleanly to the next; a split-brain injection is an
+acknowledgement by a writer of its own (a member or an epoch nobody else uses) in the
+middle of an epoch.  The epochs are also seen (``epoch`` events) 10 s apart; a
+fast-switch injection is a group of its own switched twice 1 s apart.
 
 Like a drill's history writer, it also writes the Parquet copy ``OUT.parquet`` that the
 Spark pipeline reads (``--no-columnar``: JSON lines only).
@@ -43,6 +50,7 @@ CONSUMERS = 4
 MQS = 8
 LOCK_STEP_MS = 2_000  # below the 30 s lease
 TOPICS = 4
+EPOCHS = 4
 
 
 @dataclass(frozen=True)
@@ -56,6 +64,8 @@ class Anomalies:
     unresolved: int = 0
     double_locks: int = 0
     rollbacks: int = 0
+    split_brain: int = 0
+    fast_switches: int = 0
     faults: int = 0
 
 
@@ -75,6 +85,8 @@ class Expected:
     double_lock_grants: int = 0
     offset_rollbacks: int = 0
     corrupt_deliveries: int = 0
+    split_brain: int = 0
+    fast_switches: int = 0
     unsynced_lost: int = 0
     lines: int = 0
 
@@ -106,6 +118,13 @@ def generate(
     lost = set(chosen[: a.lost])
     dup = set(chosen[a.lost : a.lost + a.duplicated])
     recovered = set(chosen[a.lost + a.duplicated :])
+    # split brain: plain acknowledgements well inside an epoch (10 messages from its
+    # edges, so that its owner acknowledged before and after), each by a writer of its
+    # own: a single acknowledgement surrounds nothing, so each adds exactly one
+    block = max(n_msgs // EPOCHS, 1)
+    taken = set(chosen)
+    inside = [i for i in plain if 10 <= i % block < block - 10 and i not in taken]
+    intruders = {i: u for u, i in enumerate(_sample(rng, inside, a.split_brain, "split-brain"))}
     # FIFO ordinal j (message index 10*(j//2) + 6 + j%2); its group successor is j + 64.
     # Pairs start at j with (j // 64) even, so pairs never share a message.
     n_fifo = sum(1 for i in range(n_msgs) if i % 10 in (6, 7))
@@ -131,6 +150,8 @@ def generate(
         unresolved_transactions=a.unresolved,
         double_lock_grants=a.double_locks,
         offset_rollbacks=a.rollbacks,
+        split_brain=a.split_brain,
+        fast_switches=a.fast_switches,
     )
 
     def lines() -> Iterator[str]:
@@ -185,13 +206,17 @@ def generate(
             if kind <= 5 and i % 1000 == 1:  # definite failure, never delivered: no anomaly
                 yield _line(ok_t, "producer", "fail", "send", f'"key":"{key}","error":"busy"')
                 continue
+            epoch, member = 1 + i // block, (1 + i // block) % 3
+            if i in intruders:  # a second master: another member, or an epoch of its own
+                u = intruders[i]
+                epoch, member = (epoch, 100 + u) if u % 2 == 0 else (1000 + u, member)
             yield _line(
                 ok_t,
                 "producer",
                 "ok",
                 "send",
                 f'"key":"{key}","msg_id":"ID{key}","broker":"broker-a","queue_id":{i % 8},'
-                f'"queue_offset":{i}',
+                f'"queue_offset":{i},"epoch":{epoch},"member_id":{member}',
             )
             if kind <= 5:
                 ex.acknowledged += 1
@@ -244,6 +269,25 @@ def generate(
         for u in range(a.unexpected):  # never sent: unexpected +1 each
             yield recv(T0 + u, f"ghost{u}", "c0", u, "T0")
         yield from _locks_and_offsets(n_lock_steps, intrusions, rollbacks)
+        for k in range(EPOCHS):  # the epochs as an observer saw them, 10 s apart
+            yield _line(
+                T0 + k * block,
+                "observer",
+                "info",
+                "epoch",
+                f'"group":"broker-a","epoch":{k + 1},"broker_id":{(k + 1) % 3},'
+                f'"since_ms":{T0 + k * 10_000}',
+            )
+        for u in range(a.fast_switches):  # switched, then again 1 s later: +1 each
+            for k in range(3):  # (the first switch, after epoch 1, may come at any time)
+                yield _line(
+                    T0 + k * 1_000,
+                    "observer",
+                    "info",
+                    "epoch",
+                    f'"group":"broker-f{u}","epoch":{k + 1},"broker_id":{k},'
+                    f'"since_ms":{T0 + k * 1_000}',
+                )
         for fno in range(a.faults):
             start = T0 + (fno + 1) * n_msgs // (a.faults + 1)
             kind = ("kill", "pause", "partition", "netem")[fno % 4]

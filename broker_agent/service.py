@@ -132,6 +132,7 @@ class BrokerService:
             self.registrar,
             self.metadata_sync,
             CatchUp(core.store, core.pool),
+            check_role=None if link is None else link.check_role,
         )
         core.on_fence(self.preonline.fence)
         MessageHandlers(core, self.write_path, store_target).register()

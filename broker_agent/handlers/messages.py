@@ -88,6 +88,18 @@ class MessageHandlers:
             props[PROPERTY_TRANSACTION_ID] = props[PROPERTY_UNIQ_KEY]
         return put_topic, put_qid
 
+    def _response(self) -> broker_pb2.SendMessageResponse:
+        """An empty send answer; in controller mode it names the epoch and the member
+        that acknowledge (a drill's split-brain check reads them).  The role is read
+        when the answer is built: a role change rebuilds the service, so the epoch
+        cannot move under a send that is still running."""
+        core = self.core
+        resp = broker_pb2.SendMessageResponse(broker_name=core.cfg.broker_name)
+        if core.role.controlled:
+            resp.epoch = core.role.epoch
+            resp.member_id = core.member_id
+        return resp
+
     async def send(
         self, ctx: RequestContext, req: broker_pb2.SendMessageRequest
     ) -> broker_pb2.SendMessageResponse:
@@ -130,7 +142,7 @@ class MessageHandlers:
                             f"escape {eid} stored before but not confirmed by "
                             f"{needed - 1} slave(s) within {core.cfg.slave_ack_timeout_ms} ms"
                         )
-                resp = broker_pb2.SendMessageResponse(broker_name=core.cfg.broker_name)
+                resp = self._response()
                 resp.results.add(
                     msg_id=earlier.msg_id,
                     uniq_key=req.entries[0].properties.get(PROPERTY_UNIQ_KEY, ""),
@@ -150,7 +162,7 @@ class MessageHandlers:
         except InSyncReplicasNotEnough:
             metrics.send_errors.labels(**metrics.ident, reason="replicas").inc()
             raise
-        resp = broker_pb2.SendMessageResponse(broker_name=core.cfg.broker_name)
+        resp = self._response()
         born_host = req.born_host or ctx.peer
         messages = []
         uniq_keys = []

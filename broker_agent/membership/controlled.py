@@ -7,6 +7,11 @@
   epoch keeps running (its HA link checks the new master's epochs when it attaches).
 - **Role notices.**  ``NOTIFY_BROKER_ROLE_CHANGED``: the controller elected a master
   (or switched one by plan); the same check, at once.
+- **Asked for** (:meth:`ControllerLink.check_role`): a fenced master neither
+  registers nor heartbeats, and a notice sent while it was cut off is lost, so every
+  pre-online cycle asks the controller for its view (the same check): a master that
+  was replaced meanwhile rejoins as a slave instead of trying to catch up from the
+  new epoch's logs as an old master.
 - **The sync-state set** (master): the set every write waits for follows the links
   (:class:`~broker_agent.replication.sync_set.SyncSet`), each change asked of the
   controller (``CONTROLLER_ALTER_SYNC_STATE_SET``); ``StaleEpoch`` in the answer
@@ -23,7 +28,7 @@ import logging
 import time
 
 from broker_agent.core import BrokerCore
-from broker_agent.membership.roles import RoleChange
+from broker_agent.membership.roles import RoleChange, ask_role
 from ha_controller.controller.ports import View
 from ha_controller.controller.wire import state_from_pb, view_from_pb
 from ha_controller.proto import broker_pb2, common_pb2, nameserver_pb2
@@ -57,14 +62,31 @@ class ControllerLink:
 
     # ---- views -------------------------------------------------------------------------
 
-    def on_view(self, view: View, *, fence_wait_ms: int = 0, source: str = "") -> None:
-        """Act on the controller's view of this member (see the module's docstring)."""
+    async def check_role(self) -> bool:
+        """Ask the controller for this member's view and act on it; True when this
+        member changes role (the service is rebuilt: the caller stops)."""
+        core = self.core
+        view = await ask_role(
+            core.pool,
+            core.cfg.namesrv_addrs,
+            cluster=core.cfg.cluster,
+            group=core.cfg.broker_name,
+            member=core.member_id,
+            addr=core.addr,
+            max_offset=core.store.commitlog_max_offset,
+            epoch=core.role.epoch if core.epochs is None else core.epochs.last,
+        )
+        return view is not None and self.on_view(view, source="asked in pre-online")
+
+    def on_view(self, view: View, *, fence_wait_ms: int = 0, source: str = "") -> bool:
+        """Act on the controller's view of this member (see the module's docstring);
+        True when it changes role."""
         core = self.core
         state = view.state
         if not view.enabled or state is None:
-            return
+            return False
         if state.epoch < core.role.epoch:
-            return  # an older copy of the state than ours (a nameserver behind)
+            return False  # an older copy of the state than ours (a nameserver behind)
         route_id = state.route_id(core.member_id)
         replaced = core.acting.is_master and (
             state.epoch > core.role.epoch or state.master != core.member_id
@@ -79,8 +101,10 @@ class ControllerLink:
                     fence_wait_ms=fence_wait_ms,
                 )
             )
-        elif state.epoch > core.role.epoch:
+            return True
+        if state.epoch > core.role.epoch:
             core.role = dataclasses.replace(core.role, state=state)
+        return False
 
     def stale(self, exc: StaleEpoch, where: str) -> None:
         """A nameserver refused this member's epoch or id: ask again, in a new role."""

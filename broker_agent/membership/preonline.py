@@ -13,6 +13,7 @@ from __future__ import annotations
 import asyncio
 import logging
 import time
+from collections.abc import Awaitable, Callable
 
 from broker_agent.core import BrokerCore
 from broker_agent.membership.group import MemberGroupSync
@@ -48,8 +49,12 @@ class PreOnline:
         registrar: Registrar,
         forward: ForwardSync,
         catchup: CatchUp,
+        check_role: Callable[[], Awaitable[bool]] | None = None,
     ) -> None:
         self.core = core
+        #: controller mode: ask the controller whether this member changed role (True:
+        #: it did, and the service is rebuilt)
+        self.check_role = check_role
         self.group = group
         self.registrar = registrar
         #: a slave's forward sync; its tables are every versioned table, consumer
@@ -94,6 +99,13 @@ class PreOnline:
             core.preonline_step = "finishing the special work under way"
             await core.special_steps.idle()
         while core.isolated:
+            if self.check_role is not None and core.acting.is_master:
+                core.preonline_step = "asking the controller for this member's role"
+                try:
+                    if await self.check_role():
+                        return  # rebuilt in its new role (broker_agent.runner)
+                except HaError as exc:
+                    log.warning("pre-online: the controller did not answer: %s", exc)
             core.preonline_step = "reading member group"
             group = await self.group.fetch_member_group()
             if group is None:

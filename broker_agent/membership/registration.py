@@ -50,7 +50,7 @@ class Registrar:
         self,
         core: BrokerCore,
         *,
-        on_view: Callable[[View], None] | None = None,
+        on_view: Callable[[View], object] | None = None,
         on_stale: Callable[[StaleEpoch, str], None] | None = None,
     ) -> None:
         self.core = core

@@ -136,7 +136,9 @@ def add_commands(sub: Any) -> None:
         help="campaign/generated: fault families (default: every one this machine can "
         "fault; families given here must all run, else exit 2): kill,pause,"
         "pause-past-expiry,partition,loss (--netns),disk-full (root),slave,nameserver,"
-        "power-loss (root, /dev/fuse, make tools),corruption,clock (make tools)",
+        "power-loss (root, /dev/fuse, make tools),corruption,clock (make tools); controller "
+        "mode (etcd, make tools): controller-kill,controller-leader-kill,controller-isolate "
+        "(--netns),controller-slave-behind,etcd-down,controller-flap",
     )
     dr.add_argument(
         "--flush-mode",
@@ -331,10 +333,10 @@ def _campaign_options(args: argparse.Namespace) -> CampaignOptions:
         recorded_options,
         resumed_options,
     )
-    from ha_controller.drills.generator import FAMILIES, parse_families
+    from ha_controller.drills.generator import DEFAULT_FAMILIES, parse_families
 
     try:
-        families = parse_families(args.families) if args.families else FAMILIES
+        families = parse_families(args.families) if args.families else DEFAULT_FAMILIES
     except ValueError as exc:
         raise CampaignError(str(exc)) from exc
     if args.resume:

@@ -170,7 +170,9 @@ class SendReceipt:
     ``msg_id`` is the broker's offset message id; ``uniq_key`` is the client
     message id (``UNIQ_KEY``), shared by duplicates that internal retries may
     create.  ``key`` is the first business key, or the ``uniq_key`` when the
-    message had none.
+    message had none.  In controller mode the broker also names the ``epoch`` under
+    which it acknowledged and its ``member_id`` (the group member it is, whatever id it
+    serves as); both are None otherwise.
     """
 
     msg_id: str
@@ -180,6 +182,8 @@ class SendReceipt:
     queue_id: int
     queue_offset: int
     keys: tuple[str, ...] = ()
+    epoch: int | None = None
+    member_id: int | None = None
 
     @property
     def key(self) -> str:

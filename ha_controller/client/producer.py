@@ -698,6 +698,8 @@ class Producer(AsyncLifecycle):
                 f"for {len(messages)} messages"
             )
         broker_name = response.broker_name or mq.broker_name
+        epoch = response.epoch if response.HasField("epoch") else None
+        member_id = response.member_id if response.HasField("member_id") else None
         return [
             SendReceipt(
                 msg_id=r.msg_id,
@@ -707,6 +709,8 @@ class Producer(AsyncLifecycle):
                 queue_id=r.queue_id,
                 queue_offset=r.queue_offset,
                 keys=tuple(m.keys),
+                epoch=epoch,
+                member_id=member_id,
             )
             for m, uk, r in zip(messages, uniq_keys, response.results, strict=True)
         ]

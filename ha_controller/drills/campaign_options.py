@@ -22,7 +22,7 @@ from ha_controller.drills.checker import (
     Verdict,
 )
 from ha_controller.drills.generator import (
-    FAMILIES,
+    DEFAULT_FAMILIES,
     GeneratorSpec,
 )
 from ha_controller.protocol.errors import HaError
@@ -66,7 +66,7 @@ FaultKey = tuple[int, str, str]  # (start_ms, kind, target)
 class CampaignOptions:
     #: faults to inject per family
     faults: int
-    families: tuple[str, ...] = FAMILIES
+    families: tuple[str, ...] = DEFAULT_FAMILIES
     seed: int = 0
     out: Path | None = None
     netns: bool = False

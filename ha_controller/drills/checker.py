@@ -145,19 +145,44 @@ that group's stores had not synced yet:
     deliveries (``receive`` ok) marked ``corrupt: true``: a body that is not the one
     its key's sender wrote.
 
+Split brain.  In controller mode a send ok names the ``epoch`` under which its group's
+master acknowledged and the ``member_id`` of that master; a *writer* is one (group,
+epoch, member), the group being the ok's ``broker``.  Send oks without all three are not
+judged.  An acknowledgement happened somewhere between the key's *issue* (its earliest
+send invoke ``t_ms``; the ok's own ``t_ms`` without an invoke) and its ok ``t_ms``.
+
+``split_brain``
+    acknowledgements (send oks) that another writer of the same group surrounds — that
+    writer has an ok recorded strictly before this one's issue and an issue strictly
+    after this one's ok, so both brokers took writes at the same time — or that a
+    member other than the epoch's *owner* made (the member of the group's earliest ok
+    in that epoch, ties by the lower member id): one epoch, one master.  Each ok counts
+    once.  A late answer of an old master (a reply it had sent before it was frozen)
+    is issued before the new master's first write and is not counted; a write an old
+    master took in after the new one began is.
+
+``fast_switches``
+    per group, the ``epoch`` info events (the epochs the drill saw, each with the
+    ``since_ms`` its controller began it) in epoch order: consecutive epochs after the
+    first (each began with a switch) that began less than ``min_switch_interval_ms``
+    apart (a flapping master switched the group again too soon).  The first switch may
+    come at any time after the group's initial epoch 1.  An epoch seen without
+    ``since_ms`` is not judged; events of one epoch take the smallest ``since_ms``.
+
 ``durability`` (top level) states ``flush_mode`` and ``flush_interval_ms`` (null when
 the history does not say), ``power_losses`` (faults of kind ``power``),
 ``unsynced_lost`` and ``loss_window_ms``: over the unsynced lost keys, the longest time
 from the acknowledgement to the power loss (0 when none).
 
 ``ok`` is true only when lost, duplicated, unexpected, order_violations, late_delayed,
-unresolved_transactions, double_lock_grants, offset_rollbacks and corrupt_deliveries
-are all zero.
+unresolved_transactions, double_lock_grants, offset_rollbacks, corrupt_deliveries,
+split_brain and fast_switches are all zero.
 """
 
 from __future__ import annotations
 
 import bisect
+import itertools
 import os
 from collections import defaultdict
 from collections.abc import Iterable, Mapping
@@ -290,6 +315,10 @@ def check(
     store_mode: tuple[int, str | None, int | None] | None = None
     ok_broker: dict[str, tuple[int, str]] = {}
     corrupt = 0
+    # split brain: send oks that name their writer (t_ms, key, group, epoch, member)
+    writer_oks: list[tuple[int, str, str, int, int]] = []
+    # fast switches: (group, epoch) -> the smallest since_ms seen
+    epoch_since: dict[tuple[str, int], int] = {}
 
     for ev in events:
         v = ev.value
@@ -323,6 +352,9 @@ def check(
                     by = (ev.t_ms, _s(v, "broker") or "")
                     if key not in ok_broker or by < ok_broker[key]:
                         ok_broker[key] = by
+                    group, epoch, member = _s(v, "broker"), _i(v, "epoch"), _i(v, "member_id")
+                    if group is not None and epoch is not None and member is not None:
+                        writer_oks.append((ev.t_ms, key, group, epoch, member))
         elif f == "receive":
             if ev.type != "invoke":
                 reads.add(ev.type == "ok", ev.t_ms, ev.t_ms, _s(v, "broker"))
@@ -376,6 +408,11 @@ def check(
                 commits[(cg, mq)].append((ev.t_ms, offset))
             else:
                 probes.append((ev.t_ms, cg, mq, offset))
+        elif f == "epoch":
+            group, epoch, since = _s(v, "group"), _i(v, "epoch"), _i(v, "since_ms")
+            if ev.type == "info" and group is not None and epoch is not None and since is not None:
+                seen = epoch_since.get((group, epoch))
+                epoch_since[(group, epoch)] = since if seen is None else min(since, seen)
         elif f == "store":
             if ev.type == "info" and (store_mode is None or ev.t_ms < store_mode[0]):
                 store_mode = (ev.t_ms, _s(v, "flush_mode"), _i(v, "flush_interval_ms"))
@@ -516,11 +553,65 @@ def check(
             "double_lock_grants": _double_grants(grants, unlocks, opts.lock_lease_ms),
             "offset_rollbacks": _offset_rollbacks(commits, probes),
             "corrupt_deliveries": corrupt,
+            "split_brain": _split_brain(
+                [(t, _issue(invokes, k, t), g, e, m) for t, k, g, e, m in writer_oks]
+            ),
+            "fast_switches": _fast_switches(epoch_since, opts.min_switch_interval_ms),
             "unsynced_lost": unsynced,
         },
         faults=faults,
         durability=durability,
     )
+
+
+def _fast_switches(since: Mapping[tuple[str, int], int], min_interval_ms: int) -> int:
+    """Consecutive seen epochs of a group, the earlier past epoch 1, that began less
+    than ``min_interval_ms`` apart."""
+    by_group: dict[str, list[tuple[int, int]]] = defaultdict(list)
+    for (group, epoch), t in since.items():
+        by_group[group].append((epoch, t))
+    count = 0
+    for items in by_group.values():
+        items.sort()
+        count += sum(
+            1
+            for (epoch, a), (_, b) in itertools.pairwise(items)
+            if epoch > 1 and b - a < min_interval_ms
+        )
+    return count
+
+
+def _issue(invokes: Mapping[str, _Invoke], key: str, ok_t: int) -> int:
+    """When an acknowledgement of ``key`` was asked for: its earliest invoke, else the ok."""
+    inv = invokes.get(key)
+    return ok_t if inv is None else inv.t_ms
+
+
+def _split_brain(oks: list[tuple[int, int, str, int, int]]) -> int:
+    """Acknowledgements ``(ok_t, issue_t, group, epoch, member)`` made while another
+    writer of the group was acknowledging too, or by a member that does not own the
+    epoch (module docstring, "Split brain")."""
+    # writer -> (earliest ok, latest issue); (group, epoch) -> its owner's (ok_t, member)
+    spans: dict[tuple[str, int, int], tuple[int, int]] = {}
+    owners: dict[tuple[str, int], tuple[int, int]] = {}
+    for ok_t, issue, group, epoch, member in oks:
+        w = (group, epoch, member)
+        first_ok, last_issue = spans.get(w, (ok_t, issue))
+        spans[w] = (min(first_ok, ok_t), max(last_issue, issue))
+        owner = owners.get((group, epoch))
+        if owner is None or (ok_t, member) < owner:
+            owners[(group, epoch)] = (ok_t, member)
+    by_group: dict[str, list[tuple[tuple[int, int], int, int]]] = defaultdict(list)
+    for (group, epoch, member), (first_ok, last_issue) in spans.items():
+        by_group[group].append(((epoch, member), first_ok, last_issue))
+    count = 0
+    for ok_t, issue, group, epoch, member in oks:
+        if owners[(group, epoch)][1] != member or any(
+            w != (epoch, member) and first_ok < issue and last_issue > ok_t
+            for w, first_ok, last_issue in by_group[group]
+        ):
+            count += 1
+    return count
 
 
 def _double_grants(

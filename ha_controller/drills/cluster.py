@@ -36,6 +36,14 @@ Corruption: :meth:`corrupt` damages a broker's store (:mod:`ha_controller.drills
 corruption`), stopped first (kill -9) or while it runs; :meth:`restart` brings it back
 on what is left.
 
+Controller mode (``ClusterSpec.etcd_members``): an etcd cluster of that many members
+(:mod:`ha_controller.testing.etcd`; with netns each member on a host of its own,
+``etcd0``...) starts first, and every process gets ``HAC_ETCD_ENDPOINTS`` and
+``HAC_AUTO_SWITCH_AFTER_MS``: the nameservers run the controller.  Targets ``"etcd-<i>"``
+name the members; :meth:`stop_etcd` kills them all (kill -9), :meth:`start_etcd` starts
+them again on their data.  :meth:`isolate` cuts a broker off together with one etcd
+member from every other host while the drill's clients still reach it (netns).
+
 Clocks (``ClusterSpec.clock_shim``): every process runs with the clock shim preloaded
 and a control file of its own (:class:`ha_controller.drills.clock.ClockControl`);
 :meth:`step_clock` steps one process's wall clock, :meth:`reset_clock` puts it back.
@@ -66,15 +74,18 @@ from ha_controller.drills.leftovers import workdir_prefix
 from ha_controller.drills.netns import Direction, Host, Network, NetworkError
 from ha_controller.protocol.errors import HaError
 from ha_controller.testing import FAST_ENV, ProcessHandle, hactl_argv
+from ha_controller.testing.etcd import EtcdCluster, run_etcd
 
 __all__ = [
     "CLUSTER",
+    "ETCD",
     "FILLER",
     "NAMESERVER",
     "ClusterSpec",
     "DrillCluster",
     "FaultUnsupported",
     "broker_target",
+    "etcd_target",
     "is_nameserver",
     "nameserver_target",
     "parse_target",
@@ -84,6 +95,8 @@ __all__ = [
 log = logging.getLogger(__name__)
 
 NAMESERVER = "nameserver"
+#: the target of every etcd member at once (and the prefix of one's, ``"etcd-0"``)
+ETCD = "etcd"
 #: the power-loss target of every broker and nameserver
 CLUSTER = "cluster"
 #: the filler file that makes a tmpfs store full
@@ -103,6 +116,11 @@ def broker_target(group: str, broker_id: int) -> str:
 def nameserver_target(index: int) -> str:
     """``0`` -> ``"nameserver"``, ``1`` -> ``"nameserver-1"``."""
     return NAMESERVER if index == 0 else f"{NAMESERVER}-{index}"
+
+
+def etcd_target(index: int) -> str:
+    """``0`` -> ``"etcd-0"``: an etcd member of a controller-mode drill."""
+    return f"{ETCD}-{index}"
 
 
 def is_nameserver(target: str) -> bool:
@@ -174,6 +192,10 @@ class ClusterSpec:
     lazyfs_stores: bool = False
     #: every process with a wall clock of its own (clock faults)
     clock_shim: bool = False
+    #: controller mode: etcd members to run (0: none, RIP-32 acting only)
+    etcd_members: int = 0
+    #: controller mode: ``auto_switch_after_ms`` of the nameservers
+    auto_switch_after_ms: int = 500
 
     def __post_init__(self) -> None:
         if not self.groups:
@@ -186,6 +208,8 @@ class ClusterSpec:
             raise ValueError(f"replicas must be >= 1, got {self.replicas}")
         if self.replication not in ("sync", "async"):
             raise ValueError(f"replication must be 'sync' or 'async', got {self.replication!r}")
+        if self.etcd_members < 0:
+            raise ValueError(f"etcd_members must be >= 0, got {self.etcd_members}")
 
     def common_env(self) -> dict[str, str]:
         env = {**FAST_ENV, "HAC_TOTAL_REPLICAS": str(self.replicas)}
@@ -243,6 +267,10 @@ class DrillCluster:
         self._mounts: list[Path] = []
         self._lazy: dict[str, LazyMount] = {}
         self._clocks: dict[str, ClockControl] = {}
+        self.etcd: EtcdCluster | None = None
+        self._etcd_hosts: list[Host] = []
+        #: broker target -> the hosts :meth:`isolate` cut off with it
+        self._isolated: dict[str, list[str]] = {}
         self._closed = False
 
     # ---- addresses ---------------------------------------------------------------
@@ -302,6 +330,8 @@ class DrillCluster:
         try:
             if self.network is not None:
                 self.network.up()
+            if self.spec.etcd_members:
+                self._start_etcd_cluster()
             for i in range(self.spec.nameservers):
                 self._start(nameserver_target(i))
             for group in self.spec.groups:
@@ -311,6 +341,59 @@ class DrillCluster:
             self.close()
             raise
         return self
+
+    def _start_etcd_cluster(self) -> None:
+        hosts: list[tuple[str, list[str]]] = []
+        if self.network is not None:
+            for i in range(self.spec.etcd_members):
+                host = self.network.add_host(f"etcd{i}")
+                self._etcd_hosts.append(host)
+                hosts.append((host.ip, host.exec_prefix()))
+        etcd_dir = self.workdir / "etcd"
+        etcd_dir.mkdir(parents=True, exist_ok=True)
+        self.etcd = run_etcd(etcd_dir, self.spec.etcd_members, hosts=hosts, log_dir=self.log_dir)
+        self.env["HAC_ETCD_ENDPOINTS"] = self.etcd.endpoints
+        self.env["HAC_AUTO_SWITCH_AFTER_MS"] = str(self.spec.auto_switch_after_ms)
+        log.info("etcd %s", self.etcd.endpoints)
+
+    # ---- etcd (controller mode) ----------------------------------------------------
+
+    def etcd_targets(self) -> list[str]:
+        members = [] if self.etcd is None else self.etcd.members
+        return [etcd_target(i) for i in range(len(members))]
+
+    def _etcd(self) -> EtcdCluster:
+        if self.etcd is None:
+            raise FaultUnsupported("an etcd fault needs controller mode (etcd_members)")
+        return self.etcd
+
+    def stop_etcd(self) -> None:
+        """kill -9 every etcd member: the controller can decide nothing."""
+        for m in self._etcd().members:
+            m.kill()
+
+    def start_etcd(self, timeout: float = 30.0) -> None:
+        """Start every etcd member that is down, on its data, and wait until they serve."""
+        cluster = self._etcd()
+        for m in cluster.members:
+            if not m.alive():
+                m.start()
+        cluster.wait_healthy(timeout)
+
+    def isolate(self, target: str, etcd_index: int) -> None:
+        """Cut broker ``target`` and etcd member ``etcd_index`` off from every other host
+        (they still reach each other, and clients still reach them)."""
+        net, host = self._host(target, "isolating a master with an etcd member")
+        if not 0 <= etcd_index < len(self._etcd_hosts):
+            raise FaultUnsupported(f"no etcd member {etcd_index} in a namespace of its own")
+        names = [host.name, self._etcd_hosts[etcd_index].name]
+        net.isolate(names)
+        self._isolated[target] = names
+
+    def heal_isolation(self, target: str) -> None:
+        names = self._isolated.pop(target, [])
+        if names and self.network is not None:
+            self.network.heal_isolation(names)
 
     def _host_name(self, target: str) -> str:
         if is_nameserver(target):
@@ -593,6 +676,10 @@ class DrillCluster:
             with contextlib.suppress(Exception):
                 proc.handle.resume()
                 proc.handle.kill()
+        if self.etcd is not None:
+            for member in self.etcd.members:
+                with contextlib.suppress(Exception):
+                    member.kill()
         if keep_stores is not None:
             try:
                 keep_stores.parent.mkdir(parents=True, exist_ok=True)
@@ -616,10 +703,17 @@ class DrillCluster:
 
     def describe(self) -> list[str]:
         """One line per process, for the terminal."""
+        etcd = [] if self.etcd is None else self.etcd.members
         return [
-            f"{target:<12} pid {p.handle.pid:<7} rpc {p.handle.rpc}"
-            for target, p in self._procs.items()
-            if p.handle.proc is not None and p.handle.ready
+            *(
+                f"{etcd_target(i):<12} pid {m.proc.pid if m.proc else '-':<7} client {m.endpoint}"
+                for i, m in enumerate(etcd)
+            ),
+            *(
+                f"{target:<12} pid {p.handle.pid:<7} rpc {p.handle.rpc}"
+                for target, p in self._procs.items()
+                if p.handle.proc is not None and p.handle.ready
+            ),
         ]
 
     def __enter__(self) -> DrillCluster:

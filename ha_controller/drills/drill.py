@@ -104,6 +104,8 @@ class DrillOptions:
     lazyfs_stores: bool = False
     #: every process with a wall clock of its own (clock faults)
     clock_shim: bool = False
+    #: controller mode: three etcd members, the nameservers run the controller
+    controller: bool = False
 
 
 @dataclass(slots=True)

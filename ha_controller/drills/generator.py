@@ -37,6 +37,32 @@ clock               the process's wall clock steps forward    a nameserver, a ma
                     heal (its monotonic clock never moves)
 =================== ========================================= ===========================
 
+Controller-mode families (:data:`CONTROLLER_FAMILIES`: the cluster runs three etcd
+members and its nameservers the controller); each step is the family's faults alone,
+aimed at whoever holds the role when the fault starts (``role``: the group's current
+master, a slave that is not master, the nameserver leading the controller):
+
+======================== ============================================================
+controller-kill          kill -9 the master, restart it (it rejoins as a slave)
+controller-leader-kill   kill -9 the controller leader and the master together
+                         (apache/rocketmq#7689); two nameservers
+controller-isolate       the master and one etcd member cut off from every other host
+                         while the clients still reach the master (#7017; netns)
+controller-slave-behind  SIGSTOP a slave, then kill -9 the master about when the slave
+                         resumes, behind (#5663)
+etcd-down                kill -9 every etcd member, and the master meanwhile: no switch
+                         can be decided, RIP-32 acting keeps the reads
+controller-flap          the master killed and restarted three times in a row, a
+                         second or so apart (at most one switch per
+                         ``min_switch_interval_ms``)
+======================== ============================================================
+
+Each fault of such a step counts as one of its family's quota; when the quota runs out
+mid-step, the step keeps its first faults only (the master kill of
+``controller-leader-kill``/``controller-slave-behind``/``etcd-down`` comes second).
+The rule "never two faults on one group at once" does not hold inside these steps: a
+slave and the master of one group is the point of ``controller-slave-behind``.
+
 Power-loss targets name their scope: ``"broker-a/0"`` (one broker), ``"broker-a"`` (every
 broker of the group) or ``"cluster"`` (every broker and nameserver); a corruption's
 ``variant`` says what is damaged (:data:`CORRUPTIONS`) and ``stopped`` whether the
@@ -73,9 +99,13 @@ from ha_controller.drills.netns import Direction
 
 __all__ = [
     "CLUSTER",
+    "CONTROLLER_FAMILIES",
     "CORRUPTIONS",
+    "DEFAULT_FAMILIES",
     "DISK_FAMILIES",
+    "ETCD_MEMBERS",
     "FAMILIES",
+    "FLAP_KILLS",
     "NETNS_FAMILIES",
     "POWER_SCOPES",
     "GeneratorSpec",
@@ -89,6 +119,15 @@ __all__ = [
     "target_group_of",
 ]
 
+#: the controller-mode families, in FAMILIES order
+_CONTROLLER: Final = (
+    "controller-kill",
+    "controller-leader-kill",
+    "controller-isolate",
+    "controller-slave-behind",
+    "etcd-down",
+    "controller-flap",
+)
 FAMILIES: Final[tuple[str, ...]] = (
     "kill",
     "pause",
@@ -101,9 +140,19 @@ FAMILIES: Final[tuple[str, ...]] = (
     "power-loss",
     "corruption",
     "clock",
+    *_CONTROLLER,
 )
+#: families that need controller mode (etcd and the nameservers' controller)
+CONTROLLER_FAMILIES: Final = frozenset(_CONTROLLER)
+#: the families a campaign or a ``generated`` drill runs when none are asked for: the
+#: controller families change the cluster (controller mode), so they run only when asked
+DEFAULT_FAMILIES: Final = tuple(f for f in FAMILIES if f not in CONTROLLER_FAMILIES)
+#: etcd members of a controller-mode cluster
+ETCD_MEMBERS: Final = 3
+#: kills of one ``controller-flap`` step
+FLAP_KILLS: Final = 3
 #: families that need hosts in network namespaces
-NETNS_FAMILIES: Final = frozenset({"partition", "loss"})
+NETNS_FAMILIES: Final = frozenset({"partition", "loss", "controller-isolate"})
 #: families that need tmpfs stores
 DISK_FAMILIES: Final = frozenset({"disk-full"})
 #: what else a family needs from the machine (see :mod:`ha_controller.drills.needs`)
@@ -111,6 +160,7 @@ _NEEDS: Final[Mapping[str, frozenset[str]]] = {
     "tmpfs": DISK_FAMILIES,
     "lazyfs": frozenset({"power-loss"}),
     "clock-shim": frozenset({"clock"}),
+    "etcd": CONTROLLER_FAMILIES,
 }
 #: the target of a power loss of every broker and nameserver
 CLUSTER: Final = "cluster"
@@ -140,7 +190,7 @@ def parse_families(text: str | Sequence[str]) -> tuple[str, ...]:
 
 
 def families_needing(need: str) -> frozenset[str]:
-    """The families that need ``need`` (``tmpfs``, ``lazyfs``, ``clock-shim``)."""
+    """The families that need ``need`` (``tmpfs``, ``lazyfs``, ``clock-shim``, ``etcd``)."""
     return _NEEDS.get(need, frozenset())
 
 
@@ -177,6 +227,9 @@ class PlannedFault:
     stopped: bool = False
     #: clock: the step of the wall clock in seconds (negative: back)
     clock_step_s: float = 0.0
+    #: controller families: the target is whoever holds this role when the fault starts
+    #: (``master``, ``slave``, ``leader``; ``target`` names the group, or the nameserver)
+    role: str = ""
 
     @property
     def end_s(self) -> float:
@@ -188,10 +241,13 @@ class PlannedFault:
             extra = f" one-way {self.direction}"
         if self.loss_pct:
             extra = f" {self.loss_pct:g}%"
-        if self.variant:
+        if self.variant and self.kind == "corrupt":
             extra = f" {self.variant}{' (stopped)' if self.stopped else ' (running)'}"
         if self.clock_step_s:
             extra = f" {self.clock_step_s:+g} s"
+        if self.role:
+            with_etcd = f" with {self.variant}" if self.kind == "isolate" else ""
+            extra += f" (the {self.role}{with_etcd})"
         return (
             f"{self.family}: {self.kind}{extra} {self.target} at +{self.offset_s:.1f} s "
             f"for {self.duration_s:.1f} s"
@@ -242,9 +298,15 @@ class Schedule:
         return "clock" in self.families
 
     @property
+    def needs_controller(self) -> bool:
+        """Controller mode: etcd members and the nameservers' controller."""
+        return any(f in CONTROLLER_FAMILIES for f in self.families)
+
+    @property
     def nameservers(self) -> int:
-        """Nameservers the cluster must run: two when a nameserver is faulted."""
-        return 2 if "nameserver" in self.families else 1
+        """Nameservers the cluster must run: two when a nameserver is faulted (the
+        controller leader is one)."""
+        return 2 if {"nameserver", "controller-leader-kill"} & set(self.families) else 1
 
     def estimated_s(self, settle_s: float = 2.0) -> float:
         """Seconds the executor needs: fault spans, gaps, ``settle_s`` per step."""
@@ -278,6 +340,7 @@ class Schedule:
                         str(f.get("variant", "")),
                         bool(f.get("stopped", False)),
                         float(f.get("clock_step_s", 0.0)),
+                        str(f.get("role", "")),
                     )
                     for f in step["faults"]
                 ),
@@ -365,6 +428,14 @@ class ScheduleGenerator:
         rng.shuffle(tokens)
         steps: list[Step] = []
         while tokens:
+            if tokens[0] in CONTROLLER_FAMILIES:  # a step of the family's faults alone
+                family = tokens.pop(0)
+                budget = 1 + tokens.count(family)
+                step_faults = self._controller_step(family)[:budget]
+                for _ in step_faults[1:]:  # each fault of the step is one of the quota
+                    tokens.remove(family)
+                steps.append(Step(step_faults, _r(rng.uniform(*self.spec.gap_s))))
+                continue
             first = self._fault(tokens.pop(0), offset_s=0.0, avoid=frozenset())
             faults = [first]
             if tokens and rng.random() < self.spec.overlap_ratio:
@@ -393,6 +464,8 @@ class ScheduleGenerator:
         if first.target == CLUSTER:
             return None
         for i, family in enumerate(tokens):
+            if family in CONTROLLER_FAMILIES:
+                continue
             if family == "nameserver":
                 if "nameserver" in held:
                     continue
@@ -468,3 +541,46 @@ class ScheduleGenerator:
                 target = rng.choice((master, self._slave(group)))
             return PlannedFault(family, "clock", target, offset_s, duration, clock_step_s=step)
         raise ValueError(f"unknown fault family {family!r}")
+
+    def _controller_step(self, family: str) -> tuple[PlannedFault, ...]:
+        """The faults of one step of a controller family (module docstring)."""
+        rng = self._rng
+        spec = self.spec
+        group = self._group(frozenset())
+        master = broker_target(group, 0)
+        duration = _r(rng.uniform(*spec.fault_s))
+
+        def kill(offset: float, length: float) -> PlannedFault:
+            return PlannedFault(family, "kill", master, offset, length, role="master")
+
+        if family == "controller-kill":
+            return (kill(0.0, duration),)
+        if family == "controller-leader-kill":
+            leader = PlannedFault(
+                family, "kill", nameserver_target(0), 0.0, duration, role="leader"
+            )
+            return (leader, kill(0.0, _r(rng.uniform(*spec.fault_s))))
+        if family == "controller-isolate":
+            member = f"etcd-{rng.randrange(ETCD_MEMBERS)}"
+            return (
+                PlannedFault(
+                    family, "isolate", master, 0.0, duration, variant=member, role="master"
+                ),
+            )
+        if family == "controller-slave-behind":
+            slave = PlannedFault(family, "pause", self._slave(group), 0.0, duration, role="slave")
+            at = _r(max(duration + rng.uniform(-1.0, 0.5), 0.5))
+            return (slave, kill(at, _r(rng.uniform(*spec.fault_s))))
+        if family == "etcd-down":
+            etcd = PlannedFault(family, "etcd", "etcd", 0.0, duration)
+            at = _r(duration * rng.uniform(0.1, 0.4))
+            return (etcd, kill(at, _r(duration * rng.uniform(0.3, 1.2))))
+        if family == "controller-flap":
+            faults: list[PlannedFault] = []
+            at = 0.0
+            for _ in range(FLAP_KILLS):
+                down = _r(rng.uniform(0.5, 1.5))
+                faults.append(kill(at, down))
+                at = _r(at + down + rng.uniform(0.5, 1.5))
+            return tuple(faults)
+        raise ValueError(f"unknown controller family {family!r}")

@@ -23,7 +23,10 @@ Value schemas, per ``f`` (``?`` marks an optional key):
         1..18, see :data:`DELAY_LEVELS_MS`), ``delay_ms`` (relative to the invoke's
         ``t_ms``) or ``due_ts_ms`` (absolute delivery time); ``tx: true`` marks a
         transactional (half) message.
-    ok ``{"key", "msg_id", "broker", "queue_id", "queue_offset"}``
+    ok ``{"key", "msg_id", "broker", "queue_id", "queue_offset", "epoch"?, "member_id"?}``;
+        in controller mode ``epoch`` and ``member_id`` name the epoch under which the
+        group's master acknowledged and which member of the group it is (its own broker
+        id, whatever id it serves as).
     fail ``{"key", "error"?}`` (definitely not stored) / info ``{"key", "error"?}`` (unknown).
     A send invoke without any completion counts as ``info``.
 ``receive``
@@ -80,6 +83,10 @@ Value schemas, per ``f`` (``?`` marks an optional key):
 ``role``
     info ``{"group", "broker_id", "role"}`` with ``role`` in ``master`` | ``acting`` |
     ``slave`` | ``isolated``: a broker's role as observed by the drill.
+``epoch``
+    info ``{"group", "epoch", "broker_id", "since_ms"?, "reason"?}`` (controller mode):
+    the group's epoch moved, as a nameserver showed it; ``broker_id`` is the member id of
+    its master, ``since_ms`` when the controller began the epoch.
 
 Any other ``f`` is kept by the reader and ignored by the checkers.
 
@@ -112,6 +119,7 @@ __all__ = [
     "EVENT_TYPES",
     "Ack",
     "EndTx",
+    "EpochChange",
     "Event",
     "EventType",
     "Fault",
@@ -178,6 +186,9 @@ VALUE_FIELDS: Final[tuple[tuple[str, str], ...]] = (
     ("corrupt", "boolean"),
     ("flush_mode", "string"),
     ("flush_interval_ms", "long"),
+    ("epoch", "long"),
+    ("member_id", "long"),
+    ("since_ms", "long"),
 )
 
 _SOURCE_SIZE = b"hac.history.source_size"
@@ -303,6 +314,9 @@ class SendOk(_Value):
     broker: str
     queue_id: int
     queue_offset: int
+    #: controller mode: the epoch and the group member that acknowledged
+    epoch: int | None = None
+    member_id: int | None = None
 
 
 @dataclass(frozen=True, slots=True)
@@ -415,6 +429,20 @@ class Role(_Value):
     group: str
     broker_id: int
     role: str
+
+
+@dataclass(frozen=True, slots=True)
+class EpochChange(_Value):
+    """Controller mode: the group's epoch as a nameserver showed it, recorded when it
+    moves; ``broker_id`` is the master's member id, ``since_ms`` when the epoch began
+    (the controller's clock)."""
+
+    f: ClassVar[str] = "epoch"
+    group: str
+    epoch: int
+    broker_id: int
+    since_ms: int | None = None
+    reason: str | None = None
 
 
 # --- events ------------------------------------------------------------------------

@@ -6,7 +6,9 @@ A family is either injectable here or refused with one line naming what is missi
 writes apart (:mod:`ha_controller.drills.lazyfs`: ``/dev/fuse``, root, the
 ``hac-lazyfs`` program that ``make tools`` builds), ``clock`` the ``LD_PRELOAD`` shim
 that steps one process's wall clock (:mod:`ha_controller.drills.clock`, built by ``make
-tools`` too).  ``corruption`` and the process families need nothing.
+tools`` too), the controller families an etcd binary (Debian's ``etcd-server``, which
+``make tools`` installs) and ``controller-isolate`` hosts in network namespaces as
+well.  ``corruption`` and the process families need nothing.
 
 Where it is decided: a campaign or a ``generated`` drill whose families were *asked
 for* (``--families``) refuses to start when one of them cannot run (exit 2, one line);
@@ -32,12 +34,22 @@ def _checks() -> dict[str, Callable[[], str | None]]:
     from ha_controller.drills.clock import clock_available
     from ha_controller.drills.cluster import tmpfs_available
     from ha_controller.drills.lazyfs import lazyfs_available
+    from ha_controller.testing.etcd import etcd_missing
 
     def tmpfs() -> str | None:
         reason = tmpfs_available()
         return None if reason is None else f"needs tmpfs: {reason}"
 
-    return {"tmpfs": tmpfs, "lazyfs": lazyfs_available, "clock-shim": clock_available}
+    def etcd() -> str | None:
+        reason = etcd_missing()
+        return None if reason is None else f"needs etcd: {reason}"
+
+    return {
+        "tmpfs": tmpfs,
+        "lazyfs": lazyfs_available,
+        "clock-shim": clock_available,
+        "etcd": etcd,
+    }
 
 
 def unavailable_families(families: Iterable[str], *, netns: bool) -> dict[str, str]:

@@ -20,11 +20,18 @@ power      kill -9 the processes of the scope (a     mount the stores again, res
 corrupt    damage the broker's store (kill -9        restart on what is left (kill -9
            first when ``stopped``)                   first when it ran)
 clock      step the process's wall clock             step it back
+etcd       kill -9 every etcd member (controller   start them again on their data
+           mode)
+isolate    the broker and one etcd member cut off  rules removed
+           from every other host, clients still
+           reaching the broker (netns; ``variant``
+           ``etcd-<i>``)
 ========== ======================================= ===================================
 
 :data:`HEAL_ACTIONS` names each heal by what it does (``restart``, ``resume``, ``heal
 partition``, ``clear loss``; ``free disk`` for a disk-full fault, ``power on``,
-``restart``, ``reset clock``); the terminal and the report label heals with it.
+``restart``, ``reset clock``, ``start etcd``, ``heal isolation``); the terminal and the
+report label heals with it.
 
 Each fault is recorded in the history as ``fault`` info when it takes effect and
 ``fault`` ok when it is healed (history module schema); a fault injected for a generated
@@ -47,7 +54,7 @@ from typing import Any, Final, Literal
 import aiohttp
 
 from ha_controller.drills.cluster import NAMESERVER, DrillCluster, broker_target, parse_target
-from ha_controller.drills.history import Fault, HistoryWriter, Role
+from ha_controller.drills.history import EpochChange, Fault, HistoryWriter, Role
 from ha_controller.drills.netns import Direction
 
 __all__ = [
@@ -62,7 +69,9 @@ __all__ = [
 
 log = logging.getLogger(__name__)
 
-FaultKind = Literal["kill", "pause", "partition", "netem", "disk", "power", "corrupt", "clock"]
+FaultKind = Literal[
+    "kill", "pause", "partition", "netem", "disk", "power", "corrupt", "clock", "etcd", "isolate"
+]
 TargetRole = Literal["master", "slave", "nameserver"]
 
 PROCESS = "nemesis"
@@ -77,6 +86,8 @@ HEAL_ACTIONS: Final[Mapping[str, str]] = {
     "power": "power on",
     "corrupt": "restart",
     "clock": "reset clock",
+    "etcd": "start etcd",
+    "isolate": "heal isolation",
 }
 
 
@@ -115,6 +126,8 @@ class RoleObserver:
         self.roles: dict[str, str] = {}
         self.groups: dict[str, dict[str, Any]] = {}
         self._on_change = on_change
+        #: controller mode: the last epoch recorded per group
+        self.epochs: dict[str, int] = {}
         self._session: aiohttp.ClientSession | None = None
         self._ns_first = 0  # the nameserver that answered last
 
@@ -155,6 +168,7 @@ class RoleObserver:
         groups = await self._groups()
         if isinstance(groups, list):
             self.groups = {str(g.get("brokerName")): g for g in groups if isinstance(g, dict)}
+            self._record_epochs()
         targets = self.cluster.broker_targets()
         statuses = await asyncio.gather(
             *(self._status(t) for t in targets), return_exceptions=False
@@ -170,6 +184,54 @@ class RoleObserver:
             self.history.record("observer", "info", Role(group=group, broker_id=bid, role=role))
             if self._on_change is not None:
                 self._on_change(target, role)
+
+    def _record_epochs(self) -> None:
+        for name, g in self.groups.items():
+            epoch, master = g.get("epoch"), g.get("masterId")
+            if not isinstance(epoch, int) or not isinstance(master, int):
+                continue  # not controller mode
+            if epoch <= self.epochs.get(name, 0):
+                continue
+            self.epochs[name] = epoch
+            since = g.get("epochSinceMs")
+            reason = g.get("epochReason")
+            self.history.record(
+                "observer",
+                "info",
+                EpochChange(
+                    name,
+                    epoch,
+                    master,
+                    since if isinstance(since, int) else None,
+                    reason if isinstance(reason, str) else None,
+                ),
+            )
+
+    def master_member(self, group: str) -> int | None:
+        """Controller mode: the member id of ``group``'s master as the nameserver shows it
+        (None without controller mode or when it is not known)."""
+        g = self.groups.get(group)
+        master = None if g is None else g.get("masterId")
+        return master if isinstance(master, int) else None
+
+    async def controller_leader(self) -> str | None:
+        """The nameserver that leads the controller now (its ``hac_controller_leader``
+        gauge is 1), None when none says so."""
+        assert self._session is not None
+        for target in self.cluster.nameserver_targets():
+            if not self.cluster.alive(target):
+                continue
+            try:
+                url = f"http://{self.cluster.http(target)}/metrics"
+                async with self._session.get(url) as resp:
+                    text = await resp.text()
+            except (aiohttp.ClientError, TimeoutError):
+                continue
+            for line in text.splitlines():
+                name, _, value = line.partition(" ")
+                if name == "hac_controller_leader" and value.strip() in ("1", "1.0"):
+                    return target
+        return None
 
     async def _status(self, target: str) -> str | None:
         if not self.cluster.alive(target):
@@ -267,6 +329,28 @@ class Nemesis:
         parse_target(role)
         return role
 
+    async def resolve_role(self, role: str, target: str) -> str:
+        """The target a controller family aims at now (``role``: ``master``, ``slave``,
+        ``leader``); ``target`` names the group (``"<group>/<id>"``) and is kept when the
+        role holder is not known."""
+        if role == "leader":
+            return await self.observer.controller_leader() or target
+        group = parse_target(target)[0]
+        await self.observer.poll_once()
+        master = self.observer.master_member(group)
+        if role == "master":
+            return target if master is None else broker_target(group, master)
+        if role == "slave":
+            members = sorted(parse_target(t)[1] for t in self.cluster.broker_targets(group))
+            alive = [
+                m
+                for m in members
+                if m != (0 if master is None else master)
+                and self.cluster.alive(broker_target(group, m))
+            ]
+            return broker_target(group, alive[0]) if alive else target
+        raise ValueError(f"unknown role {role!r}")
+
     async def inject(
         self,
         kind: FaultKind,
@@ -329,6 +413,13 @@ class Nemesis:
         elif kind == "clock":
             await asyncio.to_thread(self.cluster.step_clock, target, clock_step_s)
             detail = f"wall clock stepped {clock_step_s:+g} s"
+        elif kind == "etcd":
+            await asyncio.to_thread(self.cluster.stop_etcd)
+            detail = "kill -9 every etcd member"
+        elif kind == "isolate":
+            index = int(variant.removeprefix("etcd-") or 0)
+            await asyncio.to_thread(self.cluster.isolate, target, index)
+            detail = f"cut off with {variant} from every other host; clients still reach it"
         else:
             raise ValueError(f"unknown fault kind {kind!r}")
         ev = self.history.record(
@@ -365,6 +456,10 @@ class Nemesis:
             await _shielded(asyncio.to_thread(self.cluster.restart, fault.target))
         elif fault.kind == "clock":
             await asyncio.to_thread(self.cluster.reset_clock, fault.target)
+        elif fault.kind == "etcd":
+            await _shielded(asyncio.to_thread(self.cluster.start_etcd))
+        elif fault.kind == "isolate":
+            await asyncio.to_thread(self.cluster.heal_isolation, fault.target)
         self.history.record(
             PROCESS, "ok", Fault(kind=fault.kind, target=fault.target, family=fault.family)
         )

@@ -18,6 +18,9 @@ only, puts a ``pfifo limit 0`` queue (it drops every packet) on one direction of
 link: ``direction="in"`` on the root side of the veth (the host hears nothing, what it
 sends still arrives), ``"out"`` on the host's ``eth0`` (it sends nothing, it still
 hears).  ``pfifo`` is in every kernel that has ``tc`` at all, unlike netem.
+:meth:`Network.isolate` cuts a set of hosts off from the other hosts only (iptables in
+each): they still reach each other and the root namespace, so clients keep talking to
+a minority side (apache/rocketmq#7017: a master cut off with one etcd member).
 :meth:`Network.set_netem` adds ``tc netem`` delay/loss on both directions of its link
 when the kernel has ``sch_netem``; :meth:`Network.set_loss` falls back to an iptables
 ``statistic`` DROP rule inside the host namespace (OpenChaos's loss fault) when netem is
@@ -58,6 +61,7 @@ NS_PREFIX: Final = "hacd-"
 _LINK_PREFIX: Final = "hd"
 _GUARD_METRIC: Final = 4242
 _CMD_TIMEOUT_S: Final = 15.0
+_ISOLATION_CHAIN: Final = "HACISO"
 
 #: which way a partition cuts: ``both``, ``in`` (the host hears nothing) or ``out`` (it
 #: sends nothing)
@@ -166,6 +170,8 @@ class Host:
     #: the one-way partition in place (``in``/``out``), None when none
     one_way: Literal["in", "out"] | None = None
     shaped: bool = False
+    #: cut off from the other hosts but not from the root namespace (:meth:`Network.isolate`)
+    isolated: bool = False
     loss_rule: list[str] | None = None
     blackout: _Blackouts | None = None
 
@@ -346,6 +352,38 @@ class Network:
         if host.blackout is not None:
             host.blackout.stop()
             host.blackout = None
+
+    def isolate(self, names: list[str]) -> None:
+        """Cut the hosts ``names`` off from every other host, but not from each other nor
+        from the root namespace (the drill's clients): a minority side that clients
+        still reach (iptables in each host, chain ``HACISO``)."""
+        if shutil.which("iptables") is None:
+            raise NetworkError("a partial partition needs iptables")
+        inside = {self.hosts[n].ip for n in names}
+        others = [h.ip for h in self.hosts.values() if h.ip not in inside]
+        for name in names:
+            host = self.hosts[name]
+            ipt = ["ip", "netns", "exec", host.netns, "iptables"]
+            _run(*ipt, "-N", _ISOLATION_CHAIN)
+            for ip in others:
+                _run(*ipt, "-A", _ISOLATION_CHAIN, "-s", ip, "-j", "DROP")
+                _run(*ipt, "-A", _ISOLATION_CHAIN, "-d", ip, "-j", "DROP")
+            _run(*ipt, "-I", "INPUT", "-j", _ISOLATION_CHAIN)
+            _run(*ipt, "-I", "OUTPUT", "-j", _ISOLATION_CHAIN)
+            host.isolated = True
+
+    def heal_isolation(self, names: list[str]) -> None:
+        """Undo :meth:`isolate` on ``names`` (idempotent)."""
+        for name in names:
+            host = self.hosts[name]
+            if not host.isolated:
+                continue
+            ipt = ["ip", "netns", "exec", host.netns, "iptables"]
+            _run(*ipt, "-D", "INPUT", "-j", _ISOLATION_CHAIN, check=False)
+            _run(*ipt, "-D", "OUTPUT", "-j", _ISOLATION_CHAIN, check=False)
+            _run(*ipt, "-F", _ISOLATION_CHAIN, check=False)
+            _run(*ipt, "-X", _ISOLATION_CHAIN, check=False)
+            host.isolated = False
 
     def start_blackouts(self, name: str, loss_pct: float, *, period_ms: int = 1000) -> None:
         """Drop everything on both directions of the host's link for ``loss_pct`` % of each

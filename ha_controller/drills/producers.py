@@ -230,6 +230,8 @@ class ProducerWorkload:
                 broker=receipt.broker_name,
                 queue_id=receipt.queue_id,
                 queue_offset=receipt.queue_offset,
+                epoch=receipt.epoch,
+                member_id=receipt.member_id,
             ),
         )
         return receipt

@@ -92,6 +92,12 @@ FAMILY_COLOURS: Final = {
     "power-loss": "#212121",
     "corruption": "#d81b60",
     "clock": "#fdd835",
+    "controller-kill": "#b71c1c",
+    "controller-leader-kill": "#4a148c",
+    "controller-isolate": "#3e2723",
+    "controller-slave-behind": "#33691e",
+    "etcd-down": "#0d47a1",
+    "controller-flap": "#e65100",
 }
 W: Final = 1000
 LEFT: Final = 70

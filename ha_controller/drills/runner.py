@@ -44,6 +44,7 @@ from ha_controller.drills.drill import (
     DrillResult,
     Scenario,
 )
+from ha_controller.drills.generator import ETCD_MEMBERS
 from ha_controller.drills.history import Event, HistoryWriter, StoreMode, read_history
 from ha_controller.drills.nemesis import (
     Nemesis,
@@ -129,6 +130,7 @@ async def run_drill(options: DrillOptions) -> DrillResult:
         tmpfs_store_mb=options.tmpfs_store_mb,
         lazyfs_stores=options.lazyfs_stores,
         clock_shim=options.clock_shim,
+        etcd_members=ETCD_MEMBERS if options.controller else 0,
     )
     shutil.rmtree(out / "logs", ignore_errors=True)
     cluster = DrillCluster(spec, log_dir=out / "logs")

@@ -92,7 +92,7 @@ from ha_controller.drills.drill import (
     ScenarioFn,
 )
 from ha_controller.drills.generator import (
-    FAMILIES,
+    DEFAULT_FAMILIES,
     GeneratorSpec,
     PlannedFault,
     ScheduleGenerator,
@@ -492,7 +492,7 @@ def _generated_spec(o: DrillOptions) -> DrillOptions:
                 raise FaultUnsupported(refused)
             families = o.families
         else:  # the default: the families this machine can fault
-            families = tuple(f for f in FAMILIES if refusal([f], netns=o.netns) is None)
+            families = tuple(f for f in DEFAULT_FAMILIES if refusal([f], netns=o.netns) is None)
         schedule = ScheduleGenerator(o.seed, generator_spec(o)).generate(families, o.faults)
     return replace(
         o,
@@ -501,6 +501,7 @@ def _generated_spec(o: DrillOptions) -> DrillOptions:
         tmpfs_store_mb=o.tmpfs_store_mb or (TMPFS_STORE_MB if schedule.needs_tmpfs else None),
         lazyfs_stores=o.lazyfs_stores or schedule.needs_lazyfs,
         clock_shim=o.clock_shim or schedule.needs_clock_shim,
+        controller=o.controller or schedule.needs_controller,
         duration_s=schedule.estimated_s(),
     )
 
@@ -526,10 +527,16 @@ async def _generated(d: Drill) -> None:
 async def _run_step(d: Drill, step: Step) -> None:
     async def one(planned: PlannedFault) -> None:
         await asyncio.sleep(planned.offset_s)
+        target = planned.target
+        if planned.role:  # a controller family: whoever holds the role now
+            target = await d.nemesis.resolve_role(planned.role, target)
+            # a flapping master killed again while its restart still runs: wait for it
+            with contextlib.suppress(EventuallyTimeout):
+                await eventually(lambda: all(f.target != target for f in d.nemesis.active), 30, 0.1)
         try:
             fault = await d.nemesis.inject(
                 planned.kind,
-                planned.target,
+                target,
                 loss_pct=planned.loss_pct,
                 direction=planned.direction,
                 family=planned.family,

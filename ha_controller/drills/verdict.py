@@ -42,6 +42,8 @@ COUNT_NAMES: Final[tuple[str, ...]] = (
     "double_lock_grants",
     "offset_rollbacks",
     "corrupt_deliveries",
+    "split_brain",
+    "fast_switches",
     "unsynced_lost",
 )
 FAILING_COUNTS: Final[tuple[str, ...]] = (
@@ -54,6 +56,8 @@ FAILING_COUNTS: Final[tuple[str, ...]] = (
     "double_lock_grants",
     "offset_rollbacks",
     "corrupt_deliveries",
+    "split_brain",
+    "fast_switches",
 )
 #: counts that do not fail a drill but that campaigns add up per family as well
 REPORTED_COUNTS: Final[tuple[str, ...]] = ("unsynced_lost",)
@@ -80,13 +84,21 @@ class CheckOptions:
     redelivery: Redelivery = "strict"
     #: consumer groups judged with ``redelivery="after_ack"`` whatever ``redelivery`` says
     after_ack_groups: frozenset[str] = frozenset()
+    #: controller mode: the least time between two epochs of a group (the nameservers'
+    #: ``min_switch_interval_ms``)
+    min_switch_interval_ms: int = 5_000
 
     def after_ack(self, consumer_group: str) -> bool:
         """Whether ``consumer_group``'s duplicates count only after its first ack."""
         return self.redelivery == "after_ack" or consumer_group in self.after_ack_groups
 
     def __post_init__(self) -> None:
-        for name in ("lock_lease_ms", "timer_tolerance_ms", "level_tolerance_ms"):
+        for name in (
+            "lock_lease_ms",
+            "timer_tolerance_ms",
+            "level_tolerance_ms",
+            "min_switch_interval_ms",
+        ):
             if getattr(self, name) < 0:
                 raise ValueError(f"{name} must be >= 0, got {getattr(self, name)}")
         if self.early_tolerance_ms < 0:

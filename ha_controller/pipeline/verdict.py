@@ -23,7 +23,8 @@ each file's drill directory, and :func:`verdicts_of` judges such a frame.
 
 Parts beside it: the schema and readers (:mod:`~ha_controller.pipeline.events`), the
 small collected rows (:mod:`~ha_controller.pipeline.rows`), the lock and offset checks
-(:mod:`~ha_controller.pipeline.locks_offsets`) and the unavailability
+(:mod:`~ha_controller.pipeline.locks_offsets`), the split-brain check
+(:mod:`~ha_controller.pipeline.split_brain`) and the unavailability
 windows (:mod:`~ha_controller.pipeline.windows`).
 """
 
@@ -59,6 +60,7 @@ from ha_controller.pipeline.events import (
 )
 from ha_controller.pipeline.locks_offsets import double_grants, offset_rollbacks
 from ha_controller.pipeline.rows import Rows, collect, flag, part, total
+from ha_controller.pipeline.split_brain import fast_switches, split_brain
 from ha_controller.pipeline.windows import Windows, closes, operations
 
 __all__ = [
@@ -275,6 +277,17 @@ def _keys(ev: DataFrame, opts: CheckOptions) -> DataFrame:
             F.lit(False),
         ).alias("has_rb"),
         F.collect_list(F.when(is_outcome, F.struct("t_ms", "type", "broker"))).alias("outcomes"),
+        # the send oks that name their writer (split brain)
+        F.collect_list(
+            F.when(
+                is_send
+                & (col("type") == "ok")
+                & col("broker").isNotNull()
+                & col("epoch").isNotNull()
+                & col("member_id").isNotNull(),
+                F.struct(col("t_ms").alias("ok_t"), "broker", "epoch", "member_id"),
+            )
+        ).alias("writes"),
         F.collect_list(
             F.when(
                 is_recv,
@@ -312,6 +325,7 @@ def _keys(ev: DataFrame, opts: CheckOptions) -> DataFrame:
             F.when(col("ok_first.broker") != "", col("ok_first.broker")).alias("ok_broker"),
             "committed",
             "outcomes",
+            "writes",
             "receipts",
             *(["acks"] if with_acks else []),
             F.size("receipts").alias("n_recv"),
@@ -430,7 +444,7 @@ def _second_round(
     """The failures of every (history, kind, group, fault epoch) (a count and the
     earliest issue, for the windows' openings; epoch 0 is before the first fault), the
     counts of the (consumer group, key) pairs, the topics they subscribe, the
-    acknowledged keys per topic and the FIFO order violations.
+    acknowledged keys per topic, the FIFO order violations and the split-brain count.
 
     ``epochs``: each history's distinct fault starts, sorted; ``held``: its spans
     without a writable master (for ``late_delayed``); ``cuts``: its power losses'
@@ -592,6 +606,8 @@ def _second_round(
         part("subscribed", pairs.select("hid", "topic", "cg").distinct(), s1="topic", s2="cg"),
         part("acked_topic", acked_topics, s1="topic", n1="n"),
         part("order", order_counts, n1="n"),
+        part("split", split_brain(keys), n1="n"),
+        part("switches", fast_switches(ev, opts.min_switch_interval_ms), n1="n"),
     ]
 
 
@@ -626,6 +642,8 @@ def _counts(hid: str, first: Rows, second: Rows) -> dict[str, int]:
         "double_lock_grants": first.total("grants", hid, "n1"),
         "offset_rollbacks": first.total("rollbacks", hid, "n1"),
         "corrupt_deliveries": first.total("corrupt", hid, "n1"),
+        "split_brain": second.total("split", hid, "n1"),
+        "fast_switches": second.total("switches", hid, "n1"),
         "unsynced_lost": 0,
     }
 

@@ -124,14 +124,18 @@ class SendResult(_message.Message):
     def __init__(self, msg_id: _Optional[str] = ..., uniq_key: _Optional[str] = ..., queue_id: _Optional[int] = ..., queue_offset: _Optional[int] = ..., commit_log_offset: _Optional[int] = ...) -> None: ...
 
 class SendMessageResponse(_message.Message):
-    __slots__ = ("broker_name", "results", "transaction_id")
+    __slots__ = ("broker_name", "results", "transaction_id", "epoch", "member_id")
     BROKER_NAME_FIELD_NUMBER: _ClassVar[int]
     RESULTS_FIELD_NUMBER: _ClassVar[int]
     TRANSACTION_ID_FIELD_NUMBER: _ClassVar[int]
+    EPOCH_FIELD_NUMBER: _ClassVar[int]
+    MEMBER_ID_FIELD_NUMBER: _ClassVar[int]
     broker_name: str
     results: _containers.RepeatedCompositeFieldContainer[SendResult]
     transaction_id: str
-    def __init__(self, broker_name: _Optional[str] = ..., results: _Optional[_Iterable[_Union[SendResult, _Mapping]]] = ..., transaction_id: _Optional[str] = ...) -> None: ...
+    epoch: int
+    member_id: int
+    def __init__(self, broker_name: _Optional[str] = ..., results: _Optional[_Iterable[_Union[SendResult, _Mapping]]] = ..., transaction_id: _Optional[str] = ..., epoch: _Optional[int] = ..., member_id: _Optional[int] = ...) -> None: ...
 
 class PullMessageRequest(_message.Message):
     __slots__ = ("consumer_group", "topic", "queue_id", "queue_offset", "max_msg_nums", "suspend_timeout_ms", "commit_offset", "tags", "max_bytes")

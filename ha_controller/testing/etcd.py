@@ -8,12 +8,14 @@ member on loopback for tests, three for drills.  Ports are picked free on loopba
 from __future__ import annotations
 
 import json
+import os
 import shutil
 import socket
 import subprocess
 import time
 import urllib.error
 import urllib.request
+from collections.abc import Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -24,6 +26,11 @@ _DEBIAN = Path("/usr/bin/etcd")
 
 
 def etcd_binary() -> str | None:
+    """``HAC_ETCD_BINARY`` when set (None when it is not an executable file), else
+    ``etcd`` on PATH, else Debian's."""
+    given = os.environ.get("HAC_ETCD_BINARY")
+    if given:
+        return given if os.access(given, os.X_OK) and Path(given).is_file() else None
     found = shutil.which("etcd")
     if found:
         return found
@@ -33,6 +40,9 @@ def etcd_binary() -> str | None:
 def etcd_missing() -> str | None:
     """Why no etcd can be started here (a one-line skip reason), or None."""
     if etcd_binary() is None:
+        given = os.environ.get("HAC_ETCD_BINARY")
+        if given:
+            return f"HAC_ETCD_BINARY={given} is not an executable file"
         return "etcd not found (Debian: apt-get install etcd-server; make tools does it)"
     return None
 
@@ -59,10 +69,11 @@ class EtcdMember:
     log_path: Path
     proc: subprocess.Popen[bytes] | None = None
     argv: list[str] = field(default_factory=list)
+    host: str = "127.0.0.1"
 
     @property
     def endpoint(self) -> str:
-        return f"127.0.0.1:{self.client_port}"
+        return f"{self.host}:{self.client_port}"
 
     def start(self) -> None:
         log = self.log_path.open("ab")
@@ -134,38 +145,55 @@ class EtcdCluster:
         )
 
 
-def run_etcd(workdir: Path, members: int = 1, *, name: str = "etcd") -> EtcdCluster:
-    """Start ``members`` etcd members on loopback and wait until they serve."""
+def run_etcd(
+    workdir: Path,
+    members: int = 1,
+    *,
+    name: str = "etcd",
+    hosts: Sequence[tuple[str, Sequence[str]]] = (),
+    log_dir: Path | None = None,
+) -> EtcdCluster:
+    """Start ``members`` etcd members on loopback and wait until they serve.
+
+    ``hosts``: one ``(ip, exec_prefix)`` per member, to run each on a host of its own
+    (a drill's network namespace, :mod:`ha_controller.drills.netns`) on etcd's standard
+    ports; empty: every member on loopback on free ports.  ``log_dir``: where the
+    members' logs go (default ``workdir``)."""
     binary = etcd_binary()
     if binary is None:
         raise RuntimeError(etcd_missing())
-    ports = _free_ports(2 * members)
+    if hosts and len(hosts) != members:
+        raise ValueError(f"{members} etcd members need {members} hosts, got {len(hosts)}")
+    ports = [p for _ in hosts for p in (2379, 2380)] or _free_ports(2 * members)
+    logs = log_dir if log_dir is not None else workdir
     nodes = [
         EtcdMember(
             f"{name}{i}",
             ports[2 * i],
             ports[2 * i + 1],
             workdir / f"{name}{i}.data",
-            workdir / f"{name}{i}.log",
+            logs / f"{name}{i}.log",
+            host=hosts[i][0] if hosts else "127.0.0.1",
         )
         for i in range(members)
     ]
-    initial = ",".join(f"{m.name}=http://127.0.0.1:{m.peer_port}" for m in nodes)
-    for m in nodes:
+    initial = ",".join(f"{m.name}=http://{m.host}:{m.peer_port}" for m in nodes)
+    for i, m in enumerate(nodes):
         m.argv = [
+            *(hosts[i][1] if hosts else ()),
             binary,
             "--name",
             m.name,
             "--data-dir",
             str(m.data_dir),
             "--listen-client-urls",
-            f"http://127.0.0.1:{m.client_port}",
+            f"http://{m.host}:{m.client_port}",
             "--advertise-client-urls",
-            f"http://127.0.0.1:{m.client_port}",
+            f"http://{m.host}:{m.client_port}",
             "--listen-peer-urls",
-            f"http://127.0.0.1:{m.peer_port}",
+            f"http://{m.host}:{m.peer_port}",
             "--initial-advertise-peer-urls",
-            f"http://127.0.0.1:{m.peer_port}",
+            f"http://{m.host}:{m.peer_port}",
             "--initial-cluster",
             initial,
             "--initial-cluster-state",

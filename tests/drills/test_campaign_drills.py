@@ -22,7 +22,13 @@ import pytest
 from ha_controller.cli import main as hactl
 from ha_controller.drills.campaign import CampaignOptions, run_campaign
 from ha_controller.drills.checker import FAILING_COUNTS
-from ha_controller.drills.generator import FAMILIES, NETNS_FAMILIES, GeneratorSpec
+from ha_controller.drills.generator import (
+    CONTROLLER_FAMILIES,
+    DEFAULT_FAMILIES,
+    FAMILIES,
+    NETNS_FAMILIES,
+    GeneratorSpec,
+)
 from ha_controller.drills.needs import unavailable_families
 from ha_controller.drills.netns import netns_available
 
@@ -30,13 +36,13 @@ from ha_controller.drills.netns import netns_available
 DURABILITY = ("power-loss", "corruption", "clock")
 #: families whose faults the cluster must survive with a clean verdict in the default
 #: suite (the loopback ones; see the module docstring for the netns ones)
-LOOPBACK = tuple(f for f in FAMILIES if f not in NETNS_FAMILIES and f not in DURABILITY)
+LOOPBACK = tuple(f for f in DEFAULT_FAMILIES if f not in NETNS_FAMILIES and f not in DURABILITY)
 QUICK = GeneratorSpec(fault_s=(1.5, 2.5), gap_s=(0.5, 1.0), overlap_ratio=0.6)
 
 
 def families_here() -> tuple[str, ...]:
     if netns_available() is None:
-        return tuple(f for f in FAMILIES if f not in DURABILITY)
+        return tuple(f for f in DEFAULT_FAMILIES if f not in DURABILITY)
     return LOOPBACK
 
 
@@ -100,8 +106,10 @@ def test_campaign_command_every_family(tmp_path: Path) -> None:
     with pytest.raises(SystemExit) as exit_:
         hactl(["drill", "campaign", "--faults", "3", "--seed", "5", "--out", str(tmp_path), *netns])
     doc = json.loads((tmp_path / "campaign.json").read_text(encoding="utf-8"))
-    assert_shape(doc, FAMILIES, 3)
-    assert set(doc["skipped_families"]) == set(unavailable_families(FAMILIES, netns=bool(netns)))
+    assert_shape(doc, DEFAULT_FAMILIES, 3)
+    assert set(doc["skipped_families"]) == set(
+        unavailable_families(DEFAULT_FAMILIES, netns=bool(netns))
+    )
     assert exit_.value.code == (0 if doc["ok"] else 1)
     assert doc["ok"], describe(doc)
 
@@ -131,6 +139,31 @@ def test_durability_campaign_with_sync_flush(tmp_path: Path) -> None:
     for family in families:
         entry = doc["families"][family]
         assert (entry["lost"], entry["corrupt_deliveries"], entry["errors"]) == (0, 0, 0), doc
+
+
+@pytest.mark.slow
+@pytest.mark.timeout(3600)
+def test_controller_campaign(tmp_path: Path) -> None:
+    """Three faults of every controller family (controller-isolate with namespaces):
+    no acknowledged write lost, never two masters of one group at once, never two
+    switches of one group within min_switch_interval_ms, no offset rollback.  (The
+    redeliveries after a switch are an open finding, see docs/drills.md.)"""
+    netns = netns_available() is None
+    families = tuple(sorted(f for f in CONTROLLER_FAMILIES if netns or f not in NETNS_FAMILIES))
+    missing = unavailable_families(families, netns=netns)
+    if missing:
+        pytest.skip(f"{missing}")
+    argv = ["drill", "campaign", "--faults", "3", "--families", ",".join(families)]
+    argv += ["--seed", "33", "--out", str(tmp_path), *(["--netns"] if netns else [])]
+    with pytest.raises(SystemExit):
+        hactl(argv)
+    doc = json.loads((tmp_path / "campaign.json").read_text(encoding="utf-8"))
+    assert_shape(doc, tuple(f for f in FAMILIES if f in families), 3)
+    for family in families:
+        entry = doc["families"][family]
+        counts = tuple(entry[k] for k in ("lost", "split_brain", "fast_switches", "errors"))
+        assert counts == (0, 0, 0, 0), (family, describe(doc))
+        assert entry["offset_rollbacks"] == 0, (family, describe(doc))
 
 
 def test_campaign_command_line_errors(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:

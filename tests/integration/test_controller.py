@@ -104,8 +104,10 @@ async def test_killed_master_is_replaced_and_rejoins_as_a_slave(cluster: Cluster
     acked: list[str] = []
     async with Producer(c.namesrv) as p:
         for i in range(60):
-            await p.send(Message(TOPIC, f"a{i}".encode()))
+            receipt = await p.send(Message(TOPIC, f"a{i}".encode()))
             acked.append(f"a{i}")
+        # the answer names who acknowledged, under which epoch (the split-brain check)
+        assert (receipt.epoch, receipt.member_id) == (1, 0)
         c.broker(GROUP, 0).kill()
         took = await send_until_ok(p, "first-after-kill", within_s=20)
         acked.append("first-after-kill")
@@ -119,8 +121,9 @@ async def test_killed_master_is_replaced_and_rejoins_as_a_slave(cluster: Cluster
         route = p.routes.cached(TOPIC)
         assert route is not None and route.broker_datas[0].epoch == 2, route
         for i in range(60):
-            await p.send(Message(TOPIC, f"b{i}".encode()))
+            receipt = await p.send(Message(TOPIC, f"b{i}".encode()))
             acked.append(f"b{i}")
+        assert (receipt.epoch, receipt.member_id) == (2, new_master)
 
         # the old master comes back: a slave under the id the new master had
         c.brokers[(GROUP, 0)] = run_broker(c.namesrv, GROUP, 0, c.workdir, env=c.env)

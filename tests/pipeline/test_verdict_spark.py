@@ -79,6 +79,8 @@ GENERATED = {
         unresolved=3,
         double_locks=4,
         rollbacks=2,
+        split_brain=4,
+        fast_switches=2,
         faults=3,
     ),
     "clean": gen.Anomalies(faults=2),

@@ -21,7 +21,9 @@ from ha_controller.drills.campaign import (
 from ha_controller.drills.checker import COUNT_NAMES, FAILING_COUNTS, FaultWindow, Verdict
 from ha_controller.drills.generator import FAMILIES
 from ha_controller.drills.history import Event, Fault, SendInvoke, SendOk
+from ha_controller.drills.needs import NEEDS_NETNS
 from ha_controller.drills.report import timeline_strip
+from ha_controller.testing.etcd import etcd_missing
 
 WINDOW = {"p50", "p99", "max", "unrecovered"}
 
@@ -200,6 +202,24 @@ def test_every_family_has_a_colour(family: str) -> None:
     from ha_controller.drills.report import FAMILY_COLOURS
 
     assert family in FAMILY_COLOURS
+
+
+def test_controller_families_refuse_without_etcd_or_netns(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    from ha_controller.drills.generator import CONTROLLER_FAMILIES
+    from ha_controller.drills.needs import refusal
+
+    said = refusal(["controller-isolate", "controller-kill"], netns=False)
+    if etcd_missing() is None:  # etcd is here: only the namespaces are missing
+        assert said == "controller-isolate cannot be injected here: " + NEEDS_NETNS
+    monkeypatch.setenv("HAC_ETCD_BINARY", "/nonexistent/etcd")
+    said = refusal(sorted(CONTROLLER_FAMILIES), netns=False)
+    assert said is not None and "\n" not in said
+    assert "controller-kill cannot be injected here: needs etcd: HAC_ETCD_BINARY" in said
+    assert "controller-isolate cannot be injected here" in said
+    skipped = unavailable_families(FAMILIES, netns=False)
+    assert set(skipped) >= CONTROLLER_FAMILIES and "kill" not in skipped
 
 
 def test_a_missing_fault_tool_refuses_in_one_line(monkeypatch: pytest.MonkeyPatch) -> None:

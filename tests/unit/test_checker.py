@@ -30,6 +30,7 @@ from ha_controller.drills.checker import (
 from ha_controller.drills.history import (
     Ack,
     EndTx,
+    EpochChange,
     Event,
     EventType,
     Fault,
@@ -76,6 +77,8 @@ class H:
         delay_level: int | None = None,
         due_ts_ms: int | None = None,
         broker: str = "broker-a",
+        epoch: int | None = None,
+        member: int | None = None,
     ) -> H:
         self.add(
             t,
@@ -87,7 +90,8 @@ class H:
         if outcome == "ok":
             qo = self._offsets.get(topic, 0)
             self._offsets[topic] = qo + 1
-            self.add(done, "producer", "ok", SendOk(key, f"ID-{key}", broker, 0, qo))
+            ok = SendOk(key, f"ID-{key}", broker, 0, qo, epoch, member)
+            self.add(done, "producer", "ok", ok)
         elif outcome in ("fail", "info"):
             self.add(done, "producer", outcome, SendOutcome(key, "timeout"))  # type: ignore[arg-type]
         return self
@@ -444,6 +448,74 @@ def case_power_loss(mode: str) -> Callable[[], H]:
     return build
 
 
+def _written(h: H, sends: list[tuple[int, int, int, int]], broker: str = "broker-a") -> H:
+    """Each ``(issue_t, ok_t, epoch, member)`` acknowledged by ``broker`` and delivered."""
+    for issue, done, epoch, member in sends:
+        key = f"{broker}-{issue}"
+        h.send(issue, key, done_t=done, broker=broker, epoch=epoch, member=member)
+        h.recv(done + 50, key, broker=broker, qo=issue)
+    return h
+
+
+def case_split_brain() -> H:
+    """#7017: member 0 (epoch 1), cut off, keeps acknowledging while member 1 (epoch 2)
+    does too: the acknowledgements at 100 (epoch 2) and 200 (epoch 1) each lie between
+    two of the other writer's; the first and the last do not."""
+    h = H()
+    h.add(0, "c1", "info", Subscribe("c1", "G", "T"))
+    return _written(h, [(0, 5, 1, 0), (100, 105, 2, 1), (200, 205, 1, 0), (300, 305, 2, 1)])
+
+
+def case_split_brain_same_epoch() -> H:
+    """Two members acknowledging under one epoch, never at the same time: the second
+    member's write counts (one epoch, one master)."""
+    h = H()
+    h.add(0, "c1", "info", Subscribe("c1", "G", "T"))
+    return _written(h, [(0, 5, 3, 0), (500, 505, 3, 2)])
+
+
+def case_clean_switches() -> H:
+    """Switches that hand over: epoch 1 (member 0) until it dies, epoch 2 (member 1),
+    then back to member 0 in epoch 3; broker-b keeps its epoch 1 meanwhile (another
+    group); a late answer of the old master (issued at 900 before it froze, answered at
+    3000 while epoch 2 writes) is not a second master; writes without an epoch are not
+    judged."""
+    h = H()
+    h.add(0, "c1", "info", Subscribe("c1", "G", "T"))
+    _written(h, [(0, 5, 1, 0), (500, 505, 1, 0), (900, 3000, 1, 0)])
+    _written(h, [(2000, 2005, 2, 1), (2500, 2505, 2, 1), (4000, 4005, 2, 1)])
+    _written(h, [(6000, 6005, 3, 0), (6500, 6505, 3, 0)])
+    _written(h, [(10, 15, 1, 0), (2200, 2205, 1, 0), (6100, 6105, 1, 0)], broker="broker-b")
+    # the epochs as seen, each at least min_switch_interval_ms (5 s) after the last
+    for t, epoch, member in ((0, 1, 0), (1950, 2, 1), (5900, 3, 0)):
+        h.add(t + 50, "observer", "info", EpochChange("broker-a", epoch, member, t * 3, "gone"))
+    h.add(60, "observer", "info", EpochChange("broker-b", 1, 0, 0, "initial"))
+    h.send(2600, "no-epoch", done_t=2605, broker="broker-a")
+    h.recv(2700, "no-epoch", qo=9999)
+    return h
+
+
+def case_fast_switches() -> H:
+    """A flapping master: broker-a's epoch 3 began 4.9 s after epoch 2 (the interval is
+    5 s); epoch 2 seen twice (the smallest since_ms counts), epoch 4 without since_ms
+    (not judged); broker-b's first switch 3 s after its initial epoch (the first
+    switch may come at any time), its second 6 s after the first."""
+    h = H()
+    seen = [
+        ("broker-a", 1, 0),
+        ("broker-a", 2, 10_000),
+        ("broker-a", 2, 10_300),
+        ("broker-a", 3, 14_900),
+        ("broker-a", 4, None),
+        ("broker-b", 1, 0),
+        ("broker-b", 2, 3_000),
+        ("broker-b", 3, 9_000),
+    ]
+    for i, (group, epoch, since) in enumerate(seen):
+        h.add(100 * i, "observer", "info", EpochChange(group, epoch, epoch % 3, since))
+    return h
+
+
 CASES: dict[str, Case] = {
     "clean": Case(
         case_clean,
@@ -565,6 +637,15 @@ CASES: dict[str, Case] = {
         counts(acknowledged=6, delivered=1, lost=5, unsynced_lost=3),
         None,
         durability=Durability("sync", 500, 2, 3, 1300),
+    ),
+    "split_brain": Case(case_split_brain, counts(acknowledged=4, delivered=4, split_brain=2), None),
+    "split_brain_same_epoch": Case(
+        case_split_brain_same_epoch, counts(acknowledged=2, delivered=2, split_brain=1), None
+    ),
+    "clean_switches": Case(case_clean_switches, counts(acknowledged=12, delivered=12), None),
+    "fast_switches": Case(case_fast_switches, counts(fast_switches=1), None),
+    "fast_switches-shorter-interval": Case(
+        case_fast_switches, counts(), None, CheckOptions(min_switch_interval_ms=4_900)
     ),
     "group_gap": Case(
         case_group_gap,

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import itertools
 import json
 from collections import Counter, defaultdict
 
@@ -9,8 +10,11 @@ import pytest
 
 from ha_controller.drills.generator import (
     CLUSTER,
+    CONTROLLER_FAMILIES,
     CORRUPTIONS,
+    ETCD_MEMBERS,
     FAMILIES,
+    FLAP_KILLS,
     GeneratorSpec,
     PlannedFault,
     Schedule,
@@ -22,6 +26,8 @@ from ha_controller.drills.generator import (
 
 SEEDS = range(200)
 TIMEOUT_S = GeneratorSpec().not_active_timeout_ms / 1000
+#: the families that overlap each other (controller families run their steps alone)
+RIP32_FAMILIES = tuple(f for f in FAMILIES if f not in CONTROLLER_FAMILIES)
 
 
 def held(f: PlannedFault) -> str:
@@ -33,6 +39,10 @@ def held(f: PlannedFault) -> str:
 
 def every_family(seed: int, per_family: int = 3) -> Schedule:
     return ScheduleGenerator(seed).generate_quota(dict.fromkeys(FAMILIES, per_family))
+
+
+def rip32_families(seed: int, per_family: int = 3) -> Schedule:
+    return ScheduleGenerator(seed).generate_quota(dict.fromkeys(RIP32_FAMILIES, per_family))
 
 
 def test_same_seed_same_schedule() -> None:
@@ -92,6 +102,11 @@ def test_every_family_covered_and_shaped() -> None:
         {"corrupt"},
         {"clock"},
     )
+    assert seen["controller-kill"] == seen["controller-leader-kill"] == {"kill"}
+    assert seen["controller-flap"] == {"kill"}
+    assert seen["controller-isolate"] == {"isolate"}
+    assert seen["controller-slave-behind"] == {"pause", "kill"}
+    assert seen["etcd-down"] == {"etcd", "kill"}
 
 
 def test_new_families_cover_their_variants() -> None:
@@ -118,6 +133,8 @@ def test_new_families_cover_their_variants() -> None:
 
 def check_shape(f: PlannedFault) -> None:
     group = target_group_of(f.target)
+    if f.family in CONTROLLER_FAMILIES:
+        return  # test_controller_steps
     if f.family == "nameserver":
         assert f.target in ("nameserver", "nameserver-1")
         return
@@ -163,7 +180,7 @@ def test_one_way_partitions_and_disk_on_slaves_occur() -> None:
 def test_no_overlap_on_one_target_or_group_and_never_both_nameservers() -> None:
     overlapped = 0
     for seed in SEEDS:
-        schedule = every_family(seed)
+        schedule = rip32_families(seed)
         for step in schedule.steps:
             assert 1 <= len(step.faults) <= 2
             assert step.gap_s > 0
@@ -183,7 +200,7 @@ def test_no_overlap_on_one_target_or_group_and_never_both_nameservers() -> None:
 def test_single_group_overlaps_only_with_a_nameserver() -> None:
     spec = GeneratorSpec(groups=("broker-a",), overlap_ratio=1.0)
     for seed in range(50):
-        schedule = ScheduleGenerator(seed, spec).generate_quota(dict.fromkeys(FAMILIES, 2))
+        schedule = ScheduleGenerator(seed, spec).generate_quota(dict.fromkeys(RIP32_FAMILIES, 2))
         for step in schedule.steps:
             if len(step.faults) == 2:
                 assert {held(f) for f in step.faults} == {"broker-a", "nameserver"}
@@ -191,9 +208,62 @@ def test_single_group_overlaps_only_with_a_nameserver() -> None:
 
 def test_no_overlap_without_overlap_ratio() -> None:
     spec = GeneratorSpec(overlap_ratio=0.0)
-    schedule = ScheduleGenerator(3, spec).generate_quota(dict.fromkeys(FAMILIES, 3))
+    schedule = ScheduleGenerator(3, spec).generate_quota(dict.fromkeys(RIP32_FAMILIES, 3))
     assert all(len(step.faults) == 1 for step in schedule.steps)
-    assert len(schedule.steps) == 3 * len(FAMILIES)
+    assert len(schedule.steps) == 3 * len(RIP32_FAMILIES)
+
+
+def test_controller_steps() -> None:
+    """A controller family's step holds its own faults only, aimed by role, in the shape
+    the family is named for; the other families never overlap them."""
+    shapes: Counter[str] = Counter()
+    for seed in range(100):
+        schedule = every_family(seed, per_family=4)
+        assert schedule.family_counts() == Counter(dict.fromkeys(FAMILIES, 4))
+        for step in schedule.steps:
+            families = {f.family for f in step.faults}
+            if not families & CONTROLLER_FAMILIES:
+                continue
+            assert len(families) == 1, step  # never overlapped by another family
+            (family,) = families
+            faults = step.faults
+            assert faults[0].offset_s == 0
+            shapes[family] += 1
+            roles = [f.role for f in faults]
+            if family == "controller-kill":
+                assert [(f.kind, f.role) for f in faults] == [("kill", "master")]
+                assert faults[0].target.endswith("/0")
+            elif family == "controller-leader-kill":
+                assert roles == ["leader", "master"][: len(faults)]
+                assert faults[0].target == "nameserver"
+                assert all(f.kind == "kill" and f.offset_s == 0 for f in faults)
+            elif family == "controller-isolate":
+                (f,) = faults
+                assert (f.kind, f.role) == ("isolate", "master")
+                assert f.variant in {f"etcd-{i}" for i in range(ETCD_MEMBERS)}
+            elif family == "controller-slave-behind":
+                assert roles == ["slave", "master"][: len(faults)]
+                assert not faults[0].target.endswith("/0")
+                if len(faults) == 2:  # the master dies about when the slave resumes
+                    assert faults[0].end_s - 1.0 <= faults[1].offset_s <= faults[0].end_s + 0.5
+            elif family == "etcd-down":
+                assert (faults[0].kind, faults[0].target) == ("etcd", "etcd")
+                if len(faults) == 2:  # the master dies while etcd is down
+                    assert 0 < faults[1].offset_s < faults[0].end_s
+            else:
+                assert family == "controller-flap"
+                assert 1 <= len(faults) <= FLAP_KILLS
+                assert all((f.kind, f.role) == ("kill", "master") for f in faults)
+                for a, b in itertools.pairwise(faults):
+                    assert b.offset_s > a.end_s  # killed again once restarted
+    assert set(shapes) == CONTROLLER_FAMILIES
+
+
+def test_controller_quota_is_exact_with_short_last_steps() -> None:
+    for seed in range(30):
+        quota = {"controller-flap": 4, "controller-leader-kill": 3, "etcd-down": 1, "kill": 2}
+        schedule = ScheduleGenerator(seed).generate_quota(quota)
+        assert schedule.family_counts() == Counter(quota)
 
 
 def test_cluster_needs() -> None:
@@ -203,6 +273,21 @@ def test_cluster_needs() -> None:
     assert (schedule.nameservers, schedule.needs_tmpfs, schedule.needs_netns) == (2, True, True)
     assert schedule.estimated_s() > sum(s.gap_s for s in schedule.steps)
     assert len(schedule.describe()) == len(schedule.steps)
+    assert not schedule.needs_controller
+    schedule = ScheduleGenerator(1).generate_quota({"controller-kill": 1, "etcd-down": 1})
+    assert (schedule.needs_controller, schedule.nameservers, schedule.needs_netns) == (
+        True,
+        1,
+        False,
+    )
+    schedule = ScheduleGenerator(1).generate_quota(
+        {"controller-leader-kill": 2, "controller-isolate": 1}
+    )
+    assert (schedule.needs_controller, schedule.nameservers, schedule.needs_netns) == (
+        True,
+        2,
+        True,
+    )
 
 
 def test_parse_families_and_bad_input() -> None:
