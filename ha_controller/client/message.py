@@ -13,7 +13,7 @@ import socket
 import threading
 import time
 import uuid
-from collections.abc import Mapping, Sequence
+from collections.abc import Collection, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Final
 
@@ -30,7 +30,12 @@ from ha_controller.protocol.properties import (
     PROPERTY_TIMER_DELIVER_MS,
     PROPERTY_UNIQ_KEY,
 )
-from ha_controller.protocol.validation import MessageLimits, check_body, check_topic
+from ha_controller.protocol.validation import (
+    SYSTEM_PROPERTIES,
+    MessageLimits,
+    check_body,
+    check_topic,
+)
 from ha_controller.protocol.validation import check_message as validate
 
 if TYPE_CHECKING:
@@ -331,7 +336,11 @@ def message_size(message: Message) -> int:
 
 
 def check_message(
-    message: Message, max_bytes: int = DEFAULT_MAX_MESSAGE_BYTES, now: int | None = None
+    message: Message,
+    max_bytes: int = DEFAULT_MAX_MESSAGE_BYTES,
+    now: int | None = None,
+    *,
+    reserved: Collection[str] = SYSTEM_PROPERTIES,
 ) -> None:
     """Refuse, before anything is sent, what RocketMQ refuses
     (``ha_controller.protocol.validation``, the same rules as the gateway's and the
@@ -346,6 +355,7 @@ def check_message(
         tag=message.tags,
         keys=message.keys,
         properties=props,
+        reserved=reserved,
         message_group=message.message_group,
         deliver_ms=message.deliver_ts_ms,
         now_ms=int(time.time() * 1000) if now is None else now,

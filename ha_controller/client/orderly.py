@@ -470,6 +470,7 @@ class OrderlyPushConsumer(PushConsumer):
                     tls=self.tls,
                     credentials=self.credentials,
                 )
+                producer.reserved_properties = frozenset()
                 await producer.start()
                 self._dlq = producer
             return self._dlq

@@ -57,6 +57,7 @@ from ha_controller.protocol.errors import (
     TopicNotFound,
 )
 from ha_controller.protocol.properties import PROPERTY_TRAN_MSG, PROPERTY_UNIQ_KEY, now_ms
+from ha_controller.protocol.validation import SYSTEM_PROPERTIES
 from ha_controller.rpc import ConnectionPool, Dispatcher, RequestContext
 
 __all__ = [
@@ -408,6 +409,9 @@ class Producer(AsyncLifecycle):
         self.credentials = credentials
         #: a message (batch) larger than this is refused before anything is sent
         self.max_message_bytes = max_message_bytes
+        #: property names a message may not set: the system's, except for the SDK's own
+        #: senders (a dead-letter copy carries ORIGIN_* as the broker's send-back does)
+        self.reserved_properties: Collection[str] = SYSTEM_PROPERTIES
         self._pool = ConnectionPool(
             dispatcher=dispatcher,
             ssl_context=tls,
@@ -494,7 +498,7 @@ class Producer(AsyncLifecycle):
         """Queue ``message`` for the batch of its topic that leaves at the end of this tick."""
         if not self._started or self._closed:
             raise RuntimeError("producer is not running (use start() or async with)")
-        check_message(message, self.max_message_bytes)
+        check_message(message, self.max_message_bytes, reserved=self.reserved_properties)
         size = message_size(message)
         loop = asyncio.get_running_loop()
         fut: asyncio.Future[SendReceipt] = loop.create_future()
@@ -563,7 +567,7 @@ class Producer(AsyncLifecycle):
             raise RuntimeError("producer is not running (use start() or async with)")
         now = now_ms()
         for m in messages:
-            check_message(m, self.max_message_bytes, now)
+            check_message(m, self.max_message_bytes, now, reserved=self.reserved_properties)
         check_size(messages, self.max_message_bytes)
         topic = messages[0].topic
         message_group = messages[0].message_group

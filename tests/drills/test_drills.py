@@ -50,6 +50,7 @@ async def test_kill_master(run) -> None:
     assert receipts and all(e.value["stored_ms"] <= e.t_ms + 1000 for e in receipts)
 
 
+@pytest.mark.slow  # test_master_return.py checks the offsets; the campaign kills masters
 async def test_master_return_keeps_offsets(run) -> None:
     result = await run("master-return", duration_s=6.0)
     assert_safe(result)
@@ -57,6 +58,7 @@ async def test_master_return_keeps_offsets(run) -> None:
     assert probes, "the drill probed no committed offset after the master returned"
 
 
+@pytest.mark.slow  # the checker's cases are unit tests
 async def test_checker_sees_offset_rollback_without_pre_online(run) -> None:
     """The returning master skips pre-online: it serves the offsets it had before the
     kill, older than those the consumer committed through the acting slave."""
@@ -66,6 +68,7 @@ async def test_checker_sees_offset_rollback_without_pre_online(run) -> None:
     assert result.verdict.counts["lost"] == 0
 
 
+@pytest.mark.slow  # the checker's cases are unit tests
 async def test_checker_sees_loss_with_async_replication(run) -> None:
     """ASYNC replication: the master alone acknowledges a burst while its slaves are
     down and is lost right after; the acting slave never had those messages."""
@@ -93,6 +96,7 @@ async def test_kill_master_long(run) -> None:
     assert_safe(await run("kill-master", duration_s=60.0, fault_s=8.0, gap_s=6.0))
 
 
+@pytest.mark.slow  # the small campaign partitions in namespaces
 @pytest.mark.usefixtures("needs_netns")
 async def test_partition_master_netns(run) -> None:
     result = await run("partition-master", duration_s=10.0, netns=True)

@@ -70,6 +70,7 @@ async def test_strict_lock_off_grants_twice(run) -> None:
     assert result.verdict.counts["lost"] == 0
 
 
+@pytest.mark.slow  # test_pop_acting.py covers it with real processes
 async def test_pop_acting(run) -> None:
     result = await run("pop-acting", duration_s=8.0)
     assert_safe(result)
@@ -94,6 +95,7 @@ async def test_pop_acting(run) -> None:
     assert acting_acks, "nothing of broker-a was acked while its slave acted"
 
 
+@pytest.mark.slow  # test_delay_acting.py covers it
 async def test_delayed_acting(run) -> None:
     result = await run("delayed-acting", duration_s=8.0)
     assert_safe(result)

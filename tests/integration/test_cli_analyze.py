@@ -21,6 +21,7 @@ pytestmark = [
 ]
 
 
+@pytest.mark.slow  # hactl analyze runs in tests/pipeline
 def test_analyze_is_quiet_and_shows_progress(tmp_path: Path) -> None:
     drill = tmp_path / "drill"
     drill.mkdir()

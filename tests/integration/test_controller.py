@@ -144,6 +144,7 @@ async def test_killed_master_is_replaced_and_rejoins_as_a_slave(cluster: Cluster
     assert took < 10, took
 
 
+@pytest.mark.slow  # test_prometheus.py switches a group; make bench times it
 async def test_planned_switch_moves_the_master_without_loss(cluster: Cluster) -> None:
     c = cluster
     await c.wait_ready(60)

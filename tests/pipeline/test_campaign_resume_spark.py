@@ -11,6 +11,7 @@ from dataclasses import replace
 from pathlib import Path
 from typing import TYPE_CHECKING
 
+import pytest
 from test_campaign_spark import write_campaign, write_drill
 
 from ha_controller.cli.drill import scenario_options
@@ -26,6 +27,7 @@ if TYPE_CHECKING:
     from pyspark.sql import SparkSession
 
 
+@pytest.mark.slow  # test_campaign_interrupt.py resumes a campaign
 def test_a_resumed_campaign_on_spark_equals_campaign_json(
     spark: SparkSession, tmp_path: Path
 ) -> None:

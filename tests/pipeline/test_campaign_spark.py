@@ -157,6 +157,7 @@ def test_a_changed_count_is_a_mismatch(spark: SparkSession, tmp_path: Path) -> N
     assert any(m.startswith(f"families.{family}.lost") for m in result.mismatches)
 
 
+@pytest.mark.slow  # test_hactl_analyze_on_a_campaign_directory runs hactl analyze
 @pytest.mark.timeout(600)
 def test_hactl_analyze_on_20_drills_equals_campaign_json(tmp_path: Path) -> None:
     """The command itself (its own Spark session) on 20 synthetic drills (about 70 s on

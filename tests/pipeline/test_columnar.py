@@ -170,6 +170,7 @@ def _random_history(path: Path, seed: int) -> None:
                 )
 
 
+@pytest.mark.slow  # the handmade and generated parity cases cover the windows
 def test_random_windows_equal_in_one_pass(spark: SparkSession, tmp_path: Path) -> None:
     """Many histories judged in the same jobs: every fault window, count and summary as
     the checker's (the windows are put together from small rows on the driver)."""

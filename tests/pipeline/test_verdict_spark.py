@@ -59,6 +59,7 @@ def handmade_verdicts(
     return out
 
 
+@pytest.mark.timeout(600)  # the first case waits for every case's Spark verdicts
 @pytest.mark.parametrize("name", sorted(handmade.CASES))
 def test_handmade_spark_equals_in_process(
     handmade_verdicts: dict[str, tuple[Verdict, Verdict]], name: str
