@@ -50,9 +50,11 @@ MAX_CACHED_FILTERS: Final = 1024
 
 
 class FilterSyntaxError(IllegalFilterExpression):
-    """An SQL92 filter expression that does not parse; nothing was subscribed.  It
-    travels as ``IllegalFilterExpression`` (RocketMQ's broker answers
-    SUBSCRIPTION_PARSE_FAILED, its gRPC proxy ILLEGAL_FILTER_EXPRESSION)."""
+    """An SQL92 filter expression that does not parse; nothing was subscribed
+    (RocketMQ's broker answers SUBSCRIPTION_PARSE_FAILED, its gRPC proxy
+    ILLEGAL_FILTER_EXPRESSION)."""
+
+    code = 228
 
 
 _KEYWORDS: Final = frozenset(
