@@ -101,6 +101,24 @@ async def pull_all(c: Cluster, topic: str, group: str, sql92: str) -> tuple[list
     return numbers(got), moved
 
 
+async def pop_all(c: Cluster, topic: str, group: str, sql92: str) -> list[ReceivedMessage]:
+    """Pop and ack until the selection came, then make sure nothing more does."""
+    got: list[ReceivedMessage] = []
+    async with SimpleConsumer(
+        c.namesrv, group, [topic], invisible_duration_s=30, sql92=sql92
+    ) as consumer:
+
+        async def step() -> bool:
+            for m in await consumer.receive(32, wait_s=0.5):
+                got.append(m)
+                await consumer.ack(m)
+            return len(got) >= len(selected(sql92))
+
+        await eventually(step, timeout=20, interval=0.05)
+        assert await consumer.receive(32, wait_s=0.5) == []
+    return got
+
+
 async def committed(c: Cluster, topic: str, group: str) -> int:
     total = 0
     async with PullConsumer(c.namesrv, group) as consumer:
@@ -148,19 +166,7 @@ async def test_push_consumer_receives_the_selection_and_commits_past_the_rest(
 
 async def test_simple_consumer_pops_the_selection_and_moves_the_offsets(cluster: Cluster) -> None:
     await fill(cluster, "sql-pop")
-    got: list[ReceivedMessage] = []
-    async with SimpleConsumer(
-        cluster.namesrv, "g-pop", ["sql-pop"], invisible_duration_s=30, sql92=SQL
-    ) as consumer:
-
-        async def step() -> bool:
-            for m in await consumer.receive(32, wait_s=0.5):
-                got.append(m)
-                await consumer.ack(m)
-            return len(got) >= len(selected(SQL))
-
-        await eventually(step, timeout=20, interval=0.05)
-        assert await consumer.receive(32, wait_s=0.5) == []
+    got = await pop_all(cluster, "sql-pop", "g-pop", SQL)
     assert numbers(got) == sorted(selected(SQL))
     assert await committed(cluster, "sql-pop", "g-pop") == N
 
@@ -245,17 +251,6 @@ async def test_an_acting_slave_filters_the_same(cluster: Cluster) -> None:
         sorted(selected(SQL)),
         N,
     )
-    got: list[ReceivedMessage] = []
-    async with SimpleConsumer(
-        cluster.namesrv, "g-acting-pop", ["sql-acting"], invisible_duration_s=30, sql92=SQL
-    ) as consumer:
-
-        async def step() -> bool:
-            for m in await consumer.receive(32, wait_s=0.5):
-                got.append(m)
-                await consumer.ack(m)
-            return len(got) >= len(selected(SQL))
-
-        await eventually(step, timeout=20, interval=0.05)
+    got = await pop_all(cluster, "sql-acting", "g-acting-pop", SQL)
     assert numbers(got) == sorted(selected(SQL))
     assert {m.broker_name for m in got} == {GROUP}
