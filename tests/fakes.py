@@ -449,9 +449,11 @@ class FakeStore:
         max_count: int = 32,
         max_bytes: int = 4 * MiB,
         tag_filter: set[int] | None = None,
+        message_filter: Callable[[Mapping[str, str]], bool] | None = None,
     ) -> GetResult:
         """Up to ``max_count`` messages from queue ``offset``, with the statuses and
-        ``next_begin_offset`` of ``MessageStore.get_messages``."""
+        ``next_begin_offset`` of ``MessageStore.get_messages`` (without its bound on
+        the messages read for ``message_filter``)."""
         queue = self._queues.get((topic, queue_id))
         if queue is None:
             return GetResult(GetMessageStatus.NO_MATCHED_LOGIC_QUEUE)
@@ -481,10 +483,15 @@ class FakeStore:
             size = encoded_size(msg)
             if messages and total + size > max_bytes:
                 break
-            if cur not in queue.unreadable:
-                messages.append(msg)
-                total += size
+            if cur in queue.unreadable:
+                cur += 1
+                continue
             cur += 1
+            if message_filter is not None and not message_filter(msg.properties):
+                filtered += 1
+                continue
+            messages.append(msg)
+            total += size
         if messages:
             return result(GetMessageStatus.FOUND, cur, messages)
         if filtered:

@@ -11,6 +11,7 @@ from broker_agent.special.escape_ids import REBUILD_BYTES, Escaped, EscapedIds
 from broker_agent.special.schedule import delayed_target
 from broker_agent.store.message_store import GetMessageStatus
 from broker_agent.write_path import WritePath
+from ha_controller.filter.selector import Selector
 from ha_controller.proto import broker_pb2
 from ha_controller.protocol.codes import RequestCode
 from ha_controller.protocol.errors import (
@@ -24,7 +25,6 @@ from ha_controller.protocol.properties import (
     PROPERTY_TRANSACTION_ID,
     PROPERTY_UNIQ_KEY,
 )
-from ha_controller.protocol.record import tag_hash
 from ha_controller.protocol.topics import message_type_of, message_type_problem
 from ha_controller.routing import TopicConfig
 from ha_controller.rpc import RequestContext
@@ -223,7 +223,9 @@ class MessageHandlers:
     ) -> broker_pb2.PullMessageResponse:
         core = self.core
         core.check_online()
-        tags = {tag_hash(t) for t in req.tags if t and t != "*"} or None
+        # before anything is done: a bad SQL92 is refused (IllegalFilterExpression)
+        select = Selector.of_request(req.tags, req.sql92)
+        tags = select.tag_hashes
         max_msgs = max(1, min(req.max_msg_nums or 32, MAX_PULL_BATCH))
         max_bytes = req.max_bytes or 4 * 1024 * 1024
         if req.commit_offset >= 0 and req.consumer_group and core.acting.serves_master_only_ops:
@@ -231,7 +233,7 @@ class MessageHandlers:
                 req.consumer_group, req.topic, req.queue_id, req.commit_offset
             )
         result = core.store.get_messages(
-            req.topic, req.queue_id, req.queue_offset, max_msgs, max_bytes, tags
+            req.topic, req.queue_id, req.queue_offset, max_msgs, max_bytes, tags, select.properties
         )
         held = req.suspend_timeout_ms > 0 and core.cfg.long_polling_enable
         # A slave asked past its end is behind (the consumer read further on the master
@@ -255,7 +257,7 @@ class MessageHandlers:
             pull_held.set(core.holds.held_count)
             core.check_online()  # fenced while held: its log may be cut back
             result = core.store.get_messages(
-                req.topic, req.queue_id, offset, max_msgs, max_bytes, tags
+                req.topic, req.queue_id, offset, max_msgs, max_bytes, tags, select.properties
             )
         if behind and result.status is GetMessageStatus.OFFSET_OVERFLOW_BADLY:
             return broker_pb2.PullMessageResponse(

@@ -39,6 +39,7 @@ class StorePort(Protocol):
         max_count: int = ...,
         max_bytes: int = ...,
         tag_filter: set[int] | None = ...,
+        message_filter: Callable[[Mapping[str, str]], bool] | None = ...,
     ) -> GetResult: ...
 
     def get_message_at(self, topic: str, queue_id: int, offset: int) -> StoredMessage | None: ...

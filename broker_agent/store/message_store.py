@@ -61,7 +61,7 @@ import os
 import struct
 import threading
 import time
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import replace
 from pathlib import Path
 from types import TracebackType
@@ -127,6 +127,9 @@ logger = logging.getLogger(__name__)
 
 _CQ_READ_BATCH = 256
 _MAX_FILTER_SCAN = 16000
+#: messages read for a property (SQL92) filter in one get_messages: each is decoded and
+#: evaluated under the store's lock, so far fewer than the tag hashes skipped unread
+_MAX_PROPERTY_FILTER_SCAN = 2000
 _STORE_TS = struct.Struct(">Q")
 _STORE_TS_POS = 44
 #: consume queues handled per hold of the store lock by a retention round
@@ -729,10 +732,14 @@ class MessageStore:
         max_count: int = 32,
         max_bytes: int = 4 * MiB,
         tag_filter: set[int] | None = None,
+        message_filter: Callable[[Mapping[str, str]], bool] | None = None,
     ) -> GetResult:
         """Read up to ``max_count`` messages from queue ``offset`` (RocketMQ ``getMessage``).
 
         ``tag_filter`` holds tag hashes (:func:`tag_hash`); ``None`` matches everything.
+        ``message_filter`` (an SQL92 filter's ``matches``) is asked about each message's
+        properties after it is read; at most ``_MAX_PROPERTY_FILTER_SCAN`` are read for
+        it per call, the offset moving past those filtered out either way.
         The first matching message is returned even if it is larger than ``max_bytes``.
         ``next_begin_offset`` is where the next pull should start.
         """
@@ -761,6 +768,7 @@ class MessageStore:
             filtered = 0
             cur = offset
             scan_limit = offset + max(max_count, _MAX_FILTER_SCAN)
+            read_limit = _MAX_PROPERTY_FILTER_SCAN
             done = False
             while not done and cur < hi and cur < scan_limit and len(messages) < max_count:
                 for phys, size, th in cq.entries(cur, min(_CQ_READ_BATCH, scan_limit - cur)):
@@ -774,11 +782,20 @@ class MessageStore:
                     if messages and total + size > max_bytes:
                         done = True
                         break
+                    if message_filter is not None:
+                        if read_limit == 0:
+                            done = True
+                            break
+                        read_limit -= 1
                     msg = self._read_message(phys, size, topic, queue_id, cur)
-                    if msg is not None:
-                        messages.append(msg)
-                        total += size
                     cur += 1
+                    if msg is None:
+                        continue
+                    if message_filter is not None and not message_filter(msg.properties):
+                        filtered += 1
+                        continue
+                    messages.append(msg)
+                    total += size
             if messages:
                 return result(GetMessageStatus.FOUND, cur, messages)
             if filtered:

@@ -25,6 +25,7 @@ from ha_controller.client.admin import NameserverClient
 from ha_controller.client.lifecycle import AsyncLifecycle
 from ha_controller.client.message import MessageQueue, ReceivedMessage
 from ha_controller.client.routes import RouteCache, parse_namesrv_addrs
+from ha_controller.filter.selector import check_subscription
 from ha_controller.proto import broker_pb2
 from ha_controller.protocol.codes import RequestCode
 from ha_controller.protocol.errors import BrokerUnavailable, HaError
@@ -169,9 +170,20 @@ class PullConsumer(AsyncLifecycle):
         suspend_timeout_ms: int = DEFAULT_SUSPEND_TIMEOUT_MS,
         tags: Sequence[str] | None = None,
         commit_offset: int = -1,
+        *,
+        sql92: str | None = None,
     ) -> PullResult:
         """Pull from ``offset``; the broker holds the request up to ``suspend_timeout_ms``
         when nothing is there yet (0 = answer at once).  ``tags`` filters by tag.
+
+        ``sql92`` filters instead by an SQL92 expression over the messages' properties
+        (RocketMQ's ``ExpressionType.SQL92``; ``TAGS`` is the tag), e.g.
+        ``"region IN ('eu', 'us') AND amount > 100"``: the broker evaluates it, so only
+        the messages it selects come back, and ``next_begin_offset`` moves past the
+        others.  A property a message lacks is NULL: a comparison with it is not TRUE,
+        ``x IS NULL`` is.  A bad expression (or one given with ``tags``) is refused
+        before anything is sent: ``FilterSyntaxError`` (an ``IllegalFilterExpression``,
+        a ``ValueError``), naming where.
 
         ``commit_offset`` >= 0 also stores the group's offset of ``mq`` (RocketMQ's
         ``commitOffset`` in the pull header): the master or the acting slave applies it
@@ -179,6 +191,7 @@ class PullConsumer(AsyncLifecycle):
         :meth:`commit` when the commit must be known to have landed."""
         if max_msgs < 1:
             raise ValueError(f"max_msgs must be >= 1, got {max_msgs}")
+        check_subscription(tags, sql92)
         wanted = None if tags is None or "*" in tags else frozenset(tags)
         request = broker_pb2.PullMessageRequest(
             consumer_group=self.group,
@@ -189,6 +202,7 @@ class PullConsumer(AsyncLifecycle):
             suspend_timeout_ms=max(0, suspend_timeout_ms),
             commit_offset=commit_offset,
             tags=sorted(wanted or ()),
+            sql92=sql92 or "",
         )
         response = await self._call(
             mq,

@@ -39,6 +39,7 @@ from ha_controller.client.lifecycle import AsyncLifecycle
 from ha_controller.client.message import MessageQueue, ReceivedMessage, new_client_id
 from ha_controller.client.pull_consumer import DEFAULT_SUSPEND_TIMEOUT_MS, PullConsumer, PullStatus
 from ha_controller.client.routes import RouteCache, addr_for_subscribe, parse_namesrv_addrs
+from ha_controller.filter.selector import check_subscription
 from ha_controller.proto import broker_pb2
 from ha_controller.protocol.codes import RequestCode
 from ha_controller.protocol.errors import HaError, TopicNotFound
@@ -133,6 +134,13 @@ class PushConsumer(AsyncLifecycle):
 
     ``async with PushConsumer(ns, "G", "T", listener) as consumer: ...``
 
+    ``tags`` (``["a", "b"]``, None = all) or ``sql92`` (RocketMQ's
+    ``ExpressionType.SQL92``: an expression over the messages' properties, ``TAGS``
+    the tag, e.g. ``"region = 'eu' AND amount > 100"``) choose the messages; the
+    brokers filter, and the group's offsets move past what is filtered out.  A bad
+    expression is refused here: ``FilterSyntaxError`` (an ``IllegalFilterExpression``,
+    a ``ValueError``) naming where.
+
     ``tls``: the ``ssl.SSLContext`` of every connection, to nameservers and brokers
     (:func:`ha_controller.rpc.tls.client_context`); None = plaintext.
     """
@@ -145,6 +153,7 @@ class PushConsumer(AsyncLifecycle):
         listener: MessageListener,
         *,
         tags: Sequence[str] | None = None,
+        sql92: str | None = None,
         client_id: str | None = None,
         batch: int = 32,
         suspend_timeout_ms: int = DEFAULT_SUSPEND_TIMEOUT_MS,
@@ -170,7 +179,9 @@ class PushConsumer(AsyncLifecycle):
             raise ValueError(f"consume_concurrency must be >= 1, got {consume_concurrency}")
         self.group = group
         self.topic = topic
+        check_subscription(tags, sql92)  # a bad SQL92 is refused here, not later
         self.tags = None if tags is None else list(tags)
+        self.sql92 = sql92
         self.client_id = client_id or new_client_id()
         self.batch = batch
         self.suspend_timeout_ms = suspend_timeout_ms
@@ -515,7 +526,13 @@ class PushConsumer(AsyncLifecycle):
             carry = self._offset_to_carry(state)
             try:
                 result = await self._pull.pull(
-                    mq, offset, self.batch, self.suspend_timeout_ms, self.tags, carry
+                    mq,
+                    offset,
+                    self.batch,
+                    self.suspend_timeout_ms,
+                    self.tags,
+                    carry,
+                    sql92=self.sql92,
                 )
             except (HaError, OSError) as exc:
                 log.warning("pull of %s at %d failed: %s", mq, offset, exc)

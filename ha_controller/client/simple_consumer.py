@@ -24,9 +24,15 @@ from ha_controller.client.admin import NameserverClient
 from ha_controller.client.lifecycle import AsyncLifecycle
 from ha_controller.client.message import ReceivedMessage
 from ha_controller.client.routes import RouteCache, parse_namesrv_addrs
+from ha_controller.filter.selector import check_subscription
 from ha_controller.proto import broker_pb2
 from ha_controller.protocol.codes import RequestCode
-from ha_controller.protocol.errors import BrokerUnavailable, HaError, TopicNotFound
+from ha_controller.protocol.errors import (
+    BrokerUnavailable,
+    HaError,
+    IllegalFilterExpression,
+    TopicNotFound,
+)
 from ha_controller.protocol.properties import PROPERTY_POP_CK, retry_topic
 from ha_controller.protocol.validation import (
     check_consumer_group,
@@ -50,6 +56,12 @@ retry_topic_of = retry_topic
 class SimpleConsumer(AsyncLifecycle):
     """``async with SimpleConsumer(ns, "group", ["topic"], invisible_duration_s=30) as c``.
 
+    ``sql92`` (RocketMQ's ``ExpressionType.SQL92``): only the messages whose properties
+    make the expression TRUE are popped (``TAGS`` is the tag; a missing property is
+    NULL); the brokers filter, the group's offsets move past the others.  A bad
+    expression is refused here: ``FilterSyntaxError`` (an ``IllegalFilterExpression``,
+    a ``ValueError``) naming where.
+
     ``tls``: the ``ssl.SSLContext`` of every connection, to nameservers and brokers
     (:func:`ha_controller.rpc.tls.client_context`); None = plaintext.
     """
@@ -61,12 +73,14 @@ class SimpleConsumer(AsyncLifecycle):
         topics: Sequence[str],
         invisible_duration_s: float = 30.0,
         *,
+        sql92: str | None = None,
         request_timeout_ms: int = 3000,
         route_watch: bool = True,
         tls: ssl.SSLContext | None = None,
         credentials: Credentials | None = None,
     ) -> None:
         check_consumer_group(group)  # IllegalConsumerGroup (a ValueError)
+        check_subscription(None, sql92)
         if not topics:
             raise ValueError("subscribe to at least one topic")
         for topic in topics:
@@ -79,6 +93,7 @@ class SimpleConsumer(AsyncLifecycle):
         self.group = group
         self.topics = [*topics, retry_topic_of(group)]
         self.invisible_duration_s = invisible_duration_s
+        self.sql92 = sql92
         self.request_timeout_ms = request_timeout_ms
         self._pool = ConnectionPool(
             ssl_context=tls, signer=credentials.sign if credentials is not None else None
@@ -189,6 +204,7 @@ class SimpleConsumer(AsyncLifecycle):
             max_msg_nums=max_num,
             invisible_time_ms=int(self.invisible_duration_s * 1000),
             poll_time_ms=poll_ms,
+            sql92=self.sql92 or "",
         )
         try:
             resp = await self._pool.call_pb(
@@ -198,6 +214,8 @@ class SimpleConsumer(AsyncLifecycle):
                 broker_pb2.PopMessageResponse,
                 self.request_timeout_ms + poll_ms,
             )
+        except IllegalFilterExpression:
+            raise  # the subscription itself: retrying elsewhere would not help
         except (HaError, OSError) as exc:
             log.debug("pop from %s (%s) for %s failed: %s", broker_name, addr, topic, exc)
             if isinstance(exc, OSError) or (isinstance(exc, HaError) and exc.retriable):

@@ -16,10 +16,11 @@ read as one, with a boolean as ``true``/``false``; a missing property is NULL, a
 comparison with NULL is NULL (unknown), so only a TRUE result selects a message.  A
 comparison that cannot be made (``'abc' > 5``) selects nothing rather than failing the
 pull.  A malformed expression is refused when it is parsed (:class:`FilterSyntaxError`,
-a ``BadRequest`` naming where), that is when a consumer subscribes.
+an ``IllegalFilterExpression`` naming where), that is when a consumer subscribes.
 
 Sans-IO: :func:`compile_filter` returns a :class:`Filter` whose ``matches(properties)``
-takes the message's properties (``TAGS`` included).
+takes the message's properties (``TAGS`` included); :func:`cached_filter` is the same,
+parsed once per distinct expression (a broker's pulls and pops repeat theirs).
 """
 
 from __future__ import annotations
@@ -27,19 +28,33 @@ from __future__ import annotations
 import re
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass
+from functools import lru_cache
 from typing import Any, Final
 
-from ha_controller.protocol.errors import BadRequest
+from ha_controller.protocol.errors import IllegalFilterExpression
 
-__all__ = ["MAX_EXPRESSION_LEN", "Filter", "FilterSyntaxError", "compile_filter"]
+__all__ = [
+    "MAX_CACHED_FILTERS",
+    "MAX_EXPRESSION_LEN",
+    "Filter",
+    "FilterSyntaxError",
+    "cached_filter",
+    "compile_filter",
+]
 
 #: an expression longer than this is refused (RocketMQ's gRPC validator has no such
 #: bound; a broker compiles each distinct one, so it is bounded here)
 MAX_EXPRESSION_LEN: Final = 4096
+#: compiled expressions :func:`cached_filter` keeps (least recently used dropped)
+MAX_CACHED_FILTERS: Final = 1024
 
 
-class FilterSyntaxError(BadRequest):
-    """An SQL92 filter expression that does not parse; nothing was subscribed."""
+class FilterSyntaxError(IllegalFilterExpression):
+    """An SQL92 filter expression that does not parse; nothing was subscribed
+    (RocketMQ's broker answers SUBSCRIPTION_PARSE_FAILED, its gRPC proxy
+    ILLEGAL_FILTER_EXPRESSION)."""
+
+    code = 228
 
 
 _KEYWORDS: Final = frozenset(
@@ -439,3 +454,10 @@ def compile_filter(expression: str) -> Filter:
             f"SQL92 filter: at most {MAX_EXPRESSION_LEN} characters, this one {len(text)}"
         )
     return Filter(text, _Parser(text).parse())
+
+
+@lru_cache(maxsize=MAX_CACHED_FILTERS)
+def cached_filter(expression: str) -> Filter:
+    """:func:`compile_filter`, parsed once per distinct expression (a refusal is not
+    kept: a bad expression is parsed again, and refused again, each time)."""
+    return compile_filter(expression)

@@ -138,7 +138,7 @@ class SendMessageResponse(_message.Message):
     def __init__(self, broker_name: _Optional[str] = ..., results: _Optional[_Iterable[_Union[SendResult, _Mapping]]] = ..., transaction_id: _Optional[str] = ..., epoch: _Optional[int] = ..., member_id: _Optional[int] = ...) -> None: ...
 
 class PullMessageRequest(_message.Message):
-    __slots__ = ("consumer_group", "topic", "queue_id", "queue_offset", "max_msg_nums", "suspend_timeout_ms", "commit_offset", "tags", "max_bytes")
+    __slots__ = ("consumer_group", "topic", "queue_id", "queue_offset", "max_msg_nums", "suspend_timeout_ms", "commit_offset", "tags", "max_bytes", "sql92")
     CONSUMER_GROUP_FIELD_NUMBER: _ClassVar[int]
     TOPIC_FIELD_NUMBER: _ClassVar[int]
     QUEUE_ID_FIELD_NUMBER: _ClassVar[int]
@@ -148,6 +148,7 @@ class PullMessageRequest(_message.Message):
     COMMIT_OFFSET_FIELD_NUMBER: _ClassVar[int]
     TAGS_FIELD_NUMBER: _ClassVar[int]
     MAX_BYTES_FIELD_NUMBER: _ClassVar[int]
+    SQL92_FIELD_NUMBER: _ClassVar[int]
     consumer_group: str
     topic: str
     queue_id: int
@@ -157,7 +158,8 @@ class PullMessageRequest(_message.Message):
     commit_offset: int
     tags: _containers.RepeatedScalarFieldContainer[str]
     max_bytes: int
-    def __init__(self, consumer_group: _Optional[str] = ..., topic: _Optional[str] = ..., queue_id: _Optional[int] = ..., queue_offset: _Optional[int] = ..., max_msg_nums: _Optional[int] = ..., suspend_timeout_ms: _Optional[int] = ..., commit_offset: _Optional[int] = ..., tags: _Optional[_Iterable[str]] = ..., max_bytes: _Optional[int] = ...) -> None: ...
+    sql92: str
+    def __init__(self, consumer_group: _Optional[str] = ..., topic: _Optional[str] = ..., queue_id: _Optional[int] = ..., queue_offset: _Optional[int] = ..., max_msg_nums: _Optional[int] = ..., suspend_timeout_ms: _Optional[int] = ..., commit_offset: _Optional[int] = ..., tags: _Optional[_Iterable[str]] = ..., max_bytes: _Optional[int] = ..., sql92: _Optional[str] = ...) -> None: ...
 
 class PullMessageResponse(_message.Message):
     __slots__ = ("status", "next_begin_offset", "min_offset", "max_offset", "messages", "suggest_which_broker_id")
@@ -457,7 +459,7 @@ class CommitLogRange(_message.Message):
     def __init__(self, from_offset: _Optional[int] = ..., data: _Optional[bytes] = ..., min_offset: _Optional[int] = ..., max_offset: _Optional[int] = ...) -> None: ...
 
 class PopMessageRequest(_message.Message):
-    __slots__ = ("consumer_group", "topic", "queue_id", "max_msg_nums", "invisible_time_ms", "poll_time_ms", "tags", "order")
+    __slots__ = ("consumer_group", "topic", "queue_id", "max_msg_nums", "invisible_time_ms", "poll_time_ms", "tags", "order", "sql92")
     CONSUMER_GROUP_FIELD_NUMBER: _ClassVar[int]
     TOPIC_FIELD_NUMBER: _ClassVar[int]
     QUEUE_ID_FIELD_NUMBER: _ClassVar[int]
@@ -466,6 +468,7 @@ class PopMessageRequest(_message.Message):
     POLL_TIME_MS_FIELD_NUMBER: _ClassVar[int]
     TAGS_FIELD_NUMBER: _ClassVar[int]
     ORDER_FIELD_NUMBER: _ClassVar[int]
+    SQL92_FIELD_NUMBER: _ClassVar[int]
     consumer_group: str
     topic: str
     queue_id: int
@@ -474,7 +477,8 @@ class PopMessageRequest(_message.Message):
     poll_time_ms: int
     tags: _containers.RepeatedScalarFieldContainer[str]
     order: bool
-    def __init__(self, consumer_group: _Optional[str] = ..., topic: _Optional[str] = ..., queue_id: _Optional[int] = ..., max_msg_nums: _Optional[int] = ..., invisible_time_ms: _Optional[int] = ..., poll_time_ms: _Optional[int] = ..., tags: _Optional[_Iterable[str]] = ..., order: _Optional[bool] = ...) -> None: ...
+    sql92: str
+    def __init__(self, consumer_group: _Optional[str] = ..., topic: _Optional[str] = ..., queue_id: _Optional[int] = ..., max_msg_nums: _Optional[int] = ..., invisible_time_ms: _Optional[int] = ..., poll_time_ms: _Optional[int] = ..., tags: _Optional[_Iterable[str]] = ..., order: _Optional[bool] = ..., sql92: _Optional[str] = ...) -> None: ...
 
 class PopMessageResponse(_message.Message):
     __slots__ = ("messages", "pop_time_ms", "invisible_time_ms")

@@ -223,7 +223,9 @@ class IllegalInvisibleTime(BadRequest):
 
 
 class IllegalFilterExpression(BadRequest):
-    """A subscription filter that cannot be served (ILLEGAL_FILTER_EXPRESSION)."""
+    """A subscription filter that cannot be served: an SQL92 expression that does not
+    parse, or a filter of an unknown type (RocketMQ's broker: SUBSCRIPTION_PARSE_FAILED,
+    23; its gRPC proxy: ILLEGAL_FILTER_EXPRESSION)."""
 
     code = 225
 

@@ -37,6 +37,17 @@ __all__ = ["CONSUMER_BACKOFF_S", "Clients"]
 CONSUMER_BACKOFF_S: Final = tuple(ms // 1000 for ms in DELAY_LEVELS_MS[:16])
 
 
+def _filter_refusal(subscription: v2.Subscription) -> str | None:
+    """Why a consumer's declared subscriptions cannot be served (a bad SQL92
+    expression), or None."""
+    for entry in subscription.subscriptions:
+        try:
+            convert.filter_of(entry.expression)
+        except HaError as exc:
+            return f"topic {entry.topic.name}: {exc}"
+    return None
+
+
 class Orderly(Protocol):
     """Whether a consumer group consumes orderly (``Receiver.group_orderly``)."""
 
@@ -169,6 +180,14 @@ class Clients:
             )
             self.heartbeat_wake.set()
         elif settings.client_type in (v2.PUSH_CONSUMER, v2.SIMPLE_CONSUMER, v2.PULL_CONSUMER):
+            refusal = _filter_refusal(settings.subscription)
+            if refusal is not None:
+                # as RocketMQ's proxy answers a subscription it cannot build: a push
+                # consumer with a bad SQL92 fails to start instead of receiving nothing
+                log.info("client %s: subscription refused: %s", cid, refusal)
+                return v2s.TelemetryCommand(
+                    status=convert.status(v2.ILLEGAL_FILTER_EXPRESSION, refusal)
+                )
             s.kind = CONSUMER
             s.group = settings.subscription.group.name
             sub = out.subscription

@@ -15,6 +15,7 @@ from google.protobuf.duration_pb2 import Duration
 from google.protobuf.timestamp_pb2 import Timestamp
 
 from ha_controller.client.siphash import queue_for_message_group
+from ha_controller.filter.selector import check_subscription
 from ha_controller.proto import broker_pb2
 from ha_controller.proto.rocketmq.v2 import definition_pb2 as v2
 from ha_controller.proto.rocketmq.v2 import service_pb2 as v2s
@@ -86,13 +87,13 @@ __all__ = [
     "assignments",
     "code_for",
     "endpoints_of",
+    "filter_of",
     "message_to_v2",
     "ms_of_duration",
     "ms_of_timestamp",
     "route_queues",
     "send_entry",
     "status",
-    "tags_of",
     "writable_queues",
 ]
 
@@ -333,14 +334,20 @@ def assignments(
     ]
 
 
-def tags_of(expr: v2.FilterExpression) -> list[str]:
-    """TAG filter ``a || b`` -> ["a", "b"]; "*" or empty -> [] (all)."""
-    if expr.type == v2.SQL:
-        raise IllegalFilterExpression("SQL92 filters are not supported by ha-controller")
+def filter_of(expr: v2.FilterExpression) -> tuple[list[str], str]:
+    """A v2 filter as a POP's ``(tags, sql92)``: TAG ``a || b`` -> (["a", "b"], ""),
+    "*" or empty -> ([], "") (all); SQL -> ([], the expression), parsed here so that a
+    bad one is refused (``FilterSyntaxError``: ILLEGAL_FILTER_EXPRESSION) before any
+    broker is asked."""
     text = expr.expression.strip()
+    if expr.type == v2.SQL:
+        check_subscription(None, text)
+        return [], text
+    if expr.type not in (v2.TAG, v2.FILTER_TYPE_UNSPECIFIED):
+        raise IllegalFilterExpression(f"unknown filter type {int(expr.type)}")
     if not text or text == "*":
-        return []
-    return [t.strip() for t in text.split("||") if t.strip()]
+        return [], ""
+    return [t.strip() for t in text.split("||") if t.strip()], ""
 
 
 def message_type_of(msg: v2.Message) -> int:

@@ -144,7 +144,7 @@ class Receiver:
         remaining = context.time_remaining()
         if remaining is not None:  # answer before the client's deadline
             poll_ms = min(poll_ms, int(remaining * 1000) - 1000)
-        tags = convert.tags_of(request.filter_expression)
+        tags, sql92 = convert.filter_of(request.filter_expression)
         deadline = time.monotonic() + max(0, poll_ms) / 1000
         orderly = await self.group_orderly(group, topic)
 
@@ -161,6 +161,7 @@ class Receiver:
                 invisible_ms,
                 wait_ms,
                 tags,
+                sql92,
                 order=orderly and pop_topic == topic,
             )
 
@@ -355,6 +356,7 @@ class Receiver:
         invisible_ms: int,
         poll_ms: int,
         tags: list[str],
+        sql92: str,
         *,
         order: bool = False,
     ) -> list[v2.Message]:
@@ -370,6 +372,7 @@ class Receiver:
                     invisible_time_ms=invisible_ms,
                     poll_time_ms=poll_ms,
                     tags=tags,
+                    sql92=sql92,
                     order=order,
                 ),
                 broker_pb2.PopMessageResponse,

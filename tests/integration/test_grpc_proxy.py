@@ -40,6 +40,7 @@ TOPIC_RULES_TX = "v2-rules-tx"
 TOPIC_RULES_ORDER = "v2-rules-order"
 TOPIC_TX50 = "v2-tx50"
 TOPIC_SWITCH = "v2-switch"
+TOPIC_SQL = "v2-sql92"
 SWITCH_GROUP = "g-switch"
 FIFO_GROUP = "g-fifo"
 #: set orderly as `hactl group update G --orderly` does (create_typed_topics)
@@ -59,6 +60,7 @@ TOPICS = {
     TOPIC_RULES_ORDER: "FIFO",
     TOPIC_TX50: "TRANSACTION",
     TOPIC_SWITCH: "FIFO",
+    TOPIC_SQL: "NORMAL",
 }
 KB = 1024
 MIB = 1024 * 1024
@@ -573,6 +575,80 @@ def scenario_switch(proxy: str, http: str, namesrv: str) -> dict[str, Any]:
         return {"sent": sent, "got": list(got), "fifo": [fifo_before, after.fifo]}
 
 
+#: the SQL92 scenario's messages: n, region eu/us and tags A/B by n
+SQL_N = 12
+SQL_SIMPLE = "region = 'eu' AND n >= 4"  # n = 5, 7, 9, 11
+SQL_PUSH = "TAGS = 'A' AND (n < 6 OR vip IS NOT NULL)"  # n = 0, 1, 4, 5 (no vip anywhere)
+
+
+def scenario_sql92(proxy: str) -> dict[str, Any]:
+    """SQL92 subscriptions (FilterType.SQL): a SimpleConsumer and a PushConsumer get only
+    what their expressions select; a bad expression fails the receive, and a push
+    consumer with one fails to start instead of receiving nothing."""
+    rmq = _sdk()
+    from rocketmq.grpc_protocol import FilterType
+
+    cfg = rmq.ClientConfiguration(proxy, rmq.Credentials())
+    out: dict[str, Any] = {}
+
+    def sql(text: str) -> Any:
+        return rmq.FilterExpression(text, FilterType.SQL)
+
+    class Listener(rmq.MessageListener):  # type: ignore[misc,name-defined]
+        got: list[int] = []
+
+        def consume(self, message: Any) -> Any:
+            Listener.got.append(int(message.properties["n"]))
+            return rmq.ConsumeResult.SUCCESS
+
+    # started first (it waits 10 s for settings that never come): in parallel
+    bad_push: dict[str, Any] = {}
+
+    def start_bad_push() -> None:
+        consumer = rmq.PushConsumer(cfg, "g-sql-bad-push", Listener(), {TOPIC_SQL: sql("n >")})
+        bad_push.update(_outcome(consumer.startup))
+        consumer.shutdown()
+
+    bad_thread = threading.Thread(target=start_bad_push, daemon=True)
+    bad_thread.start()
+    push = rmq.PushConsumer(cfg, "g-sql-push", Listener(), {TOPIC_SQL: sql(SQL_PUSH)})
+    push.startup()
+    simple = rmq.SimpleConsumer(cfg, "g-sql-simple", {TOPIC_SQL: sql(SQL_SIMPLE)}, 1)
+    simple.startup()
+    bad = rmq.SimpleConsumer(cfg, "g-sql-bad", {TOPIC_SQL: sql("region = 'eu")}, 1)
+    bad.startup()
+    producer = rmq.Producer(cfg, (TOPIC_SQL,))
+    producer.startup()
+    try:
+        for i in range(SQL_N):
+            properties = {"n": str(i), "region": ("us", "eu")[i % 2]}
+            producer.send(
+                _message(rmq, TOPIC_SQL, b"%d" % i, tag="AB"[i // 2 % 2], properties=properties)
+            )
+        got: list[int] = []
+        deadline = time.time() + 20
+        while len(got) < 4 and time.time() < deadline:
+            for m in simple.receive(16, 10):
+                got.append(int(m.properties["n"]))
+                simple.ack(m)
+        out["simple"] = sorted(got)
+        out["simple_more"] = _outcome(lambda: len(simple.receive(16, 10)))
+        out["bad_receive"] = _outcome(lambda: len(bad.receive(1, 10)))
+        deadline = time.time() + 20
+        while len(Listener.got) < 4 and time.time() < deadline:
+            time.sleep(0.1)
+        time.sleep(0.5)  # nothing else may come
+        out["push"] = sorted(Listener.got)
+    finally:
+        producer.shutdown()
+        simple.shutdown()
+        bad.shutdown()
+        push.shutdown()
+    bad_thread.join(20)
+    out["bad_push"] = bad_push
+    return out
+
+
 def _child_main() -> None:
     name, args = sys.argv[1], json.loads(sys.argv[2])
     result = {
@@ -582,6 +658,7 @@ def _child_main() -> None:
         "rules": scenario_rules,
         "tx50": scenario_tx50,
         "switch": scenario_switch,
+        "sql92": scenario_sql92,
     }[name](**args)
     print("RESULT " + json.dumps(result), flush=True)
     os._exit(0)  # the SDK's non-daemon threads must not keep the child alive
@@ -793,6 +870,24 @@ def test_a_group_switched_to_orderly_is_consumed_in_order(grpc_cluster: Any) -> 
     for g in "ab":
         seqs = [int(b.split(":")[1]) for b in out["got"] if b.startswith(g + ":")]
         assert seqs == sorted(seqs), f"message group {g} out of order: {seqs}"
+
+
+def test_official_sdk_filters_by_sql92(grpc_cluster: Any) -> None:
+    """Issue 35: SQL92 subscriptions were refused, and an official push consumer with
+    one started and then received nothing.  Now the brokers evaluate the expression
+    (over user properties and TAGS; a missing property is NULL), and a bad one is
+    refused: a receive answers ILLEGAL_FILTER_EXPRESSION (RocketMQ's proxy: the same
+    for a subscription it cannot build; for an expression only its broker cannot parse,
+    INTERNAL_SERVER_ERROR), and a push consumer's settings are refused, so it fails to
+    start."""
+    _, proxy = grpc_cluster
+    out = run_sdk("sql92", 90, proxy=proxy.rpc)
+    assert out["simple"] == [5, 7, 9, 11]
+    assert out["simple_more"] == {"ok": True, "value": 0}
+    assert out["push"] == [0, 1, 4, 5]
+    assert out["bad_receive"]["ok"] is False
+    assert out["bad_receive"]["code"] == 40010, out["bad_receive"]  # ILLEGAL_FILTER_EXPRESSION
+    assert out["bad_push"]["ok"] is False, out["bad_push"]
 
 
 def test_official_sdk_survives_master_kill(grpc_cluster: Any) -> None:

@@ -36,11 +36,13 @@ from broker_agent.special.pop.revive import CK_REWRITE_INTERVALS_S
 from broker_agent.special.ports import CorePort, WritePort
 from broker_agent.write_path import WritePath
 from ha_controller.config import BrokerConfig
+from ha_controller.filter.sql92 import FilterSyntaxError
 from ha_controller.proto import broker_pb2, common_pb2
 from ha_controller.protocol.codes import RequestCode
 from ha_controller.protocol.errors import (
     BadRequest,
     BrokerIsolated,
+    IllegalFilterExpression,
     NotMaster,
     ReceiptHandleExpired,
     TopicNotFound,
@@ -161,6 +163,7 @@ async def pop(
     invisible_ms: int = 30_000,
     queue_id: int = 0,
     tags: tuple[str, ...] = (),
+    sql92: str = "",
     topic: str = TOPIC,
     order: bool = False,
 ) -> broker_pb2.PopMessageResponse:
@@ -171,6 +174,7 @@ async def pop(
         max_msg_nums=max_msgs,
         invisible_time_ms=invisible_ms,
         tags=list(tags),
+        sql92=sql92,
         order=order,
     )
     return await call_handler(
@@ -282,6 +286,35 @@ async def test_pop_filters_tags_and_clamps_the_invisible_time(master: Broker) ->
     [ck] = master.checkpoints()
     assert ck.offsets == (0, 2)
     assert master.core.offsets.query(GROUP, TOPIC, 0) == 3
+
+
+async def test_pop_filters_by_sql92_and_moves_the_offset_past_the_rest(master: Broker) -> None:
+    produce(master, b"a0", tags="a")
+    produce(master, b"b1", tags="b")
+    produce(master, b"a2", tags="a")
+    produce(master, b"b3", tags="b")
+
+    resp = await pop(master, sql92="TAGS = 'b' AND missing IS NULL")
+
+    assert [m.body for m in resp.messages] == [b"b1", b"b3"]
+    [ck] = master.checkpoints()
+    assert ck.offsets == (1, 3)
+    assert master.core.offsets.query(GROUP, TOPIC, 0) == 4
+    # nothing selected: no checkpoint, the offset still moves past what was filtered out
+    produce(master, b"a4", tags="a")
+    assert (await pop(master, sql92="TAGS = 'b'")).messages == []
+    assert len(master.checkpoints()) == 1
+    assert master.core.offsets.query(GROUP, TOPIC, 0) == 5
+
+
+async def test_pop_with_a_bad_sql92_is_refused_before_anything_is_popped(master: Broker) -> None:
+    produce(master, b"a0")
+    with pytest.raises(FilterSyntaxError, match="character 4"):
+        await pop(master, sql92="a = ")
+    with pytest.raises(IllegalFilterExpression, match="not both"):
+        await pop(master, tags=("a",), sql92="a = 1")
+    assert master.checkpoints() == []
+    assert master.core.offsets.query(GROUP, TOPIC, 0) == -1
 
 
 async def test_pop_on_a_plain_slave_or_isolated_broker_is_refused(

@@ -15,12 +15,14 @@ from pathlib import Path
 import pytest
 from fakes import FakeClock
 
+from ha_controller.filter.sql92 import FilterSyntaxError
 from ha_controller.proto import broker_pb2, regen
 from ha_controller.proto.rocketmq.v2 import definition_pb2 as v2
 from ha_controller.proto.rocketmq.v2 import service_pb2 as v2s
 from ha_controller.protocol.errors import (
     BadRequest,
     BrokerUnavailable,
+    IllegalFilterExpression,
     InSyncReplicasNotEnough,
     MessageTooLarge,
     NotMaster,
@@ -240,11 +242,21 @@ def test_a_body_over_the_limit_is_rocketmqs_message_body_too_large() -> None:
     assert convert.code_for(BadRequest("x")) == v2.BAD_REQUEST
 
 
-def test_tag_filters() -> None:
-    assert convert.tags_of(v2.FilterExpression(type=v2.TAG, expression="*")) == []
-    assert convert.tags_of(v2.FilterExpression(type=v2.TAG, expression="a || b")) == ["a", "b"]
-    with pytest.raises(BadRequest):
-        convert.tags_of(v2.FilterExpression(type=v2.SQL, expression="a > 1"))
+def test_tag_and_sql92_filters() -> None:
+    def of(kind: int, text: str) -> tuple[list[str], str]:
+        return convert.filter_of(v2.FilterExpression(type=kind, expression=text))  # type: ignore[arg-type]
+
+    assert of(v2.TAG, "*") == ([], "")
+    assert of(v2.FILTER_TYPE_UNSPECIFIED, "") == ([], "")
+    assert of(v2.TAG, "a || b") == (["a", "b"], "")
+    # SQL92 passes through to the brokers, parsed first
+    assert of(v2.SQL, " a > 1 AND TAGS IN ('x') ") == ([], "a > 1 AND TAGS IN ('x')")
+    for bad in ("a >", "", "a = NULL"):
+        with pytest.raises(FilterSyntaxError) as caught:
+            of(v2.SQL, bad)
+        assert convert.code_for(caught.value) == v2.ILLEGAL_FILTER_EXPRESSION
+    with pytest.raises(IllegalFilterExpression):
+        of(7, "x")
 
 
 def test_transaction_checks_prefer_the_producer_that_sent_the_half() -> None:

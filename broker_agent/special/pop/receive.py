@@ -34,10 +34,11 @@ from broker_agent.special.pop.records import (
 from broker_agent.special.pop.revive_log import ReviveLog
 from broker_agent.special.ports import CorePort, WritePort
 from broker_agent.store.message_store import GetMessageStatus, GetResult
+from ha_controller.filter.selector import Selector
 from ha_controller.proto import broker_pb2
 from ha_controller.protocol.errors import BadRequest, TopicNotFound
 from ha_controller.protocol.properties import PROPERTY_POP_CK, PROPERTY_RECONSUME_TIME, retry_topic
-from ha_controller.protocol.record import StoredMessage, tag_hash
+from ha_controller.protocol.record import StoredMessage
 from ha_controller.routing import Perm, TopicConfig
 from ha_controller.rpc import RequestContext
 
@@ -124,7 +125,8 @@ class PopMessageProcessor:
         else:
             self._rr += 1
             qids = [all_qids[(self._rr + i) % len(all_qids)] for i in range(len(all_qids))]
-        tags = {tag_hash(t) for t in req.tags if t and t != "*"} or None
+        # a bad SQL92 is refused before anything is popped (IllegalFilterExpression)
+        select = Selector.of_request(req.tags, req.sql92)
         max_msgs = max(1, min(req.max_msg_nums or MAX_POP_BATCH, MAX_POP_BATCH))
         invisible = max(MIN_INVISIBLE_MS, req.invisible_time_ms)
         resp = broker_pb2.PopMessageResponse(invisible_time_ms=invisible)
@@ -146,7 +148,7 @@ class PopMessageProcessor:
                         req.topic,
                         qid,
                         max_msgs - len(resp.messages),
-                        tags,
+                        select,
                         pop_ms,
                         invisible,
                     )
@@ -155,7 +157,12 @@ class PopMessageProcessor:
             if resp.messages or remaining_ms <= 0 or not core.acting.serves_master_only_ops:
                 return resp
             await self._hold(
-                req.consumer_group, req.topic, qids, remaining_ms, tags, orderly=orderly
+                req.consumer_group,
+                req.topic,
+                qids,
+                remaining_ms,
+                select.tag_hashes,
+                orderly=orderly,
             )
 
     async def _hold(
@@ -195,14 +202,17 @@ class PopMessageProcessor:
         return core.store.min_offset(topic, qid) if offset < 0 else offset
 
     def _read(
-        self, topic: str, qid: int, start: int, max_msgs: int, tags: set[int] | None
+        self, topic: str, qid: int, start: int, max_msgs: int, select: Selector
     ) -> tuple[int, GetResult]:
         """Messages from ``start`` (from the queue's first when ``start`` is below it)."""
         store = self.core.store
-        got = store.get_messages(topic, qid, start, max_msgs, tag_filter=tags)
+        tags, props = select.tag_hashes, select.properties
+        got = store.get_messages(topic, qid, start, max_msgs, tag_filter=tags, message_filter=props)
         if got.status is GetMessageStatus.OFFSET_TOO_SMALL:
             start = got.next_begin_offset
-            got = store.get_messages(topic, qid, start, max_msgs, tag_filter=tags)
+            got = store.get_messages(
+                topic, qid, start, max_msgs, tag_filter=tags, message_filter=props
+            )
         return start, got
 
     def _skip_unmatched(self, group: str, topic: str, qid: int, start: int, got: GetResult) -> None:
@@ -224,7 +234,7 @@ class PopMessageProcessor:
         topic: str,
         qid: int,
         max_msgs: int,
-        tags: set[int] | None,
+        select: Selector,
         pop_ms: int,
         invisible_ms: int,
     ) -> list[broker_pb2.Message]:
@@ -234,7 +244,7 @@ class PopMessageProcessor:
             # served still (a pop waiting for the lock may find its acting slave held
             # for the returning master): nothing awaits from here to the step below
             core.check_master_only("POP_MESSAGE")
-            start, got = self._read(topic, qid, self._start(group, topic, qid), max_msgs, tags)
+            start, got = self._read(topic, qid, self._start(group, topic, qid), max_msgs, select)
             if not got.messages:
                 self._skip_unmatched(group, topic, qid, start, got)
                 return []
@@ -281,7 +291,7 @@ class PopMessageProcessor:
         topic: str,
         qid: int,
         max_msgs: int,
-        tags: set[int] | None,
+        select: Selector,
         pop_ms: int,
         invisible_ms: int,
     ) -> list[broker_pb2.Message]:
@@ -301,7 +311,7 @@ class PopMessageProcessor:
                 and start < core.store.max_offset(topic, qid)
             ):
                 return []  # just started serving: a batch may be in flight elsewhere
-            start, got = self._read(topic, qid, start, max_msgs, tags)
+            start, got = self._read(topic, qid, start, max_msgs, select)
             if not got.messages:
                 self.order.release(key)
                 self._skip_unmatched(group, topic, qid, start, got)

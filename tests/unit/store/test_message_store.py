@@ -10,6 +10,7 @@ import pytest
 
 from broker_agent.store import GetMessageStatus, MessageStore, StoreConfig
 from broker_agent.store.commitlog import CommitLog
+from ha_controller.filter.sql92 import compile_filter
 from ha_controller.protocol.errors import BadRequest, ConfigError, StoreError
 from ha_controller.protocol.record import StoredMessage, encode_record, encoded_size, tag_hash
 
@@ -84,6 +85,39 @@ def test_tag_filter(store: MessageStore) -> None:
     assert none.next_begin_offset == 30
     untagged = store.get_messages("T", 0, 0, 100, tag_filter={tag_hash(None)})
     assert [m.queue_offset for m in untagged.messages] == list(range(2, 30, 3))
+
+
+def test_property_filter_reads_evaluates_and_moves_past(store: MessageStore) -> None:
+    for i in range(30):
+        props = {"n": str(i)} | ({"TAGS": "A"} if i % 2 else {})
+        store.put("T", 0, b"%d" % i, props)
+    odd_over_20 = compile_filter("n > 20 AND TAGS = 'A'").matches
+    got = store.get_messages("T", 0, 0, 100, message_filter=odd_over_20)
+    assert [m.queue_offset for m in got.messages] == [21, 23, 25, 27, 29]
+    assert got.next_begin_offset == 30
+    got = store.get_messages("T", 0, 0, 2, message_filter=odd_over_20)
+    assert [m.queue_offset for m in got.messages] == [21, 23]
+    assert got.next_begin_offset == 24  # past what was filtered out, not past 23's next
+    # nothing selected: the offset moves past every message read (consumers skip them)
+    none = store.get_messages("T", 0, 0, 100, message_filter=compile_filter("n IS NULL").matches)
+    assert (none.status, none.next_begin_offset) == (GetMessageStatus.NO_MATCHED_MESSAGE, 30)
+    # tags (unread) and properties (read) together
+    both = store.get_messages(
+        "T", 0, 0, 100, tag_filter={tag_hash("A")}, message_filter=compile_filter("n < 4").matches
+    )
+    assert [m.queue_offset for m in both.messages] == [1, 3]
+
+
+def test_property_filter_reads_a_bounded_number_per_call(store: MessageStore) -> None:
+    """Each message is decoded and evaluated under the store's lock: a call reads at
+    most 2000 for the filter, and the consumer goes on from there."""
+    for i in range(2100):
+        store.put("T", 0, b"", {"n": str(i)})
+    last = compile_filter("n = 2099").matches
+    first = store.get_messages("T", 0, 0, 32, message_filter=last)
+    assert (first.status, first.next_begin_offset) == (GetMessageStatus.NO_MATCHED_MESSAGE, 2000)
+    second = store.get_messages("T", 0, 2000, 32, message_filter=last)
+    assert [m.queue_offset for m in second.messages] == [2099]
 
 
 def replicate_with_times(tmp_path: Path, store: MessageStore, times: list[int]) -> None:
