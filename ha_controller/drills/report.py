@@ -126,6 +126,11 @@ COUNT_DEFINITIONS: Final = {
     "unsynced_lost": "lost pairs acknowledged within the flush interval (+1 s) before a "
     "power loss of their whole group or the cluster: what flush_mode=async may lose "
     "(not in lost then; with sync they are lost too)",
+    "split_brain": "acknowledgements another writer of the same group (another epoch or "
+    "member) made around them, or made by a member that does not own the epoch: two "
+    "masters at once",
+    "fast_switches": "switches of a group that came less than min_switch_interval_ms "
+    "after its previous one (a flapping master)",
 }
 
 WINDOW_DEFINITIONS: Final = (

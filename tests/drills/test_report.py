@@ -104,6 +104,8 @@ def test_heal_labels_say_what_the_heal_does() -> None:
         "power": "power on",
         "corrupt": "restart",
         "clock": "reset clock",
+        "etcd": "start etcd",
+        "isolate": "heal isolation",
     }
 
 

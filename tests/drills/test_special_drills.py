@@ -45,6 +45,7 @@ def test_scenarios_are_wired() -> None:
     assert SCENARIOS["pop-acting"].check.redelivery == "after_ack"
 
 
+@pytest.mark.slow  # test_strict_locks.py covers it with real processes
 async def test_strict_lock(run) -> None:
     """B joins while the slave acts and is allotted the queues A holds: strict mode
     makes the acting slave refuse them until A let them go."""

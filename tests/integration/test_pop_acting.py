@@ -274,7 +274,11 @@ async def test_orderly_batch_in_flight_comes_again_from_the_acting_slave_in_orde
 RETURN_INVISIBLE_S = 12.0
 
 
-@pytest.mark.parametrize("fault", ["killed", "frozen"])
+@pytest.mark.parametrize(
+    "fault",
+    # frozen: the same return path after an expiry (test_pause_isolation.py freezes one)
+    ["killed", pytest.param("frozen", marks=pytest.mark.slow)],
+)
 async def test_acks_on_the_acting_slave_are_never_revived_by_the_returning_master(
     tmp_path: Path, fault: str
 ) -> None:

@@ -39,14 +39,19 @@ handmade = _load("hac_handmade_cases", ROOT / "tests" / "unit" / "test_checker.p
 gen = _load("hac_gen_history", ROOT / "bench" / "gen_history.py")
 
 
-@pytest.fixture(scope="module")
-def handmade_verdicts(
-    spark: SparkSession, tmp_path_factory: pytest.TempPathFactory
+#: the hand-made cases judged with the default options: one Spark run for all of them
+DEFAULT_CASES = sorted(n for n, c in handmade.CASES.items() if c.options == CheckOptions())
+#: the few cases with options of their own: a Spark run each (-m slow)
+OPTION_CASES = sorted(set(handmade.CASES) - set(DEFAULT_CASES))
+
+
+def _verdicts(
+    spark: SparkSession, tmp: Path, names: list[str]
 ) -> dict[str, tuple[Verdict, Verdict]]:
-    """name -> (in-process verdict, Spark verdict) for every hand-made case."""
-    tmp = tmp_path_factory.mktemp("handmade")
+    """name -> (in-process verdict, Spark verdict) for the hand-made cases ``names``."""
     by_options: dict[CheckOptions, dict[str, Path]] = {}
-    for name, case in handmade.CASES.items():
+    for name in names:
+        case = handmade.CASES[name]
         path = tmp / f"{name}.jsonl"
         with HistoryWriter(path) as writer:
             writer.write_all(case.build().events)
@@ -59,14 +64,34 @@ def handmade_verdicts(
     return out
 
 
+@pytest.fixture(scope="module")
+def handmade_verdicts(
+    spark: SparkSession, tmp_path_factory: pytest.TempPathFactory
+) -> dict[str, tuple[Verdict, Verdict]]:
+    return _verdicts(spark, tmp_path_factory.mktemp("handmade"), DEFAULT_CASES)
+
+
+def _same(verdicts: dict[str, tuple[Verdict, Verdict]], name: str) -> None:
+    expected, got = verdicts[name]
+    assert got.to_json() == expected.to_json()
+    assert dict(got.counts) == handmade.CASES[name].counts
+
+
 @pytest.mark.timeout(600)  # the first case waits for every case's Spark verdicts
-@pytest.mark.parametrize("name", sorted(handmade.CASES))
+@pytest.mark.parametrize("name", DEFAULT_CASES)
 def test_handmade_spark_equals_in_process(
     handmade_verdicts: dict[str, tuple[Verdict, Verdict]], name: str
 ) -> None:
-    expected, got = handmade_verdicts[name]
-    assert got.to_json() == expected.to_json()
-    assert dict(got.counts) == handmade.CASES[name].counts
+    _same(handmade_verdicts, name)
+
+
+@pytest.mark.slow  # a Spark run per case; the options' semantics are unit-tested
+@pytest.mark.timeout(600)
+def test_handmade_cases_with_their_own_options(spark: SparkSession, tmp_path: Path) -> None:
+    assert OPTION_CASES, "every hand-made case uses the default options"
+    verdicts = _verdicts(spark, tmp_path, OPTION_CASES)
+    for name in OPTION_CASES:
+        _same(verdicts, name)
 
 
 GENERATED = {
