@@ -162,13 +162,7 @@ class PreOnline:
         # cutting back to a slave; the slaves' newer tables are still taken
         promoted = core.role.promoted
         if promoted:
-            added = core.topics.cover_queues(core.store.topics_and_queues())
-            if added:
-                log.warning(
-                    "pre-online: topics without a config here but with messages in the log "
-                    "(newer than the last sync from the old master) get one: %s",
-                    ", ".join(added[:20]),
-                )
+            self._cover_stored_topics("newer than the last sync from the old master")
         if not slaves and not promoted:
             why = self._held_more(group)
             if why is not None:
@@ -350,11 +344,28 @@ class PreOnline:
             add_missing = lost_volume or not core.topics.topics or core.topics.awaiting_replica
             if plan.needed or add_missing:
                 await self._adopt_topics(source.broker_id, source.addr, add_missing=add_missing)
+            if plan.needed:
+                # the slave's topic table comes from its periodic sync with us: a topic
+                # created shortly before we lost it has messages in the copied log but
+                # no config there (without one its messages have no route)
+                self._cover_stored_topics(f"copied from slave {source.broker_id}")
             if lost_volume:
                 await self._assign_tables(source.broker_id, source.addr)
         except HaError as exc:
             return f"metadata of slave {source.broker_id} at {source.addr}: {exc}"
         return None
+
+    def _cover_stored_topics(self, why: str) -> None:
+        """Give a config to every topic the log holds messages of but the topic table
+        lacks (:meth:`TopicConfigManager.cover_queues`)."""
+        added = self.core.topics.cover_queues(self.core.store.topics_and_queues())
+        if added:
+            log.warning(
+                "pre-online: topics without a config here but with messages in the log "
+                "(%s) get one: %s",
+                why,
+                ", ".join(added[:20]),
+            )
 
     def _set_step(self, step: str) -> None:
         self.core.preonline_step = step
