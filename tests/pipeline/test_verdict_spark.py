@@ -1,7 +1,8 @@
 """The Spark verdict equals the in-process verdict, JSON for JSON.
 
-Histories that share checker options are judged in one ``compute_verdicts`` call (one set
-of Spark jobs), which keeps this module fast; each verdict is still compared on its own.
+Histories that share checker options are read in one scan and judged in one
+``verdicts_of`` call (one set of Spark jobs), which keeps this module fast; each verdict
+is still compared on its own.
 """
 
 from __future__ import annotations
@@ -16,7 +17,13 @@ import pytest
 
 from ha_controller.drills.checker import CheckOptions, Verdict, check
 from ha_controller.drills.history import HistoryWriter
-from ha_controller.pipeline.verdict import compute_dir_verdict, compute_verdict, compute_verdicts
+from ha_controller.pipeline.verdict import (
+    compute_dir_verdict,
+    compute_verdict,
+    compute_verdicts,
+    read_drills,
+    verdicts_of,
+)
 
 if TYPE_CHECKING:
     from pyspark.sql import SparkSession
@@ -48,17 +55,23 @@ OPTION_CASES = sorted(set(handmade.CASES) - set(DEFAULT_CASES))
 def _verdicts(
     spark: SparkSession, tmp: Path, names: list[str]
 ) -> dict[str, tuple[Verdict, Verdict]]:
-    """name -> (in-process verdict, Spark verdict) for the hand-made cases ``names``."""
+    """name -> (in-process verdict, Spark verdict) for the hand-made cases ``names``.
+
+    The cases that share options are read in one scan, as a campaign's drills are
+    (``read_drills``: one directory per history; a union of one read per file would
+    make every Spark job of the verdict scan each file apart)."""
     by_options: dict[CheckOptions, dict[str, Path]] = {}
     for name in names:
         case = handmade.CASES[name]
-        path = tmp / f"{name}.jsonl"
+        path = tmp / name / "history.jsonl"
+        path.parent.mkdir()
         with HistoryWriter(path) as writer:
             writer.write_all(case.build().events)
         by_options.setdefault(case.options, {})[name] = path
     out: dict[str, tuple[Verdict, Verdict]] = {}
     for options, paths in by_options.items():
-        got = compute_verdicts(spark, paths, options=options)
+        events = read_drills(spark, {name: [path] for name, path in paths.items()})
+        got = verdicts_of(spark, events, list(paths), options=options)
         for name, path in paths.items():
             out[name] = (check(path, scenario=name, options=options), got[name])
     return out
