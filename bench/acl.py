@@ -140,6 +140,7 @@ async def _produce(acl: bool, count: int, concurrency: int, workdir: Path) -> fl
     creds = None
     admin = None
     if acl:
+        workdir.mkdir(parents=True, exist_ok=True)  # (a round may start with the ACL on)
         path = workdir / "acl.toml"
         path.write_text(ACL_FILE)
         env |= {

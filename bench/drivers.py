@@ -487,7 +487,9 @@ async def _shutdown(client: Any, timeout_s: float = 20.0) -> None:
     def run() -> None:
         with contextlib.suppress(Exception):
             client.shutdown()
-        loop.call_soon_threadsafe(lambda: done.done() or done.set_result(None))
+        # (a shutdown that outlived the wait may finish after the loop closed)
+        with contextlib.suppress(RuntimeError):
+            loop.call_soon_threadsafe(lambda: done.done() or done.set_result(None))
 
     threading.Thread(target=run, name="sdk-shutdown", daemon=True).start()
     with contextlib.suppress(TimeoutError):
