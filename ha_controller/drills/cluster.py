@@ -73,7 +73,7 @@ from ha_controller.drills.lazyfs import LazyfsError, LazyMount
 from ha_controller.drills.leftovers import workdir_prefix
 from ha_controller.drills.netns import Direction, Host, Network, NetworkError
 from ha_controller.protocol.errors import HaError
-from ha_controller.testing import FAST_ENV, ProcessHandle, hactl_argv
+from ha_controller.testing import FAST_ENV, ProcessHandle, hactl_argv, start_all
 from ha_controller.testing.etcd import EtcdCluster, run_etcd
 
 __all__ = [
@@ -334,9 +334,11 @@ class DrillCluster:
                 self._start_etcd_cluster()
             for i in range(self.spec.nameservers):
                 self._start(nameserver_target(i))
-            for group in self.spec.groups:
-                for bid in [*range(1, self.spec.replicas), 0]:
-                    self._start(broker_target(group, bid))
+            # every group's slaves at once, then the masters (a master's pre-online
+            # finds its slaves)
+            groups = self.spec.groups
+            for ids in (range(1, self.spec.replicas), (0,)):
+                self._start_brokers([broker_target(g, bid) for g in groups for bid in ids])
         except BaseException:
             self.close()
             raise
@@ -460,6 +462,14 @@ class DrillCluster:
             log_path=self.log_dir / f"{name}.log",
         )
         return _Proc(target, handle, host)
+
+    def _start_brokers(self, targets: list[str]) -> None:
+        for target in targets:
+            self._procs[target] = self._make(target)
+        start_all([self._procs[t].handle for t in targets], timeout=30.0)
+        for target in targets:
+            handle = self._procs[target].handle
+            log.info("started %s (pid %d, rpc %s)", target, handle.pid, handle.rpc)
 
     def _start(self, target: str) -> ProcessHandle:
         proc = self._make(target)

@@ -133,6 +133,11 @@ class ProcessHandle:
         return self.proc.pid
 
     def start(self, timeout: float = 20.0) -> ProcessHandle:
+        """Start the process and wait for its ready file."""
+        return self.spawn().wait_ready(timeout)
+
+    def spawn(self) -> ProcessHandle:
+        """Start the process without waiting (:func:`start_all` starts several at once)."""
         self.ready_file.unlink(missing_ok=True)
         log = self.log_path.open("ab")
         try:
@@ -141,6 +146,11 @@ class ProcessHandle:
             )
         finally:
             log.close()
+        return self
+
+    def wait_ready(self, timeout: float = 20.0) -> ProcessHandle:
+        """Wait for the ready file of the process :meth:`spawn` started."""
+        assert self.proc is not None, f"{self.name} was not started"
         deadline = time.monotonic() + timeout
         while not self.ready_file.exists():
             if self.proc.poll() is not None:
@@ -231,6 +241,21 @@ def _hactl_handle(
         ready_file=ready,
         log_path=workdir / f"{name}.log",
     )
+
+
+def start_all(handles: Sequence[ProcessHandle], timeout: float = 20.0) -> None:
+    """Start every process of ``handles`` at once and wait until each is ready (each
+    within ``timeout`` of the start); on a failure the started ones are killed."""
+    try:
+        for handle in handles:
+            handle.spawn()
+        for handle in handles:
+            handle.wait_ready(timeout)
+    except BaseException:
+        for handle in handles:
+            if handle.proc is not None and handle.proc.poll() is None:
+                handle.kill()
+        raise
 
 
 def run_nameserver(
@@ -608,11 +633,19 @@ def run_cluster(
     per_broker = {k: dict(v) for k, v in (broker_env or {}).items()}
     cluster = Cluster(workdir, ns, {}, merged, per_broker, tls)
     try:
-        for name in groups:
-            for bid in [*range(1, replicas), 0]:
-                cluster.brokers[(name, bid)] = run_broker(
-                    ns.rpc, name, bid, workdir, env={**merged, **per_broker.get((name, bid), {})}
-                )
+        # the slaves of every group at once, then the masters at once: a process start is
+        # mostly waiting (imports, binding, the first registration), not CPU
+        # the slaves of every group at once, then the masters at once: a start is mostly
+        # waiting (imports, binding, the first registration), not CPU
+        for ids in (range(1, replicas), (0,)):
+            batch = []
+            for name in groups:
+                for bid in ids:
+                    env_b = {**merged, **per_broker.get((name, bid), {})}
+                    handle = run_broker(ns.rpc, name, bid, workdir, env=env_b, start=False)
+                    cluster.brokers[(name, bid)] = handle
+                    batch.append(handle)
+            start_all(batch)
     except BaseException:
         cluster.stop()
         raise
