@@ -45,7 +45,7 @@ from ha_controller.client.message import (
     new_client_id,
     new_message_id,
 )
-from ha_controller.client.routes import RouteCache, parse_namesrv_addrs
+from ha_controller.client.routes import RouteCache, addr_for_publish, parse_namesrv_addrs
 from ha_controller.client.siphash import queue_for_message_group
 from ha_controller.proto import broker_pb2
 from ha_controller.protocol.codes import RequestCode
@@ -58,11 +58,15 @@ from ha_controller.protocol.errors import (
 )
 from ha_controller.protocol.properties import PROPERTY_TRAN_MSG, PROPERTY_UNIQ_KEY, now_ms
 from ha_controller.protocol.validation import SYSTEM_PROPERTIES
+from ha_controller.routing import TopicRouteData
 from ha_controller.rpc import ConnectionPool, Dispatcher, RequestContext
+from ha_controller.rpc.limits import RpcLimits
 
 __all__ = [
     "AdaptiveTimeout",
     "EndpointIsolation",
+    "InFlightSends",
+    "MasterMoved",
     "Producer",
     "QueueSelector",
     "Transaction",
@@ -193,6 +197,58 @@ class EndpointIsolation:
     def any(self) -> bool:
         """Whether some endpoint may be isolated (cheap; lapsed entries count until looked at)."""
         return bool(self._until)
+
+
+class MasterMoved(NotMaster):
+    """A send in flight to a group's master was abandoned: the route showed that group
+    under a newer epoch with another master (controller mode).  Retriable: the next
+    attempt goes to the new master of the same group."""
+
+
+class InFlightSends:
+    """The sends in flight to each controlled group's master, with the epoch and the
+    address they went to, so that a route showing a newer epoch with another master
+    ends them at once (:meth:`superseded`) instead of leaving them to their timeout.
+
+    A frozen or cut-off master answers nothing; without this, each send in flight to it
+    waits for its connection's liveness check or its timeout (about 3 s) although the
+    controller elected a new master after the not-active timeout (2 s).  Ending a send
+    early is no new risk: it is what its timeout does later, and the retry that follows
+    is the one the timeout would have made.  Plain object: no I/O, no clock."""
+
+    def __init__(self) -> None:
+        self._by_group: dict[str, dict[int, tuple[int, str, asyncio.Timeout]]] = {}
+        self._serial = 0
+
+    def add(self, group: str, epoch: int, addr: str, timeout: asyncio.Timeout) -> int:
+        """Register a send to ``group``'s master ``addr`` in ``epoch``; returns its key."""
+        self._serial += 1
+        self._by_group.setdefault(group, {})[self._serial] = (epoch, addr, timeout)
+        return self._serial
+
+    def discard(self, group: str, key: int) -> None:
+        sends = self._by_group.get(group)
+        if sends is not None:
+            sends.pop(key, None)
+            if not sends:
+                del self._by_group[group]
+
+    def superseded(self, group: str, epoch: int, addr: str | None, now: float) -> int:
+        """``group``'s master is now ``addr`` in ``epoch``: expire (at ``now``, loop
+        time) every send that went to another address in an older epoch; how many.
+        With no master shown yet (``addr`` None) nothing ends: there is nowhere to send
+        again, and ending a send would only spend one of its attempts."""
+        if addr is None:
+            return 0
+        ended = 0
+        for old_epoch, old_addr, timeout in self._by_group.get(group, {}).values():
+            if old_epoch < epoch and old_addr != addr and not timeout.expired():
+                timeout.reschedule(now)
+                ended += 1
+        return ended
+
+    def __len__(self) -> int:
+        return sum(len(s) for s in self._by_group.values())
 
 
 class AdaptiveTimeout:
@@ -354,6 +410,12 @@ class Producer(AsyncLifecycle):
     over the writable queues only, as RocketMQ's clients do: the group's sends go on, to
     another group's queue, and a consumer may read them before older messages of the
     group still waiting on the first queue.
+
+    In controller mode a send in flight to a group's master ends as soon as the route
+    shows that group under a newer epoch with another master, and goes to the new one
+    (:class:`InFlightSends`): a frozen master does not hold it until its timeout.
+    ``rpc_limits``: the connections' bounds and liveness checks
+    (:class:`~ha_controller.rpc.limits.RpcLimits`; its defaults when None).
     """
 
     def __init__(
@@ -376,6 +438,7 @@ class Producer(AsyncLifecycle):
         coalesce_max_messages: int = 64,
         coalesce_max_bytes: int = 1024 * 1024,
         fifo_keep_queue: bool = True,
+        rpc_limits: RpcLimits | None = None,
     ) -> None:
         if max_attempts < 1:
             raise ValueError(f"max_attempts must be >= 1, got {max_attempts}")
@@ -414,11 +477,15 @@ class Producer(AsyncLifecycle):
         self.reserved_properties: Collection[str] = SYSTEM_PROPERTIES
         self._pool = ConnectionPool(
             dispatcher=dispatcher,
+            limits=rpc_limits,
             ssl_context=tls,
             signer=credentials.sign if credentials is not None else None,
         )
         self._nameserver = NameserverClient(parse_namesrv_addrs(namesrv_addrs), self._pool)
         self.routes = RouteCache(self._nameserver, watch=route_watch, owner=f"producer {group}")
+        #: controller mode: sends in flight per group, ended when a newer epoch shows
+        self._in_flight = InFlightSends()
+        self.routes.on_change(self._on_route)
         self.isolation = EndpointIsolation(isolation_s)
         #: per-attempt timeouts from observed RTTs; used only when the attempt has
         #: another group to fall back on (else the whole ``send_timeout_ms``)
@@ -628,20 +695,15 @@ class Producer(AsyncLifecycle):
                     raise NotMaster(f"group {mq.broker_name} has no master for {topic}")
                 request.queue_id = mq.queue_id
                 sent_at = time.perf_counter()
-                response = await self._pool.call_pb(
-                    addr,
-                    RequestCode.SEND_MESSAGE,
-                    request,
-                    broker_pb2.SendMessageResponse,
-                    timeout_ms,
-                )
+                response = await self._send_request(mq.broker_name, addr, request, timeout_ms)
             except (HaError, OSError) as exc:
                 if isinstance(exc, HaError):
                     exc.broker_name = mq.broker_name  # which group refused (drills, logs)
                 if not is_retriable(exc):
                     raise
                 last = exc
-                tried.add(mq.broker_name)
+                if not isinstance(exc, MasterMoved):  # (its group has a master again)
+                    tried.add(mq.broker_name)
                 if addr is not None:
                     self.isolation.isolate(addr)
                 log.warning(
@@ -662,6 +724,57 @@ class Producer(AsyncLifecycle):
             return self._receipts(messages, uniq_keys, mq, response)
         assert last is not None
         raise last
+
+    async def _send_request(
+        self,
+        broker_name: str,
+        addr: str,
+        request: broker_pb2.SendMessageRequest,
+        timeout_ms: int,
+    ) -> broker_pb2.SendMessageResponse:
+        """One SEND_MESSAGE to ``addr``; in controller mode ended early (:class:`MasterMoved`)
+        when the group's route moves to a newer epoch's master meanwhile."""
+        call = self._pool.call_pb(
+            addr, RequestCode.SEND_MESSAGE, request, broker_pb2.SendMessageResponse, timeout_ms
+        )
+        broker = self.routes.broker(broker_name)
+        epoch = broker.epoch if broker is not None else None
+        if epoch is None:  # RIP-32 only: no master is elected while this one is away
+            return await call
+        moved = asyncio.timeout(None)
+        try:
+            async with moved:
+                key = self._in_flight.add(broker_name, epoch, addr, moved)
+                try:
+                    return await call
+                finally:
+                    self._in_flight.discard(broker_name, key)
+        except TimeoutError as exc:
+            if not moved.expired():
+                raise
+            new = self.routes.broker(broker_name)
+            raise MasterMoved(
+                f"group {broker_name} moved to epoch {new.epoch if new else '?'} while a send "
+                f"to its epoch-{epoch} master {addr} was in flight; sent again"
+            ) from exc
+
+    def _on_route(self, topic: str, route: TopicRouteData) -> None:
+        if not len(self._in_flight):
+            return
+        now = asyncio.get_running_loop().time()
+        for broker in route.broker_datas:
+            if broker.epoch is not None:
+                ended = self._in_flight.superseded(
+                    broker.broker_name, broker.epoch, addr_for_publish(broker), now
+                )
+                if ended:
+                    log.info(
+                        "group %s is in epoch %d now: %d send(s) in flight to its old master "
+                        "ended, to be sent again",
+                        broker.broker_name,
+                        broker.epoch,
+                        ended,
+                    )
 
     def _mq_isolated(self, mq: MessageQueue) -> bool:
         return self.isolation.is_isolated(self.routes.broker_addr_for_publish(mq.broker_name))

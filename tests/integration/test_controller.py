@@ -20,6 +20,7 @@ import pytest
 
 from ha_controller.client import Message, Producer, PullConsumer
 from ha_controller.client.message import MessageQueue
+from ha_controller.rpc.limits import RpcLimits
 from ha_controller.testing import (
     Cluster,
     eventually,
@@ -73,7 +74,7 @@ async def read_all(c: Cluster) -> list[str]:
         for q in range(QUEUES):
             offset = 0
             while True:
-                res = await pc.pull(MessageQueue(TOPIC, GROUP, q), offset, 64)
+                res = await pc.pull(MessageQueue(TOPIC, GROUP, q), offset, 64, 0)
                 if not res.messages:
                     break
                 bodies.extend(m.body.decode() for m in res.messages)
@@ -142,6 +143,32 @@ async def test_killed_master_is_replaced_and_rejoins_as_a_slave(cluster: Cluster
     assert len(got) == len(set(got)), "a message stored twice"
     # generous under a loaded CI machine; make bench measures it for real
     assert took < 10, took
+
+
+async def test_a_send_in_flight_to_a_frozen_master_goes_to_the_new_one(cluster: Cluster) -> None:
+    """The send in flight when the master freezes ends when the route shows the new
+    epoch's master, and is stored there: not after its timeout (20 s here, and no
+    liveness probe to end it sooner)."""
+    c = cluster
+    await c.wait_ready(60)
+    limits = RpcLimits(liveness_probe_ms=0)
+    async with Producer(c.namesrv, send_timeout_ms=20_000, rpc_limits=limits) as p:
+        warm = await p.send(Message(TOPIC, b"before"))
+        assert (warm.epoch, warm.member_id) == (1, 0)
+        master = c.broker(GROUP, 0)
+        master.pause()
+        try:
+            started = time.monotonic()
+            receipt = await p.send(Message(TOPIC, b"in-flight"))
+            took = time.monotonic() - started
+        finally:
+            master.resume()
+    assert receipt.epoch == 2 and receipt.member_id in (1, 2), receipt
+    # the not-active timeout (2 s), the switch (0.5 s), the route watch; generous for
+    # a loaded CI machine, far below the send timeout
+    assert took < 12, took
+    got = await read_all(c)
+    assert got.count("in-flight") == 1 and "before" in got, got
 
 
 @pytest.mark.slow  # test_prometheus.py switches a group; make bench times it
