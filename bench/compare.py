@@ -277,6 +277,8 @@ class Bench:
 
     async def run_round(self, workload: str, rnd: int) -> None:
         live = [s for s in self.live() if s not in FAILOVER_ONLY]
+        if not live:  # only failover-only systems asked for (--systems)
+            return
         order = live[rnd % len(live) :] + live[: rnd % len(live)]
         for system in order:
             driver = self.driver(system)
