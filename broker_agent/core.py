@@ -498,8 +498,10 @@ class BrokerCore:
     def exports_consumer_lag(self) -> bool:
         """Whether this broker reports its group's consumer lag now: an online master,
         or the slave acting for it; never two members of a group at once (a slave that
-        does not act, or a master in pre-online or fenced, keeps quiet)."""
-        return not self.isolated and self.acting.serves_master_only_ops
+        does not act, or a master in pre-online or fenced, keeps quiet).  A master whose
+        lease ran out (resumed after a freeze, not fenced yet) is quiet too: a slave may
+        act for it by now."""
+        return not self.isolated and not self.lease_lost() and self.acting.serves_master_only_ops
 
     def consumer_lag(self, group: str | None = None, topic: str | None = None) -> list[QueueLag]:
         """Consumer lag per queue (``broker_agent.lag``) from this broker's offsets and

@@ -1019,17 +1019,13 @@ async def _group_update(args: argparse.Namespace) -> int:
 
 
 def age_text(ms: int | None) -> str:
-    """``57.0s``, ``12m03s``, ``2h05m``; ``-`` for None."""
+    """``57s``, ``12m03s``, ``2h05m`` (:func:`.progress.format_duration`); ``-`` for
+    None, and sub-second ages as ``0.4s``."""
+    from ha_controller.cli.progress import format_duration
+
     if ms is None:
         return "-"
-    seconds = ms / 1000
-    if seconds < 60:
-        return f"{seconds:.1f}s"
-    minutes, sec = divmod(int(seconds), 60)
-    if minutes < 60:
-        return f"{minutes}m{sec:02d}s"
-    hours, minutes = divmod(minutes, 60)
-    return f"{hours}h{minutes:02d}m"
+    return f"{ms / 1000:.1f}s" if ms < 1000 else format_duration(ms / 1000)
 
 
 def lag_document(lag: GroupLag) -> dict[str, Any]:
