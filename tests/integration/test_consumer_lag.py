@@ -187,11 +187,15 @@ async def test_lag_and_latency_follow_the_acting_slave(cluster: Cluster) -> None
         assert doc["lag"] == expected
         assert {q["brokerId"] for q in doc["queues"]} == {1}
         assert "answered by slave 1" in hactl_lag(cluster).stdout
+        # a scrape that waits for the frozen master: the first thing it answers on waking
+        queued = asyncio.ensure_future(asyncio.to_thread(scrape, master))
+        await asyncio.sleep(0.3)
     finally:
         master.resume()
 
-    # resumed, its lease ran out: it exports nothing until it serves again, then it
-    # takes the lag back and the slave stops
+    # resumed, its lease ran out: it exports nothing until it serves again (not even
+    # before it noticed), then it takes the lag back and the slave stops
+    assert exported_lag(await queued) == []
     assert exported_lag(scrape(master)) == []
 
     async def master_back() -> bool:

@@ -3,13 +3,17 @@
 from __future__ import annotations
 
 from dataclasses import dataclass, field
+from pathlib import Path
 
 from prometheus_client import CollectorRegistry
 from prometheus_client.exposition import generate_latest
 from prometheus_client.parser import text_string_to_metric_families
 
+from broker_agent.core import BrokerCore
 from broker_agent.lag import QueueLag, bound_queues, by_topic, is_system, queue_lags
+from broker_agent.membership.lease import Lease
 from broker_agent.metrics import ConsumerLagCollector
+from ha_controller.config import BrokerConfig
 
 NOW = 1_800_000_000_000
 
@@ -146,3 +150,39 @@ def test_a_broker_that_does_not_export_shows_no_lag_series() -> None:
     assert "hac_consumer_queue_lag_messages" not in got
     assert got["hac_consumer_lag_queues_dropped"] == [(IDENT, 0.0)]
     assert got["hac_consumer_lag_overflows_total"] == [(IDENT, 0.0)]
+
+
+def broker_core(tmp_path: Path, broker_id: int) -> BrokerCore:
+    return BrokerCore(
+        BrokerConfig(
+            cluster="c",
+            broker_name="g1",
+            broker_id=broker_id,
+            namesrv_addrs=("127.0.0.1:1",),
+            store_dir=str(tmp_path / f"g1-{broker_id}"),
+        )
+    )
+
+
+async def test_only_a_serving_master_or_the_acting_slave_exports(tmp_path: Path) -> None:
+    master, slave = broker_core(tmp_path, 0), broker_core(tmp_path, 1)
+    try:
+        now = [100.0]
+        master.lease = Lease(2.0, clock=lambda: now[0])
+        master.isolated = True  # pre-online
+        assert not master.exports_consumer_lag
+        master.isolated = False
+        master.lease.granted(100.0)
+        assert master.exports_consumer_lag
+        now[0] = 103.0  # frozen past its lease: a slave may act by now, not fenced yet
+        assert not master.exports_consumer_lag
+        slave.isolated = False  # started
+        assert not slave.exports_consumer_lag  # a slave that does not act
+        slave.acting.on_min_broker_change(1, "127.0.0.1:2")
+        assert slave.exports_consumer_lag
+        slave.acting.hold(30.0)  # its master returns through pre-online: neither exports
+        assert not slave.exports_consumer_lag
+    finally:
+        for core in (master, slave):
+            await core.pool.aclose()
+            core.store.close()
