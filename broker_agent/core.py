@@ -20,6 +20,7 @@ from collections.abc import Callable, Coroutine
 from pathlib import Path
 from typing import Any
 
+from broker_agent.lag import QueueLag, queue_lags
 from broker_agent.membership.acting import ActingState
 from broker_agent.membership.epochs import EpochFile
 from broker_agent.membership.lease import Lease
@@ -162,6 +163,11 @@ class BrokerCore:
             log.info("consumer offsets rebuilt from %d record(s) of the commit log", found)
         self.acting = ActingState(cfg.broker_id, cfg.enable_slave_acting_master)
         self.metrics = BrokerMetrics(cfg.cluster, cfg.broker_name, self.member_id)
+        self.metrics.export_consumer_lag(
+            lambda: self.consumer_lag() if self.exports_consumer_lag else None,
+            now_ms,
+            cfg.consumer_lag_max_queue_series,
+        )
         self.holds = PullHoldService(cfg.max_held_pulls, now_ms)
         self.consumers = ConsumerRegistry()
         #: cluster authentication: signs our control requests, guards the dispatcher
@@ -487,6 +493,25 @@ class BrokerCore:
                 else []
             ),
         }
+
+    @property
+    def exports_consumer_lag(self) -> bool:
+        """Whether this broker reports its group's consumer lag now: an online master,
+        or the slave acting for it; never two members of a group at once (a slave that
+        does not act, or a master in pre-online or fenced, keeps quiet).  A master whose
+        lease ran out (resumed after a freeze, not fenced yet) is quiet too: a slave may
+        act for it by now."""
+        return not self.isolated and not self.lease_lost() and self.acting.serves_master_only_ops
+
+    def consumer_lag(self, group: str | None = None, topic: str | None = None) -> list[QueueLag]:
+        """Consumer lag per queue (``broker_agent.lag``) from this broker's offsets and
+        store, for every group (or ``group``) and topic (or ``topic``)."""
+
+        def read_queues(name: str) -> int:
+            config = self.topics.get(name)
+            return 0 if config is None else config.read_queue_nums
+
+        return queue_lags(self.store, self.offsets.entries(), read_queues, group=group, topic=topic)
 
     def update_role_metrics(self) -> None:
         self.metrics.set_role(self.acting.role)

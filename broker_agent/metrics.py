@@ -2,10 +2,13 @@
 
 from __future__ import annotations
 
-from collections.abc import Callable, Iterable
+from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
 
 from prometheus_client import CollectorRegistry, Counter, Gauge
+from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, Metric
+from prometheus_client.registry import Collector
 
+from broker_agent.lag import QueueLag, bound_queues, by_topic
 from ha_controller.auth import HA_REASONS, RPC_REASONS
 from ha_controller.protocol.codes import method_name
 from ha_controller.rpc.metrics import RpcCollector
@@ -138,6 +141,16 @@ class BrokerMetrics:
             ("code", "reason"),
         )
 
+    def export_consumer_lag(
+        self,
+        read: Callable[[], Sequence[QueueLag] | None],
+        now_ms: Callable[[], int],
+        max_queue_series: int,
+    ) -> None:
+        """``rocketmq_consumer_lag_*`` and ``hac_consumer_queue_*``, computed at scrape
+        time from ``read()`` (None: this broker does not export them now)."""
+        self.registry.register(ConsumerLagCollector(read, now_ms, max_queue_series, self.ident))
+
     def export_rpc(self, servers: Callable[[], Iterable[RpcServer]]) -> None:
         """``hac_rpc_*``: the connection bounds of the broker's listeners (RPC and HA),
         read at scrape time with the broker's identity labels."""
@@ -163,3 +176,93 @@ class BrokerMetrics:
     def set_role(self, role: str) -> None:
         for r in ("master", "slave", "acting"):
             self.role.labels(**self.ident, role=r).set(1 if r == role else 0)
+
+
+#: RocketMQ 5's lag series (BrokerMetricsConstant): per consumer group and topic
+CONSUMER_LAG_LABELS = ("consumer_group", "topic", "is_retry", "is_system")
+#: ours, per queue, behind ``consumer_lag_max_queue_series``
+CONSUMER_QUEUE_LABELS = ("consumer_group", "topic", "queue_id")
+
+
+class ConsumerLagCollector(Collector):
+    """Consumer lag read at scrape time (:mod:`broker_agent.lag`).
+
+    Per (group, topic): RocketMQ 5's ``rocketmq_consumer_lag_messages`` and
+    ``rocketmq_consumer_lag_latency`` (milliseconds, as RocketMQ's); per queue, the
+    ``max_queue_series`` queues furthest behind: ``hac_consumer_queue_lag_messages``
+    and ``hac_consumer_queue_oldest_age_seconds``; the queues left out are counted.
+    ``read`` answers None on a broker that must not export lag now (a slave that is
+    not acting, a master in pre-online): two brokers of a group never both report
+    it."""
+
+    def __init__(
+        self,
+        read: Callable[[], Sequence[QueueLag] | None],
+        now_ms: Callable[[], int],
+        max_queue_series: int,
+        labels: Mapping[str, str],
+    ) -> None:
+        self._read = read
+        self._now_ms = now_ms
+        self._max_queue_series = max_queue_series
+        self._labels = dict(labels)
+        self.overflows = 0
+
+    def collect(self) -> Iterator[Metric]:
+        names = list(self._labels)
+        ident = list(self._labels.values())
+
+        def gauge(name: str, doc: str, extra: tuple[str, ...] = ()) -> GaugeMetricFamily:
+            return GaugeMetricFamily(name, doc, labels=[*names, *extra])
+
+        lag = gauge(
+            "rocketmq_consumer_lag_messages",
+            "Consumer lag messages: max offset minus committed offset, summed over the "
+            "topic's queues",
+            CONSUMER_LAG_LABELS,
+        )
+        latency = gauge(
+            "rocketmq_consumer_lag_latency",
+            "Consumer lag time in milliseconds: now minus the store time of the oldest "
+            "unconsumed message (0 when none waits)",
+            CONSUMER_LAG_LABELS,
+        )
+        queue_lag = gauge(
+            "hac_consumer_queue_lag_messages",
+            "Unconsumed messages of one queue (the queues furthest behind, at most "
+            "consumer_lag_max_queue_series)",
+            CONSUMER_QUEUE_LABELS,
+        )
+        queue_age = gauge(
+            "hac_consumer_queue_oldest_age_seconds",
+            "Age of the oldest unconsumed message of one queue (0 when none waits)",
+            CONSUMER_QUEUE_LABELS,
+        )
+        dropped = gauge(
+            "hac_consumer_lag_queues_dropped",
+            "Queues left out of the per-queue lag series at the last scrape "
+            "(consumer_lag_max_queue_series); the per-topic series still count them",
+        )
+        overflows = CounterMetricFamily(
+            "hac_consumer_lag_overflows",
+            "Scrapes that left queues out of the per-queue lag series",
+            labels=names,
+        )
+        queues = self._read()
+        left_out = 0
+        if queues is not None:
+            now = self._now_ms()
+            for t in by_topic(queues):
+                at = [*ident, t.group, t.topic, str(t.is_retry).lower(), str(t.is_system).lower()]
+                lag.add_metric(at, t.lag)
+                latency.add_metric(at, t.age_ms(now))
+            kept, left_out = bound_queues(queues, self._max_queue_series)
+            for q in kept:
+                at = [*ident, q.group, q.topic, str(q.queue_id)]
+                queue_lag.add_metric(at, q.lag)
+                queue_age.add_metric(at, q.age_ms(now) / 1000)
+            if left_out:
+                self.overflows += 1
+        dropped.add_metric(ident, left_out)
+        overflows.add_metric(ident, self.overflows)
+        yield from (lag, latency, queue_lag, queue_age, dropped, overflows)

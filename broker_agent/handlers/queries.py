@@ -3,10 +3,12 @@
 from __future__ import annotations
 
 from broker_agent.core import BrokerCore
+from broker_agent.metadata.topics import check_name
 from broker_agent.write_path import WritePath
 from ha_controller.proto import broker_pb2, common_pb2
 from ha_controller.protocol.codes import RequestCode
 from ha_controller.protocol.errors import BadRequest
+from ha_controller.protocol.properties import now_ms
 from ha_controller.rpc import RequestContext
 from ha_controller.wire import data_version_to_pb
 
@@ -31,6 +33,7 @@ class QueryHandlers:
         add(RequestCode.SEARCH_OFFSET_BY_TIMESTAMP, broker_pb2.QueueOffsetRequest, self.search)
         add(RequestCode.GET_EARLIEST_MSG_STORETIME, broker_pb2.QueueOffsetRequest, self.earliest)
         add(RequestCode.GET_ALL_CONSUMER_OFFSET, common_pb2.Empty, self.all_offsets)
+        add(RequestCode.GET_CONSUME_STATS, broker_pb2.ConsumeStatsRequest, self.consume_stats)
 
     async def query_offset(
         self, ctx: RequestContext, req: broker_pb2.ConsumerOffsetRequest
@@ -91,4 +94,32 @@ class QueryHandlers:
                 for g, t, q, o in offsets.entries()
             ],
             data_version=data_version_to_pb(offsets.data_version),
+        )
+
+    async def consume_stats(
+        self, ctx: RequestContext, req: broker_pb2.ConsumeStatsRequest
+    ) -> broker_pb2.ConsumeStats:
+        """A consumer group's lag on every queue here (``hactl group lag``): served where
+        the lag metrics are exported, by the master or the acting slave."""
+        self.core.check_master_only("GET_CONSUME_STATS")
+        if not req.consumer_group:
+            raise BadRequest("GET_CONSUME_STATS needs a consumer group")
+        if req.topic:
+            check_name(req.topic)
+        rows = self.core.consumer_lag(req.consumer_group, req.topic or None)
+        return broker_pb2.ConsumeStats(
+            broker_name=self.core.cfg.broker_name,
+            broker_id=self.core.cfg.broker_id,
+            now_ms=now_ms(),
+            queues=[
+                broker_pb2.QueueLag(
+                    topic=q.topic,
+                    queue_id=q.queue_id,
+                    broker_offset=q.broker_offset,
+                    consumer_offset=q.consumer_offset,
+                    lag=q.lag,
+                    oldest_store_ts_ms=q.oldest_store_ms or 0,
+                )
+                for q in rows
+            ],
         )

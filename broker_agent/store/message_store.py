@@ -876,6 +876,19 @@ class MessageStore:
                     hi = mid
             return lo
 
+    def store_time_at(self, topic: str, queue_id: int, offset: int) -> int | None:
+        """Store time of the message at queue ``offset`` (RocketMQ's
+        ``getMessageStoreTimeStamp``), None when the queue holds none there: at or past
+        its end, or below what retention left.  Reads 8 bytes of the commit log, not the
+        message."""
+        with self._lock:
+            self._check_open()
+            cq = self._cq_for_read(topic, queue_id)
+            if cq is None or not cq.min_offset <= offset < cq.max_offset:
+                return None
+            entry = cq.entry(offset)
+            return None if entry is None else self._store_ts_at(entry[0])
+
     def earliest_msg_store_time(self, topic: str, queue_id: int) -> int | None:
         """Store time of the first message of the queue, None if it is empty."""
         with self._lock:

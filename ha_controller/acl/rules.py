@@ -212,6 +212,10 @@ def _consumer_list(req: Any) -> Need:
     return group_need(req.consumer_group, SUB_GET)
 
 
+def _consume_stats(req: Any) -> Need:
+    return group_need(req.consumer_group, SUB_GET)
+
+
 def _create_topic(req: Any) -> Need:
     return topic_need(req.topic.topic_name, CREATE_UPDATE)
 
@@ -334,6 +338,9 @@ RULES: Final[dict[int, Rule]] = {
         "Create or Update",
     ),
     RequestCode.GET_ALL_SUBSCRIPTIONGROUP_CONFIG: Rule(None, None, "-", "any user"),
+    RequestCode.GET_CONSUME_STATS: Rule(
+        broker_pb2.ConsumeStatsRequest, _consume_stats, "Group:<group>", "Sub or Get"
+    ),
     RequestCode.DELETE_TOPIC_IN_BROKER: Rule(
         broker_pb2.CreateTopicRequest, _delete_topic, "Topic:<topic>", "Delete"
     ),

@@ -49,7 +49,7 @@ from ha_controller.protocol.topics import (
 )
 
 if TYPE_CHECKING:
-    from ha_controller.client.admin import GroupInfo
+    from ha_controller.client.admin import GroupInfo, GroupLag
     from ha_controller.client.message import ReceivedMessage
     from ha_controller.client.tools import ProduceStats, Sent
 
@@ -103,6 +103,19 @@ exit status:
      topic then creates it again)
 
 The topic's messages stay in the brokers' stores until retention removes them.
+"""
+
+LAG_EPILOG = """\
+exit status:
+  0  every broker group answered
+  1  no broker group holds an offset of the group (or none could be asked)
+  3  some broker groups answered, others could not be asked (each is named)
+
+With --json one document {"group", "lag", "queues": [{"topic", "brokerName",
+"brokerId", "queueId", "maxOffset", "consumerOffset", "lag", "oldestAgeMs"}],
+"failed": {brokerName: reason}}; brokerId is the member that answered (0, or the
+acting slave's id), consumerOffset -1 and oldestAgeMs null where nothing is committed
+or nothing waits.
 """
 
 MESSAGE_TYPE_HELP = (
@@ -364,6 +377,26 @@ def add_commands(sub: Any) -> None:
     gd.add_argument("--cluster", help="only the masters of this cluster (default: all)")
     gd.add_argument("--json", action="store_true", help="machine-readable output")
     gd.set_defaults(func=run_async(_group_describe))
+    gl = add_parser(
+        group_sub,
+        "lag",
+        help="a consumer group's lag on every queue",
+        description=textwrap.fill(
+            "A consumer group's lag on every queue of every broker group, as the group's "
+            "master (or the slave acting for it) computes it for "
+            "rocketmq_consumer_lag_messages: the queue's max offset, the group's committed "
+            "offset, the lag (their difference) and how long the oldest unconsumed message "
+            "has waited.  A queue the group committed nothing for shows '-' and counts no "
+            "lag, as in RocketMQ."
+        ),
+        epilog=LAG_EPILOG,
+    )
+    namesrv(gl)
+    gl.add_argument("group", type=group_name, help="the consumer group")
+    gl.add_argument("--topic", type=any_topic_name, help="only this topic")
+    gl.add_argument("--cluster", help="only the broker groups of this cluster (default: all)")
+    gl.add_argument("--json", action="store_true", help="machine-readable output")
+    gl.set_defaults(func=run_async(_group_lag))
     gs = add_parser(
         group_sub,
         "switch",
@@ -983,6 +1016,83 @@ async def _group_update(args: argparse.Namespace) -> int:
     mode = "orderly" if args.orderly else "concurrently"
     print(f"group {args.group} consumes {mode} on {', '.join(updated)}")
     return EXIT_OK
+
+
+def age_text(ms: int | None) -> str:
+    """``57s``, ``12m03s``, ``2h05m`` (:func:`.progress.format_duration`); ``-`` for
+    None, and sub-second ages as ``0.4s``."""
+    from ha_controller.cli.progress import format_duration
+
+    if ms is None:
+        return "-"
+    return f"{ms / 1000:.1f}s" if ms < 1000 else format_duration(ms / 1000)
+
+
+def lag_document(lag: GroupLag) -> dict[str, Any]:
+    """The ``hactl group lag --json`` document."""
+    return {
+        "group": lag.group,
+        "lag": lag.lag,
+        "queues": [
+            {
+                "topic": q.topic,
+                "brokerName": q.broker_name,
+                "brokerId": lag.answered_by[q.broker_name],
+                "queueId": q.queue_id,
+                "maxOffset": q.max_offset,
+                "consumerOffset": q.consumer_offset,
+                "lag": q.lag,
+                "oldestAgeMs": q.oldest_age_ms,
+            }
+            for q in lag.queues
+        ],
+        "failed": dict(sorted(lag.failed.items())),
+    }
+
+
+async def _group_lag(args: argparse.Namespace) -> int:
+    from ha_controller.client.admin import NameserverClient
+
+    async with NameserverClient(
+        comma_list(args.namesrv), tls=client_tls(args), credentials=client_credentials(args)
+    ) as ns:
+        lag = await ns.consumer_lag(args.group, topic=args.topic, cluster=args.cluster)
+    if args.json:
+        print(json.dumps(lag_document(lag)))
+    elif lag.queues:
+        ages = [q.oldest_age_ms for q in lag.queues if q.oldest_age_ms is not None]
+        oldest = f", oldest unconsumed message {age_text(max(ages))} old" if ages else ""
+        print(f"consumer group {args.group}: lag {lag.lag} messages{oldest}")
+        for name, member in sorted(lag.answered_by.items()):
+            if member != 0:
+                print(f"{name}: answered by slave {member}, acting for its master")
+        print_table(
+            ("TOPIC", "BROKER", "QUEUE", "MAX", "CONSUMER", "LAG", "OLDEST"),
+            [
+                (
+                    q.topic,
+                    q.broker_name,
+                    q.queue_id,
+                    q.max_offset,
+                    "-" if q.consumer_offset < 0 else q.consumer_offset,
+                    q.lag,
+                    age_text(q.oldest_age_ms),
+                )
+                for q in lag.queues
+            ],
+        )
+    for name, why in sorted(lag.failed.items()):
+        print(f"hactl group lag: {name} could not be asked: {why}", file=sys.stderr)
+    if not lag.queues:
+        if not args.json:
+            where = f" for topic {args.topic}" if args.topic else ""
+            print(
+                f"hactl group lag: consumer group {args.group} has committed no offset{where} "
+                f"on {'any broker group that answered' if lag.failed else 'any broker group'}",
+                file=sys.stderr,
+            )
+        return EXIT_FAILED
+    return EXIT_PARTIAL if lag.failed else EXIT_OK
 
 
 async def _group_describe(args: argparse.Namespace) -> int:

@@ -35,7 +35,9 @@ from ha_controller.wire import (
 )
 
 __all__ = [
+    "ConsumerLag",
     "GroupInfo",
+    "GroupLag",
     "NameserverClient",
     "NameserverUnavailable",
     "QueueOffsets",
@@ -78,6 +80,39 @@ class QueueOffsets:
     @property
     def messages(self) -> int:
         return max(0, self.max_offset - self.min_offset)
+
+
+@dataclass(frozen=True)
+class ConsumerLag:
+    """One queue as a consumer group has consumed it (GET_CONSUME_STATS)."""
+
+    topic: str
+    broker_name: str
+    queue_id: int
+    #: the queue's max offset (the next offset to be written)
+    max_offset: int
+    #: the group's committed offset; -1 when it committed none for this queue
+    consumer_offset: int
+    lag: int
+    #: how long the oldest unconsumed message has waited, by the broker's clock;
+    #: None when none waits
+    oldest_age_ms: int | None
+
+
+@dataclass
+class GroupLag:
+    """``consumer_lag``: the queues of every broker group that answered, which member
+    answered for each (its broker id: 0, or the acting slave's), and why the others
+    could not be asked."""
+
+    group: str
+    queues: list[ConsumerLag] = field(default_factory=list)
+    answered_by: dict[str, int] = field(default_factory=dict)
+    failed: dict[str, str] = field(default_factory=dict)
+
+    @property
+    def lag(self) -> int:
+        return sum(q.lag for q in self.queues)
 
 
 @dataclass
@@ -373,6 +408,53 @@ class NameserverClient(AsyncLifecycle):
         masters = await self._masters(cluster)
         tables = await asyncio.gather(*(self.subscription_groups(addr) for _, addr in masters))
         return {name: table.get(group) for (name, _), table in zip(masters, tables, strict=True)}
+
+    async def consumer_lag(
+        self, group: str, *, topic: str | None = None, cluster: str | None = None
+    ) -> GroupLag:
+        """Consumer group ``group``'s lag on every queue of every broker group (of
+        ``cluster``), asked of each group's master, or of the slave acting for it
+        (GET_CONSUME_STATS, RocketMQ 208): what ``hactl group lag`` shows, from the
+        brokers that export ``rocketmq_consumer_lag_messages``."""
+        result = GroupLag(group)
+        groups = [g for g in await self.groups() if not cluster or g.cluster == cluster]
+        request = broker_pb2.ConsumeStatsRequest(consumer_group=group, topic=topic or "")
+
+        async def ask(g: GroupInfo) -> broker_pb2.ConsumeStats | None:
+            lead = 0 if g.master_online else g.acting_broker_id
+            if lead is None:
+                result.failed[g.broker_name] = "no master online and no slave acting for it"
+                return None
+            try:
+                return await self.pool.call_pb(
+                    g.members[lead],
+                    RequestCode.GET_CONSUME_STATS,
+                    request,
+                    broker_pb2.ConsumeStats,
+                    BROKER_ADMIN_TIMEOUT_MS,
+                )
+            except (HaError, OSError) as exc:
+                result.failed[g.broker_name] = f"{type(exc).__name__}: {exc}"
+                return None
+
+        for g, pb in zip(groups, await asyncio.gather(*(ask(g) for g in groups)), strict=True):
+            if pb is None:
+                continue
+            result.answered_by[g.broker_name] = int(pb.broker_id)
+            result.queues += [
+                ConsumerLag(
+                    q.topic,
+                    g.broker_name,
+                    q.queue_id,
+                    q.broker_offset,
+                    q.consumer_offset,
+                    q.lag,
+                    max(0, pb.now_ms - q.oldest_store_ts_ms) if q.oldest_store_ts_ms else None,
+                )
+                for q in pb.queues
+            ]
+        result.queues.sort(key=lambda q: (q.topic, q.broker_name, q.queue_id))
+        return result
 
     async def update_subscription_group(
         self, group: str, *, orderly: bool, cluster: str | None = None

@@ -405,6 +405,17 @@ class BrokerConfig(Validated):
             "`Overloaded`."
         ),
     )
+    consumer_lag_max_queue_series: int = setting(
+        1000,
+        ge=0,
+        doc=(
+            "Per-queue consumer lag series (`hac_consumer_queue_lag_messages`, "
+            "`hac_consumer_queue_oldest_age_seconds`) a scrape exports at most: the queues "
+            "furthest behind; the others are counted in `hac_consumer_lag_queues_dropped`. "
+            "The per-topic `rocketmq_consumer_lag_*` series always count every queue. "
+            "0 = none per queue."
+        ),
+    )
     cluster_secret: str | None = setting(
         None,
         section="Auth",

@@ -231,6 +231,42 @@ class ConsumerOffsetTable(_message.Message):
     data_version: _common_pb2.DataVersion
     def __init__(self, entries: _Optional[_Iterable[_Union[ConsumerOffsetEntry, _Mapping]]] = ..., data_version: _Optional[_Union[_common_pb2.DataVersion, _Mapping]] = ...) -> None: ...
 
+class ConsumeStatsRequest(_message.Message):
+    __slots__ = ("consumer_group", "topic")
+    CONSUMER_GROUP_FIELD_NUMBER: _ClassVar[int]
+    TOPIC_FIELD_NUMBER: _ClassVar[int]
+    consumer_group: str
+    topic: str
+    def __init__(self, consumer_group: _Optional[str] = ..., topic: _Optional[str] = ...) -> None: ...
+
+class QueueLag(_message.Message):
+    __slots__ = ("topic", "queue_id", "broker_offset", "consumer_offset", "lag", "oldest_store_ts_ms")
+    TOPIC_FIELD_NUMBER: _ClassVar[int]
+    QUEUE_ID_FIELD_NUMBER: _ClassVar[int]
+    BROKER_OFFSET_FIELD_NUMBER: _ClassVar[int]
+    CONSUMER_OFFSET_FIELD_NUMBER: _ClassVar[int]
+    LAG_FIELD_NUMBER: _ClassVar[int]
+    OLDEST_STORE_TS_MS_FIELD_NUMBER: _ClassVar[int]
+    topic: str
+    queue_id: int
+    broker_offset: int
+    consumer_offset: int
+    lag: int
+    oldest_store_ts_ms: int
+    def __init__(self, topic: _Optional[str] = ..., queue_id: _Optional[int] = ..., broker_offset: _Optional[int] = ..., consumer_offset: _Optional[int] = ..., lag: _Optional[int] = ..., oldest_store_ts_ms: _Optional[int] = ...) -> None: ...
+
+class ConsumeStats(_message.Message):
+    __slots__ = ("broker_name", "broker_id", "now_ms", "queues")
+    BROKER_NAME_FIELD_NUMBER: _ClassVar[int]
+    BROKER_ID_FIELD_NUMBER: _ClassVar[int]
+    NOW_MS_FIELD_NUMBER: _ClassVar[int]
+    QUEUES_FIELD_NUMBER: _ClassVar[int]
+    broker_name: str
+    broker_id: int
+    now_ms: int
+    queues: _containers.RepeatedCompositeFieldContainer[QueueLag]
+    def __init__(self, broker_name: _Optional[str] = ..., broker_id: _Optional[int] = ..., now_ms: _Optional[int] = ..., queues: _Optional[_Iterable[_Union[QueueLag, _Mapping]]] = ...) -> None: ...
+
 class DelayOffsetTable(_message.Message):
     __slots__ = ("offsets", "data_version")
     class OffsetsEntry(_message.Message):

@@ -36,6 +36,7 @@ class RequestCode(enum.IntEnum):
     GET_BROKER_CLUSTER_INFO = 106
     UPDATE_AND_CREATE_SUBSCRIPTIONGROUP = 200
     GET_ALL_SUBSCRIPTIONGROUP_CONFIG = 201
+    GET_CONSUME_STATS = 208
     DELETE_TOPIC_IN_BROKER = 215
     # not served by the nameserver yet: ``hactl topic delete`` asks and reports
     DELETE_TOPIC_IN_NAMESRV = 216

@@ -24,7 +24,7 @@ from ha_controller.cli.tools import (
     sent_line,
     switch_target,
 )
-from ha_controller.client.admin import GroupInfo
+from ha_controller.client.admin import ConsumerLag, GroupInfo, GroupLag
 from ha_controller.client.message import SendReceipt
 from ha_controller.client.tools import ProduceStats, Sent, due_ts_ms
 from ha_controller.protocol.errors import BadRequest, InSyncReplicasNotEnough, NotMaster
@@ -351,3 +351,58 @@ def test_switch_to_parses_an_id_or_auto() -> None:
     for bad in ("first", "-1"):
         with pytest.raises(SystemExit):
             parser.parse_args(["group", "switch", "broker-a", "--to", bad])
+
+
+def test_group_lag_output() -> None:
+    from ha_controller.cli.tools import age_text, lag_document
+
+    assert [age_text(None), age_text(400), age_text(57_000), age_text(723_000)] == [
+        "-",
+        "0.4s",
+        "57s",
+        "12m03s",
+    ]
+    lag = GroupLag(
+        "G",
+        [
+            ConsumerLag("T", "broker-a", 0, 10, 3, 7, 57_000),
+            ConsumerLag("T", "broker-a", 1, 4, -1, 0, None),
+        ],
+        answered_by={"broker-a": 1},
+        failed={"broker-b": "no master online and no slave acting for it"},
+    )
+    assert lag.lag == 7
+    assert lag_document(lag) == {
+        "group": "G",
+        "lag": 7,
+        "queues": [
+            {
+                "topic": "T",
+                "brokerName": "broker-a",
+                "brokerId": 1,
+                "queueId": 0,
+                "maxOffset": 10,
+                "consumerOffset": 3,
+                "lag": 7,
+                "oldestAgeMs": 57_000,
+            },
+            {
+                "topic": "T",
+                "brokerName": "broker-a",
+                "brokerId": 1,
+                "queueId": 1,
+                "maxOffset": 4,
+                "consumerOffset": -1,
+                "lag": 0,
+                "oldestAgeMs": None,
+            },
+        ],
+        "failed": {"broker-b": "no master online and no slave acting for it"},
+    }
+
+
+def test_group_lag_arguments() -> None:
+    args = build_parser().parse_args(["group", "lag", "G", "--topic", "T", "--json"])
+    assert (args.group, args.topic, args.json, args.cluster) == ("G", "T", True, None)
+    with pytest.raises(SystemExit):
+        build_parser().parse_args(["group", "lag", "bad group"])

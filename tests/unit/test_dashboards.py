@@ -65,6 +65,15 @@ METRICS: dict[str, frozenset[str]] = {
     "hac_store_writable": IDENTITY,
     "hac_broker_epoch": IDENTITY,
     "hac_broker_sync_state_set_size": IDENTITY,
+    # broker, consumer lag (RocketMQ 5's names for the per-topic series)
+    "rocketmq_consumer_lag_messages": IDENTITY
+    | {"consumer_group", "topic", "is_retry", "is_system"},
+    "rocketmq_consumer_lag_latency": IDENTITY
+    | {"consumer_group", "topic", "is_retry", "is_system"},
+    "hac_consumer_queue_lag_messages": IDENTITY | {"consumer_group", "topic", "queue_id"},
+    "hac_consumer_queue_oldest_age_seconds": IDENTITY | {"consumer_group", "topic", "queue_id"},
+    "hac_consumer_lag_queues_dropped": IDENTITY,
+    "hac_consumer_lag_overflows_total": IDENTITY,
 }
 TARGET_LABELS = frozenset({"instance", "job", "namespace", "pod", "service", "container"})
 DATASOURCE = {"type": "prometheus", "uid": "${datasource}"}
@@ -74,8 +83,8 @@ EXPECTED_UIDS = {
 }
 BUILTIN_VARS = {"__rate_interval", "__interval", "__range", "__range_s", "__interval_ms"}
 
-METRIC_RE = re.compile(r"\bhac_[a-z0-9_]+")
-SELECTOR_RE = re.compile(r"\b(hac_[a-z0-9_]+)\s*\{([^}]*)\}")
+METRIC_RE = re.compile(r"\b(?:hac|rocketmq)_[a-z0-9_]+")
+SELECTOR_RE = re.compile(r"\b((?:hac|rocketmq)_[a-z0-9_]+)\s*\{([^}]*)\}")
 MATCHER_RE = re.compile(r'([A-Za-z_]\w*)\s*(?:=~|!~|!=|=)\s*"(?:[^"\\]|\\.)*"')
 VAR_RE = re.compile(r"\$\{?(\w+)")
 
@@ -112,7 +121,7 @@ def promql_problems(expr: str) -> list[str]:
     problems = []
     names = set(METRIC_RE.findall(expr))
     if not names:
-        problems.append(f"no hac_ metric in {expr!r}")
+        problems.append(f"no hac_ or rocketmq_ metric in {expr!r}")
     problems += [f"unknown metric {n} in {expr!r}" for n in sorted(names - METRICS.keys())]
     for metric, matchers in SELECTOR_RE.findall(expr):
         allowed = METRICS.get(metric, frozenset()) | TARGET_LABELS
@@ -202,6 +211,8 @@ def test_query_check_rejects_unknown_metrics_and_labels() -> None:
     assert promql_problems('hac_group_acting_master{broker_id="1"}')
     assert promql_problems("sum(rate(hac_messages_in_total[5m])")
     assert promql_problems("up")
+    assert promql_problems('rocketmq_consumer_lag_messages{consumer_group="g"}') == []
+    assert promql_problems('rocketmq_consumer_lag_messages{group="g"}')
 
 
 def metrics_of(path: Path) -> set[str]:
@@ -268,7 +279,23 @@ def test_flow_dashboard_covers_message_flow() -> None:
         "hac_pull_held_requests",
         "hac_escape_messages_total",
         "hac_lock_requests_total",
+        "rocketmq_consumer_lag_messages",
+        "rocketmq_consumer_lag_latency",
     } <= metrics_of(path)
+    # Lag is exported by one broker per group at a time, whose id changes with a
+    # failover: a panel aggregates without broker_id, and leaves the brokers' own
+    # groups (revive, schedule) out.
+    lag = [
+        t["expr"]
+        for p in query_panels(load(path))
+        for t in p["targets"]
+        if "rocketmq_consumer_lag" in t["expr"]
+    ]
+    assert len(lag) == 2
+    for expr in lag:
+        assert re.match(r"(sum|max) by \(consumer_group, topic\) \(rocketmq_", expr), expr
+        assert 'is_system="false"' in expr and 'consumer_group=~"$consumer_group"' in expr
+    assert any(e.endswith("/ 1000") for e in lag), "the latency (ms) is shown in seconds"
 
 
 # --- provisioning ------------------------------------------------------------------------
@@ -314,6 +341,7 @@ def test_alert_rules() -> None:
         "HacControllerEtcdDown": ("hac_controller_etcd_up", "1m"),
         "HacControllerSwitchFlapping": ("hac_controller_switches_total", "0m"),
         "HacControllerNoInSyncSlave": ("hac_controller_sync_state_set_size", "5m"),
+        "HacConsumerLagTooOld": ("rocketmq_consumer_lag_latency", "10m"),
     }
     assert expected.keys() <= by_name.keys()
     for name, (metric, duration) in expected.items():
@@ -324,6 +352,10 @@ def test_alert_rules() -> None:
     assert ">= 0" in by_name["HacActingMasterTooLong"]["expr"]
     assert '{result!="ok"}' in by_name["HacEscapeFailures"]["expr"]
     assert "== 1" in by_name["HacMasterStuckInPreOnline"]["expr"]
+    # One broker of a group exports lag at a time and its id changes with a failover.
+    lag = by_name["HacConsumerLagTooOld"]["expr"]
+    assert lag.startswith("max by (cluster, consumer_group, topic) (") and "broker_id" not in lag
+    assert 'is_system="false"' in lag
     # A group of one member always has a sync-state set of one: only groups that had
     # more members alert.
     assert "hac_group_member_up" in by_name["HacControllerNoInSyncSlave"]["expr"]

@@ -213,8 +213,10 @@ def _exported_metrics() -> set[str]:
     }
     controller = CollectorRegistry()  # a nameserver with etcd_endpoints
     ControllerMetrics(controller)
+    broker = BrokerMetrics("c", "g", 0)
+    broker.export_consumer_lag(lambda: None, lambda: 0, 10)
     registries = [
-        BrokerMetrics("c", "g", 0).registry,
+        broker.registry,
         NameserverMetrics(lambda: [group], lambda: {("c", "g"): 1.0}).registry,
         controller,
     ]
@@ -233,7 +235,7 @@ def _exported_metrics() -> set[str]:
 
 def test_every_metric_is_documented() -> None:
     text = _page("http-and-metrics.md")
-    documented = set(re.findall(r"^\| `(hac_\w+)` \|", text, flags=re.MULTILINE))
+    documented = set(re.findall(r"^\| `((?:hac|rocketmq)_\w+)` \|", text, flags=re.MULTILINE))
     exported = _exported_metrics()
     missing = exported - documented
     assert not missing, f"docs/http-and-metrics.md lacks {sorted(missing)}"

@@ -399,6 +399,157 @@ CRD_SCHEMAS: dict[str, dict[str, Any]] = {
 }
 
 
+#: KEDA's ScaledObject (keda.sh/v1alpha1) as far as docs/deploy.md's example uses it,
+#: written from KEDA's CRD OpenAPI schema (field names, types, enums, required ones):
+#: the chart renders none, the docs show one to copy.
+SCALED_OBJECT_SCHEMA: dict[str, Any] = {
+    "type": "object",
+    "additionalProperties": False,
+    "required": ["apiVersion", "kind", "metadata", "spec"],
+    "properties": {
+        "apiVersion": {"const": "keda.sh/v1alpha1"},
+        "kind": {"const": "ScaledObject"},
+        "metadata": _METADATA,
+        "spec": {
+            "type": "object",
+            "additionalProperties": False,
+            "required": ["scaleTargetRef", "triggers"],
+            "properties": {
+                "scaleTargetRef": {
+                    "type": "object",
+                    "additionalProperties": False,
+                    "required": ["name"],
+                    "properties": {
+                        "apiVersion": {"type": "string"},
+                        "kind": {"type": "string"},
+                        "name": {"type": "string"},
+                        "envSourceContainerName": {"type": "string"},
+                    },
+                },
+                "pollingInterval": {"type": "integer", "minimum": 0},
+                "cooldownPeriod": {"type": "integer", "minimum": 0},
+                "initialCooldownPeriod": {"type": "integer", "minimum": 0},
+                "idleReplicaCount": {"type": "integer", "minimum": 0},
+                "minReplicaCount": {"type": "integer", "minimum": 0},
+                "maxReplicaCount": {"type": "integer", "minimum": 0},
+                "fallback": {
+                    "type": "object",
+                    "additionalProperties": False,
+                    "required": ["failureThreshold", "replicas"],
+                    "properties": {
+                        "failureThreshold": {"type": "integer"},
+                        "replicas": {"type": "integer"},
+                    },
+                },
+                "advanced": {"type": "object"},
+                "triggers": {
+                    "type": "array",
+                    "minItems": 1,
+                    "items": {
+                        "type": "object",
+                        "additionalProperties": False,
+                        "required": ["type", "metadata"],
+                        "properties": {
+                            "type": {"type": "string"},
+                            "name": {"type": "string"},
+                            "useCachedMetrics": {"type": "boolean"},
+                            "metricType": {"enum": ["AverageValue", "Value", "Utilization"]},
+                            "metadata": _STRING_MAP,
+                            "authenticationRef": {
+                                "type": "object",
+                                "additionalProperties": False,
+                                "required": ["name"],
+                                "properties": {
+                                    "name": {"type": "string"},
+                                    "kind": {
+                                        "enum": [
+                                            "TriggerAuthentication",
+                                            "ClusterTriggerAuthentication",
+                                        ]
+                                    },
+                                },
+                            },
+                        },
+                    },
+                },
+            },
+        },
+    },
+}  # fmt: skip
+
+#: The metadata of KEDA's prometheus scaler (its documented parameters).
+PROMETHEUS_TRIGGER_SCHEMA: dict[str, Any] = {
+    "type": "object",
+    "additionalProperties": False,
+    "required": ["serverAddress", "query", "threshold"],
+    "properties": {
+        "serverAddress": {"type": "string", "pattern": r"^https?://[^\s/]+"},
+        "query": {"type": "string", "minLength": 1},
+        "threshold": {"type": "string", "pattern": r"^[0-9]+(\.[0-9]+)?$"},
+        "activationThreshold": {"type": "string", "pattern": r"^[0-9]+(\.[0-9]+)?$"},
+        "namespace": {"type": "string"},
+        "customHeaders": {"type": "string"},
+        "ignoreNullValues": {"enum": ["true", "false"]},
+        "unsafeSsl": {"enum": ["true", "false"]},
+        "queryParameters": {"type": "string"},
+        "timeout": {"type": "string"},
+    },
+}
+
+
+def validate_scaled_object(doc: dict[str, Any]) -> None:
+    """Raises jsonschema.ValidationError."""
+    jsonschema.Draft7Validator(SCALED_OBJECT_SCHEMA).validate(doc)
+    for trigger in doc["spec"]["triggers"]:
+        if trigger["type"] == "prometheus":
+            jsonschema.Draft7Validator(PROMETHEUS_TRIGGER_SCHEMA).validate(trigger["metadata"])
+
+
+def _docs_scaled_objects() -> list[dict[str, Any]]:
+    text = (ROOT / "docs" / "deploy.md").read_text()
+    return [yaml.safe_load(b) for b in _code_blocks(text, "yaml") if "kind: ScaledObject" in b]
+
+
+def test_the_docs_keda_example_validates_and_scales_on_consumer_lag() -> None:
+    from test_dashboards import promql_problems
+
+    jsonschema.Draft7Validator.check_schema(SCALED_OBJECT_SCHEMA)
+    jsonschema.Draft7Validator.check_schema(PROMETHEUS_TRIGGER_SCHEMA)
+    (scaled,) = _docs_scaled_objects()
+    validate_scaled_object(scaled)
+    assert scaled["metadata"]["namespace"] == NAMESPACE
+    spec = scaled["spec"]
+    assert 1 <= spec["minReplicaCount"] <= spec["maxReplicaCount"]
+    (trigger,) = spec["triggers"]
+    assert trigger["type"] == "prometheus"
+    query = trigger["metadata"]["query"]
+    assert "rocketmq_consumer_lag_messages{" in query
+    assert promql_problems(query) == []
+    # one number for the whole group, whichever broker of a group exports it now
+    assert query.startswith("sum(") and "broker_id" not in query
+    assert 'consumer_group="' in query
+
+
+def test_keda_validation_catches_unknown_and_missing_fields() -> None:
+    (scaled,) = _docs_scaled_objects()
+    bad = json.loads(json.dumps(scaled))
+    bad["spec"]["maxReplicas"] = 8
+    with pytest.raises(jsonschema.ValidationError, match="maxReplicas"):
+        validate_scaled_object(bad)
+    bad = json.loads(json.dumps(scaled))
+    bad["spec"]["triggers"][0]["metadata"]["threshold"] = 1000  # KEDA wants strings
+    with pytest.raises(jsonschema.ValidationError):
+        validate_scaled_object(bad)
+    bad = json.loads(json.dumps(scaled))
+    del bad["spec"]["triggers"][0]["metadata"]["serverAddress"]
+    with pytest.raises(jsonschema.ValidationError, match="serverAddress"):
+        validate_scaled_object(bad)
+    bad = json.loads(json.dumps(scaled))
+    bad["spec"]["triggers"][0]["metadata"]["querry"] = "x"
+    with pytest.raises(jsonschema.ValidationError, match="querry"):
+        validate_scaled_object(bad)
+
+
 def validate_object(doc: dict[str, Any], version: str) -> None:
     """Raises jsonschema.ValidationError (or SchemaNotFoundError for an unknown kind)."""
     if doc["kind"] in CRD_SCHEMAS:

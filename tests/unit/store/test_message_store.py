@@ -158,6 +158,11 @@ def test_search_offset_and_time_queries(tmp_path: Path, store: MessageStore) -> 
     assert store.search_offset("T", 1, 2500) == 4
     assert store.search_offset("T", 1, 5000) == 5
     assert store.search_offset("T", 1, 9999) == 6
+    # the store time of one message, what consumer lag dates its oldest by
+    assert [store.store_time_at("T", 1, i) for i in range(6)] == times
+    assert store.store_time_at("T", 1, 6) is None  # the queue's end
+    assert store.store_time_at("T", 1, -1) is None
+    assert store.store_time_at("T", 2, 0) is None
 
 
 def test_bad_requests(store: MessageStore) -> None:
