@@ -31,7 +31,7 @@ from dataclasses import dataclass
 from functools import lru_cache
 from typing import Any, Final
 
-from ha_controller.protocol.errors import IllegalFilterExpression
+from ha_controller.protocol.errors import FilterSyntaxError
 
 __all__ = [
     "MAX_CACHED_FILTERS",
@@ -47,14 +47,6 @@ __all__ = [
 MAX_EXPRESSION_LEN: Final = 4096
 #: compiled expressions :func:`cached_filter` keeps (least recently used dropped)
 MAX_CACHED_FILTERS: Final = 1024
-
-
-class FilterSyntaxError(IllegalFilterExpression):
-    """An SQL92 filter expression that does not parse; nothing was subscribed
-    (RocketMQ's broker answers SUBSCRIPTION_PARSE_FAILED, its gRPC proxy
-    ILLEGAL_FILTER_EXPRESSION)."""
-
-    code = 228
 
 
 _KEYWORDS: Final = frozenset(

@@ -230,6 +230,15 @@ class IllegalFilterExpression(BadRequest):
     code = 225
 
 
+class FilterSyntaxError(IllegalFilterExpression):
+    """An SQL92 filter expression that does not parse; nothing was subscribed
+    (RocketMQ's broker answers SUBSCRIPTION_PARSE_FAILED, its gRPC proxy
+    ILLEGAL_FILTER_EXPRESSION).  Defined here, with every other wire error, so that a
+    process that never imported the parser still knows the code it answers with."""
+
+    code = 228
+
+
 class MessageTypeConflict(BadRequest):
     """A message whose type the topic does not take, e.g. a FIFO message to a NORMAL
     topic (RocketMQ's MESSAGE_PROPERTY_CONFLICT_WITH_TYPE)."""
