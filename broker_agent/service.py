@@ -5,11 +5,18 @@ the escape bridge, the special services, locks, the request handlers, membership
 registers their handlers, owns the TaskGroup every background loop runs in, and shuts
 down in phases:
 
+0. hand the special work over: no new step starts, and the steps under way (an
+   escape and the progress it earns) finish, bounded,
 1. stop accepting (no new connections or requests),
 2. unregister from the nameservers (clients move away),
 3. drain in-flight requests (bounded),
 4. cancel the background loops (special services persist their progress),
 5. close the HA ends and the connection pool, persist offsets, close the store.
+
+A role change (controller mode) stops the same way, and the next run of the broker
+(``broker_agent.runner``) opens the same tables: an acting slave elected master starts
+its master duties from what it handed on while acting, not from the old master's
+progress.
 """
 
 from __future__ import annotations
@@ -55,6 +62,10 @@ log = logging.getLogger(__name__)
 
 #: How long in-flight requests may take to finish once a stop begins.
 DRAIN_GRACE_S = 2.0
+#: How long the special steps under way may take to finish once a stop begins (an
+#: escape waiting for a frozen target's answer: cut off, the next master hands the
+#: message on again, and the target may store it on resume)
+HANDOVER_WAIT_S = 5.0
 
 
 class Listener(Protocol):
@@ -320,6 +331,8 @@ class BrokerService:
                 finally:
                     stopped.cancel()
                     changed.cancel()
+                # the special work first: the drain below lets those steps go on
+                await self._hand_over()
                 await self._stop_serving()
                 core.bind_task_owner(None)
                 log.info("shutdown phase 4: cancelling background loops")
@@ -345,6 +358,35 @@ class BrokerService:
         self.core.holds.close()  # held pulls answer now
         if self._listener is not None:
             await self._listener.aclose(grace_s=DRAIN_GRACE_S)
+
+    async def _hand_over(self) -> None:
+        """Phase 0: start no special step any more and let those under way
+        finish with their progress (:mod:`broker_agent.special_steps`), at most
+        :data:`HANDOVER_WAIT_S`.  Cancelled in the middle, a step leaves a message handed
+        on (or maybe: its answer never came) without its progress, and whoever serves
+        next (this broker in its next role, after a role change) hands it on again."""
+        core = self.core
+        decision = core.acting.hand_over()
+        if decision.changed:
+            log.info("%s", decision)
+        core.set_special_services(False)
+        if not core.special_steps.under_way:
+            return
+        log.info(
+            "shutdown phase 0: %d special step(s) under way finish first",
+            core.special_steps.under_way,
+        )
+        try:
+            async with asyncio.timeout(HANDOVER_WAIT_S):
+                await core.special_steps.idle()
+        except TimeoutError:
+            log.warning(
+                "shutdown phase 0: %d special step(s) still under way after %.0f s "
+                "(an escape awaiting its answer): cancelled; what they handed on may be "
+                "handed on again",
+                core.special_steps.under_way,
+                HANDOVER_WAIT_S,
+            )
 
     async def _close(self) -> None:
         """Phase 5: close the HA ends and the pool, persist offsets, close the store."""

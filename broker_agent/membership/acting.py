@@ -121,6 +121,22 @@ class ActingState:
             reason=f"returning master syncing: holding special services for {for_s:.0f} s",
         )
 
+    def hand_over(self) -> Decision:
+        """This broker's service is about to be rebuilt in another role (controller mode:
+        it was elected master, or replaced): hand no more special work on, for good.
+        What its steps under way finish is in its tables, which the next role (or the
+        elected master's pre-online) takes as they are."""
+        was_running = self.special_services_running
+        self.special_services_running = False
+        if not self.chosen:
+            return Decision(False, stop_special_services=was_running, reason="not acting")
+        self.held_until = float("inf")
+        return Decision(
+            True,
+            stop_special_services=was_running,
+            reason="role change: acting ends, the special work under way finishes first",
+        )
+
     def release_expired_hold(self) -> Decision:
         """The hold ran out and the master never registered: act again."""
         if self.held_until is None or self._clock() < self.held_until:

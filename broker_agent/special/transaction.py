@@ -799,12 +799,17 @@ class TransactionService:
                 )
                 self._escape_failures.pop(o, None)
                 self.progress.resolve(o)
+                self._changed()
                 return True
             log.warning("escaping half message %d failed (%d): %s", o, failures, exc)
             return False
         self._escape_failures.pop(o, None)
         self._escaped_to[o] = (target, remote_offset)
         self.progress.resolve(o)
+        # marked at once, not at the end of the pass: a pass escapes for as long as it
+        # finds halves, and the table written when the service stops (a role change)
+        # must count every half handed on
+        self._changed()
         self.escaped += 1
         log.info("half message %d (transaction %s) escaped to %s", o, msg.uniq_key, target)
         return True
