@@ -7,7 +7,7 @@ from broker_agent.metadata.topics import check_name
 from broker_agent.write_path import WritePath
 from ha_controller.proto import broker_pb2, common_pb2
 from ha_controller.protocol.codes import RequestCode
-from ha_controller.protocol.errors import BadRequest
+from ha_controller.protocol.errors import BadRequest, SlaveAckTimeout
 from ha_controller.protocol.properties import now_ms
 from ha_controller.rpc import RequestContext
 from ha_controller.wire import data_version_to_pb
@@ -53,8 +53,16 @@ class QueryHandlers:
             req.consumer_group, req.topic, req.queue_id, req.offset
         )
         if end is not None:
-            # best effort: a committed offset should reach the slave that may act next
-            await self.write_path.confirm(end)
+            # a committed offset should reach the slave that may act next; in controller
+            # mode it must: only what every member of the sync-state set holds is
+            # answered, so the member the controller elects holds the commit (a
+            # repeat of it is harmless)
+            confirmed = await self.write_path.confirm(end)
+            if not confirmed and self.core.sync is not None:
+                raise SlaveAckTimeout(
+                    f"offset commit stored on {self.core.name} but not confirmed by its "
+                    f"sync-state set within {self.core.cfg.slave_ack_timeout_ms} ms"
+                )
         return common_pb2.Empty()
 
     async def max_offset(

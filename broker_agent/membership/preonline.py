@@ -468,5 +468,7 @@ class PreOnline:
                 raise BadRequest(f"slave {slave_id} did not attach to the HA port within 10 s")
             await asyncio.sleep(0.05)
         core.preonline_step = f"pulling metadata from slave {slave_id}"
-        await reverse_sync(self.tables, core.pool, slave_id, slave_addr)
+        await reverse_sync(
+            self.tables, core.pool, slave_id, slave_addr, promoted=core.role.promoted
+        )
         core.metrics.preonline_syncs.labels(**core.metrics.ident, result="ok").inc()

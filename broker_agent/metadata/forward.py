@@ -11,7 +11,7 @@ from collections.abc import Awaitable, Callable, Mapping, Sequence
 from typing import Protocol
 
 from broker_agent.metadata.offsets import ConsumerOffsetManager, consumer_offset_sync
-from broker_agent.metadata.progress import ProgressApplier, ProgressRecords
+from broker_agent.metadata.progress import PROGRESS_GROUPS, ProgressApplier, ProgressRecords
 from broker_agent.metadata.topics import TopicConfigManager
 from broker_agent.metadata.versioned import VersionedTable, fetch_table, forward_sync
 from broker_agent.store.message_store import Dispatched
@@ -45,6 +45,8 @@ class MasterView(Protocol):
 
 class ReplicaStore(Protocol):
     def get_message_at(self, topic: str, queue_id: int, offset: int) -> StoredMessage | None: ...
+
+    def max_offset(self, topic: str, queue_id: int) -> int: ...
 
 
 class PullWaker(Protocol):
@@ -89,7 +91,10 @@ class ForwardSync:
         offset topic, by their group ``G`` (the others are consumer offsets)."""
         self.core = core
         #: consumer offsets first, then the special services' tables
-        self.tables: list[VersionedTable] = [consumer_offset_sync(core.offsets), *tables]
+        self.tables: list[VersionedTable] = [
+            consumer_offset_sync(core.offsets, core.store.max_offset),
+            *tables,
+        ]
         self._records = ProgressRecords(core.offsets.apply_record, progress)
         self._register = register
 
@@ -152,12 +157,16 @@ class ForwardSync:
 
     def _apply_replicated_offset(self, queue_offset: int) -> None:
         core = self.core
-        if core.acting.chosen:
-            return  # while acting (or held for the returning master) our table is the newest
         m = core.store.get_message_at(OFFSET_TOPIC, 0, queue_offset)
         if m is None:
             return
         try:
-            self._records.apply(m.properties)
+            if not core.acting.chosen:
+                self._records.apply(m.properties)
+            elif m.properties["G"] not in PROGRESS_GROUPS:
+                # acting, or held by the master that contacted us: our table is the
+                # newest, but a commit that master takes once online moves it on
+                core.offsets.apply_replicated_forward(m.properties)
+            # (the special services' progress is this acting slave's own)
         except (KeyError, ValueError):
             log.warning("malformed replicated offset record at %d: %s", queue_offset, m.properties)

@@ -8,7 +8,7 @@ can tell in pre-online whether its acting slave's table is newer.
 from __future__ import annotations
 
 import logging
-from collections.abc import Iterable, Mapping
+from collections.abc import Callable, Iterable, Mapping
 from pathlib import Path
 from typing import Any
 
@@ -138,6 +138,54 @@ class ConsumerOffsetManager(JsonTable):
         self.persist()
         return True
 
+    def apply_replicated_forward(self, record: Mapping[str, str]) -> None:
+        """A replicated offset record received while this slave acts or is held by the
+        master that contacted it: applied only where it moves the entry forward.  The
+        stream may carry the old tail of a returning master (commits older than the ones
+        this slave took while acting) but also the commits that master (or a newly
+        elected one) takes once online, before this slave's view of the group says it is
+        online: dropped, they were missing from the table this slave would hand on at
+        the next switch, which outranks by its version the members that have them."""
+        key = (record["G"], record["T"], int(record["Q"]))
+        offset = int(record["O"])
+        if self.table.get(key, -1) < offset:
+            self.table[key] = offset
+            self._dirty = True
+
+    def merge_highest(
+        self,
+        entries: Iterable[tuple[str, str, int, int]],
+        version: DataVersion,
+        queue_end: Callable[[str, int], int] | None = None,
+    ) -> int:
+        """Pre-online of a member just elected master (controller mode): take every
+        entry of a member's table that is ahead of ours, whatever the versions; how
+        many were taken.
+
+        Within an epoch only its master moves the table; every other member holds a
+        copy that lags by what it has not applied yet (the replicated records it missed,
+        the periodic sync), and an acting slave's commits come after the master's and
+        from them.  So no member's entry below ours is newer than ours, and a member's
+        higher entry is a commit this member lacks.  The version comparison of the
+        RIP-32 return is not enough here: a table whose version moved on (an acting
+        slave took it over, or the old master's counter stepped) may still lack the
+        last commits of a later master.  An entry is capped at ``queue_end`` (the
+        queue's end in this store): a commit past what this master holds (an
+        unreplicated tail under async replication) would skip the messages stored there
+        next."""
+        taken = 0
+        for g, t, q, o in entries:
+            if queue_end is not None:
+                o = min(o, queue_end(t, q))
+            if self.table.get((g, t, q), -1) < o:
+                self.table[(g, t, q)] = o
+                taken += 1
+        if self.data_version.compare(version) < 0:
+            self.data_version.assign(version)
+        self._dirty = True
+        self.persist()
+        return taken
+
 
 OffsetSnapshot = tuple[list[tuple[str, str, int, int]], DataVersion]
 
@@ -149,11 +197,18 @@ def _snapshot(pb: broker_pb2.ConsumerOffsetTable) -> OffsetSnapshot:
 
 def consumer_offset_sync(
     offsets: ConsumerOffsetManager,
+    queue_end: Callable[[str, int], int] | None = None,
 ) -> TableSync[broker_pb2.ConsumerOffsetTable, OffsetSnapshot]:
     """Consumer offsets for forward and reverse sync (GET_ALL_CONSUMER_OFFSET).  Taken
     as they are after a cut only forward, as a sync: a commit the master took in its
     lease was consumed (moving it back would deliver again); clamping an offset left
-    past a cut queue's end is still to do."""
+    past a cut queue's end is still to do.  A member elected master takes every higher
+    entry of each member (:meth:`ConsumerOffsetManager.merge_highest`, capped at
+    ``queue_end``)."""
+
+    def promote(s: OffsetSnapshot) -> bool:
+        return offsets.merge_highest(*s, queue_end=queue_end) > 0
+
     return TableSync(
         "consumer offsets",
         RequestCode.GET_ALL_CONSUMER_OFFSET,
@@ -164,4 +219,5 @@ def consumer_offset_sync(
         describe=lambda s: f"{len(s[0])} entries, version {s[1].key()}",
         busy=lambda: False,
         file=offsets,
+        promote=promote,
     )

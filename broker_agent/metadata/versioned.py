@@ -64,6 +64,12 @@ class VersionedTable(Protocol):
         """Reverse sync: take a slave's table when its version is >= ours."""
         ...
 
+    def adopt_on_promotion(self, snapshot: Any) -> bool:
+        """Pre-online of a member just elected master (controller mode): take what a
+        member's table holds that ours lacks (consumer offsets: every higher entry,
+        whatever the versions); the other tables :meth:`adopt_if_newer`."""
+        ...
+
     def replace(self, snapshot: Any) -> None:
         """Take a slave's table as it is, even where ours is ahead: a master that cut
         its log back (or lost its volume) counted deliveries and commits that are gone,
@@ -90,7 +96,8 @@ class TableSync(Generic[M, S]):
     request ``code`` (no arguments unless ``request`` makes them) answered with a
     ``response``: ``decode`` turns the answer into the snapshot the functions take;
     ``take`` is :meth:`assign`, ``adopt`` :meth:`adopt_if_newer`, ``take_as_is``
-    :meth:`replace` (``take`` when it is None); what they return besides is ignored.
+    :meth:`replace` (``take`` when it is None), ``promote`` :meth:`adopt_on_promotion`
+    (``adopt`` when it is None); what they return besides is ignored.
     ``file`` is the table's file: anything taken from a replica ends its wait for one."""
 
     name: str
@@ -104,6 +111,7 @@ class TableSync(Generic[M, S]):
     take_as_is: Callable[[S], object] | None = None
     file: JsonTable | None = None
     request: Callable[[], Message] | None = None
+    promote: Callable[[S], bool] | None = None
 
     async def fetch(self, pool: ConnectionPool, addr: str) -> S:
         query = None if self.request is None else self.request()
@@ -115,6 +123,11 @@ class TableSync(Generic[M, S]):
 
     def adopt_if_newer(self, snapshot: S) -> bool:
         adopted = self.adopt(snapshot)
+        self._taken()
+        return adopted
+
+    def adopt_on_promotion(self, snapshot: S) -> bool:
+        adopted = (self.adopt if self.promote is None else self.promote)(snapshot)
         self._taken()
         return adopted
 
@@ -157,9 +170,15 @@ async def forward_sync(
 
 
 async def reverse_sync(
-    tables: Iterable[VersionedTable], pool: ConnectionPool, slave_id: int, slave_addr: str
+    tables: Iterable[VersionedTable],
+    pool: ConnectionPool,
+    slave_id: int,
+    slave_addr: str,
+    *,
+    promoted: bool = False,
 ) -> None:
-    """Adopt each of the slave's tables that is at least as new as ours; raises
+    """Adopt each of the slave's tables that is at least as new as ours (``promoted``,
+    a member just elected master: :meth:`VersionedTable.adopt_on_promotion`); raises
     HaError when the slave cannot be asked (pre-online retries from it)."""
     for table in tables:
         try:
@@ -167,11 +186,16 @@ async def reverse_sync(
         except UnknownMethod:
             log.info("pre-online: slave %d keeps no %s", slave_id, table.name)
             continue
-        adopted = table.adopt_if_newer(snapshot)
+        if promoted:
+            adopted = table.adopt_on_promotion(snapshot)
+        else:
+            adopted = table.adopt_if_newer(snapshot)
         log.info(
             "pre-online: %s of slave %d %s: %s",
             table.name,
             slave_id,
-            "adopted" if adopted else "older, kept ours",
+            ("taken where newer" if adopted else "nothing newer, kept ours")
+            if promoted
+            else ("adopted" if adopted else "older, kept ours"),
             table.describe(snapshot),
         )
