@@ -5,9 +5,9 @@ the escape bridge, the special services, locks, the request handlers, membership
 registers their handlers, owns the TaskGroup every background loop runs in, and shuts
 down in phases:
 
-0. hand the special work over: no new step starts, and the steps under way (an
-   escape and the progress it earns) finish, bounded,
-1. stop accepting (no new connections or requests),
+1. stop accepting (no new connections or requests), then hand the special work
+   over: no new step starts, and the steps under way (an escape and the progress it
+   earns) finish, bounded,
 2. unregister from the nameservers (clients move away),
 3. drain in-flight requests (bounded),
 4. cancel the background loops (special services persist their progress),
@@ -331,7 +331,9 @@ class BrokerService:
                 finally:
                     stopped.cancel()
                     changed.cancel()
-                # the special work first: the drain below lets those steps go on
+                if self._listener is not None:
+                    self._listener.stop_accepting()  # phase 1 (again in _stop_serving)
+                # the special work before the drain: its steps must end, not go on
                 await self._hand_over()
                 await self._stop_serving()
                 core.bind_task_owner(None)
@@ -360,7 +362,7 @@ class BrokerService:
             await self._listener.aclose(grace_s=DRAIN_GRACE_S)
 
     async def _hand_over(self) -> None:
-        """Phase 0: start no special step any more and let those under way
+        """Phase 1, once nothing is accepted: start no special step any more and let those under way
         finish with their progress (:mod:`broker_agent.special_steps`), at most
         :data:`HANDOVER_WAIT_S`.  Cancelled in the middle, a step leaves a message handed
         on (or maybe: its answer never came) without its progress, and whoever serves
@@ -373,7 +375,7 @@ class BrokerService:
         if not core.special_steps.under_way:
             return
         log.info(
-            "shutdown phase 0: %d special step(s) under way finish first",
+            "shutdown phase 1: %d special step(s) under way finish first",
             core.special_steps.under_way,
         )
         try:
@@ -381,7 +383,7 @@ class BrokerService:
                 await core.special_steps.idle()
         except TimeoutError:
             log.warning(
-                "shutdown phase 0: %d special step(s) still under way after %.0f s "
+                "shutdown phase 1: %d special step(s) still under way after %.0f s "
                 "(an escape awaiting its answer): cancelled; what they handed on may be "
                 "handed on again",
                 core.special_steps.under_way,
