@@ -103,7 +103,7 @@ class ControllerLink:
             )
             return True
         if state.epoch > core.role.epoch:
-            core.role = dataclasses.replace(core.role, state=state)
+            core.role = dataclasses.replace(core.role, state=state, learnt_at=time.monotonic())
         return False
 
     def stale(self, exc: StaleEpoch, where: str) -> None:

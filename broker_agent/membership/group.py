@@ -16,6 +16,7 @@ from __future__ import annotations
 
 import asyncio
 import logging
+import time
 from typing import Final
 
 from broker_agent.core import BrokerCore
@@ -26,6 +27,7 @@ from ha_controller.protocol.codes import RequestCode
 from ha_controller.protocol.errors import EscapesUnresolved, HaError
 from ha_controller.routing import BrokerMemberGroup
 from ha_controller.rpc import RequestContext
+from ha_controller.rpc.bounds import Throttle
 from ha_controller.wire import member_group_from_pb
 
 log = logging.getLogger(__name__)
@@ -51,6 +53,7 @@ class MemberGroupSync:
         #: changes applied so far: a view fetched while a notice changed the role is
         #: older than that notice and is dropped
         self.applied = 0
+        self._defer_log = Throttle(5.0)
 
     def register(self) -> None:
         add = self.core.dispatcher.add
@@ -163,6 +166,14 @@ class MemberGroupSync:
         self, min_id: int, min_addr: str | None, offline: str | None, ha_addr: str | None
     ) -> Decision:
         core = self.core
+        if min_id == core.cfg.broker_id and not core.acting.is_master and not core.acting.chosen:
+            why = core.role.elected_elsewhere(
+                core.member_id, time.monotonic(), core.cfg.broker_not_active_timeout_ms
+            )
+            if why is not None:
+                if self._defer_log.hit(time.monotonic()):
+                    log.info("%s", why)
+                return Decision(False, reason=why)  # asked again at the next view
         decision = core.acting.on_min_broker_change(min_id, min_addr, offline, ha_addr)
         if not decision.changed:
             return decision

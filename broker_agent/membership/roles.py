@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import asyncio
 import logging
+import time
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 
@@ -48,6 +49,8 @@ class Role:
     promoted: bool = False
     #: an unclean election: take writes only once this (monotonic) time has passed
     writes_from: float = 0.0
+    #: when this broker learnt of ``state`` (monotonic s; 0: long ago)
+    learnt_at: float = 0.0
 
     @property
     def is_master(self) -> bool:
@@ -56,6 +59,32 @@ class Role:
     @property
     def epoch(self) -> int:
         return 0 if self.state is None else self.state.epoch
+
+    def elected_elsewhere(self, member: int, now: float, grace_ms: int) -> str | None:
+        """Why this slave (member ``member``) must not start acting now, or None.
+
+        The controller elected another member, and this broker learnt of it ``grace_ms``
+        ago or less (``now`` and :attr:`learnt_at` are monotonic seconds): that master is
+        coming up (its service rebuilt around its store, then its pre-online), and the
+        nameserver, which lists no id 0 meanwhile, names some slave to act.  A slave
+        that acted then would hand on again what the elected member handed on while it
+        acted (its tables start from the old master's progress; seen: the timer
+        messages the elected member had escaped, escaped a second time).  After the
+        grace the elected master may have died too: acting is for a master that is
+        gone, as before."""
+        state = self.state
+        if not self.controlled or state is None or state.master == member:
+            return None
+        if state.epoch <= 1:
+            return None  # the group's first state: its configured master, not elected
+        age_ms = int((now - self.learnt_at) * 1000)
+        if age_ms >= grace_ms:
+            return None
+        return (
+            f"member {state.master} was elected master of epoch {state.epoch} (told "
+            f"{age_ms} ms ago) and is coming up: not acting for it for {grace_ms - age_ms} "
+            "ms more"
+        )
 
     def describe(self) -> str:
         if not self.controlled:
@@ -88,7 +117,7 @@ def role_from_view(view: View, member: int) -> Role:
         # the group has no state yet: its configured master creates it when it asks,
         # the others wait as slaves under their own ids
         return Role(member, True)
-    return Role(view.state.route_id(member), True, view.state)
+    return Role(view.state.route_id(member), True, view.state, learnt_at=time.monotonic())
 
 
 async def ask_role(

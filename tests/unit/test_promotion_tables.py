@@ -17,11 +17,13 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from broker_agent.membership.acting import ActingState
+from broker_agent.membership.roles import Role
 from broker_agent.metadata.forward import ForwardSync
 from broker_agent.metadata.offsets import ConsumerOffsetManager, consumer_offset_sync
 from broker_agent.metadata.topics import TopicConfigManager
 from broker_agent.pull_hold import PullHoldService
 from broker_agent.store.types import Dispatched
+from ha_controller.controller.state import GroupState
 from ha_controller.dataversion import DataVersion
 from ha_controller.protocol.properties import OFFSET_TOPIC
 from ha_controller.protocol.record import StoredMessage
@@ -119,3 +121,16 @@ def test_a_rebuilt_acting_slave_stops_acting_for_good() -> None:
     plain = ActingState(2, True)
     plain.on_min_broker_change(1, "s1:1")
     assert not plain.hand_over().changed
+
+
+def test_a_slave_does_not_act_for_a_member_elected_moments_ago() -> None:
+    def role(epoch: int, master: int, learnt_at: float) -> Role:
+        state = GroupState("c", "g", epoch, master, frozenset({master, 2}))
+        return Role(state.route_id(2), True, state, learnt_at=learnt_at)
+
+    # member 1 was elected 0.3 s ago: it is being rebuilt as master, member 2 waits
+    assert role(2, 1, 10.0).elected_elsewhere(2, 10.3, 2000) is not None
+    assert role(2, 1, 10.0).elected_elsewhere(2, 12.0, 2000) is None  # it may be gone
+    assert role(1, 0, 10.0).elected_elsewhere(2, 10.3, 2000) is None  # not an election
+    assert role(2, 2, 10.0).elected_elsewhere(2, 10.3, 2000) is None  # us
+    assert Role(2).elected_elsewhere(2, 10.3, 2000) is None  # no controller
