@@ -6,6 +6,7 @@ from pathlib import Path
 import pytest
 
 from ha_controller.testing import ProcessHandle, run_nameserver
+from ha_controller.testing.etcd import EtcdCluster, etcd_missing, run_etcd
 
 
 @pytest.fixture
@@ -16,3 +17,18 @@ def nameserver(tmp_path: Path) -> Iterator[ProcessHandle]:
         yield ns
     finally:
         ns.stop()
+
+
+@pytest.fixture
+def etcd(tmp_path: Path) -> Iterator[EtcdCluster]:
+    """A real one-member etcd on loopback (controller mode); skips where none can run."""
+    why = etcd_missing()
+    if why is not None:
+        pytest.skip(why)
+    workdir = tmp_path / "etcd"
+    workdir.mkdir()
+    cluster = run_etcd(workdir)
+    try:
+        yield cluster
+    finally:
+        cluster.stop()

@@ -13,7 +13,6 @@ import json
 import subprocess
 import time
 from collections.abc import Iterator
-from pathlib import Path
 from typing import Any
 
 import pytest
@@ -30,22 +29,13 @@ from ha_controller.testing import (
     run_broker,
     run_cluster,
 )
-from ha_controller.testing.etcd import EtcdCluster, etcd_missing, run_etcd
+from ha_controller.testing.etcd import EtcdCluster, etcd_missing
 
 pytestmark = pytest.mark.skipif(etcd_missing() is not None, reason=str(etcd_missing()))
 
 GROUP = "broker-a"
 TOPIC = "CtlTopic"
 QUEUES = 4
-
-
-@pytest.fixture
-def etcd(tmp_path: Path) -> Iterator[EtcdCluster]:
-    cluster = run_etcd(tmp_path)
-    try:
-        yield cluster
-    finally:
-        cluster.stop()
 
 
 @pytest.fixture

@@ -20,8 +20,6 @@ import asyncio
 import json
 import time
 from collections import Counter
-from collections.abc import Iterator
-from pathlib import Path
 from typing import Any
 
 import pytest
@@ -40,21 +38,12 @@ from ha_controller.testing import (
     run_broker,
     run_cluster,
 )
-from ha_controller.testing.etcd import EtcdCluster, etcd_missing, run_etcd
+from ha_controller.testing.etcd import EtcdCluster, etcd_missing
 
 pytestmark = pytest.mark.skipif(etcd_missing() is not None, reason=str(etcd_missing()))
 
 TOPIC = "HandoverTopic"
 QUEUES = 2
-
-
-@pytest.fixture
-def etcd(tmp_path: Path) -> Iterator[EtcdCluster]:
-    cluster = run_etcd(tmp_path)
-    try:
-        yield cluster
-    finally:
-        cluster.stop()
 
 
 def controller_env(etcd: EtcdCluster) -> dict[str, str]:

@@ -48,7 +48,7 @@ from ha_controller.proto import broker_pb2, common_pb2
 from ha_controller.protocol.codes import RequestCode
 from ha_controller.protocol.errors import HaError
 from ha_controller.testing import Cluster, ProcessHandle, eventually, run_cluster
-from ha_controller.testing.etcd import EtcdCluster, etcd_missing, run_etcd
+from ha_controller.testing.etcd import EtcdCluster
 
 ROOT = Path(__file__).resolve().parents[2]
 DASHBOARDS = sorted((ROOT / "grafana" / "dashboards").glob("*.json"))
@@ -248,20 +248,6 @@ class PromAPI:
     async def healthy_targets(self) -> set[str]:
         data = await self.get("/api/v1/targets", state="active")
         return {t["scrapeUrl"] for t in data["activeTargets"] if t["health"] == "up"}
-
-
-@pytest.fixture
-def etcd(tmp_path: Path) -> Iterator[EtcdCluster]:
-    why = etcd_missing()
-    if why is not None:
-        pytest.skip(why)
-    workdir = tmp_path / "etcd"
-    workdir.mkdir()
-    cluster = run_etcd(workdir)
-    try:
-        yield cluster
-    finally:
-        cluster.stop()
 
 
 @pytest.fixture
