@@ -96,6 +96,7 @@ def store_config(cfg: BrokerConfig) -> StoreConfig:
         disk_max_used_space_ratio=cfg.disk_max_used_space_ratio,
         max_open_files=cfg.max_open_files,
         consume_queue_file_entries=cfg.consume_queue_file_entries,
+        key_index_max_entries=cfg.key_index_max_entries,
     )
 
 
