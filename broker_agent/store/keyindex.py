@@ -51,6 +51,8 @@ log = logging.getLogger(__name__)
 #: hash u32 | commit-log offset u64 | store time u64 | crc32 of the first 20 bytes u32
 ENTRY = struct.Struct(">IQQI")
 _BODY = struct.Struct(">IQQ")
+_TAIL = struct.Struct(">QQ")
+_crc32 = zlib.crc32
 _POINT = struct.Struct(">QQI")  # offset, entries in the files then, crc32 of both
 _NAME_DIGITS = 20
 
@@ -112,9 +114,13 @@ class KeyIndex:
         self.indexed_to = offset + size
         if self._failed is not None or not (keys or uniq_key):
             return 0
-        hashes = [key_hash(topic, k) for k in keys.split()] if keys else []
+        if keys:
+            prefix = topic + "#"
+            hashes = [_crc32((prefix + k).encode()) for k in keys.split()]
+        else:
+            hashes = []
         if uniq_key:
-            hashes.append(uniq_hash(uniq_key))
+            hashes.append(_crc32(("#uniq#" + uniq_key).encode()))
         if self.entries + len(hashes) > self.max_entries:
             if not self.overflow:
                 log.warning(
@@ -130,6 +136,8 @@ class KeyIndex:
             self.commit()
             self._buf_file = start
         m = self._map
+        buf = self._buf
+        tail = _TAIL.pack(offset, store_ts)
         for h in hashes:
             old = m.get(h)
             if old is None:
@@ -139,7 +147,9 @@ class KeyIndex:
                     m[h] = [old, offset]
             elif old[-1] != offset:
                 old.append(offset)
-            self._buf += _entry(h, offset, store_ts)
+            body = h.to_bytes(4, "big") + tail
+            buf += body
+            buf += _crc32(body).to_bytes(4, "big")
         self._files[start] = self._files.get(start, 0) + len(hashes)
         self.entries += len(hashes)
         return len(hashes)
