@@ -507,5 +507,9 @@ class BrokerCore:
         self.metrics.store_writable.labels(**ident).set(1 if self.store.writable else 0)
         self.metrics.store_free_bytes.labels(**ident).set(self.store.free_disk_bytes)
         self.metrics.pull_held.labels(**ident).set(self.holds.held_count)
+        keys = self.store.key_index_stats
+        if keys:
+            self.metrics.key_index_entries.labels(**ident).set(keys["entries"])
+            self.metrics.key_index_overflow.labels(**ident).set(keys["overflow"])
         self.refresh_store_bytes()
         self.update_role_metrics()
