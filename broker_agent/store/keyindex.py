@@ -343,6 +343,8 @@ class KeyIndex:
             self._reset()
             resume = log_min
         self.indexed_to = resume
+        # an older point could lie past a log that recovery truncated and that grows again
+        self.write_point(resume)
         return resume
 
     def _reset(self) -> None:

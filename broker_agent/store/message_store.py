@@ -900,7 +900,9 @@ class MessageStore:
             return None
         try:
             (size,) = struct.unpack(">I", self._cl.read_at(offset, 4))
-            if size < MIN_RECORD_SIZE or offset + size > self._cl.max_offset:
+            # a record is never larger than this (an id from a user may point anywhere)
+            bound = min(self._cl.segment_size, 2 * self._config.max_message_size_bytes)
+            if not MIN_RECORD_SIZE <= size <= bound or offset + size > self._cl.max_offset:
                 return None
             record, _ = decode_record(self._cl.read_at(offset, size))
         except (CorruptRecord, OffsetOutOfRange, StoreError):

@@ -95,7 +95,8 @@ def test_a_corrupt_or_missing_file_rebuilds_from_the_log_start(
         again = index(tmp_path / "i")
         assert again.load(0, 12_000) == 0
     assert "fails its CRC; rebuilding it from the commit log at 0" in caplog.text
-    assert again.entries == 0 and not list((tmp_path / "i").iterdir())
+    assert again.entries == 0
+    assert [p.name for p in (tmp_path / "i").iterdir()] == ["point"]
     fill(again, 12)
     again.close()
     # a file gone: the point's entry count shows it
@@ -170,6 +171,8 @@ def test_store_queries_by_key_id_and_time_across_a_restart(tmp_path: Path) -> No
         # an offset message id reads its record, also when it was never keyed
         assert store.query_by_id(ids[3])[0].uniq_key == "U3"
         assert store.query_by_id(make_msg_id("10.0.0.9:1", 0)) == []  # another broker's
+        assert store.query_by_id(make_msg_id(HOST, 7)) == []  # inside a record
+        assert store.query_by_id(make_msg_id(HOST, 1 << 40)) == []  # past the log
         assert store.query_by_id("nothing") == []
     # reopened: the index is loaded (and would be rebuilt without its files)
     with MessageStore.open(tmp_path / "s", CFG) as store:
@@ -215,3 +218,20 @@ def test_retention_drops_the_keys_of_deleted_segments(tmp_path: Path) -> None:
         assert got and all(m.physical_offset >= cl_min for m in got)
         assert store.key_index_stats["entries"] == 2 * len(got)
         assert int(min(p.name for p in (store_dir / "index").iterdir() if p.name.isdigit())) > 0
+
+
+def test_a_point_past_a_truncated_log_is_not_trusted_once_the_log_grows_again(
+    tmp_path: Path,
+) -> None:
+    ki = index(tmp_path / "i")
+    ki.load(0, 0)
+    fill(ki, 10)
+    ki.close()  # point 10000
+    # recovery truncated the log at 6000: records 6..9 are gone
+    cut = index(tmp_path / "i")
+    assert cut.load(0, 6000) == 5000  # the last record left is indexed again
+    cut._fd and os.close(cut._fd)  # a crash before any flush
+    # the log grew past the old point with other records: indexing resumes at 5000
+    again = index(tmp_path / "i")
+    assert again.load(0, 12_000) == 5000
+    assert again.lookup(key_hash("T", "k7")) == []
