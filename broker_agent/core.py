@@ -97,6 +97,7 @@ def store_config(cfg: BrokerConfig) -> StoreConfig:
         disk_max_used_space_ratio=cfg.disk_max_used_space_ratio,
         max_open_files=cfg.max_open_files,
         consume_queue_file_entries=cfg.consume_queue_file_entries,
+        key_index_max_entries=cfg.key_index_max_entries,
     )
 
 
@@ -531,5 +532,9 @@ class BrokerCore:
         self.metrics.store_writable.labels(**ident).set(1 if self.store.writable else 0)
         self.metrics.store_free_bytes.labels(**ident).set(self.store.free_disk_bytes)
         self.metrics.pull_held.labels(**ident).set(self.holds.held_count)
+        keys = self.store.key_index_stats
+        if keys:
+            self.metrics.key_index_entries.labels(**ident).set(keys["entries"])
+            self.metrics.key_index_overflow.labels(**ident).set(keys["overflow"])
         self.refresh_store_bytes()
         self.update_role_metrics()

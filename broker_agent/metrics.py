@@ -63,6 +63,14 @@ class BrokerMetrics:
         self.store_free_bytes = gauge(
             "hac_store_free_bytes", "Free bytes of the store's file system at the last sample"
         )
+        self.key_index_entries = gauge(
+            "hac_key_index_entries", "Keys and unique keys the key index holds now"
+        )
+        self.key_index_overflow = gauge(
+            "hac_key_index_overflow",
+            "Keys not indexed since the broker started because the index held "
+            "key_index_max_entries",
+        )
         self.store_bytes = gauge(
             "hac_store_bytes",
             "Bytes the store keeps: the commit log's span (file=commitlog) and the "

@@ -1,4 +1,5 @@
-"""Offsets and the master-only queries (max/min offset, search by time, earliest)."""
+"""Offsets and the master-only queries (max/min offset, search by time, earliest, and
+messages by key or id from the key index)."""
 
 from __future__ import annotations
 
@@ -8,9 +9,37 @@ from broker_agent.write_path import WritePath
 from ha_controller.proto import broker_pb2, common_pb2
 from ha_controller.protocol.codes import RequestCode
 from ha_controller.protocol.errors import BadRequest, SlaveAckTimeout
-from ha_controller.protocol.properties import now_ms
+from ha_controller.protocol.properties import PROPERTY_KEYS, now_ms
+from ha_controller.protocol.record import StoredMessage
 from ha_controller.rpc import RequestContext
 from ha_controller.wire import data_version_to_pb
+
+#: messages one QUERY_MESSAGE / VIEW_MESSAGE_BY_ID answers by default and at most
+#: (RocketMQ's defaultQueryMaxNum 32 and maxMsgsNumBatch 64)
+DEFAULT_QUERY_MAX = 32
+QUERY_MAX = 64
+
+
+def _query_max(requested: int) -> int:
+    if requested < 0:
+        raise BadRequest(f"max_num must be >= 0, got {requested}")
+    return min(requested or DEFAULT_QUERY_MAX, QUERY_MAX)
+
+
+def queried(m: StoredMessage) -> broker_pb2.QueriedMessage:
+    return broker_pb2.QueriedMessage(
+        topic=m.topic,
+        queue_id=m.queue_id,
+        queue_offset=m.queue_offset,
+        physical_offset=m.physical_offset,
+        store_ts_ms=m.store_ts_ms,
+        keys=m.properties.get(PROPERTY_KEYS, ""),
+        uniq_key=m.uniq_key or "",
+        body_size=len(m.body),
+        offset_msg_id=m.msg_id,
+        born_ts_ms=m.born_ts_ms,
+        tags=m.tags or "",
+    )
 
 
 class QueryHandlers:
@@ -34,6 +63,8 @@ class QueryHandlers:
         add(RequestCode.GET_EARLIEST_MSG_STORETIME, broker_pb2.QueueOffsetRequest, self.earliest)
         add(RequestCode.GET_ALL_CONSUMER_OFFSET, common_pb2.Empty, self.all_offsets)
         add(RequestCode.GET_CONSUME_STATS, broker_pb2.ConsumeStatsRequest, self.consume_stats)
+        add(RequestCode.QUERY_MESSAGE, broker_pb2.QueryMessageRequest, self.query_message)
+        add(RequestCode.VIEW_MESSAGE_BY_ID, broker_pb2.ViewMessageRequest, self.view_message)
 
     async def query_offset(
         self, ctx: RequestContext, req: broker_pb2.ConsumerOffsetRequest
@@ -91,6 +122,36 @@ class QueryHandlers:
         self.core.check_master_only("GET_EARLIEST_MSG_STORETIME")
         ts = self.core.store.earliest_msg_store_time(req.topic, req.queue_id)
         return broker_pb2.TimestampResponse(timestamp_ms=-1 if ts is None else ts)
+
+    async def query_message(
+        self, ctx: RequestContext, req: broker_pb2.QueryMessageRequest
+    ) -> broker_pb2.QueryMessageResponse:
+        self.core.check_master_only("QUERY_MESSAGE")
+        if not req.topic or not req.key:
+            raise BadRequest("QUERY_MESSAGE needs a topic and a key")
+        if req.end_ms and req.end_ms < req.begin_ms:
+            raise BadRequest(f"end_ms {req.end_ms} is before begin_ms {req.begin_ms}")
+        found = self.core.store.query_by_key(
+            req.topic,
+            req.key,
+            begin_ms=req.begin_ms,
+            end_ms=req.end_ms or None,
+            max_num=_query_max(req.max_num),
+        )
+        return broker_pb2.QueryMessageResponse(
+            broker_name=self.core.name, messages=[queried(m) for m in found]
+        )
+
+    async def view_message(
+        self, ctx: RequestContext, req: broker_pb2.ViewMessageRequest
+    ) -> broker_pb2.QueryMessageResponse:
+        self.core.check_master_only("VIEW_MESSAGE_BY_ID")
+        if not req.msg_id:
+            raise BadRequest("VIEW_MESSAGE_BY_ID needs a message id")
+        found = self.core.store.query_by_id(req.msg_id, max_num=_query_max(req.max_num))
+        return broker_pb2.QueryMessageResponse(
+            broker_name=self.core.name, messages=[queried(m) for m in found]
+        )
 
     async def all_offsets(
         self, ctx: RequestContext, req: common_pb2.Empty

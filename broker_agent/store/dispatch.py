@@ -6,7 +6,8 @@ dispatched (``reput_offset``).  :meth:`QueueIndex.dispatch` writes one record's 
 idempotently (an entry already in place is skipped, one that disagrees is rewritten
 from the log, an empty queue starts where its first record says); :meth:`QueueIndex.reput`
 dispatches from the reput offset on, gathering the entries that continue a queue into
-runs written with one ``pwrite`` per queue file.  Recovery (``recovery``) dispatches
+runs written with one ``pwrite`` per queue file, and indexes the records' keys
+(``keyindex``) when the store keeps a key index.  Recovery (``recovery``) dispatches
 the walked log through the same :meth:`QueueIndex.dispatch`.  The store's lock is the
 caller's.
 """
@@ -23,6 +24,7 @@ from ha_controller.protocol.record import BLANK, DispatchHead, StoredMessage, ta
 from .commitlog import CommitLog, store_error
 from .consumequeue import ConsumeQueue
 from .files import FileCache
+from .keyindex import KeyIndex
 from .types import TOPIC_RE, Dispatched
 
 __all__ = ["QueueIndex"]
@@ -47,6 +49,8 @@ class QueueIndex:
         self.rebased: set[tuple[str, int]] = set()
         #: replicated records skipped because their queue offset left a gap
         self.gaps = 0
+        #: the key index the reput feeds too (None: keys are not indexed)
+        self.keys: KeyIndex | None = None
 
     def load(self) -> None:
         """The consume queues on disk."""
@@ -161,9 +165,19 @@ class QueueIndex:
         if start >= cl.max_offset:
             return out
         runs: dict[tuple[str, int], tuple[ConsumeQueue, list[tuple[int, int, int]]]] = {}
+        keys = self.keys
         try:
             for offset, record, size in cl.scan(start, heads=True):
                 if record is not BLANK:
+                    if keys is not None and (record.keys or record.uniq_key):
+                        keys.add(
+                            record.topic,
+                            record.keys,
+                            record.uniq_key,
+                            offset,
+                            size,
+                            record.store_ts_ms,
+                        )
                     key = (record.topic, record.queue_id)
                     run = runs.get(key)
                     if run is not None and record.queue_offset == run[0].max_offset + len(run[1]):
@@ -198,6 +212,10 @@ class QueueIndex:
             log.exception("store %s: reput found a corrupt record", self.store_dir)
             self._write_runs(runs)  # the whole records before it
             raise
+        finally:
+            if keys is not None:
+                keys.indexed_to = max(keys.indexed_to, self.reput_offset)
+                keys.commit()
         self._write_runs(runs)
         return out
 

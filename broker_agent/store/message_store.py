@@ -10,6 +10,7 @@ Layout under ``store_dir``::
     checkpoint                two-slot checkpoint (see ``checkpoint``)
     commitlog/<20 digits>     segment files (see ``commitlog``)
     consumequeue/<topic>/<queue id>/<20 digits>   consume-queue files (see ``consumequeue``)
+    index/<20 digits>, index/point                 the key index (see ``keyindex``)
 
 Open files: the active commit-log segment keeps its descriptor; every other file is
 opened on demand through one LRU :class:`~.files.FileCache` of ``max_open_files``
@@ -48,6 +49,11 @@ read below a queue's minimum offset answers ``OFFSET_TOO_SMALL`` with the minimu
 (and syncing the directory) means a crash in between leaves consume-queue entries that
 recovery skips, never entries without their records.
 
+Keys (``keyindex``): :meth:`put` and :meth:`reput` index every record's ``KEYS`` and
+``UNIQ_KEY``; recovery indexes what the index files miss; retention and cut backs drop
+entries with their records.  :meth:`query_by_key` and :meth:`query_by_id` read the
+candidate records and keep those that really carry the key.
+
 Message ids are RocketMQ offset message ids (store host + physical offset, hex), see
 :func:`ha_controller.protocol.record.make_msg_id`.
 """
@@ -75,6 +81,7 @@ from ha_controller.protocol.errors import (
     StoreFull,
     StoreReadOnly,
 )
+from ha_controller.protocol.properties import PROPERTY_KEYS, PROPERTY_UNIQ_KEY
 from ha_controller.protocol.record import (
     BLANK,
     MIN_RECORD_SIZE,
@@ -82,6 +89,7 @@ from ha_controller.protocol.record import (
     decode_record,
     encode_record,
     make_msg_id,
+    parse_msg_id,
     tag_hash,
 )
 
@@ -91,6 +99,7 @@ from .consumequeue import ENTRY_SIZE, ConsumeQueue, unlink_files
 from .diskspace import DiskSpace, SpaceLevel, statvfs_sampler
 from .dispatch import QueueIndex
 from .files import FileCache
+from .keyindex import KeyIndex, key_hash, uniq_hash
 from .recovery import recover
 from .retention import (
     DELETE_BATCH_MAX,
@@ -155,6 +164,11 @@ class MessageStore:
         self._retention = config.retention
         self._index = QueueIndex(store_dir, self._files, config.consume_queue_file_entries)
         self._cqs = self._index.cqs
+        self._keys = (
+            KeyIndex(store_dir / "index", config.segment_size_bytes, config.key_index_max_entries)
+            if config.key_index_max_entries
+            else None
+        )
         self._checkpoint: CheckpointFile | None = None
         self._cuts: list[int] = []  # the offsets the log was cut back to (cut_back)
         self._last_store_ts = 0
@@ -221,6 +235,8 @@ class MessageStore:
                 self._cl.sync()
                 for cq in self._cqs.values():
                     cq.sync()
+                if self._keys is not None:
+                    self._keys.close()
                 if self._checkpoint is not None:
                     self._checkpoint.write(
                         self._cl.max_offset,
@@ -261,6 +277,34 @@ class MessageStore:
         self.recovered_from = recovered.walked_from
         self._last_store_ts = recovered.last_store_ts
         self._space.refresh()
+        if self._keys is not None:
+            self._recover_keys(self._keys)
+
+    def _recover_keys(self, keys: KeyIndex) -> None:
+        """Load the key index and index the records its files miss (all of them when
+        they are missing or corrupt, see ``keyindex``); a bad record ends the walk."""
+        cl = self._cl
+        resume = keys.load(cl.min_offset, cl.max_offset)
+        added = 0
+        try:
+            for offset, record, size in cl.scan(resume, heads=True):
+                if record is not BLANK and (record.keys or record.uniq_key):
+                    added += keys.add(
+                        record.topic, record.keys, record.uniq_key, offset, size, record.store_ts_ms
+                    )
+        except (CorruptRecord, OffsetOutOfRange, StoreError) as exc:
+            logger.warning("store %s: indexing keys stopped: %s", self._dir, exc)
+        keys.indexed_to = max(keys.indexed_to, cl.max_offset)
+        keys.commit()
+        self._index.keys = keys
+        if resume < cl.max_offset:
+            logger.info(
+                "store %s: key index: %d entries, %d indexed from commit log offset %d",
+                self._dir,
+                keys.entries,
+                added,
+                resume,
+            )
 
     # --- dispatch ----------------------------------------------------------------------
 
@@ -448,6 +492,7 @@ class MessageStore:
             entries: dict[tuple[str, int], list[tuple[int, int, int]]] = {}
             records: list[bytes] = []
             placed: list[tuple[int, int, int]] = []  # (physical offset, size, queue offset)
+            keyed: list[tuple[str, str | None, str | None, int, int]] = []
             for request in requests:
                 key = (request.topic, request.queue_id)
                 queue_offset = next_offsets.get(key)
@@ -492,6 +537,10 @@ class MessageStore:
                     raise BadRequest(str(exc)) from exc
                 records.append(data)
                 placed.append((offset, size, queue_offset))
+                mkeys = msg.properties.get(PROPERTY_KEYS)
+                muniq = msg.properties.get(PROPERTY_UNIQ_KEY)
+                if mkeys or muniq:
+                    keyed.append((request.topic, mkeys, muniq, offset, size))
                 entries.setdefault(key, []).append((offset, size, tag_hash(msg.tags)))
                 end = offset + size
             charged = sum(size for _, size, _ in placed) + ENTRY_SIZE * len(placed)
@@ -521,6 +570,12 @@ class MessageStore:
                 raise
             self._space.charge(charged)  # a segment's blank fill is a hole
             self._index.reput_offset = end
+            keys = self._keys
+            if keys is not None:
+                for topic, mkeys, muniq, offset, size in keyed:
+                    keys.add(topic, mkeys, muniq, offset, size, store_ts)
+                keys.indexed_to = max(keys.indexed_to, end)
+                keys.commit()
             self._last_store_ts = store_ts
             return [
                 PutResult(
@@ -597,6 +652,11 @@ class MessageStore:
                     self._go_read_only(open_failed)
                     raise
                 cq_paths = [p for cq in self._cqs.values() if cq.dirty for p in cq.take_dirty()]
+                key_fd, key_point = (
+                    self._keys.sync_handle() if self._keys is not None else (None, 0)
+                )
+                if key_fd is not None:
+                    fds.append(key_fd)
             try:
                 for fd in fds:
                     os.fdatasync(fd)
@@ -622,6 +682,8 @@ class MessageStore:
             with self._lock:
                 self._cl.mark_flushed(target)
                 flushed = self._cl.flushed_offset
+                if self._keys is not None and not self._closed:
+                    self._keys.write_point(min(key_point, self._keys.indexed_to))
             cp = self._checkpoint
             if cp is not None:
                 last = cp.last
@@ -669,6 +731,8 @@ class MessageStore:
             result = cut_back(self._dir, self._cl, self._cqs, self._checkpoint_file(), offset)
             self._cuts.append(offset)
             self._index.reput_offset = min(self._index.reput_offset, offset)
+            if self._keys is not None:
+                self._keys.truncate(offset)
             index = self._index
             index.pending = [d for d in index.pending if d.physical_offset < offset]
             return result
@@ -828,6 +892,89 @@ class MessageStore:
                 logger.warning("store %s: reading the recent messages stopped: %s", self._dir, exc)
             return found
 
+    # --- keys -----------------------------------------------------------------------
+
+    def _record_at(self, offset: int) -> StoredMessage | None:
+        """The verified record starting at commit-log ``offset``, or None."""
+        if not self._cl.min_offset <= offset < self._cl.max_offset:
+            return None
+        try:
+            (size,) = struct.unpack(">I", self._cl.read_at(offset, 4))
+            # a record is never larger than this (an id from a user may point anywhere)
+            bound = min(self._cl.segment_size, 2 * self._config.max_message_size_bytes)
+            if not MIN_RECORD_SIZE <= size <= bound or offset + size > self._cl.max_offset:
+                return None
+            record, _ = decode_record(self._cl.read_at(offset, size))
+        except (CorruptRecord, OffsetOutOfRange, StoreError):
+            return None
+        if record is BLANK or record.physical_offset != offset:
+            return None
+        return record
+
+    def query_by_key(
+        self,
+        topic: str,
+        key: str,
+        *,
+        begin_ms: int = 0,
+        end_ms: int | None = None,
+        max_num: int = 32,
+    ) -> list[StoredMessage]:
+        """The newest ``max_num`` messages of ``topic`` carrying message key ``key``
+        stored in [begin_ms, end_ms], newest first (RocketMQ's QUERY_MESSAGE)."""
+        with self._lock:
+            self._check_open()
+            if self._keys is None:
+                return []
+            found: list[StoredMessage] = []
+            for offset in reversed(self._keys.lookup(key_hash(topic, key))):
+                if len(found) >= max_num:
+                    break
+                record = self._record_at(offset)
+                if (
+                    record is not None
+                    and record.topic == topic
+                    and key in record.keys
+                    and begin_ms <= record.store_ts_ms
+                    and (end_ms is None or record.store_ts_ms <= end_ms)
+                ):
+                    found.append(record)
+            return found
+
+    def query_by_id(self, msg_id: str, *, max_num: int = 32) -> list[StoredMessage]:
+        """The messages whose unique key (the id clients see) is ``msg_id``, newest
+        first (several: a retried send is stored twice); and, when ``msg_id`` is an
+        offset message id of this log's store host, the record it points at
+        (RocketMQ's VIEW_MESSAGE_BY_ID)."""
+        with self._lock:
+            self._check_open()
+            found: list[StoredMessage] = []
+            if self._keys is not None:
+                for offset in reversed(self._keys.lookup(uniq_hash(msg_id))):
+                    if len(found) >= max_num:
+                        break
+                    record = self._record_at(offset)
+                    if record is not None and record.uniq_key == msg_id:
+                        found.append(record)
+            try:
+                _, offset = parse_msg_id(msg_id)
+            except ValueError:
+                return found
+            record = self._record_at(offset)
+            if (
+                record is not None
+                and make_msg_id(record.store_host, offset) == msg_id.upper()
+                and all(m.physical_offset != offset for m in found)
+            ):
+                found.append(record)
+            return found
+
+    @property
+    def key_index_stats(self) -> dict[str, int]:
+        """entries, overflow (keys not indexed: the bound was reached), files."""
+        with self._lock:
+            return self._keys.stats() if self._keys is not None else {}
+
     def get_message_at(self, topic: str, queue_id: int, offset: int) -> StoredMessage | None:
         """The message at queue ``offset``, or None if there is none (or it is unreadable)."""
         with self._lock:
@@ -941,6 +1088,8 @@ class MessageStore:
             gone = self._cl.detach_oldest(decision.segments)
             cl_min = self._cl.min_offset
             keys = list(self._cqs)
+            if gone and self._keys is not None:
+                self._keys.drop_below(cl_min)
         if gone:
             unlink_segments(self._cl_dir, [seg.path for seg in gone])
         # the segments are gone for good (directory synced): consume queues follow

@@ -64,6 +64,8 @@ class StoreConfig:
     max_open_files: int = 256
     #: entries per consume-queue file
     consume_queue_file_entries: int = DEFAULT_FILE_ENTRIES
+    #: keys the key index holds at most (0: no key index; see keyindex)
+    key_index_max_entries: int = 1_000_000
 
     def __post_init__(self) -> None:
         if self.segment_size_bytes < 4096:
@@ -117,6 +119,11 @@ class StoreConfig:
         if self.consume_queue_file_entries < 1:
             raise ConfigError(
                 f"consume_queue_file_entries must be >= 1, got {self.consume_queue_file_entries}"
+            )
+
+        if self.key_index_max_entries < 0:
+            raise ConfigError(
+                f"key_index_max_entries must be >= 0, got {self.key_index_max_entries}"
             )
 
     @property

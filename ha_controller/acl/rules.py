@@ -281,6 +281,16 @@ RULES: Final[dict[int, Rule]] = {
     RequestCode.GET_EARLIEST_MSG_STORETIME: Rule(
         broker_pb2.QueueOffsetRequest, _queue_query, "Topic:<topic>", "Sub or Get"
     ),
+    RequestCode.QUERY_MESSAGE: Rule(
+        broker_pb2.QueryMessageRequest, _queue_query, "Topic:<topic>", "Sub or Get"
+    ),
+    RequestCode.VIEW_MESSAGE_BY_ID: Rule(
+        broker_pb2.ViewMessageRequest,
+        _super_only,
+        "-",
+        "Super",
+        "the request names no topic; the answer may hold any",
+    ),
     RequestCode.HEART_BEAT: Rule(
         broker_pb2.ClientHeartbeat,
         _client,

@@ -29,7 +29,7 @@ import sys
 from collections.abc import Sequence
 from typing import Any
 
-from ha_controller.cli import acl, demo, drill, services, tools
+from ha_controller.cli import acl, demo, drill, message, services, tools
 from ha_controller.cli.common import HelpFormatter
 from ha_controller.protocol.errors import ConfigError, HaError, TlsClosedEarly, TlsError
 
@@ -81,6 +81,7 @@ def build_parser() -> argparse.ArgumentParser:
     services.add_commands(sub)  # nameserver, broker, proxy
     demo.add_commands(sub)
     tools.add_commands(sub)  # produce, consume, topic, groups, route
+    message.add_commands(sub)  # message query
     drill.add_commands(sub)  # drill, analyze
     acl.add_commands(sub)  # user, acl
     return p

@@ -1,5 +1,6 @@
 """Admin client for the nameserver (routes, cluster info, member groups) and for the
-topics on the brokers it lists (create, update, delete, tables, queue offsets)."""
+topics on the brokers it lists (create, update, delete, tables, queue offsets, messages
+by key or id)."""
 
 from __future__ import annotations
 
@@ -38,6 +39,7 @@ __all__ = [
     "ConsumerLag",
     "GroupInfo",
     "GroupLag",
+    "MessageQuery",
     "NameserverClient",
     "NameserverUnavailable",
     "QueueOffsets",
@@ -139,6 +141,15 @@ def _reason(exc: BaseException) -> str:
             return os.strerror(e.errno).lower()
         e = e.__cause__
     return str(exc) or type(exc).__name__
+
+
+@dataclass(frozen=True)
+class MessageQuery:
+    """What ``hactl message query`` found: (broker that answered, message) pairs, and
+    the groups that could not be asked, with why."""
+
+    found: list[tuple[str, broker_pb2.QueriedMessage]]
+    failed: dict[str, str]
 
 
 @dataclass(frozen=True)
@@ -598,6 +609,66 @@ class NameserverClient(AsyncLifecycle):
             addr = b.broker_addrs.get(0) or b.broker_addrs[min(b.broker_addrs)]
             jobs += [one(b.broker_name, addr, i) for i in range(q.read_queue_nums)]
         return list(await asyncio.gather(*jobs))
+
+    async def query_messages(
+        self,
+        *,
+        topic: str | None = None,
+        key: str | None = None,
+        msg_id: str | None = None,
+        begin_ms: int = 0,
+        end_ms: int = 0,
+        max_num: int = 0,
+        cluster: str | None = None,
+    ) -> MessageQuery:
+        """Messages of ``topic`` by message ``key`` (QUERY_MESSAGE), or by ``msg_id``
+        (VIEW_MESSAGE_BY_ID), asked of every broker group (of the topic's route, or of
+        ``cluster``) at its master, or at its acting slave when the master is away;
+        merged newest first."""
+        if (key is None) == (msg_id is None):
+            raise ValueError("give a key or a message id")
+        groups = await self.groups()
+        if key is not None:
+            if not topic:
+                raise ValueError("a key query needs a topic")
+            route = await self.route(topic)
+            names = {b.broker_name for b in route.broker_datas}
+            groups = [g for g in groups if g.broker_name in names]
+        elif cluster:
+            groups = [g for g in groups if g.cluster == cluster]
+        req: Message
+        if key is not None:
+            method = RequestCode.QUERY_MESSAGE
+            req = broker_pb2.QueryMessageRequest(
+                topic=topic, key=key, begin_ms=begin_ms, end_ms=end_ms, max_num=max_num
+            )
+        else:
+            method = RequestCode.VIEW_MESSAGE_BY_ID
+            req = broker_pb2.ViewMessageRequest(msg_id=msg_id, max_num=max_num)
+        failed: dict[str, str] = {}
+
+        async def ask(g: GroupInfo) -> list[tuple[str, broker_pb2.QueriedMessage]]:
+            serving = 0 if g.master_online else g.acting_broker_id
+            if serving is None:
+                failed[g.broker_name] = "no master or acting slave online"
+                return []
+            try:
+                pb = await self.pool.call_pb(
+                    g.members[serving],
+                    method,
+                    req,
+                    broker_pb2.QueryMessageResponse,
+                    BROKER_ADMIN_TIMEOUT_MS,
+                )
+            except (HaError, OSError) as exc:
+                failed[g.broker_name] = _reason(exc)
+                return []
+            return [(pb.broker_name, m) for m in pb.messages]
+
+        per_group = await asyncio.gather(*(ask(g) for g in groups))
+        found = [pair for answer in per_group for pair in answer]
+        found.sort(key=lambda p: (-p[1].store_ts_ms, p[0], p[1].queue_id, p[1].queue_offset))
+        return MessageQuery(found, failed)
 
     async def aclose(self) -> None:
         if self._own_pool:

@@ -360,6 +360,15 @@ class BrokerConfig(Validated):
             "deletes a queue's files whose messages are all deleted."
         ),
     )
+    key_index_max_entries: int = setting(
+        1_000_000,
+        ge=0,
+        doc=(
+            "Message keys and unique keys the key index holds at most (`hactl message query`; "
+            "about 100 bytes of memory each). Past it newer keys are not indexed until "
+            "retention deletes old segments (counted, logged once); 0 turns the index off."
+        ),
+    )
     auto_create_topic: bool = setting(
         True,
         section="Topics, pulls",

@@ -666,3 +666,59 @@ class SubscriptionGroupTable(_message.Message):
     groups: _containers.RepeatedCompositeFieldContainer[SubscriptionGroupConfig]
     data_version: _common_pb2.DataVersion
     def __init__(self, groups: _Optional[_Iterable[_Union[SubscriptionGroupConfig, _Mapping]]] = ..., data_version: _Optional[_Union[_common_pb2.DataVersion, _Mapping]] = ...) -> None: ...
+
+class QueryMessageRequest(_message.Message):
+    __slots__ = ("topic", "key", "begin_ms", "end_ms", "max_num")
+    TOPIC_FIELD_NUMBER: _ClassVar[int]
+    KEY_FIELD_NUMBER: _ClassVar[int]
+    BEGIN_MS_FIELD_NUMBER: _ClassVar[int]
+    END_MS_FIELD_NUMBER: _ClassVar[int]
+    MAX_NUM_FIELD_NUMBER: _ClassVar[int]
+    topic: str
+    key: str
+    begin_ms: int
+    end_ms: int
+    max_num: int
+    def __init__(self, topic: _Optional[str] = ..., key: _Optional[str] = ..., begin_ms: _Optional[int] = ..., end_ms: _Optional[int] = ..., max_num: _Optional[int] = ...) -> None: ...
+
+class ViewMessageRequest(_message.Message):
+    __slots__ = ("msg_id", "max_num")
+    MSG_ID_FIELD_NUMBER: _ClassVar[int]
+    MAX_NUM_FIELD_NUMBER: _ClassVar[int]
+    msg_id: str
+    max_num: int
+    def __init__(self, msg_id: _Optional[str] = ..., max_num: _Optional[int] = ...) -> None: ...
+
+class QueriedMessage(_message.Message):
+    __slots__ = ("topic", "queue_id", "queue_offset", "physical_offset", "store_ts_ms", "keys", "uniq_key", "body_size", "offset_msg_id", "born_ts_ms", "tags")
+    TOPIC_FIELD_NUMBER: _ClassVar[int]
+    QUEUE_ID_FIELD_NUMBER: _ClassVar[int]
+    QUEUE_OFFSET_FIELD_NUMBER: _ClassVar[int]
+    PHYSICAL_OFFSET_FIELD_NUMBER: _ClassVar[int]
+    STORE_TS_MS_FIELD_NUMBER: _ClassVar[int]
+    KEYS_FIELD_NUMBER: _ClassVar[int]
+    UNIQ_KEY_FIELD_NUMBER: _ClassVar[int]
+    BODY_SIZE_FIELD_NUMBER: _ClassVar[int]
+    OFFSET_MSG_ID_FIELD_NUMBER: _ClassVar[int]
+    BORN_TS_MS_FIELD_NUMBER: _ClassVar[int]
+    TAGS_FIELD_NUMBER: _ClassVar[int]
+    topic: str
+    queue_id: int
+    queue_offset: int
+    physical_offset: int
+    store_ts_ms: int
+    keys: str
+    uniq_key: str
+    body_size: int
+    offset_msg_id: str
+    born_ts_ms: int
+    tags: str
+    def __init__(self, topic: _Optional[str] = ..., queue_id: _Optional[int] = ..., queue_offset: _Optional[int] = ..., physical_offset: _Optional[int] = ..., store_ts_ms: _Optional[int] = ..., keys: _Optional[str] = ..., uniq_key: _Optional[str] = ..., body_size: _Optional[int] = ..., offset_msg_id: _Optional[str] = ..., born_ts_ms: _Optional[int] = ..., tags: _Optional[str] = ...) -> None: ...
+
+class QueryMessageResponse(_message.Message):
+    __slots__ = ("broker_name", "messages")
+    BROKER_NAME_FIELD_NUMBER: _ClassVar[int]
+    MESSAGES_FIELD_NUMBER: _ClassVar[int]
+    broker_name: str
+    messages: _containers.RepeatedCompositeFieldContainer[QueriedMessage]
+    def __init__(self, broker_name: _Optional[str] = ..., messages: _Optional[_Iterable[_Union[QueriedMessage, _Mapping]]] = ...) -> None: ...

@@ -389,27 +389,34 @@ class DispatchHead(NamedTuple):
     physical_offset: int
     store_ts_ms: int
     tags: str | None
+    #: the KEYS and UNIQ_KEY properties, for the key index (``store.keyindex``)
+    keys: str | None = None
+    uniq_key: str | None = None
 
 
 _TAGS_PAIR: Final = (PROPERTY_TAGS + NAME_VALUE_SEPARATOR).encode()
+_KEYS_PAIR: Final = (PROPERTY_KEYS + NAME_VALUE_SEPARATOR).encode()
+_UNIQ_PAIR: Final = (PROPERTY_UNIQ_KEY + NAME_VALUE_SEPARATOR).encode()
 _PAIR_END: Final = PROPERTY_SEPARATOR.encode()
 
 
-def _tags_in(props: bytes) -> str | None:
-    """The TAGS value of an encoded property string: the last pair named TAGS, as
-    :func:`decode_properties` keeps it (a value cannot hold the name separator, so a
-    match is a pair's name when it starts the string or follows a pair's end)."""
-    i = props.rfind(_TAGS_PAIR)
+def _prop_in(props: bytes, pair: bytes) -> str | None:
+    """The value of one property of an encoded property string (``pair`` is its name
+    and the name separator): the last pair of that name, as :func:`decode_properties`
+    keeps it (a value cannot hold the name separator, so a match is a pair's name when
+    it starts the string or follows a pair's end)."""
+    i = props.rfind(pair)
     while i > 0 and props[i - 1 : i] != _PAIR_END:
-        i = props.rfind(_TAGS_PAIR, 0, i)
+        i = props.rfind(pair, 0, i)
     if i < 0:
         return None
-    start = i + len(_TAGS_PAIR)
+    start = i + len(pair)
     stop = props.find(_PAIR_END, start)
     try:
         return str(props[start : len(props) if stop < 0 else stop], "utf-8")
     except UnicodeDecodeError as exc:
-        raise CorruptRecord(f"invalid UTF-8 in the TAGS property: {exc}") from exc
+        name = pair[:-1].decode()
+        raise CorruptRecord(f"invalid UTF-8 in the {name} property: {exc}") from exc
 
 
 def decode_dispatch(
@@ -421,7 +428,8 @@ def decode_dispatch(
     For bytes whose CRC this store checked when it took them in (a slave's reput of
     what :meth:`~broker_agent.store.MessageStore.append_replicated` appended): lengths,
     magic and inner lengths are checked as :func:`decode_record` does, the CRC is not,
-    and neither the body nor the properties are decoded (only the tags are looked up).
+    and neither the body nor the properties are decoded (only the tags, keys and unique
+    key are looked up).
     """
     with memoryview(buf) as view:
         total, magic = _check_prefix(view, pos, _limit(view, end))
@@ -442,12 +450,18 @@ def decode_dispatch(
         p += 4
         if p + props_len + 4 > rec_end:
             raise CorruptRecord("field runs past the record end")
-        tags = _tags_in(bytes(view[p : p + props_len])) if props_len else None
+        tags = keys = uniq = None
+        if props_len:
+            props = bytes(view[p : p + props_len])
+            tags = _prop_in(props, _TAGS_PAIR)
+            keys = _prop_in(props, _KEYS_PAIR)
+            uniq = _prop_in(props, _UNIQ_PAIR)
         p += props_len
         (body_len,) = _U32.unpack_from(view, p)
         if p + 4 + body_len != rec_end:
             raise CorruptRecord(f"body length {body_len} disagrees with record length {total}")
-    return DispatchHead(topic, queue_id, queue_offset, physical, store_ts, tags), total
+    head = DispatchHead(topic, queue_id, queue_offset, physical, store_ts, tags, keys, uniq)
+    return head, total
 
 
 def iter_records(

@@ -1,0 +1,136 @@
+"""What the key index costs per appended message, against the same append without it.
+
+    .venv/bin/python bench/key_index.py [--messages 20000] [--batch 1] [--rounds 3]
+
+In this process, over real stores in a temporary directory (async flush, as brokers
+run): ``MessageStore.put_batch`` of ``--messages`` messages of 128 bytes, each with two
+keys (``KEYS``) and a unique key (``UNIQ_KEY``), like an SDK's send, into a store with
+the key index on (``key_index_max_entries`` 1,000,000) and one with it off (0).  The
+two alternate ``--rounds`` times (the best round of each is kept, so another process's
+burst does not count); then a slave's path: ``append_replicated`` of the same bytes and
+``reput``, index on and off.  Also: the memory the index holds per entry (tracemalloc)
+and a lookup's time.  Prints microseconds per message and the ratio.
+"""
+
+from __future__ import annotations
+
+import argparse
+import sys
+import tempfile
+import time
+import tracemalloc
+from pathlib import Path
+
+sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
+
+from broker_agent.store import MessageStore, StoreConfig
+from broker_agent.store.keyindex import KeyIndex, key_hash
+from broker_agent.store.types import PutRequest
+
+HOST = "127.0.0.1:10911"
+
+
+def requests(n: int) -> list[PutRequest]:
+    return [
+        PutRequest(
+            "BenchTopic",
+            i % 8,
+            b"x" * 128,
+            {"KEYS": f"order-{i} customer-{i % 997}", "UNIQ_KEY": f"7F00000100002A9F0000{i:012X}"},
+            0,
+            None,
+            "",
+            HOST,
+        )
+        for i in range(n)
+    ]
+
+
+def config(index: bool) -> StoreConfig:
+    return StoreConfig(key_index_max_entries=1_000_000 if index else 0)
+
+
+def put_run(reqs: list[PutRequest], batch: int, index: bool) -> tuple[float, bytes]:
+    with tempfile.TemporaryDirectory() as d, MessageStore.open(Path(d), config(index)) as store:
+        t0 = time.perf_counter()
+        for i in range(0, len(reqs), batch):
+            store.put_batch(reqs[i : i + batch])
+        elapsed = time.perf_counter() - t0
+        return elapsed, store.read_commitlog(0, 1 << 30)
+
+
+def reput_run(data: bytes, index: bool) -> float:
+    with tempfile.TemporaryDirectory() as d, MessageStore.open(Path(d), config(index)) as store:
+        chunk = 256 * 1024
+        t0 = time.perf_counter()
+        pos = 0
+        while pos < len(data):
+            # whole records only: cut where the master's HA transfer would
+            part = store_slice(data, pos, chunk)
+            store.append_replicated(pos, part)
+            pos += len(part)
+            store.reput()
+        return time.perf_counter() - t0
+
+
+def store_slice(data: bytes, pos: int, max_bytes: int) -> bytes:
+    end = pos
+    while end < len(data):
+        size = int.from_bytes(data[end : end + 4], "big")
+        if end + size - pos > max_bytes and end > pos:
+            break
+        end += size
+    return data[pos:end]
+
+
+def memory_per_entry(n: int) -> float:
+    with tempfile.TemporaryDirectory() as d:
+        ki = KeyIndex(Path(d) / "i", 64 << 20, n * 3)
+        ki.load(0, 0)
+        tracemalloc.start()
+        before = tracemalloc.get_traced_memory()[0]
+        for i in range(n):
+            ki.add("T", f"order-{i} customer-{i % 997}", f"U{i:020d}", i * 300, 300, i)
+            if i % 64 == 0:
+                ki.commit()
+        ki.commit()
+        after = tracemalloc.get_traced_memory()[0]
+        tracemalloc.stop()
+        t0 = time.perf_counter()
+        for i in range(10_000):
+            ki.lookup(key_hash("T", f"order-{i}"))
+        lookup_us = (time.perf_counter() - t0) / 10_000 * 1e6
+        ki.close()
+        print(f"index lookup (hash + dict): {lookup_us:.2f} us")
+        return (after - before) / ki.entries
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--messages", type=int, default=20000)
+    ap.add_argument("--batch", type=int, default=1, help="messages per put_batch")
+    ap.add_argument("--rounds", type=int, default=3)
+    args = ap.parse_args()
+    reqs = requests(args.messages)
+    best = {True: float("inf"), False: float("inf")}
+    data = b""
+    for _ in range(args.rounds):
+        for index in (False, True):
+            elapsed, data = put_run(reqs, args.batch, index)
+            best[index] = min(best[index], elapsed)
+    n = args.messages
+    off, on = best[False] / n * 1e6, best[True] / n * 1e6
+    print(f"put (batch {args.batch}), index off: {off:.2f} us/msg")
+    print(f"put (batch {args.batch}), index on:  {on:.2f} us/msg  ratio {on / off:.3f}")
+    rbest = {True: float("inf"), False: float("inf")}
+    for _ in range(args.rounds):
+        for index in (False, True):
+            rbest[index] = min(rbest[index], reput_run(data, index))
+    roff, ron = rbest[False] / n * 1e6, rbest[True] / n * 1e6
+    print(f"slave append+reput, index off: {roff:.2f} us/msg")
+    print(f"slave append+reput, index on:  {ron:.2f} us/msg  ratio {ron / roff:.3f}")
+    print(f"memory per entry (3 per message here): {memory_per_entry(min(n, 50_000)):.0f} bytes")
+
+
+if __name__ == "__main__":
+    main()
