@@ -113,8 +113,9 @@ class ActingState:
             return Decision(False, reason="not the chosen slave: nothing to hold")
         was_running = self.special_services_running
         first = self.held_until is None
-        # (never shorter than a hold already given: a hand-over's lasts for good)
-        self.held_until = max(self.held_until or 0.0, self._clock() + for_s)
+        # each contact renews the hold from now; a hand-over's lasts for good
+        if self.held_until != float("inf"):
+            self.held_until = self._clock() + for_s
         self.special_services_running = False
         return Decision(
             first,

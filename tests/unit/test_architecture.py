@@ -459,3 +459,13 @@ def test_only_the_write_path_puts_into_the_store() -> None:
         "expected exactly one store.put(...), in broker_agent/write_path.py:\n  "
         + ("\n  ".join(hits) or "(none)")
     )
+
+
+def test_test_file_names_are_unique() -> None:
+    """The test folders are not packages, so pytest imports each test file by its bare
+    name: two files of one name in two folders fail the whole suite's collection."""
+    seen: dict[str, list[str]] = {}
+    for path in sorted((ROOT / "tests").rglob("test_*.py")):
+        seen.setdefault(path.name, []).append(str(path.relative_to(ROOT)))
+    twice = {name: paths for name, paths in seen.items() if len(paths) > 1}
+    assert not twice, f"test files sharing a name: {twice}"
