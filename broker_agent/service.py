@@ -110,7 +110,9 @@ class BrokerService:
         core.on_store_state_changed(self.writability.changed)
         self.group = MemberGroupSync(core)
         self.escape = EscapeBridge(core, self.write_path)
-        self.schedule = ScheduleService(core, self.write_path, self.escape)
+        self.schedule = ScheduleService(
+            core, self.write_path, self.escape, fetch_members=self.group.fetch_member_group
+        )
         self.transactions = TransactionService(core, self.write_path, self.escape)
         self.pop = PopService(core, self.write_path, self.escape)
         self.locks = LockService(

@@ -33,11 +33,12 @@ from broker_agent.special.schedule import (
     restored,
 )
 from broker_agent.special.schedule.delivery import OVERDUE_LOG_LINES
+from broker_agent.special.schedule.recall import FetchMembers
 from ha_controller.config import BrokerConfig
 from ha_controller.dataversion import DataVersion
 from ha_controller.proto import broker_pb2
 from ha_controller.protocol.codes import RequestCode
-from ha_controller.protocol.errors import BadRequest, NotRecallable
+from ha_controller.protocol.errors import BadRequest, InSyncReplicasNotEnough, NotRecallable
 from ha_controller.protocol.properties import (
     DELAY_OFFSET_GROUP,
     PROPERTY_DUE_MS,
@@ -49,6 +50,7 @@ from ha_controller.protocol.properties import (
     TIMER_TOPIC,
 )
 from ha_controller.protocol.record import StoredMessage
+from ha_controller.routing import BrokerMemberGroup
 from ha_controller.rpc import RpcServer
 from ha_controller.testing import eventually
 
@@ -279,14 +281,19 @@ async def nodes(tmp_path: Path, clock: FakeClock) -> AsyncIterator[NodeFactory]:
     # restart (the messages stay; the progress files under store_dir are reloaded)
     stores: dict[str, FakeStore] = {}
 
-    def make(broker_id: int = 0, store: str = "a", **kw: object) -> Node:
+    def make(
+        broker_id: int = 0,
+        store: str = "a",
+        fetch_members: FetchMembers | None = None,
+        **kw: object,
+    ) -> Node:
         broker = FakeBroker(
             config(tmp_path / store, broker_id, **kw),
             addr=f"127.0.0.1:{10911 + len(made)}",
             store=stores.setdefault(store, FakeStore(clock)),
         )
         core, write_path, escape = broker.core, broker.write_path, broker.escape
-        service = ScheduleService(core, write_path, escape, clock)  # type: ignore[arg-type]
+        service = ScheduleService(core, write_path, escape, clock, fetch_members)  # type: ignore[arg-type]
         node = Node(broker, service, clock)
         made.append(node)
         return node
@@ -631,6 +638,7 @@ async def test_an_acting_slaves_recall_survives_restart_and_reaches_the_master(
 ) -> None:
     slave = nodes(broker_id=1, store="s")
     slave.core.acting.on_min_broker_change(1, slave.core.addr)
+    slave.core.member_group = BrokerMemberGroup("c", "broker-a", {1: slave.core.addr})
     put_delayed(slave, {"TIMER_DELIVER_MS": str(T0 + 60_000), "UNIQ_KEY": "late"})
     async with serving(slave) as addr, running(slave):
         await recall(slave, addr, "late", T0 + 60_000)
@@ -642,6 +650,36 @@ async def test_an_acting_slaves_recall_survives_restart_and_reaches_the_master(
     async with serving(again) as addr:
         await reverse_sync(master.schedule.tables(), master.core.pool, 1, addr)
     assert "late" in master.schedule.recalls
+
+
+async def test_an_acting_slave_hands_its_recall_to_members_it_has_not_read_yet(
+    nodes: NodeFactory,
+) -> None:
+    """A slave that acts right after its start has not read its group yet (its view is
+    read every second): it asks the nameservers, and hands the recall on to every other
+    slave there; knowing no member at all, it refuses the recall as retriable.  (Before,
+    it answered the recall and kept it alone: the slave acting after its death
+    delivered the message.)"""
+    other = nodes(broker_id=2, store="s2")
+    async with serving(other) as other_addr:
+        listed: list[BrokerMemberGroup | None] = [None]
+
+        async def fetch() -> BrokerMemberGroup | None:
+            return listed[0]
+
+        slave = nodes(broker_id=1, store="s1", fetch_members=fetch)
+        slave.core.acting.on_min_broker_change(1, slave.core.addr)
+        put_delayed(slave, {"TIMER_DELIVER_MS": str(T0 + 60_000), "UNIQ_KEY": "late"})
+        async with serving(slave) as addr, running(slave):
+            assert slave.core.member_group is None
+            with pytest.raises(InSyncReplicasNotEnough, match="not known yet"):
+                await recall(slave, addr, "late", T0 + 60_000)
+            assert "late" not in other.schedule.recalls
+            listed[0] = BrokerMemberGroup(
+                "c", "broker-a", {0: "127.0.0.1:9", 1: slave.core.addr, 2: other_addr}
+            )
+            await recall(slave, addr, "late", T0 + 60_000)  # the retry
+        assert "late" in other.schedule.recalls
 
 
 def test_recall_table_merges_as_a_union_and_forgets_past_retention(tmp_path: Path) -> None:

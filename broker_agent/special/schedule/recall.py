@@ -16,6 +16,7 @@ from __future__ import annotations
 
 import asyncio
 import logging
+from collections.abc import Awaitable, Callable
 
 from broker_agent.special.clock import Clock
 from broker_agent.special.ports import CorePort, WritePort
@@ -38,10 +39,14 @@ from ha_controller.protocol.properties import (
     PROPERTY_TIMER_DEL_UNIQKEY,
     TIMER_TOPIC,
 )
+from ha_controller.routing import BrokerMemberGroup
 from ha_controller.rpc import RequestContext
 from ha_controller.wire import data_version_from_pb, data_version_to_pb
 
-__all__ = ["RecallService"]
+__all__ = ["FetchMembers", "RecallService"]
+
+#: asks the nameservers for this broker's member group now
+FetchMembers = Callable[[], Awaitable[BrokerMemberGroup | None]]
 
 log = logging.getLogger(__name__)
 
@@ -59,8 +64,10 @@ class RecallService:
         recalls: RecallTable,
         timer_loop: TimerLoop,
         clock: Clock,
+        fetch_members: FetchMembers | None = None,
     ) -> None:
         self.core = core
+        self.fetch_members = fetch_members
         self.write_path = write_path
         self.recalls = recalls
         self.timer_loop = timer_loop
@@ -131,10 +138,26 @@ class RecallService:
         that does not confirm makes the recall refused as retriable (it is recalled
         here already: the retry hands it on again)."""
         core = self.core
-        group = core.member_group
+        # the group as the nameservers see it now, and as this broker last saw it: a
+        # slave that began to act right after its start may not have read the group yet
+        # (its view is read every second), or read it before a member registered, and
+        # a recall answered without that member is lost should this slave die next
+        views = [core.member_group]
+        if self.fetch_members is not None:
+            try:
+                views.append(await self.fetch_members())
+            except (HaError, OSError) as exc:
+                log.info("recall: member group not read from the nameservers: %s", exc)
+        known = [v for v in views if v is not None and v.broker_addrs]
+        if not known:
+            raise InSyncReplicasNotEnough(
+                f"recall of {uniq_key} kept here, but the members of {core.cfg.broker_name} "
+                "are not known yet to hand it on; retry"
+            )
         others = {
             bid: addr
-            for bid, addr in (group.broker_addrs.items() if group is not None else ())
+            for view in known
+            for bid, addr in view.broker_addrs.items()
             # not the master: an acting slave acts because it is gone, and a returning
             # master takes the recall table in its pre-online
             if bid not in (0, core.cfg.broker_id) and addr != core.addr

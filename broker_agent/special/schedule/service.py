@@ -26,7 +26,7 @@ from broker_agent.special.schedule.delay_offsets import (
     delay_record,
 )
 from broker_agent.special.schedule.delivery import IDLE_WAIT_S, OVERDUE_LOG_MS, POLL_S, Delivery
-from broker_agent.special.schedule.recall import RecallService
+from broker_agent.special.schedule.recall import FetchMembers, RecallService
 from broker_agent.special.schedule.recall_table import RecallTable, recall_sync
 from broker_agent.special.schedule.target import due_ms
 from broker_agent.special.schedule.timer import (
@@ -59,7 +59,10 @@ class ScheduleService:
         write_path: WritePort,
         escape: EscapePort,
         clock: Clock = SYSTEM_CLOCK,
+        fetch_members: FetchMembers | None = None,
     ) -> None:
+        """``fetch_members`` asks the nameservers for this broker's member group (the
+        members an acting slave hands its recalls to); without it, the last view."""
         self.core = core
         self.cfg = core.cfg
         self.write_path = write_path
@@ -83,7 +86,9 @@ class ScheduleService:
         self.recalls.load()  # a lost one: the timer loop reads the markers again
         self.delivery = Delivery(core, escape, self.recalls, clock)
         self.timer_loop = TimerLoop(core, write_path, self.timer, self.recalls, self.delivery)
-        self.recall = RecallService(core, write_path, self.recalls, self.timer_loop, clock)
+        self.recall = RecallService(
+            core, write_path, self.recalls, self.timer_loop, clock, fetch_members
+        )
         self._want_run = asyncio.Event()
         self._want_stop = asyncio.Event()
         self.running = False
