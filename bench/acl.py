@@ -23,12 +23,13 @@ import argparse
 import asyncio
 import json
 import sys
-import tempfile
 import time
 from pathlib import Path
 from typing import Any
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
+
+import produce_ab
 
 SECRET = "bench cluster secret"
 ADMIN = ("admin", "admin-secret-key")
@@ -129,66 +130,33 @@ def cmd_guard(args: argparse.Namespace) -> None:
 # ---- produce with the ACL on and off ------------------------------------------------------
 
 
-async def _produce(acl: bool, count: int, concurrency: int, workdir: Path) -> float:
+def _acl_mode() -> produce_ab.Mode:
     from ha_controller.acl import Credentials
-    from ha_controller.client.admin import NameserverClient
-    from ha_controller.client.message import Message
-    from ha_controller.client.producer import Producer
-    from ha_controller.testing import eventually, run_cluster
 
-    env = {"HAC_LOG_LEVEL": "WARNING"}
-    creds = None
-    admin = None
-    if acl:
-        workdir.mkdir(parents=True, exist_ok=True)  # (a round may start with the ACL on)
-        path = workdir / "acl.toml"
-        path.write_text(ACL_FILE)
-        env |= {
+    return produce_ab.Mode(
+        env={
             "HAC_CLUSTER_SECRET": SECRET,
             "HAC_ACL_ENABLED": "true",
             "HAC_ACL_ALLOW_ANONYMOUS": "false",
-            "HAC_ACL_FILE": str(path),
-        }
-        creds, admin = Credentials(*USER), Credentials(*ADMIN)
-    cluster = await asyncio.to_thread(
-        run_cluster, ("bench",), 2, workdir=workdir / ("on" if acl else "off"), env=env
+        },
+        creds=Credentials(*USER),
+        admin=Credentials(*ADMIN),
+        prepare=_write_acl_file,
     )
-    try:
-        async with NameserverClient([cluster.namesrv], credentials=admin) as ns:
 
-            async def ready() -> bool:
-                groups = await ns.groups()
-                return bool(groups) and all(g.master_online for g in groups)
 
-            await eventually(ready, timeout=30)
-            await ns.create_topic(TOPIC, queues=8)
-        payload = b"x" * SIZE
-        async with Producer(cluster.namesrv, "bench-acl", credentials=creds) as producer:
-            await producer.send(Message(TOPIC, payload))
-            sent = 0
-            t0 = time.perf_counter()
-
-            async def worker() -> None:
-                nonlocal sent
-                while sent < count:
-                    sent += 1
-                    await producer.send(Message(TOPIC, payload))
-
-            await asyncio.gather(*(worker() for _ in range(concurrency)))
-            return count / (time.perf_counter() - t0)
-    finally:
-        await asyncio.to_thread(cluster.stop)
+def _write_acl_file(workdir: Path) -> dict[str, str]:
+    path = workdir / "acl.toml"
+    path.write_text(ACL_FILE)
+    return {"HAC_ACL_FILE": str(path)}
 
 
 async def produce_row(count: int = 20_000, rounds: int = 2) -> dict[str, float]:
     """msg/s of produce with the ACL off and on (the best of ``rounds`` each,
     alternating), and on/off."""
-    best = {"off": 0.0, "on": 0.0}
-    with tempfile.TemporaryDirectory(prefix="hac-bench-acl-") as tmp:
-        for r in range(rounds):
-            for mode in ("off", "on") if r % 2 == 0 else ("on", "off"):
-                rate = await _produce(mode == "on", count, 64, Path(tmp) / f"r{r}")
-                best[mode] = max(best[mode], rate)
+    best = await produce_ab.compare(
+        {"off": produce_ab.Mode(), "on": _acl_mode()}, TOPIC, count, rounds
+    )
     return {
         "acl_off_msgs_s": best["off"],
         "acl_on_msgs_s": best["on"],

@@ -38,6 +38,7 @@ from typing import Any
 
 import acl as acl_bench
 import jvm_peers
+import key_index as key_index_bench
 import report
 import workloads
 from drivers import Driver, KafkaDriver, NatsDriver, OursDriver, RabbitDriver, RmqSdkDriver
@@ -525,8 +526,19 @@ class Bench:
             except Exception as exc:
                 say(f"  ACL trial FAILED: {exc!r}")
                 acl_row = {"failed": repr(exc)}
+        index_row = None
+        if not self.args.no_acl and OURS in self.live():
+            say("ha-controller: produce with the key index off and on (bench/key_index.py)")
+            try:
+                index_row = await key_index_bench.produce_row(
+                    self.args.n, max(1, self.args.rounds - 1)
+                )
+            except Exception as exc:
+                say(f"  key index trial FAILED: {exc!r}")
+                index_row = {"failed": repr(exc)}
         return {
             "acl": acl_row,
+            "key_index": index_row,
             "meta": {
                 "title": (
                     f"ha-controller vs {', '.join(s for s in self.systems if s != OURS)} — "
@@ -614,6 +626,14 @@ def write_outputs(results: dict[str, Any], out_dir: Path) -> Path:
             f"against {acl['acl_off_msgs_s']:,.0f} msg/s, on/off **{acl['ratio']:.2f}x** "
             "(`bench/acl.py produce`).\n"
         )
+    index = results.get("key_index")
+    if index and "ratio" in index:
+        md += (
+            "\nha-controller, produce of messages with two keys with the key index on (its "
+            f"default bound) against off, in this run: {index['index_on_msgs_s']:,.0f} msg/s "
+            f"against {index['index_off_msgs_s']:,.0f} msg/s, on/off **{index['ratio']:.2f}x** "
+            "(`bench/key_index.py --produce`).\n"
+        )
     base.with_suffix(".md").write_text(md)
     for suffix in (".json", ".md", ".png"):
         src = base.with_suffix(suffix)
@@ -655,7 +675,11 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
         default=60.0,
         help="seconds the pause trial waits for the next send and receive",
     )
-    p.add_argument("--no-acl", action="store_true", help="skip ours with the client ACL on vs off")
+    p.add_argument(
+        "--no-acl",
+        action="store_true",
+        help="skip ours with the client ACL, and the key index, on vs off",
+    )
     p.add_argument("--profile", action="store_true", help="py-spy our broker and client")
     p.add_argument("--native", action="store_true", help="with --profile: C frames too")
     p.add_argument("--quick", action="store_true", help="small smoke run")

@@ -10,11 +10,20 @@ two alternate ``--rounds`` times (the best round of each is kept, so another pro
 burst does not count); then a slave's path: ``append_replicated`` of the same bytes and
 ``reput``, index on and off.  Also: the memory the index holds per entry (tracemalloc)
 and a lookup's time.  Prints microseconds per message and the ratio.
+
+    .venv/bin/python bench/key_index.py --produce [--messages 20000] [--rounds 2]
+
+``--produce`` measures what a client sees instead: one real group (nameserver, master,
+SYNC slave) with the index at its default and one with it off
+(``HAC_KEY_INDEX_MAX_ENTRIES=0``), 1 KiB sends with two keys each and 64 in flight,
+alternating (``bench/produce_ab.py``); it prints msg/s of both and on/off.  ``make
+bench`` prints the same row (:func:`produce_row`).
 """
 
 from __future__ import annotations
 
 import argparse
+import asyncio
 import sys
 import tempfile
 import time
@@ -22,6 +31,7 @@ import tracemalloc
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
+sys.path.insert(0, str(Path(__file__).resolve().parent))
 
 from broker_agent.store import MessageStore, StoreConfig
 from broker_agent.store.keyindex import KeyIndex, key_hash
@@ -105,12 +115,45 @@ def memory_per_entry(n: int) -> float:
         return (after - before) / ki.entries
 
 
+def message_keys(i: int) -> tuple[str, str]:
+    return (f"order-{i}", f"customer-{i % 997}")
+
+
+async def produce_row(count: int = 20_000, rounds: int = 2) -> dict[str, float]:
+    """msg/s of produce into a group with the key index off and on, and on/off."""
+    import produce_ab
+
+    modes = {
+        "off": produce_ab.Mode(env={"HAC_KEY_INDEX_MAX_ENTRIES": "0"}),
+        "on": produce_ab.Mode(),  # the default bound
+    }
+    best = await produce_ab.compare(modes, "BenchKeyIndex", count, rounds, keys=message_keys)
+    return {
+        "index_off_msgs_s": best["off"],
+        "index_on_msgs_s": best["on"],
+        "ratio": best["on"] / best["off"],
+    }
+
+
 def main() -> None:
-    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap = argparse.ArgumentParser(
+        description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
+    )
     ap.add_argument("--messages", type=int, default=20000)
     ap.add_argument("--batch", type=int, default=1, help="messages per put_batch")
     ap.add_argument("--rounds", type=int, default=3)
+    ap.add_argument(
+        "--produce", action="store_true", help="produce into real groups, index on and off"
+    )
     args = ap.parse_args()
+    if args.produce:
+        row = asyncio.run(produce_row(args.messages, args.rounds))
+        print(
+            f"produce 1 KiB with 2 keys, SYNC, 64 in flight: index off "
+            f"{row['index_off_msgs_s']:,.0f} msg/s, index on {row['index_on_msgs_s']:,.0f} "
+            f"msg/s: on/off {row['ratio']:.2f}x"
+        )
+        return
     reqs = requests(args.messages)
     best = {True: float("inf"), False: float("inf")}
     data = b""

@@ -1,0 +1,98 @@
+"""Produce into one real group twice in one run, a setting on and off, and compare.
+
+Used by ``bench/acl.py produce`` (the client ACL) and ``bench/key_index.py produce``
+(the key index); ``make bench`` prints both rows.  Each mode starts its own nameserver,
+master and SYNC slave (``run_cluster``), sends ``count`` 1 KiB messages with 64 in
+flight, and stops them; the modes alternate for ``rounds`` rounds and the best rate of
+each is kept, so a burst of another process on the machine does not decide the ratio.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import tempfile
+import time
+from collections.abc import Callable, Mapping, Sequence
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+SIZE = 1024
+CONCURRENCY = 64
+
+
+@dataclass
+class Mode:
+    """One side of the comparison: the brokers' environment, the credentials the
+    producer signs with and the admin's (both None without an ACL), and what to write
+    into the mode's work directory before the cluster starts (it returns the
+    environment that names what it wrote)."""
+
+    env: dict[str, str] = field(default_factory=dict)
+    creds: Any = None
+    admin: Any = None
+    prepare: Callable[[Path], dict[str, str]] | None = None
+
+
+async def produce_rate(
+    mode: Mode, topic: str, count: int, workdir: Path, keys: Callable[[int], Sequence[str]]
+) -> float:
+    """msg/s of ``count`` SYNC sends of 1 KiB with 64 in flight into a fresh group."""
+    from ha_controller.client.admin import NameserverClient
+    from ha_controller.client.message import Message
+    from ha_controller.client.producer import Producer
+    from ha_controller.testing import eventually, run_cluster
+
+    workdir.mkdir(parents=True, exist_ok=True)
+    env = {"HAC_LOG_LEVEL": "WARNING", **mode.env}
+    if mode.prepare is not None:
+        env |= mode.prepare(workdir)
+    cluster = await asyncio.to_thread(
+        run_cluster, ("bench",), 2, workdir=workdir / "cluster", env=env
+    )
+    try:
+        async with NameserverClient([cluster.namesrv], credentials=mode.admin) as ns:
+
+            async def ready() -> bool:
+                groups = await ns.groups()
+                return bool(groups) and all(g.master_online for g in groups)
+
+            await eventually(ready, timeout=30)
+            await ns.create_topic(topic, queues=8)
+        payload = b"x" * SIZE
+        async with Producer(cluster.namesrv, "bench-ab", credentials=mode.creds) as producer:
+            await producer.send(Message(topic, payload))
+            sent = 0
+            t0 = time.perf_counter()
+
+            async def worker() -> None:
+                nonlocal sent
+                while sent < count:
+                    i = sent
+                    sent += 1
+                    await producer.send(Message(topic, payload, keys=keys(i)))
+
+            await asyncio.gather(*(worker() for _ in range(CONCURRENCY)))
+            return count / (time.perf_counter() - t0)
+    finally:
+        await asyncio.to_thread(cluster.stop)
+
+
+async def compare(
+    modes: Mapping[str, Mode],
+    topic: str,
+    count: int,
+    rounds: int,
+    keys: Callable[[int], Sequence[str]] = lambda i: (),
+) -> dict[str, float]:
+    """The best msg/s of each mode over ``rounds`` rounds, the order alternating."""
+    names = list(modes)
+    best = dict.fromkeys(names, 0.0)
+    with tempfile.TemporaryDirectory(prefix="hac-bench-ab-") as tmp:
+        for r in range(rounds):
+            for name in names if r % 2 == 0 else names[::-1]:
+                rate = await produce_rate(
+                    modes[name], topic, count, Path(tmp) / f"r{r}-{name}", keys
+                )
+                best[name] = max(best[name], rate)
+    return best
