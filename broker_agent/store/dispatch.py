@@ -215,7 +215,7 @@ class QueueIndex:
         finally:
             if keys is not None:
                 keys.indexed_to = max(keys.indexed_to, self.reput_offset)
-                keys.commit()
+                keys.commit_some()
         self._write_runs(runs)
         return out
 

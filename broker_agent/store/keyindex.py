@@ -55,6 +55,8 @@ _TAIL = struct.Struct(">QQ")
 _crc32 = zlib.crc32
 _POINT = struct.Struct(">QQI")  # offset, entries in the files then, crc32 of both
 _NAME_DIGITS = 20
+#: what :meth:`KeyIndex.commit_some` gathers before it writes (about 13,000 entries)
+WRITE_BYTES = 256 * 1024
 
 
 def key_hash(topic: str, key: str) -> int:
@@ -153,6 +155,15 @@ class KeyIndex:
         self._files[start] = self._files.get(start, 0) + len(hashes)
         self.entries += len(hashes)
         return len(hashes)
+
+    def commit_some(self) -> None:
+        """:meth:`commit` once :meth:`add` gathered :data:`WRITE_BYTES`: a put does not
+        pay a write of its own.  What waits is written by the store's next flush
+        (:meth:`sync_handle`), a cut-back or a close, and lookups never read the files;
+        a crash loses only entries past the durable point, which recovery indexes
+        again from the log."""
+        if len(self._buf) >= WRITE_BYTES:
+            self.commit()
 
     def commit(self) -> None:
         """Write what :meth:`add` gathered (one write); an I/O error stops the index

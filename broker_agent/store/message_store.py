@@ -575,7 +575,7 @@ class MessageStore:
                 for topic, mkeys, muniq, offset, size in keyed:
                     keys.add(topic, mkeys, muniq, offset, size, store_ts)
                 keys.indexed_to = max(keys.indexed_to, end)
-                keys.commit()
+                keys.commit_some()
             self._last_store_ts = store_ts
             return [
                 PutResult(
