@@ -43,6 +43,7 @@ TOPICS = {
     "java-rules-fifo": "FIFO",
     "java-rules-delay": "DELAY",
     "java-rules-tx": "TRANSACTION",
+    "java-sql": "NORMAL",
 }
 ORDERLY_GROUPS = ("java-g-fifo",)
 #: the failover scenario's bound: every acknowledged message consumed within this many
@@ -207,6 +208,20 @@ JAVA_RULES_RECEIVE = {
     "invisible_10s": None,
     "default_consumer": 40003,  # ILLEGAL_CONSUMER_GROUP
 }
+
+
+def test_sql92_subscriptions_select_on_the_brokers(results: dict[str, Any]) -> None:
+    """Issue 35: SQL92 through the official Java SDK (FilterExpressionType.SQL92): only
+    the selected messages arrive, nothing else after them; a consumer with a bad
+    expression does not start (the gateway refuses its settings with
+    ILLEGAL_FILTER_EXPRESSION, 40010; SDK 5.0.8 reports it as a failed start, without
+    the code), instead of starting and receiving nothing."""
+    out = scenario(results, "sql92")
+    assert out["got"] == [5, 7, 9, 11], out
+    assert out["more"] == 0, out
+    bad = out["bad"]
+    assert bad["ok"] is False, bad
+    assert bad["code"] == 40010 or "[FAILED] to be RUNNING" in bad["error"], bad
 
 
 def test_rocketmqs_e2e_cases_get_rocketmqs_answers(results: dict[str, Any]) -> None:

@@ -54,6 +54,7 @@ TOPICS = {
     "node-rules-fifo": "FIFO",
     "node-rules-tx": "TRANSACTION",
     "node-rules-delay": "DELAY",
+    "node-sql": "NORMAL",
 }
 #: consumer groups set orderly (as `hactl group update G --orderly`)
 ORDERLY_GROUPS = ("node-g-fifo", "node-g-fifo2")
@@ -311,6 +312,21 @@ def test_an_orderly_group_keeps_order_across_two_gateways(node_cluster: Any) -> 
         assert seqs == list(range(6)), f"message group {g} out of order: {seqs}"
         for before, after in itertools.pairwise(events):
             assert after["start"] >= before["end"], f"{g}: {after} began before {before} ended"
+
+
+def test_node_sdk_filters_by_sql92(node_cluster: Any) -> None:
+    """Issue 35: SQL92 through the official Node.js SDK's ``FilterExpression`` (type
+    SQL): the brokers evaluate it over user properties and TAGS, so the consumer gets
+    only the selected messages and nothing else; a consumer with a bad expression fails
+    to start (the SDK sends its subscriptions in the settings) with
+    ILLEGAL_FILTER_EXPRESSION (40010), as RocketMQ's proxy answers it, instead of
+    starting and receiving nothing."""
+    _, proxy, _ = node_cluster
+    out = run_sdk("sql92", 90, proxy=proxy.rpc, count=12, expression="region = 'eu' AND n >= 4")
+    assert out["simple"] == [5, 7, 9, 11], out
+    assert out["simple_more"] == {"ok": True, "value": 0}, out
+    assert out["bad_startup"]["ok"] is False, out
+    assert "response-code=40010" in out["bad_startup"]["error"], out
 
 
 def test_hactl_group_describes_and_refuses_bad_names(node_cluster: Any) -> None:

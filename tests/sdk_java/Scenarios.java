@@ -32,6 +32,7 @@ import org.apache.rocketmq.client.apis.ClientException;
 import org.apache.rocketmq.client.apis.ClientServiceProvider;
 import org.apache.rocketmq.client.apis.consumer.ConsumeResult;
 import org.apache.rocketmq.client.apis.consumer.FilterExpression;
+import org.apache.rocketmq.client.apis.consumer.FilterExpressionType;
 import org.apache.rocketmq.client.apis.consumer.PushConsumer;
 import org.apache.rocketmq.client.apis.consumer.SimpleConsumer;
 import org.apache.rocketmq.client.apis.message.Message;
@@ -57,7 +58,8 @@ public final class Scenarios {
         masterPid = Long.parseLong(opts.getOrDefault("master_pid", "0"));
         // the first five use topics and groups of their own and run at once; the master
         // kill runs alone, last
-        List<String> parallel = List.of("normal", "push", "fifo", "delay", "transaction", "rules");
+        List<String> parallel =
+            List.of("normal", "push", "fifo", "delay", "transaction", "rules", "sql92");
         String only = opts.getOrDefault("only", "");
         List<String> wanted = only.isEmpty() ? null : List.of(only.split(","));
         ExecutorService pool = Executors.newFixedThreadPool(parallel.size());
@@ -105,6 +107,7 @@ public final class Scenarios {
             case "delay": return delay();
             case "transaction": return transaction();
             case "rules": return rules();
+            case "sql92": return sql92();
             case "failover": return failover();
             default: throw new IllegalArgumentException(name);
         }
@@ -216,6 +219,54 @@ public final class Scenarios {
         }
         out.put("sent", sent);
         out.put("got", drain("java-g-normal", "java-normal", 20, 25_000));
+        return out;
+    }
+
+    /** SQL92 subscriptions (FilterExpressionType.SQL92): the brokers evaluate them over
+     *  user properties and TAGS; a consumer with a bad expression is refused. */
+    static Map<String, Object> sql92() throws Exception {
+        Map<String, Object> out = new LinkedHashMap<>();
+        FilterExpression selected = new FilterExpression("region = 'eu' AND n >= 4", FilterExpressionType.SQL92);
+        FilterExpression broken = new FilterExpression("region = 'eu", FilterExpressionType.SQL92);
+        out.put("bad", outcome(() -> {
+            try (SimpleConsumer c = SP.newSimpleConsumerBuilder()
+                    .setClientConfiguration(config())
+                    .setConsumerGroup("java-g-sql-bad")
+                    .setAwaitDuration(Duration.ofSeconds(1))
+                    .setSubscriptionExpressions(Collections.singletonMap("java-sql", broken))
+                    .build()) {
+                return c.receive(1, Duration.ofSeconds(15)).size();
+            }
+        }));
+        try (SimpleConsumer c = SP.newSimpleConsumerBuilder()
+                .setClientConfiguration(config())
+                .setConsumerGroup("java-g-sql")
+                .setAwaitDuration(Duration.ofSeconds(2))
+                .setSubscriptionExpressions(Collections.singletonMap("java-sql", selected))
+                .build();
+             Producer p = producer("java-sql")) {
+            for (int i = 0; i < 12; i++) {
+                p.send(SP.newMessageBuilder().setTopic("java-sql").setTag(i / 2 % 2 == 0 ? "A" : "B")
+                    .addProperty("n", String.valueOf(i)).addProperty("region", i % 2 == 0 ? "us" : "eu")
+                    .setBody(bytes("s" + i)).build());
+            }
+            List<Integer> got = new ArrayList<>();
+            long deadline = System.currentTimeMillis() + 25_000;
+            while (got.size() < 4 && System.currentTimeMillis() < deadline) {
+                for (MessageView v : c.receive(16, Duration.ofSeconds(15))) {
+                    got.add(Integer.parseInt(v.getProperties().get("n")));
+                    c.ack(v);
+                }
+            }
+            int more = 0;
+            for (MessageView v : c.receive(16, Duration.ofSeconds(15))) {
+                more++;
+                c.ack(v);
+            }
+            Collections.sort(got);
+            out.put("got", got);
+            out.put("more", more);
+        }
         return out;
     }
 

@@ -7,7 +7,9 @@
 // and reads the one line "RESULT {json}" it prints. Every wait is bounded; the process
 // exits by itself (the SDK's timers must not keep it alive).
 
-const { Producer, SimpleConsumer, PushConsumer, ConsumeResult } = require('rocketmq-client-nodejs');
+const {
+  Producer, SimpleConsumer, PushConsumer, ConsumeResult, FilterExpression,
+} = require('rocketmq-client-nodejs');
 
 const TOPIC_NORMAL = 'node-normal';
 const TOPIC_FIFO = 'node-fifo';
@@ -19,6 +21,8 @@ const FIFO_GROUP = 'node-g-fifo';
 const TOPIC_SLOW = 'node-slow';
 const TOPIC_FIFO2 = 'node-fifo2';
 const TOPIC_HOLD = 'node-hold';
+const TOPIC_SQL = 'node-sql';
+const FILTER_SQL = 2; // apache.rocketmq.v2.FilterType.SQL
 const COMMIT = 1; // apache.rocketmq.v2.TransactionResolution.COMMIT
 // ONE_TOPIC: a producer names at most one topic up front (it sends to any). With more,
 // 1.0.8's startup() can wait forever: it fetches the routes one by one and only then
@@ -514,6 +518,66 @@ async function scenarioRules({ proxy }) {
   return out;
 }
 
+// SQL92 subscriptions (FilterType.SQL) through the SDK's FilterExpression: a
+// SimpleConsumer gets only what its expression selects (over user properties and TAGS),
+// and a consumer with a bad expression fails to start (its settings carry the
+// subscription) with the gateway's code, instead of starting and receiving nothing.
+async function scenarioSql92({ proxy, count, expression }) {
+  const producer = new Producer({
+    endpoints: proxy, namespace: '', logger: quiet, requestTimeout: 5000, topics: [TOPIC_SQL],
+  });
+  const simple = new SimpleConsumer({
+    endpoints: proxy, namespace: '', logger: quiet, consumerGroup: 'node-g-sql',
+    subscriptions: new Map([[TOPIC_SQL, new FilterExpression(expression, FILTER_SQL)]]),
+    awaitDuration: 1000, requestTimeout: 5000,
+  });
+  const bad = new SimpleConsumer({
+    endpoints: proxy, namespace: '', logger: quiet, consumerGroup: 'node-g-sql-bad',
+    subscriptions: new Map([[TOPIC_SQL, new FilterExpression("region = 'eu", FILTER_SQL)]]),
+    awaitDuration: 1000, requestTimeout: 5000,
+  });
+  const out = {};
+  out.bad_startup = await outcome(async () => bad.startup());
+  await producer.startup();
+  await simple.startup();
+  try {
+    for (let i = 0; i < count; i++) {
+      await producer.send({
+        topic: TOPIC_SQL, tag: ['A', 'B'][Math.floor(i / 2) % 2], body: Buffer.from(`${i}`),
+        properties: new Map([['n', `${i}`], ['region', ['us', 'eu'][i % 2]]]),
+      });
+    }
+    const got = [];
+    const deadline = Date.now() + 20000;
+    while (got.length < 4 && Date.now() < deadline) {
+      let messages = [];
+      try {
+        messages = await simple.receive(16, 20000);
+      } catch (err) {
+        if (!/MESSAGE_NOT_FOUND|no new message/i.test(errorText(err))) throw err;
+      }
+      for (const m of messages) {
+        got.push(Number(m.properties.get('n')));
+        await simple.ack(m);
+      }
+    }
+    out.simple = got.sort((a, b) => a - b);
+    out.simple_more = await outcome(async () => {
+      try {
+        return (await simple.receive(16, 20000)).length;
+      } catch (err) {
+        if (/MESSAGE_NOT_FOUND|no new message/i.test(errorText(err))) return 0;
+        throw err;
+      }
+    });
+  } finally {
+    await producer.shutdown();
+    await simple.shutdown();
+    await bad.shutdown().catch(() => {});
+  }
+  return out;
+}
+
 const SCENARIOS = {
   rules: scenarioRules,
   types: scenarioTypes,
@@ -522,6 +586,7 @@ const SCENARIOS = {
   slow: scenarioSlow,
   hold: scenarioHold,
   drain: scenarioDrain,
+  sql92: scenarioSql92,
 };
 
 async function main() {
