@@ -1,0 +1,290 @@
+"""Priority messages (RocketMQ 5.4's RIP-80) over real processes: one group (a master
+and a slave) and ``hactl proxy``.  Our SDK, the official Python SDK (the calls of
+rocketmq-clients' python/example/priority_producer_example.py) and the Node.js SDK send
+priorities to a PRIORITY topic of 10 queues; a simple consumer gets them highest first,
+one priority in the order sent; what RocketMQ refuses is refused.  Last, the master is
+killed and the acting slave serves the pops, still highest first.
+
+The Python SDK runs in a child process (this file as a script), as in
+tests/integration/test_grpc_proxy.py (its protobuf modules and ours must not meet in
+one process); the Node.js SDK runs tests/sdk_node/scenarios.js.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import importlib.util
+import json
+import os
+import shutil
+import subprocess
+import sys
+import time
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+HERE = Path(__file__).resolve()
+ROOT = HERE.parents[2]
+TOPIC = "prio"  # PRIORITY, 10 queues: levels 0..9
+TOPIC_ACTING = "prio-acting"
+TOPIC_PY = "prio-py"
+TOPIC_NODE = "prio-node"
+TOPIC_NORMAL = "prio-normal"
+LEVELS = 10
+TOPICS = {
+    TOPIC: "PRIORITY",
+    TOPIC_ACTING: "PRIORITY",
+    TOPIC_PY: "PRIORITY",
+    TOPIC_NODE: "PRIORITY",
+    TOPIC_NORMAL: "NORMAL",
+}
+
+
+# --------------------------------------------------------------------------------------
+# the child process: rocketmq-python-client only
+# --------------------------------------------------------------------------------------
+
+
+def _outcome(fn: Any) -> dict[str, Any]:
+    try:
+        fn()
+    except Exception as exc:  # the SDK's exceptions: the outcome is the point
+        return {"ok": False, "code": getattr(exc, "code", None), "error": str(exc)[:300]}
+    return {"ok": True}
+
+
+def scenario_python(proxy: str, topic: str, normal_topic: str) -> dict[str, Any]:
+    import logging
+
+    import rocketmq as rmq
+
+    logging.getLogger("rocketmq").setLevel(logging.WARNING)
+    cfg = rmq.ClientConfiguration(proxy, rmq.Credentials())
+    out: dict[str, Any] = {}
+    producer = rmq.Producer(cfg, (topic,))
+    producer.startup()
+
+    def message(topic: str, **fields: Any) -> Any:
+        m = rmq.Message()
+        m.topic, m.body = topic, b"x"
+        for k, v in fields.items():
+            setattr(m, k, v)
+        return m
+
+    try:
+        # what the official example does: one message, a tag and a key, priority 0..9
+        msg = rmq.Message()
+        msg.topic = topic
+        msg.body = b"hello, rocketmq."
+        msg.tag = "tag"
+        msg.keys = "keys"
+        for i in range(LEVELS):
+            msg.priority = i
+            producer.send(msg)
+        out["to_normal"] = _outcome(lambda: producer.send(message(normal_topic, priority=1)))
+        out["plain_to_priority"] = _outcome(lambda: producer.send(message(topic)))
+        out["negative"] = _outcome(lambda: message(topic, priority=-1))
+        out["with_group"] = _outcome(lambda: message(topic, message_group="g", priority=1))
+    finally:
+        producer.shutdown()
+    consumer = rmq.SimpleConsumer(
+        cfg, "py-g-prio", {topic: rmq.FilterExpression("*")}, await_duration=1
+    )
+    consumer.startup()
+    got: list[int] = []
+    deadline = time.time() + 20
+    try:
+        while len(got) < LEVELS and time.time() < deadline:
+            for m in consumer.receive(16, 20):
+                got.append(m.priority)
+                consumer.ack(m)
+    finally:
+        consumer.shutdown()
+    out["received"] = got
+    return out
+
+
+if __name__ == "__main__":
+    result = scenario_python(**json.loads(sys.argv[1]))
+    print("RESULT " + json.dumps(result), flush=True)
+    os._exit(0)  # the SDK's non-daemon threads must not keep the child alive
+
+
+# --------------------------------------------------------------------------------------
+# the tests
+# --------------------------------------------------------------------------------------
+
+from special_helpers import acting, create_topic_on, masters_online  # noqa: E402
+
+from ha_controller.client.admin import NameserverClient  # noqa: E402
+from ha_controller.client.message import Message  # noqa: E402
+from ha_controller.client.producer import Producer  # noqa: E402
+from ha_controller.client.simple_consumer import SimpleConsumer  # noqa: E402
+from ha_controller.proto import broker_pb2, common_pb2  # noqa: E402
+from ha_controller.protocol.codes import RequestCode  # noqa: E402
+from ha_controller.protocol.errors import MessageTypeConflict  # noqa: E402
+from ha_controller.rpc import ConnectionPool  # noqa: E402
+from ha_controller.testing import (  # noqa: E402
+    Cluster,
+    ProcessHandle,
+    eventually,
+    run_cluster,
+)
+
+pytestmark = pytest.mark.timeout(120)
+
+#: (priority, sent index) in the order sent: levels interleaved, 12 above the highest
+SENDS = [(1, 0), (5, 1), (3, 2), (5, 3), (12, 4), (0, 5), (3, 6), (1, 7)]
+
+
+def expected_order(sends: list[tuple[int, int]]) -> list[tuple[int, int]]:
+    """Highest level first (12 is level 9), the order sent within a level."""
+    return sorted(sends, key=lambda s: (-min(s[0], LEVELS - 1), s[1]))
+
+
+@pytest.fixture(scope="module")
+def cluster(tmp_path_factory: pytest.TempPathFactory) -> Iterator[tuple[Cluster, ProcessHandle]]:
+    # two groups: an acting slave's POP checkpoints go to a live master of another
+    # group; the topics live on "prio" only, so that one broker orders every pop
+    c = run_cluster(("prio", "prio-b"), 2, workdir=tmp_path_factory.mktemp("prio"))
+    proxy = None
+    try:
+        asyncio.run(create_topics(c))
+        proxy = c.run_proxy("--long-polling-timeout-s", "5")
+        yield c, proxy
+    finally:
+        if proxy is not None:
+            proxy.stop()
+        c.stop()
+
+
+async def create_topics(c: Cluster) -> None:
+    await masters_online(c.namesrv, ["prio", "prio-b"])
+    for topic, kind in TOPICS.items():
+        await create_topic_on(c.broker("prio", 0).rpc, topic, LEVELS, message_type=kind)
+
+    async def routed() -> bool:
+        async with NameserverClient([c.namesrv]) as ns:
+            for topic in TOPICS:
+                await ns.route(topic)
+        return True
+
+    await eventually(routed, timeout=20)
+
+
+async def send_levels(c: Cluster, topic: str) -> None:
+    async with Producer(c.namesrv, "prio-producer", topics=[topic]) as producer:
+        for priority, i in SENDS:
+            receipt = await producer.send(
+                Message(topic, f"{priority}-{i}".encode(), priority=priority)
+            )
+            assert receipt.queue_id == min(priority, LEVELS - 1)  # the level, not the pick
+
+
+async def receive_levels(c: Cluster, topic: str, group: str) -> list[tuple[int, int]]:
+    got: list[tuple[int, int]] = []
+    async with SimpleConsumer(c.namesrv, group, [topic]) as consumer:
+
+        async def step() -> bool:
+            for m in await consumer.receive(1, wait_s=0.5):  # one at a time: each pop's pick
+                priority, i = m.body.decode().split("-")
+                assert m.priority == int(priority)
+                got.append((int(priority), int(i)))
+                await consumer.ack(m)
+            return len(got) >= len(SENDS)
+
+        await eventually(step, timeout=20, interval=0.01)
+    return got
+
+
+async def test_our_sdk_gets_the_highest_priority_first(cluster: Any) -> None:
+    c, _ = cluster
+    await send_levels(c, TOPIC)
+    assert await receive_levels(c, TOPIC, "g-prio") == expected_order(SENDS)
+    async with Producer(c.namesrv, "prio-producer", topics=[TOPIC]) as producer:
+        with pytest.raises(MessageTypeConflict):  # a priority for a NORMAL topic
+            await producer.send(Message(TOPIC_NORMAL, b"x", priority=1))
+        with pytest.raises(MessageTypeConflict):  # a plain message for a PRIORITY topic
+            await producer.send(Message(TOPIC, b"x"))
+        with pytest.raises(ValueError, match="one priority"):
+            await producer.send_batch([Message(TOPIC, b"x", priority=p) for p in (1, 2)])
+
+
+SDK_MISSING = importlib.util.find_spec("rocketmq") is None
+
+
+@pytest.mark.skipif(SDK_MISSING, reason="rocketmq-python-client is not installed")
+def test_official_python_sdk_priority_example(cluster: Any) -> None:
+    _, proxy = cluster
+    args = {"proxy": proxy.rpc, "topic": TOPIC_PY, "normal_topic": TOPIC_NORMAL}
+    proc = subprocess.run(
+        [sys.executable, str(HERE), json.dumps(args)],
+        capture_output=True,
+        text=True,
+        timeout=90,
+        check=False,
+    )
+    lines = [ln for ln in proc.stdout.splitlines() if ln.startswith("RESULT ")]
+    assert lines, proc.stdout[-3000:] + proc.stderr[-3000:]
+    out = json.loads(lines[0][len("RESULT ") :])
+    assert out["received"] == list(range(LEVELS - 1, -1, -1))
+    # the SDK refuses these itself (the route's queues accept PRIORITY only; the gateway
+    # would answer MESSAGE_PROPERTY_CONFLICT_WITH_TYPE: test_message_rules)
+    assert out["to_normal"]["ok"] is False, out
+    assert out["plain_to_priority"]["ok"] is False, out
+    assert out["negative"]["ok"] is False, out
+    assert out["with_group"]["ok"] is False, out
+
+
+NODE_SDK = Path(os.environ.get("HAC_NODE_SDK_DIR", ROOT / ".venv" / "sdk-node")) / "node_modules"
+NODE_MISSING = shutil.which("node") is None or not (NODE_SDK / "rocketmq-client-nodejs").exists()
+
+
+@pytest.mark.skipif(NODE_MISSING, reason="node or rocketmq-client-nodejs is not installed")
+def test_node_sdk_priority(cluster: Any) -> None:
+    _, proxy = cluster
+    args = {"proxy": proxy.rpc, "topic": TOPIC_NODE, "normal_topic": TOPIC_NORMAL}
+    proc = subprocess.run(
+        ["node", str(ROOT / "tests" / "sdk_node" / "scenarios.js"), "priority", json.dumps(args)],
+        capture_output=True,
+        text=True,
+        timeout=90,
+        check=False,
+        env={**os.environ, "NODE_PATH": str(NODE_SDK)},
+    )
+    lines = [ln for ln in proc.stdout.splitlines() if ln.startswith("RESULT ")]
+    assert lines, proc.stdout[-3000:] + proc.stderr[-3000:]
+    out = json.loads(lines[0][len("RESULT ") :])
+    # the example's levels 1, 5, 10, 100 (10 and 100 both level 9: in the order sent)
+    assert out["received"] == ["p10", "p100", "p5", "p1a", "p1b"], out
+    for case in ("to_normal", "plain_to_priority", "negative", "with_group", "zero"):
+        assert out[case]["ok"] is False, (case, out)
+
+
+async def slave_knows(addr: str, topic: str, kind: str) -> None:
+    """Wait until the slave at ``addr`` synced ``topic``'s type from its master."""
+
+    async def ok() -> bool:
+        async with ConnectionPool() as pool:
+            table = await pool.call_pb(
+                addr,
+                RequestCode.GET_ALL_TOPIC_CONFIG,
+                common_pb2.Empty(),
+                broker_pb2.TopicConfigTable,
+            )
+        return any(t.topic_name == topic and t.message_type == kind for t in table.topics)
+
+    await eventually(ok, timeout=20, interval=0.2)
+
+
+async def test_an_acting_slave_pops_the_highest_priority_first(cluster: Any) -> None:
+    c, _ = cluster
+    slave = c.broker("prio", 1).rpc
+    await send_levels(c, TOPIC_ACTING)
+    await slave_knows(slave, TOPIC_ACTING, "PRIORITY")
+    c.broker("prio", 0).kill()
+    await acting(c.namesrv, "prio", slave, TOPIC_ACTING)
+    assert await receive_levels(c, TOPIC_ACTING, "g-prio-acting") == expected_order(SENDS)
