@@ -1,9 +1,10 @@
-"""Priority messages (RocketMQ 5.4's RIP-80) over real processes: one group (a master
-and a slave) and ``hactl proxy``.  Our SDK, the official Python SDK (the calls of
-rocketmq-clients' python/example/priority_producer_example.py) and the Node.js SDK send
-priorities to a PRIORITY topic of 10 queues; a simple consumer gets them highest first,
-one priority in the order sent; what RocketMQ refuses is refused.  Last, the master is
-killed and the acting slave serves the pops, still highest first.
+"""Priority messages (RocketMQ 5.4's RIP-80) over real processes: two groups (a master
+and a slave each; the topics live on "prio") and ``hactl proxy``.  Our SDK, the official
+Python SDK (the calls of rocketmq-clients' python/example/priority_producer_example.py;
+a simple and a push consumer) and the Node.js SDK send priorities to a PRIORITY topic of
+10 queues and get them highest first, one priority in the order sent; what RocketMQ
+refuses is refused; a redelivered message comes after the fresh ones.  Last, the master
+is killed and the acting slave serves the pops, still highest first.
 
 The Python SDK runs in a child process (this file as a script), as in
 tests/integration/test_grpc_proxy.py (its protobuf modules and ours must not meet in
@@ -33,12 +34,14 @@ TOPIC_ACTING = "prio-acting"
 TOPIC_PY = "prio-py"
 TOPIC_NODE = "prio-node"
 TOPIC_NORMAL = "prio-normal"
+TOPIC_RETRY = "prio-retry"
 LEVELS = 10
 TOPICS = {
     TOPIC: "PRIORITY",
     TOPIC_ACTING: "PRIORITY",
     TOPIC_PY: "PRIORITY",
     TOPIC_NODE: "PRIORITY",
+    TOPIC_RETRY: "PRIORITY",
     TOPIC_NORMAL: "NORMAL",
 }
 
@@ -104,6 +107,31 @@ def scenario_python(proxy: str, topic: str, normal_topic: str) -> dict[str, Any]
     finally:
         consumer.shutdown()
     out["received"] = got
+
+    # a push consumer (one consumption thread) of another group: the same backlog,
+    # in the same order (its receives are POPs too)
+    pushed: list[int] = []
+
+    class Listener(rmq.MessageListener):  # type: ignore[misc,name-defined]
+        def consume(self, message: Any) -> Any:
+            pushed.append(message.priority)
+            return rmq.ConsumeResult.SUCCESS
+
+    push = rmq.PushConsumer(
+        cfg,
+        "py-g-prio-push",
+        Listener(),
+        {topic: rmq.FilterExpression("*")},
+        consumption_thread_count=1,
+    )
+    push.startup()
+    deadline = time.time() + 20
+    try:
+        while len(pushed) < LEVELS and time.time() < deadline:
+            time.sleep(0.05)
+    finally:
+        push.shutdown()
+    out["pushed"] = pushed
     return out
 
 
@@ -124,6 +152,9 @@ from ha_controller.client.message import Message  # noqa: E402
 from ha_controller.client.producer import Producer  # noqa: E402
 from ha_controller.client.simple_consumer import SimpleConsumer  # noqa: E402
 from ha_controller.proto import broker_pb2, common_pb2  # noqa: E402
+from ha_controller.proto.rocketmq.v2 import definition_pb2 as v2  # noqa: E402
+from ha_controller.proto.rocketmq.v2 import service_pb2 as v2s  # noqa: E402
+from ha_controller.proto.rocketmq.v2 import service_pb2_grpc  # noqa: E402
 from ha_controller.protocol.codes import RequestCode  # noqa: E402
 from ha_controller.protocol.errors import MessageTypeConflict  # noqa: E402
 from ha_controller.rpc import ConnectionPool  # noqa: E402
@@ -134,6 +165,7 @@ from ha_controller.testing import (  # noqa: E402
     run_cluster,
 )
 
+grpc = pytest.importorskip("grpc")
 pytestmark = pytest.mark.timeout(120)
 
 #: (priority, sent index) in the order sent: levels interleaved, 12 above the highest
@@ -149,11 +181,19 @@ def expected_order(sends: list[tuple[int, int]]) -> list[tuple[int, int]]:
 def cluster(tmp_path_factory: pytest.TempPathFactory) -> Iterator[tuple[Cluster, ProcessHandle]]:
     # two groups: an acting slave's POP checkpoints go to a live master of another
     # group; the topics live on "prio" only, so that one broker orders every pop
-    c = run_cluster(("prio", "prio-b"), 2, workdir=tmp_path_factory.mktemp("prio"))
+    c = run_cluster(
+        ("prio", "prio-b"),
+        2,
+        workdir=tmp_path_factory.mktemp("prio"),
+        env={"HAC_POP_REVIVE_INTERVAL_MS": "200"},
+    )
     proxy = None
     try:
         asyncio.run(create_topics(c))
-        proxy = c.run_proxy("--long-polling-timeout-s", "5")
+        # a receive may ask for 1 s (RocketMQ's least is 10 s): the redelivery test
+        proxy = c.run_proxy(
+            "--long-polling-timeout-s", "5", env={"HAC_RECEIVE_MIN_INVISIBLE_MS": "1000"}
+        )
         yield c, proxy
     finally:
         if proxy is not None:
@@ -231,6 +271,7 @@ def test_official_python_sdk_priority_example(cluster: Any) -> None:
     assert lines, proc.stdout[-3000:] + proc.stderr[-3000:]
     out = json.loads(lines[0][len("RESULT ") :])
     assert out["received"] == list(range(LEVELS - 1, -1, -1))
+    assert out["pushed"] == list(range(LEVELS - 1, -1, -1))
     # the SDK refuses these itself (the route's queues accept PRIORITY only; the gateway
     # would answer MESSAGE_PROPERTY_CONFLICT_WITH_TYPE: test_message_rules)
     assert out["to_normal"]["ok"] is False, out
@@ -262,6 +303,54 @@ def test_node_sdk_priority(cluster: Any) -> None:
     assert out["received"] == ["p10", "p100", "p5", "p1a", "p1b"], out
     for case in ("to_normal", "plain_to_priority", "negative", "with_group", "zero"):
         assert out[case]["ok"] is False, (case, out)
+
+
+async def _receive(stub: Any, group: str, topic: str, invisible_ms: int) -> list[str]:
+    """One v2 ReceiveMessage through the gateway: the bodies, in the order given."""
+    request = v2s.ReceiveMessageRequest(
+        group=v2.Resource(name=group),
+        message_queue=v2.MessageQueue(
+            topic=v2.Resource(name=topic), id=-1, broker=v2.Broker(name="prio")
+        ),
+        batch_size=16,
+        filter_expression=v2.FilterExpression(type=v2.TAG, expression="*"),
+    )
+    request.long_polling_timeout.FromMilliseconds(1000)
+    request.invisible_duration.FromMilliseconds(invisible_ms)
+    return [
+        r.message.body.decode()
+        async for r in stub.ReceiveMessage(request, timeout=10)
+        if r.WhichOneof("content") == "message"
+    ]
+
+
+async def test_the_gateway_redelivers_after_the_levels(cluster: Any) -> None:
+    """A PRIORITY topic's redelivered message comes after the fresh ones (RocketMQ's
+    default, popFromRetryProbabilityForPriority 0), not first as for other topics."""
+    c, proxy = cluster
+    group = "g-prio-retry"
+    async with Producer(c.namesrv, "prio-producer", topics=[TOPIC_RETRY]) as producer:
+        await producer.send(Message(TOPIC_RETRY, b"old", priority=9))
+        async with grpc.aio.insecure_channel(proxy.rpc) as channel:
+            stub = service_pb2_grpc.MessagingServiceStub(channel)
+            assert await _receive(stub, group, TOPIC_RETRY, 1000) == ["old"]  # not acked
+
+            async def revived() -> bool:
+                async with NameserverClient([c.namesrv]) as ns:
+                    route = await ns.route(f"%RETRY%{group}")
+                    return sum(q.max_offset for q in await ns.queue_offsets(route)) == 1
+
+            await eventually(revived, timeout=15, interval=0.1)
+            for body, priority in (("new0", 0), ("new5", 5)):
+                await producer.send(Message(TOPIC_RETRY, body.encode(), priority=priority))
+            got: list[str] = []
+
+            async def all_three() -> bool:
+                got.extend(await _receive(stub, group, TOPIC_RETRY, 10_000))
+                return len(got) >= 3
+
+            await eventually(all_three, timeout=15)
+            assert got == ["new5", "new0", "old"]
 
 
 async def slave_knows(addr: str, topic: str, kind: str) -> None:
