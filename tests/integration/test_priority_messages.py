@@ -35,6 +35,7 @@ TOPIC_PY = "prio-py"
 TOPIC_NODE = "prio-node"
 TOPIC_NORMAL = "prio-normal"
 TOPIC_RETRY = "prio-retry"
+TOPIC_RAW = "prio-raw"
 LEVELS = 10
 TOPICS = {
     TOPIC: "PRIORITY",
@@ -42,6 +43,7 @@ TOPICS = {
     TOPIC_PY: "PRIORITY",
     TOPIC_NODE: "PRIORITY",
     TOPIC_RETRY: "PRIORITY",
+    TOPIC_RAW: "PRIORITY",
     TOPIC_NORMAL: "NORMAL",
 }
 
@@ -351,6 +353,36 @@ async def test_the_gateway_redelivers_after_the_levels(cluster: Any) -> None:
 
             await eventually(all_three, timeout=15)
             assert got == ["new5", "new0", "old"]
+
+
+def _v2_send(topic: str, n: int, **sp: Any) -> v2s.SendMessageRequest:
+    m = v2.Message(topic=v2.Resource(name=topic), body=b"x")
+    m.system_properties.message_id = f"01PRIO{n:010d}"
+    for name, value in sp.items():
+        setattr(m.system_properties, name, value)
+    return v2s.SendMessageRequest(messages=[m])
+
+
+async def test_the_gateway_answers_rocketmqs_codes(cluster: Any) -> None:
+    """What the SDKs refuse themselves, sent raw: the gateway's answer to each."""
+    _, proxy = cluster
+    cases = {
+        "priority": (dict(message_type=v2.PRIORITY, priority=3), v2.OK),
+        "declared_normal": (dict(message_type=v2.NORMAL, priority=0), v2.OK),  # Node.js 1.0.8
+        "no_priority": (dict(message_type=v2.PRIORITY), v2.MESSAGE_PROPERTY_CONFLICT_WITH_TYPE),
+        "plain": (dict(message_type=v2.NORMAL), v2.MESSAGE_PROPERTY_CONFLICT_WITH_TYPE),
+        "negative": (dict(message_type=v2.PRIORITY, priority=-1), v2.BAD_REQUEST),
+    }
+    async with grpc.aio.insecure_channel(proxy.rpc) as channel:
+        stub = service_pb2_grpc.MessagingServiceStub(channel)
+        got = {}
+        for n, (case, (fields, _)) in enumerate(cases.items()):
+            resp = await stub.SendMessage(_v2_send(TOPIC_RAW, n, **fields), timeout=10)
+            got[case] = resp.status.code
+        to_normal = _v2_send(TOPIC_NORMAL, 99, message_type=v2.PRIORITY, priority=1)
+        got["to_normal"] = (await stub.SendMessage(to_normal, timeout=10)).status.code
+    want = {case: code for case, (_, code) in cases.items()}
+    assert got == {**want, "to_normal": v2.MESSAGE_PROPERTY_CONFLICT_WITH_TYPE}
 
 
 async def slave_knows(addr: str, topic: str, kind: str) -> None:
