@@ -20,12 +20,14 @@ from ha_controller.protocol.errors import (
     MessageTypeConflict,
     SlaveAckTimeout,
 )
+from ha_controller.protocol.priority import priority_of, queue_for_priority
 from ha_controller.protocol.properties import (
     PROPERTY_ESCAPE_ID,
+    PROPERTY_PRIORITY,
     PROPERTY_TRANSACTION_ID,
     PROPERTY_UNIQ_KEY,
 )
-from ha_controller.protocol.topics import message_type_of, message_type_problem
+from ha_controller.protocol.topics import TopicMessageType, message_type_of, message_type_problem
 from ha_controller.routing import TopicConfig
 from ha_controller.rpc import RequestContext
 
@@ -55,6 +57,33 @@ def check_message_types(config: TopicConfig, entries: Sequence[broker_pb2.SendEn
         problem = message_type_problem(config.topic_name, config.message_type, kind)
         if problem is not None:
             raise MessageTypeConflict(problem)
+
+
+def priority_queue(config: TopicConfig, entries: Sequence[broker_pb2.SendEntry]) -> int | None:
+    """The queue of a send of priority messages (their priority, clamped to the topic's
+    write queues: ``ha_controller.protocol.priority``), or None for other messages.  A
+    priority on a message of another kind is dropped, as RocketMQ's broker drops it.
+    One send is stored in one queue, so the messages of a batch with a priority must
+    share it (BadRequest, before anything is stored)."""
+    queues: set[int] = set()
+    others = 0
+    for entry in entries:
+        priority = priority_of(entry.properties)
+        if priority is not None and message_type_of(entry.properties) is TopicMessageType.PRIORITY:
+            queues.add(queue_for_priority(priority, config.write_queue_nums))
+            continue
+        if priority is not None:
+            del entry.properties[PROPERTY_PRIORITY]
+        others += 1
+    if not queues:
+        return None
+    if len(queues) > 1 or others:
+        raise BadRequest(
+            f"a batch to {config.topic_name!r} mixes priority levels (queues "
+            f"{sorted(queues)}{' and messages without a priority' if others else ''}): "
+            "send priority messages of different levels apart"
+        )
+    return queues.pop()
 
 
 class MessageHandlers:
@@ -157,6 +186,9 @@ class MessageHandlers:
         if not eid:  # a member's escape hands on a message its topic took in before
             check_message_types(config, req.entries)
         queue_id = wp.pick_queue(config, req.queue_id, strict=True)
+        by_priority = priority_queue(config, req.entries)
+        if by_priority is not None:  # the priority picks the queue, not the producer
+            queue_id = by_priority
         try:
             needed = wp.check_replicas()
         except InSyncReplicasNotEnough:

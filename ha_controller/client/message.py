@@ -25,6 +25,7 @@ from ha_controller.protocol.properties import (
     PROPERTY_DELAY,
     PROPERTY_KEYS,
     PROPERTY_MESSAGE_GROUP,
+    PROPERTY_PRIORITY,
     PROPERTY_PRODUCER_GROUP,
     PROPERTY_TAGS,
     PROPERTY_TIMER_DELIVER_MS,
@@ -46,6 +47,7 @@ __all__ = [
     "PROPERTY_DELAY",
     "PROPERTY_KEYS",
     "PROPERTY_MESSAGE_GROUP",
+    "PROPERTY_PRIORITY",
     "PROPERTY_PRODUCER_GROUP",
     "PROPERTY_TAGS",
     "PROPERTY_TIMER_DELIVER_MS",
@@ -76,6 +78,7 @@ RESERVED_PROPERTIES: Final = frozenset(
         PROPERTY_DELAY,
         PROPERTY_TIMER_DELIVER_MS,
         PROPERTY_MESSAGE_GROUP,
+        PROPERTY_PRIORITY,
         PROPERTY_PRODUCER_GROUP,
     }
 )
@@ -103,9 +106,11 @@ class Message:
 
     ``keys`` are the business keys (sent space separated in ``KEYS``), so a key
     may not contain white space.  A message is either FIFO (``message_group``),
-    delayed (``delay_level`` 1..18 or an absolute ``deliver_ts_ms``) or
-    normal: the kinds are mutually exclusive, as in RocketMQ 5.  ``properties``
-    are user properties; the reserved names are set from the fields.
+    delayed (``delay_level`` 1..18 or an absolute ``deliver_ts_ms``), a priority
+    message (``priority`` >= 0, for a PRIORITY topic: the broker stores it in queue
+    ``min(priority, queues - 1)``, and POP serves the highest first) or normal: the
+    kinds are mutually exclusive, as in RocketMQ 5.  ``properties`` are user
+    properties; the reserved names are set from the fields.
     """
 
     topic: str
@@ -116,6 +121,7 @@ class Message:
     message_group: str | None = None
     delay_level: int = 0
     deliver_ts_ms: int | None = None
+    priority: int | None = None
 
     def __post_init__(self) -> None:
         if not self.topic:
@@ -142,6 +148,13 @@ class Message:
                 raise ValueError("message_group must not be empty")
             if self.is_delayed:
                 raise ValueError("a FIFO message (message_group) cannot also be delayed")
+        if self.priority is not None:
+            if isinstance(self.priority, bool) or not isinstance(self.priority, int):
+                raise TypeError(f"priority must be an int, not {type(self.priority).__name__}")
+            if self.priority < 0:
+                raise ValueError(f"priority must be >= 0, got {self.priority}")
+            if self.message_group is not None or self.is_delayed:
+                raise ValueError("a priority message cannot also be FIFO or delayed")
         reserved = RESERVED_PROPERTIES.intersection(self.properties)
         if reserved:
             raise ValueError(f"reserved property names in properties: {sorted(reserved)}")
@@ -165,6 +178,8 @@ class Message:
             props[PROPERTY_DELAY] = str(self.delay_level)
         if self.deliver_ts_ms is not None:
             props[PROPERTY_TIMER_DELIVER_MS] = str(self.deliver_ts_ms)
+        if self.priority is not None:
+            props[PROPERTY_PRIORITY] = str(self.priority)
         return props
 
 
@@ -224,6 +239,12 @@ class ReceivedMessage:
     @property
     def message_group(self) -> str | None:
         return self.properties.get(PROPERTY_MESSAGE_GROUP)
+
+    @property
+    def priority(self) -> int | None:
+        """A priority message's priority (None for other messages)."""
+        text = self.properties.get(PROPERTY_PRIORITY, "")
+        return int(text) if text.isascii() and text.isdigit() else None
 
     @property
     def key(self) -> str:

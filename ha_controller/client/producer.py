@@ -547,6 +547,7 @@ class Producer(AsyncLifecycle):
                 self.coalesce_max_messages > 1
                 and message.message_group is None
                 and not message.is_delayed
+                and message.priority is None  # its level picks its queue: sent alone
             ):
                 return await self._send_coalesced(message)
             receipts = await self._send([message])
@@ -555,8 +556,8 @@ class Producer(AsyncLifecycle):
             raise ValueError("the transaction belongs to another producer")
         if transaction.receipt is not None:
             raise RuntimeError("a transaction holds one message")
-        if message.is_delayed or message.message_group is not None:
-            raise ValueError("a transactional message cannot be delayed or FIFO")
+        if message.is_delayed or message.message_group is not None or message.priority is not None:
+            raise ValueError("a transactional message cannot be delayed, FIFO or a priority one")
         receipt = (await self._send([message], transactional=True))[0]
         transaction._add_half(receipt)
         return receipt
@@ -616,7 +617,8 @@ class Producer(AsyncLifecycle):
         return Transaction(self)
 
     async def send_batch(self, messages: Sequence[Message]) -> list[SendReceipt]:
-        """Send messages of one topic (and one message group, if any) to one queue."""
+        """Send messages of one topic (and one message group or priority, if any) to one
+        queue."""
         if not messages:
             return []
         topics = {m.topic for m in messages}
@@ -625,6 +627,8 @@ class Producer(AsyncLifecycle):
         groups = {m.message_group for m in messages}
         if len(groups) != 1:
             raise ValueError("a batch must have one message group (or none)")
+        if len({m.priority for m in messages}) != 1:  # one send is stored in one queue
+            raise ValueError("a batch must have one priority (or none)")
         return await self._send(list(messages))
 
     async def _send(

@@ -51,6 +51,7 @@ from ha_controller.protocol.errors import (
     ServiceStopping,
     TopicNotFound,
 )
+from ha_controller.protocol.priority import check_priority
 from ha_controller.protocol.properties import (
     PROPERTY_BORN_TIMESTAMP,
     PROPERTY_DELAY,
@@ -433,9 +434,11 @@ def send_entry(
         props[PROPERTY_TIMER_DELIVER_MS] = str(deliver)
     elif kind == v2.TRANSACTION:
         props[PROPERTY_TRAN_MSG] = "true"
-    elif kind == v2.PRIORITY:
-        if sp.priority < 0:
-            raise BadRequest(f"priority must be >= 0, not {sp.priority}")
+    if sp.HasField("priority"):
+        # whatever the declared type, as RocketMQ's proxy (SendMessageActivity): the
+        # properties tell the kind the topic must take, and a broker drops the priority
+        # of a message of another kind.  (Node.js SDK 1.0.8 declares priority 0 NORMAL.)
+        check_priority(sp.priority)
         props[PROPERTY_PRIORITY] = str(sp.priority)
     entry = broker_pb2.SendEntry(body=msg.body, properties=props, born_ts_ms=now)
     return SendPlan(entry, kind, message_id, group, sp.born_host)

@@ -1,4 +1,5 @@
-"""ReceiveMessage: a long poll over POP, the group's retry topic first.
+"""ReceiveMessage: a long poll over POP, the group's retry topic first (last for a PRIORITY
+topic, as RocketMQ has it).
 
 The v2 queue a request names is a hint: the gateway pops any queue of the group that
 holds the queue (as RocketMQ's proxy does), in slices of :data:`POLL_SLICE_MS` so that
@@ -24,6 +25,7 @@ from ha_controller.proto.rocketmq.v2 import service_pb2 as v2s
 from ha_controller.protocol.codes import RequestCode
 from ha_controller.protocol.errors import BadRequest, HaError, TopicNotFound
 from ha_controller.protocol.properties import PROPERTY_POP_CK, now_ms, retry_topic
+from ha_controller.protocol.topics import TopicMessageType
 from ha_controller.protocol.validation import (
     check_consumer_group,
     check_invisible_ms,
@@ -165,14 +167,19 @@ class Receiver:
                 order=orderly and pop_topic == topic,
             )
 
+        # a PRIORITY topic's redeliveries come after its levels, as RocketMQ's
+        # default (popFromRetryProbabilityForPriority 0) has them: last
+        retry_last = await self.core.topic_type(topic) is TopicMessageType.PRIORITY
         while True:
             # the group the request names, then every other group that serves the
             # topic's reads, without waiting: a client that long-polls a drained group
             # (after a failover its messages sit in the other one) still gets the
             # others' messages within a slice, not after its whole long poll
             for name in await self._groups_to_read(topic, broker):
-                got = await self._pop_retry(group, topic, name, pop, quiet=name != broker)
-                if not got and name != broker:
+                got = await self._pop_quietly(name, topic, pop) if retry_last else []
+                if not got:
+                    got = await self._pop_retry(group, topic, name, pop, quiet=name != broker)
+                if not got and name != broker and not retry_last:
                     got = await self._pop_quietly(name, topic, pop)
                 if got:
                     return got

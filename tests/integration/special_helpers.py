@@ -12,14 +12,21 @@ from ha_controller.rpc import ConnectionPool
 from ha_controller.testing import eventually
 
 
-async def create_topic_on(addr: str, topic: str, queues: int = 2) -> None:
+async def create_topic_on(
+    addr: str, topic: str, queues: int = 2, *, message_type: str = ""
+) -> None:
+    """``topic`` on the one broker at ``addr`` (``message_type``: "" is MIXED)."""
     async with ConnectionPool() as pool:
         await pool.call_pb(
             addr,
             RequestCode.UPDATE_AND_CREATE_TOPIC,
             broker_pb2.CreateTopicRequest(
                 topic=common_pb2.TopicConfig(
-                    topic_name=topic, read_queue_nums=queues, write_queue_nums=queues, perm=6
+                    topic_name=topic,
+                    read_queue_nums=queues,
+                    write_queue_nums=queues,
+                    perm=6,
+                    message_type=message_type,
                 )
             ),
             common_pb2.Empty,

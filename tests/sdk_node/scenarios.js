@@ -578,7 +578,33 @@ async function scenarioSql92({ proxy, count, expression }) {
   return out;
 }
 
+// RIP-80: the levels of rocketmq-clients' nodejs/examples/ProducerPriorityMessageExample
+// (1, 5, 10, 100; the topic has 10 queues, so 10 and 100 share the highest), then its
+// refusals, and priority 0 (which 1.0.8 declares NORMAL: the PRIORITY queue refuses it);
+// a simple consumer gets them highest first.
+async function scenarioPriority({ proxy, topic, normal_topic: normalTopic }) {
+  const producer = new Producer({ endpoints: proxy, namespace: '', logger: quiet, topics: [topic] });
+  await producer.startup();
+  const out = {};
+  const send = (body, fields) => producer.send({ topic, tag: 'p', body: Buffer.from(body), ...fields });
+  try {
+    for (const [body, priority] of [['p1a', 1], ['p5', 5], ['p10', 10], ['p100', 100], ['p1b', 1]]) {
+      await send(body, { priority });
+    }
+    out.to_normal = await outcome(() => producer.send({ topic: normalTopic, body: Buffer.from('x'), priority: 1 }));
+    out.plain_to_priority = await outcome(() => send('plain', {}));
+    out.negative = await outcome(() => send('neg', { priority: -1 }));
+    out.with_group = await outcome(() => send('grp', { priority: 5, messageGroup: 'group-1' }));
+    out.zero = await outcome(() => send('zero', { priority: 0 }));
+  } finally {
+    await producer.shutdown();
+  }
+  out.received = (await drainSimple(proxy, 'node-g-prio', topic, 5, 20000)).map(m => m.body);
+  return out;
+}
+
 const SCENARIOS = {
+  priority: scenarioPriority,
   rules: scenarioRules,
   types: scenarioTypes,
   fifo2: scenarioFifoTwoGateways,

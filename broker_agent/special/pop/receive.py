@@ -5,7 +5,8 @@ the group's consumer offset, so it is forward-synced to slaves and reverse-synce
 pre-online like any other), returns each with a receipt handle in the ``POP_CK``
 property and writes a checkpoint (CK) record (:mod:`.records`, :mod:`.revive_log`).
 A pop that finds nothing is held (long polling) until a message arrives or its poll
-time is over.
+time is over.  A pop of any queue of a PRIORITY topic, not orderly, visits the queues
+highest first (:mod:`ha_controller.protocol.priority`); others go round robin.
 
 Orderly pops (:mod:`.order`) write no CK.  An acting slave taking over has no order
 locks: it gives a queue with unconsumed messages to nobody for one invisible time
@@ -37,8 +38,10 @@ from broker_agent.store.message_store import GetMessageStatus, GetResult
 from ha_controller.filter.selector import Selector
 from ha_controller.proto import broker_pb2
 from ha_controller.protocol.errors import BadRequest, TopicNotFound
+from ha_controller.protocol.priority import pop_order
 from ha_controller.protocol.properties import PROPERTY_POP_CK, PROPERTY_RECONSUME_TIME, retry_topic
 from ha_controller.protocol.record import StoredMessage
+from ha_controller.protocol.topics import TopicMessageType
 from ha_controller.routing import Perm, TopicConfig
 from ha_controller.rpc import RequestContext
 
@@ -120,11 +123,10 @@ class PopMessageProcessor:
         if config is None and not stored:
             raise TopicNotFound(f"topic {req.topic!r} does not exist on {core.cfg.broker_name}")
         all_qids = list(range(config.read_queue_nums)) if config is not None else stored
-        if req.queue_id >= 0:
-            qids = [req.queue_id]
-        else:
-            self._rr += 1
-            qids = [all_qids[(self._rr + i) % len(all_qids)] for i in range(len(all_qids))]
+        # a PRIORITY topic's queues are its levels: highest first (not orderly)
+        by_priority = config is not None and config.message_type is TopicMessageType.PRIORITY
+        self._rr += 1
+        start = self._rr
         # a bad SQL92 is refused before anything is popped (IllegalFilterExpression)
         select = Selector.of_request(req.tags, req.sql92)
         max_msgs = max(1, min(req.max_msg_nums or MAX_POP_BATCH, MAX_POP_BATCH))
@@ -136,6 +138,10 @@ class PopMessageProcessor:
             # (hactl group update G --orderly) must not hand out a new message the old
             # way, behind the back of the group's new orderly consumers
             orderly = req.order or self.subscriptions.orderly(req.consumer_group)
+            if req.queue_id >= 0:
+                qids = [req.queue_id]
+            else:
+                qids = pop_order(all_qids, start, priority=by_priority and not orderly)
             pop_queue = self._pop_queue_orderly if orderly else self._pop_queue
             pop_ms = self.revive_log.pop_time()
             resp.pop_time_ms = pop_ms
