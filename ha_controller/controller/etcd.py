@@ -7,8 +7,14 @@ second protobuf runtime or pinned generated stubs beside ours.  We use four thin
 ranges, puts, transactions that compare a key's ``mod_revision`` (compare-and-swap),
 and leases (grant, keep-alive, revoke) for the controller leadership.
 
-Every call goes to the endpoint that answered last and moves on to the next one on a
-connection error or a 5xx; all endpoints failing raise :class:`EtcdUnavailable`.
+Every call tries each endpoint once, in an order fixed when the call begins: first the
+one that answered last, then the others in turn; it moves on at a connection error, a
+5xx or when an endpoint has not answered within ``timeout_s`` (per attempt: a member cut
+off from the others, or one still forwarding to a leader that is gone, holds a request
+until then).  An endpoint that fails is passed over by the calls that begin after it
+(and by none that already tried it): calls run concurrently (the poll, the leadership
+renewal, the elections), and one call's success must not send another back to the
+endpoint it has just given up on.  All endpoints failing raise :class:`EtcdUnavailable`.
 Keys and values are ``str`` (UTF-8); base64 is the gateway's and stays here.
 """
 
@@ -76,21 +82,26 @@ class EtcdClient:
             await self._session.close()
             self._session = None
 
-    async def _call(self, path: str, body: dict[str, Any]) -> dict[str, Any]:
+    async def _call(
+        self, path: str, body: dict[str, Any], *, timeout_s: float | None = None
+    ) -> dict[str, Any]:
+        """One request, on each endpoint at most once (the module's docstring);
+        ``timeout_s`` bounds each attempt (default: the client's)."""
         if self._session is None:
-            self._session = aiohttp.ClientSession(
-                timeout=aiohttp.ClientTimeout(total=self.timeout_s)
-            )
+            self._session = aiohttp.ClientSession()
+        attempt = aiohttp.ClientTimeout(total=self.timeout_s if timeout_s is None else timeout_s)
         n = len(self.endpoints)
+        first = self._next  # this call's order, whatever the calls beside it do
         problems: list[str] = []
         for i in range(n):
-            k = (self._next + i) % n
+            k = (first + i) % n
             url = f"{self.endpoints[k]}/v3/{path}"
             try:
-                async with self._session.post(url, data=json.dumps(body)) as resp:
+                async with self._session.post(url, data=json.dumps(body), timeout=attempt) as resp:
                     text = await resp.text()
                     if resp.status >= 500:
                         problems.append(f"{self.endpoints[k]}: HTTP {resp.status} {text[:200]}")
+                        self._passed_over(k)
                         continue
                     data = json.loads(text) if text else {}
                     if resp.status != 200 or "error" in data:
@@ -102,12 +113,19 @@ class EtcdClient:
                     return dict(data)
             except (aiohttp.ClientError, TimeoutError, OSError, ValueError) as exc:
                 problems.append(f"{self.endpoints[k]}: {type(exc).__name__}: {exc}")
+                self._passed_over(k)
         raise EtcdUnavailable("no etcd endpoint answered: " + "; ".join(problems))
+
+    def _passed_over(self, k: int) -> None:
+        """Endpoint ``k`` failed: calls that begin from now on start at the next one
+        (unless another call has already found a better one)."""
+        if self._next == k:
+            self._next = (k + 1) % len(self.endpoints)
 
     # ---- keys ------------------------------------------------------------------------
 
-    async def get(self, key: str) -> KeyValue | None:
-        data = await self._call("kv/range", {"key": _b64(key)})
+    async def get(self, key: str, *, timeout_s: float | None = None) -> KeyValue | None:
+        data = await self._call("kv/range", {"key": _b64(key)}, timeout_s=timeout_s)
         kvs = data.get("kvs") or []
         return _kv(kvs[0]) if kvs else None
 
@@ -124,7 +142,13 @@ class EtcdClient:
         return int(data["header"]["revision"])
 
     async def replace(
-        self, key: str, value: str, *, mod_revision: int, lease: int = 0
+        self,
+        key: str,
+        value: str,
+        *,
+        mod_revision: int,
+        lease: int = 0,
+        timeout_s: float | None = None,
     ) -> TxnResult:
         """Put ``value`` only while ``key`` is at ``mod_revision`` (0: absent)."""
         put: dict[str, Any] = {"key": _b64(key), "value": _b64(value)}
@@ -136,7 +160,11 @@ class EtcdClient:
             "result": "EQUAL",
             "mod_revision": str(mod_revision),
         }
-        data = await self._call("kv/txn", {"compare": [compare], "success": [{"request_put": put}]})
+        data = await self._call(
+            "kv/txn",
+            {"compare": [compare], "success": [{"request_put": put}]},
+            timeout_s=timeout_s,
+        )
         return TxnResult(bool(data.get("succeeded")), int(data["header"]["revision"]))
 
     async def delete(self, key: str) -> None:
@@ -144,18 +172,18 @@ class EtcdClient:
 
     # ---- leases -----------------------------------------------------------------------
 
-    async def grant(self, ttl_s: int) -> int:
-        data = await self._call("lease/grant", {"TTL": str(ttl_s)})
+    async def grant(self, ttl_s: int, *, timeout_s: float | None = None) -> int:
+        data = await self._call("lease/grant", {"TTL": str(ttl_s)}, timeout_s=timeout_s)
         return int(data["ID"])
 
-    async def keep_alive(self, lease: int) -> int:
+    async def keep_alive(self, lease: int, *, timeout_s: float | None = None) -> int:
         """Renew ``lease``; its TTL left (0: it had expired)."""
-        data = await self._call("lease/keepalive", {"ID": str(lease)})
+        data = await self._call("lease/keepalive", {"ID": str(lease)}, timeout_s=timeout_s)
         result = data.get("result") or {}
         return int(result.get("TTL") or 0)
 
-    async def revoke(self, lease: int) -> None:
-        await self._call("lease/revoke", {"ID": str(lease)})
+    async def revoke(self, lease: int, *, timeout_s: float | None = None) -> None:
+        await self._call("lease/revoke", {"ID": str(lease)}, timeout_s=timeout_s)
 
     async def status(self) -> dict[str, Any]:
         return await self._call("maintenance/status", {})

@@ -126,7 +126,8 @@ class Controller:
         self.members = members
         self.calls = calls
         self.metrics: ControllerMetrics = metrics or _NoMetrics()
-        self.etcd = EtcdClient(settings.endpoints)
+        # a request waits for one etcd member no longer than a renewal may (store.py)
+        self.etcd = EtcdClient(settings.endpoints, timeout_s=settings.lease_ttl_s / 3)
         self.store = GroupStore(self.etcd, settings.prefix)
         self.leadership = Leadership(
             self.etcd, node_id, prefix=settings.prefix, ttl_s=settings.lease_ttl_s
@@ -256,6 +257,7 @@ class Controller:
             async with asyncio.TaskGroup() as tg:
                 tg.create_task(self._poll_loop(), name="controller-poll")
                 tg.create_task(self._lead_loop(), name="controller-lead")
+                tg.create_task(self._elect_loop(), name="controller-elect")
         finally:
             await self.leadership.resign()
             await self.etcd.aclose()
@@ -277,18 +279,23 @@ class Controller:
             await asyncio.sleep(self.settings.poll_interval_ms / 1000)
 
     async def _lead_loop(self) -> None:
+        """Campaign for or renew the leadership every third of the lease's TTL."""
         renew_s = max(0.2, self.settings.lease_ttl_s / 3)
-        check_s = min(0.1, self.settings.poll_interval_ms / 1000)
-        next_renew = 0.0
         while True:
-            now = time.monotonic()
-            if now >= next_renew:
-                try:
-                    await self.leadership.step()
-                except EtcdUnavailable as exc:
-                    self._etcd_down("controller leadership", exc)
-                self.metrics.leading(self.leadership.leading)
-                next_renew = now + renew_s
+            started = time.monotonic()
+            try:
+                await self.leadership.step()
+            except EtcdUnavailable as exc:
+                self._etcd_down("controller leadership", exc)
+            self.metrics.leading(self.leadership.leading)
+            await asyncio.sleep(max(0.0, started + renew_s - time.monotonic()))
+
+    async def _elect_loop(self) -> None:
+        """While leading, check the groups every 100 ms (at most every poll).  Apart
+        from the renewals: a renewal that waits on an etcd member cut off from the
+        others holds no election back while the lease is still surely ours."""
+        check_s = min(0.1, self.settings.poll_interval_ms / 1000)
+        while True:
             if self.leadership.leading and self.settings.auto_switch_after_ms > 0:
                 await self.check_groups()
             await asyncio.sleep(check_s)

@@ -78,7 +78,14 @@ class Leadership:
     absent) or renews the lease; ``leading`` is true only while the lease is surely
     alive: it is counted from *before* the last renewal that succeeded, and a little
     short of its TTL.  Leadership only keeps the timed decisions (elections) in one
-    place; their safety is the compare-and-swap's."""
+    place; their safety is the compare-and-swap's.
+
+    Each of its requests waits at most ``attempt_s`` (a third of the TTL) for one etcd
+    member before it tries the next: a member cut off from the others (or still
+    forwarding to a leader that is gone) holds a request for as long as the client
+    waits, and with the client's own 2 s per member a renewal that met such a member
+    first came back after the lease (or our trust in it) had run out, so the leader
+    lost its role for as long as the member stayed cut off and elected no one."""
 
     def __init__(
         self, etcd: EtcdClient, node_id: str, *, prefix: str = "/hac", ttl_s: int = 3
@@ -87,6 +94,8 @@ class Leadership:
         self.node_id = node_id
         self.key = f"{prefix.rstrip('/')}/controller/leader"
         self.ttl_s = ttl_s
+        #: how long one request waits for one etcd member
+        self.attempt_s = ttl_s / 3
         self.lease = 0
         self._valid_until = 0.0
         self.leader: str | None = None
@@ -99,26 +108,28 @@ class Leadership:
         """Campaign or renew once (call every ``ttl_s / 3``); EtcdUnavailable passes."""
         started = time.monotonic()
         if self.lease:
-            ttl = await self.etcd.keep_alive(self.lease)
+            ttl = await self.etcd.keep_alive(self.lease, timeout_s=self.attempt_s)
             if ttl > 0:
                 self._valid_until = started + ttl * 0.8
                 return
             log.warning("controller leadership lost: the lease expired")
             self.lease = 0
-        kv = await self.etcd.get(self.key)
+        kv = await self.etcd.get(self.key, timeout_s=self.attempt_s)
         if kv is not None:
             self.leader = kv.value
             return
-        lease = await self.etcd.grant(self.ttl_s)
-        result = await self.etcd.replace(self.key, self.node_id, mod_revision=0, lease=lease)
+        lease = await self.etcd.grant(self.ttl_s, timeout_s=self.attempt_s)
+        result = await self.etcd.replace(
+            self.key, self.node_id, mod_revision=0, lease=lease, timeout_s=self.attempt_s
+        )
         if result.succeeded:
             self.lease = lease
             self._valid_until = started + self.ttl_s * 0.8
             self.leader = self.node_id
             log.info("controller leadership taken by %s", self.node_id)
             return
-        await self.etcd.revoke(lease)
-        kv = await self.etcd.get(self.key)
+        await self.etcd.revoke(lease, timeout_s=self.attempt_s)
+        kv = await self.etcd.get(self.key, timeout_s=self.attempt_s)
         self.leader = None if kv is None else kv.value
 
     async def resign(self) -> None:
