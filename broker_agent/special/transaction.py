@@ -11,7 +11,7 @@ slave) reads the op queue, then walks the half queue from ``half_offset``:
   checked: CHECK_TRANSACTION_STATE (39) goes one-way to the producer group on the
   producer's own connection (HEART_BEAT or the send remembers it), and the producer
   answers with END_TRANSACTION; after ``transaction_check_max`` checks it is discarded;
-- on an acting slave (reference/rip32.md §3.4), every unresolved half message is
+- on an acting slave (as RocketMQ's RIP-32 does it), every unresolved half message is
   *escaped*: converted back to a prepared message (same UNIQ_KEY, i.e. transaction
   id) and put to a live master (local in a container, else remote), which checks it.
 

@@ -1,7 +1,8 @@
 """The wire edge of the gateway: v2 protobufs <-> our broker protobufs and routes.
 
-Every v2 type is converted here and only here (STYLE.md 10); the servicer
-works with the results.  Property names are RocketMQ's, as our brokers use them.
+Every v2 type is converted here and only here (one module owns the conversion, so
+no other module sees a v2 type); the servicer works with the results.  Property
+names are RocketMQ's, as our brokers use them.
 """
 
 from __future__ import annotations
