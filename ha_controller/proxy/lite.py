@@ -97,41 +97,43 @@ class LiteSubscriptions:
         """Apply a SyncLiteSubscription ``action`` (v2 ``LiteSubscriptionAction``) of
         ``names`` for ``sub``; the client's count afterwards.  PARTIAL_ADD adds,
         PARTIAL_REMOVE removes, COMPLETE_ADD replaces the client's set (the SDKs resend
-        theirs every 30 s), COMPLETE_REMOVE drops it.  Beyond a bound nothing changes."""
+        theirs every 30 s), COMPLETE_REMOVE drops it.  Beyond a bound nothing changes;
+        the work is in the names given, not in the client's set."""
         old = self._subs.get(sub, set())
         given = set(names)
         if action == v2.PARTIAL_ADD:
-            new = old | given
+            added, removed = given - old, set()
         elif action == v2.PARTIAL_REMOVE:
-            new = old - given
+            added, removed = set(), given & old
         elif action == v2.COMPLETE_ADD:
-            new = given
+            added, removed = given - old, old - given
         elif action == v2.COMPLETE_REMOVE:
-            new = set()
+            added, removed = set(), set(old)
         else:
             raise BadRequest(f"unknown lite subscription action {action}")
-        if len(new) > len(old):
-            if len(new) > self.client_quota:
+        count = len(old) + len(added) - len(removed)
+        if len(added) > len(removed):
+            if count > self.client_quota:
                 raise LiteSubscriptionQuotaExceeded(
                     f"lite subscription quota exceeded: {self.client_quota} per client "
-                    f"(client {sub.client_id} would have {len(new)} under {sub.topic})"
+                    f"(client {sub.client_id} would have {count} under {sub.topic})"
                 )
-            if self._total - len(old) + len(new) > self.max_total:
+            if self._total + len(added) - len(removed) > self.max_total:
                 raise LiteSubscriptionQuotaExceeded(
                     f"lite subscription quota exceeded: the gateway holds {self._total} of "
                     f"max_lite_subscriptions {self.max_total}"
                 )
-        self._replace(sub, old, new)
-        return len(new)
+        self._change(sub, added, removed)
+        return count
 
     def drop_client(self, cid: str) -> int:
         """Forget every subscription of client ``cid`` (it terminated or expired, as
         RocketMQ drops a lite client's subscriptions when it goes offline); how many."""
         dropped = 0
-        for sub in self._by_client.pop(cid, set()):
-            old = self._subs.get(sub, set())
+        for sub in list(self._by_client.get(cid, ())):
+            old = set(self._subs.get(sub, ()))
             dropped += len(old)
-            self._replace(sub, old, set(), index=False)
+            self._change(sub, set(), old)
         return dropped
 
     def keys_of(self, cid: str) -> set[Key]:
@@ -148,36 +150,35 @@ class LiteSubscriptions:
             g.frozen = frozenset(g.counts)
         return g.frozen
 
-    def _replace(
-        self, sub: Subscriber, old: set[str], new: set[str], *, index: bool = True
-    ) -> None:
+    def _change(self, sub: Subscriber, added: set[str], removed: set[str]) -> None:
+        if not added and not removed:
+            return
         key = (sub.group, sub.topic)
         g = self._groups.setdefault(key, _Group())
-        for name in old - new:
+        for name in removed:
             n = g.counts[name] - 1
             if n:
                 g.counts[name] = n
             else:
                 del g.counts[name]
-        for name in new - old:
+        for name in added:
             g.counts[name] = g.counts.get(name, 0) + 1
-        if old != new:
-            g.frozen = None
+        g.frozen = None
         if not g.counts:
             del self._groups[key]
-        self._total += len(new) - len(old)
-        if new:
-            self._subs[sub] = new
-            if index:
-                self._by_client.setdefault(sub.client_id, set()).add(sub)
-        else:
-            self._subs.pop(sub, None)
-            if index:
-                subs = self._by_client.get(sub.client_id)
-                if subs is not None:
-                    subs.discard(sub)
-                    if not subs:
-                        del self._by_client[sub.client_id]
+        self._total += len(added) - len(removed)
+        mine = self._subs.setdefault(sub, set())
+        mine -= removed
+        mine |= added
+        if mine:
+            self._by_client.setdefault(sub.client_id, set()).add(sub)
+            return
+        del self._subs[sub]
+        subs = self._by_client.get(sub.client_id)
+        if subs is not None:
+            subs.discard(sub)
+            if not subs:
+                del self._by_client[sub.client_id]
 
 
 class LiteService:
