@@ -180,7 +180,7 @@ class ProxyConfig(Validated):
         doc=(
             "Lite subscriptions (client, lite topic) the gateway holds in all (RocketMQ's "
             "broker `maxLiteSubscriptionCount`); one more is answered "
-            "LITE_SUBSCRIPTION_QUOTA_EXCEEDED. Each costs about 0.4 KB of the gateway's memory, "
+            "LITE_SUBSCRIPTION_QUOTA_EXCEEDED. Each costs about 250 B of the gateway's memory, "
             "and a lite consumer's receives send its group's lite topics with each pop "
             "(`bench/lite_topics.py`)."
         ),
