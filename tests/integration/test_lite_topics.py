@@ -187,11 +187,11 @@ def run_sdk(scenario: str, timeout: float, **args: Any) -> dict[str, Any]:
 
 @pytest.fixture(scope="module")
 def lite_cluster() -> Iterator[Any]:
-    from ha_controller.testing import create_typed_topics, run_cluster
+    from ha_controller.testing import run_cluster
 
     cluster = run_cluster(("broker-a", "broker-b"), 2)
     try:
-        create_typed_topics(cluster.namesrv, {PARENT: "LITE", NORMAL: "NORMAL", "topic": "LITE"})
+        _create(cluster, {PARENT: "LITE", NORMAL: "NORMAL", "topic": "LITE"})
         proxy = cluster.run_proxy(
             "--long-polling-timeout-s",
             "5",
@@ -201,6 +201,7 @@ def lite_cluster() -> Iterator[Any]:
             },
         )
         try:
+            _routed(proxy, PARENT, NORMAL, "topic")
             yield cluster, proxy
         finally:
             proxy.stop()
@@ -246,6 +247,41 @@ def test_lite_push_consumer_gets_its_lite_topics_in_order(lite_cluster: Any) -> 
     assert cases["bind_normal_topic"]["code"] == 40002, cases["bind_normal_topic"]
 
 
+def _create(cluster: Any, topics: dict[str, str]) -> None:
+    """Create ``topics`` on both groups' masters, once both are registered (a master
+    registers after its pre-online: a topic asked for before reaches only the others)."""
+    from ha_controller.testing import create_typed_topics, eventually_sync
+
+    eventually_sync(
+        lambda: sorted(create_typed_topics(cluster.namesrv, topics)) == ["broker-a", "broker-b"],
+        timeout=20,
+        interval=0.5,
+    )
+
+
+def _routed(proxy: Any, *topics: str) -> None:
+    """Until the gateway answers a route for every one of ``topics`` (with our own v2
+    stubs: this process never imports the SDK)."""
+    import grpc
+
+    from ha_controller.proto.rocketmq.v2 import definition_pb2 as v2
+    from ha_controller.proto.rocketmq.v2 import service_pb2 as v2s
+    from ha_controller.proto.rocketmq.v2 import service_pb2_grpc
+    from ha_controller.testing import eventually_sync
+
+    with grpc.insecure_channel(proxy.rpc) as channel:
+        stub: Any = service_pb2_grpc.MessagingServiceStub(channel)  # type: ignore[no-untyped-call]
+
+        def routed(topic: str) -> bool:
+            req = v2s.QueryRouteRequest(topic=v2.Resource(name=topic))
+            status = stub.QueryRoute(req, timeout=5).status
+            assert status.code == v2.OK, f"{topic}: {status.message}"
+            return True
+
+        for topic in topics:
+            eventually_sync(lambda t=topic: routed(t), timeout=20, interval=0.2)
+
+
 def _lite_subscriptions(http: str) -> int:
     import urllib.request
 
@@ -271,11 +307,10 @@ def test_the_official_lite_examples_run_unchanged(lite_cluster: Any, tmp_path: P
     then reaches the consumer.  The SDK's subscribe_lite sends the characters of each
     name (see scenario_lite): the consumer's real ten arrive with its resync, 30 s on;
     the gateway has the default bounds here."""
-    from ha_controller.testing import create_typed_topics
-
     cluster, _ = lite_cluster
-    create_typed_topics(cluster.namesrv, {"parent-topic": "LITE"})
+    _create(cluster, {"parent-topic": "LITE"})
     proxy = cluster.run_proxy(name="proxy-examples")
+    _routed(proxy, "parent-topic", "topic")
     before = _lite_subscriptions(proxy.http)
     scripts = {}
     for name in ("lite_producer_example.py", "lite_push_consumer_example.py"):
