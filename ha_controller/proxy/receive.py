@@ -154,8 +154,14 @@ class Receiver:
             poll_ms = min(poll_ms, int(remaining * 1000) - 1000)
         tags, sql92 = convert.filter_of(request.filter_expression)
         deadline = time.monotonic() + max(0, poll_ms) / 1000
+        # a lite receive: the client said it is a lite consumer, or (its session lost,
+        # say, and made again by this call) its group subscribes lite topics here
         session = self.core.sessions.find(client_id(context))
-        lite = self.lite if session is not None and session.lite else None
+        lite = None
+        if self.lite is not None and (
+            (session is not None and session.lite) or self.lite.group_topics(group, topic)
+        ):
+            lite = self.lite
         # a lite group is consumed in order: per lite topic, since each has one queue
         orderly = lite is not None or await self.group_orderly(group, topic)
         #: a lite receive's filter: the lite topics its group subscribes (None: not lite)
