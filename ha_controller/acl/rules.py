@@ -486,7 +486,13 @@ def _grpc_heartbeat(req: Any) -> Need:
     # consumer client types only (RocketMQ: a producer's heartbeat names no resource)
     from ha_controller.proto.rocketmq.v2 import definition_pb2 as v2
 
-    consumer = (v2.PUSH_CONSUMER, v2.SIMPLE_CONSUMER, v2.PULL_CONSUMER)
+    consumer = (
+        v2.PUSH_CONSUMER,
+        v2.SIMPLE_CONSUMER,
+        v2.PULL_CONSUMER,
+        v2.LITE_PUSH_CONSUMER,
+        v2.LITE_SIMPLE_CONSUMER,
+    )
     if req.client_type not in consumer:
         return ANY_USER
     return group_need(req.group.name)
@@ -552,5 +558,5 @@ GRPC_RULES: Final[dict[str, GrpcRule]] = {
     "NotifyClientTermination": GrpcRule(_grpc_group, "Group:<group>", "Sub", "when named"),
     "ChangeInvisibleDuration": GrpcRule(_grpc_invisible, "Topic:<topic>, Group:<group>", "Sub"),
     "RecallMessage": GrpcRule(_grpc_topic_pub, "Topic:<topic>", "Pub"),
-    "SyncLiteSubscription": GrpcRule(None, "-", "not offered"),
+    "SyncLiteSubscription": GrpcRule(_grpc_group_topic, "Topic:<topic>, Group:<group>", "Sub"),
 }

@@ -119,7 +119,7 @@ or nothing waits.
 """
 
 MESSAGE_TYPE_HELP = (
-    "the messages the topic takes: NORMAL, FIFO, DELAY, TRANSACTION or PRIORITY only "
+    "the messages the topic takes: NORMAL, FIFO, DELAY, TRANSACTION, PRIORITY or LITE only "
     "that kind, MIXED every kind (what topics made before message types take)"
 )
 TOPIC_RULES = (
@@ -150,7 +150,7 @@ def any_topic_name(text: str) -> str:
 
 
 def message_type(text: str) -> TopicMessageType:
-    """A topic message type (NORMAL, FIFO, DELAY, TRANSACTION, PRIORITY, MIXED; any
+    """A topic message type (NORMAL, FIFO, DELAY, TRANSACTION, PRIORITY, LITE, MIXED; any
     case)."""
     if not text:
         raise argparse.ArgumentTypeError("a message type must not be empty")

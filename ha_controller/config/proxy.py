@@ -162,6 +162,38 @@ class ProxyConfig(Validated):
             "holds one per broker group of each topic it subscribes."
         ),
     )
+    lite_subscription_quota: int = setting(
+        2000,
+        ge=1,
+        le=1_000_000,
+        doc=(
+            "Lite topics one lite consumer may subscribe under its parent topic (RocketMQ's "
+            "`lite.sub.client.quota`, 2000), sent to lite consumers in their settings; a "
+            "SyncLiteSubscription beyond it is answered LITE_SUBSCRIPTION_QUOTA_EXCEEDED and "
+            "changes nothing."
+        ),
+    )
+    max_lite_subscriptions: int = setting(
+        100_000,
+        ge=1,
+        le=10_000_000,
+        doc=(
+            "Lite subscriptions (client, lite topic) the gateway holds in all (RocketMQ's "
+            "broker `maxLiteSubscriptionCount`); one more is answered "
+            "LITE_SUBSCRIPTION_QUOTA_EXCEEDED. Each costs about 250 B of the gateway's memory, "
+            "and a lite consumer's receives send its group's lite topics with each pop "
+            "(`bench/lite_topics.py`)."
+        ),
+    )
+    max_lite_topic_bytes: int = setting(
+        64,
+        ge=1,
+        le=1024,
+        doc=(
+            "Longest lite topic name in UTF-8 bytes (RocketMQ's proxy `maxLiteTopicSize`), sent "
+            "to lite consumers in their settings; a longer one is answered ILLEGAL_LITE_TOPIC."
+        ),
+    )
     cluster_secret: str | None = setting(
         None,
         check=checks.NOT_EMPTY,
@@ -215,6 +247,11 @@ class ProxyConfig(Validated):
             yield (
                 ("receive_min_invisible_ms", "max_invisible_ms"),
                 "the shortest invisible time cannot be longer than the longest",
+            )
+        if self.lite_subscription_quota > self.max_lite_subscriptions:
+            yield (
+                ("lite_subscription_quota", "max_lite_subscriptions"),
+                "one client cannot be allowed more lite subscriptions than the gateway holds",
             )
         if self.acl.enabled and not self.acl.allow_anonymous and self.cluster_secret is None:
             yield (

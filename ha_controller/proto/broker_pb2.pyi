@@ -495,7 +495,7 @@ class CommitLogRange(_message.Message):
     def __init__(self, from_offset: _Optional[int] = ..., data: _Optional[bytes] = ..., min_offset: _Optional[int] = ..., max_offset: _Optional[int] = ...) -> None: ...
 
 class PopMessageRequest(_message.Message):
-    __slots__ = ("consumer_group", "topic", "queue_id", "max_msg_nums", "invisible_time_ms", "poll_time_ms", "tags", "order", "sql92")
+    __slots__ = ("consumer_group", "topic", "queue_id", "max_msg_nums", "invisible_time_ms", "poll_time_ms", "tags", "order", "sql92", "lite", "lite_topics")
     CONSUMER_GROUP_FIELD_NUMBER: _ClassVar[int]
     TOPIC_FIELD_NUMBER: _ClassVar[int]
     QUEUE_ID_FIELD_NUMBER: _ClassVar[int]
@@ -505,6 +505,8 @@ class PopMessageRequest(_message.Message):
     TAGS_FIELD_NUMBER: _ClassVar[int]
     ORDER_FIELD_NUMBER: _ClassVar[int]
     SQL92_FIELD_NUMBER: _ClassVar[int]
+    LITE_FIELD_NUMBER: _ClassVar[int]
+    LITE_TOPICS_FIELD_NUMBER: _ClassVar[int]
     consumer_group: str
     topic: str
     queue_id: int
@@ -514,7 +516,9 @@ class PopMessageRequest(_message.Message):
     tags: _containers.RepeatedScalarFieldContainer[str]
     order: bool
     sql92: str
-    def __init__(self, consumer_group: _Optional[str] = ..., topic: _Optional[str] = ..., queue_id: _Optional[int] = ..., max_msg_nums: _Optional[int] = ..., invisible_time_ms: _Optional[int] = ..., poll_time_ms: _Optional[int] = ..., tags: _Optional[_Iterable[str]] = ..., order: _Optional[bool] = ..., sql92: _Optional[str] = ...) -> None: ...
+    lite: bool
+    lite_topics: _containers.RepeatedScalarFieldContainer[str]
+    def __init__(self, consumer_group: _Optional[str] = ..., topic: _Optional[str] = ..., queue_id: _Optional[int] = ..., max_msg_nums: _Optional[int] = ..., invisible_time_ms: _Optional[int] = ..., poll_time_ms: _Optional[int] = ..., tags: _Optional[_Iterable[str]] = ..., order: _Optional[bool] = ..., sql92: _Optional[str] = ..., lite: _Optional[bool] = ..., lite_topics: _Optional[_Iterable[str]] = ...) -> None: ...
 
 class PopMessageResponse(_message.Message):
     __slots__ = ("messages", "pop_time_ms", "invisible_time_ms")

@@ -252,6 +252,21 @@ class IllegalMessageId(BadRequest):
     code = 227
 
 
+class IllegalLiteTopic(BadRequest):
+    """A lite topic name that is blank, longer than the gateway takes, or has characters
+    outside ``[a-zA-Z0-9_-]`` (RocketMQ's ILLEGAL_LITE_TOPIC)."""
+
+    code = 229
+
+
+class LiteSubscriptionQuotaExceeded(BadRequest):
+    """A lite subscription beyond a bound: the client's lite subscription quota or the
+    gateway's total (RocketMQ's LITE_SUBSCRIPTION_QUOTA_EXCEEDED); nothing of the
+    request was applied."""
+
+    code = 230
+
+
 # --- cluster semantics -----------------------------------------------------
 
 

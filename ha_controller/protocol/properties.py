@@ -25,6 +25,7 @@ __all__ = [
     "PROPERTY_DELAY",
     "PROPERTY_DUE_MS",
     "PROPERTY_KEYS",
+    "PROPERTY_LITE_TOPIC",
     "PROPERTY_MAX_OFFSET",
     "PROPERTY_MESSAGE_GROUP",
     "PROPERTY_MIN_OFFSET",
@@ -80,6 +81,9 @@ PROPERTY_MESSAGE_GROUP: Final = "__SHARDINGKEY"
 PROPERTY_TRANSACTION_ID: Final = "__transactionId__"
 #: a PRIORITY message's priority (the v2 ``priority``; the name is ours)
 PROPERTY_PRIORITY: Final = "__PRIORITY"
+#: a LITE message's lite topic, the key it has under its parent topic (RocketMQ 5.5's
+#: ``MessageConst.PROPERTY_LITE_TOPIC``; the v2 ``lite_topic``)
+PROPERTY_LITE_TOPIC: Final = "__LITE_TOPIC"
 #: the sender's own born time of a message the gRPC gateway stored (RocketMQ's proxy
 #: keeps it the same way; the stored born time is the gateway's)
 PROPERTY_BORN_TIMESTAMP: Final = "BORN_TIMESTAMP"

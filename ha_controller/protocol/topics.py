@@ -9,8 +9,9 @@ brokers' own ``%...%`` offset tables are reserved.  Queue counts are bounded by
 with at least READ or WRITE.
 
 A topic has a message type (RocketMQ 5's ``message.type`` attribute,
-:class:`TopicMessageType`): NORMAL, FIFO, DELAY, TRANSACTION or PRIORITY take only
-their own kind of message; MIXED takes every kind (what topics made before types
+:class:`TopicMessageType`): NORMAL, FIFO, DELAY, TRANSACTION, PRIORITY or LITE take
+only their own kind of message (a LITE topic is the parent of lite topics: RocketMQ
+5.5's RIP-83); MIXED takes every kind (what topics made before types
 existed, and topics the brokers create on a first send, are).
 
 Sans-IO: each ``*_problem`` function returns the reason a value is refused, or None.
@@ -30,6 +31,7 @@ from ha_controller.protocol.properties import (
     DELAY_OFFSET_GROUP,
     DLQ_PREFIX,
     PROPERTY_DELAY,
+    PROPERTY_LITE_TOPIC,
     PROPERTY_MESSAGE_GROUP,
     PROPERTY_PRIORITY,
     PROPERTY_TIMER_DELIVER_MS,
@@ -163,13 +165,14 @@ def group_name_problem(name: str, *, allow_reserved: bool = False) -> str | None
 
 class TopicMessageType(enum.StrEnum):
     """The kind of messages a topic takes (RocketMQ's ``TopicMessageType``, PRIORITY as
-    in RocketMQ 5.4); MIXED takes all."""
+    in RocketMQ 5.4, LITE as in 5.5); MIXED takes all."""
 
     NORMAL = "NORMAL"
     FIFO = "FIFO"
     DELAY = "DELAY"
     TRANSACTION = "TRANSACTION"
     PRIORITY = "PRIORITY"
+    LITE = "LITE"
     MIXED = "MIXED"
 
     def accepts(self, kind: TopicMessageType) -> bool:
@@ -210,7 +213,7 @@ def message_type_of(properties: Mapping[str, str]) -> TopicMessageType:
     """A message's kind by its properties, as RocketMQ's proxy and broker tell it
     (``TopicMessageType.parseFromMessageProperty``): a prepared transaction message,
     then a delayed one (delay level or delivery time), then a FIFO one (message
-    group), then a PRIORITY one; NORMAL otherwise."""
+    group), then a PRIORITY one, then a LITE one (a lite topic); NORMAL otherwise."""
     if properties.get(PROPERTY_TRAN_MSG, "").lower() == "true":
         return TopicMessageType.TRANSACTION
     if PROPERTY_DELAY in properties or PROPERTY_TIMER_DELIVER_MS in properties:
@@ -219,6 +222,8 @@ def message_type_of(properties: Mapping[str, str]) -> TopicMessageType:
         return TopicMessageType.FIFO
     if PROPERTY_PRIORITY in properties:
         return TopicMessageType.PRIORITY
+    if PROPERTY_LITE_TOPIC in properties:
+        return TopicMessageType.LITE
     return TopicMessageType.NORMAL
 
 

@@ -20,6 +20,7 @@ the gateway answers, RocketMQ's proxy code for the same check.  Sans-IO.
 
 from __future__ import annotations
 
+import re
 from collections.abc import Collection, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Final
@@ -28,6 +29,7 @@ from ha_controller.protocol.errors import (
     IllegalConsumerGroup,
     IllegalDeliveryTime,
     IllegalInvisibleTime,
+    IllegalLiteTopic,
     IllegalMessageGroup,
     IllegalMessageKey,
     IllegalMessageTag,
@@ -43,6 +45,7 @@ from ha_controller.protocol.properties import (
     PROPERTY_DUE_MS,
     PROPERTY_ESCAPE_ID,
     PROPERTY_KEYS,
+    PROPERTY_LITE_TOPIC,
     PROPERTY_MAX_OFFSET,
     PROPERTY_MESSAGE_GROUP,
     PROPERTY_MIN_OFFSET,
@@ -69,6 +72,7 @@ __all__ = [
     "MAX_BODY_BYTES",
     "MAX_DELAY_MS",
     "MAX_INVISIBLE_MS",
+    "MAX_LITE_TOPIC_BYTES",
     "MAX_MESSAGE_GROUP_BYTES",
     "MAX_USER_PROPERTIES",
     "MAX_USER_PROPERTY_BYTES",
@@ -83,6 +87,7 @@ __all__ = [
     "check_delivery_time",
     "check_invisible_ms",
     "check_key",
+    "check_lite_topic",
     "check_message",
     "check_message_group",
     "check_tag",
@@ -100,6 +105,9 @@ MAX_USER_PROPERTY_BYTES: Final = 16 * 1024
 MAX_USER_PROPERTIES: Final = 128
 #: RocketMQ's ``maxMessageGroupSize``: a message group must be shorter (UTF-8 bytes)
 MAX_MESSAGE_GROUP_BYTES: Final = 64
+#: RocketMQ's proxy ``maxLiteTopicSize``: a lite topic name is at most this long (UTF-8
+#: bytes); the SDKs are told it in their settings (``max_lite_topic_size``)
+MAX_LITE_TOPIC_BYTES: Final = 64
 #: RocketMQ's ``maxDelayTimeMills``: a delivery time at most one day ahead
 MAX_DELAY_MS: Final = 24 * 3600 * 1000
 #: RocketMQ's ``minInvisibleTimeMillsForRecv``: the gateway's floor for a receive
@@ -158,6 +166,7 @@ SYSTEM_PROPERTIES: Final = frozenset(
         PROPERTY_MAX_OFFSET,
         PROPERTY_BORN_TIMESTAMP,
         PROPERTY_PRIORITY,
+        PROPERTY_LITE_TOPIC,
     }
 )
 
@@ -171,10 +180,12 @@ class MessageLimits:
     max_user_properties: int = MAX_USER_PROPERTIES
     max_message_group_bytes: int = MAX_MESSAGE_GROUP_BYTES
     max_delay_ms: int = MAX_DELAY_MS
+    max_lite_topic_bytes: int = MAX_LITE_TOPIC_BYTES
 
 
 #: RocketMQ's defaults
 DEFAULT_LIMITS: Final = MessageLimits()
+_LITE_TOPIC_RE: Final = re.compile(r"[a-zA-Z0-9_-]+", re.ASCII)
 
 
 def has_control_character(text: str) -> bool:
@@ -251,6 +262,21 @@ def check_message_group(group: str, max_bytes: int = MAX_MESSAGE_GROUP_BYTES) ->
         )
     if has_control_character(group):
         raise IllegalMessageGroup("message group cannot contain control character")
+
+
+def check_lite_topic(name: str, max_bytes: int = MAX_LITE_TOPIC_BYTES) -> None:
+    """IllegalLiteTopic for a blank lite topic, one longer than ``max_bytes`` or with a
+    character outside ``[a-zA-Z0-9_-]`` (RocketMQ's proxy ``validateLiteTopic``)."""
+    if not name or name.isspace():
+        raise IllegalLiteTopic("lite topic cannot be the char sequence of whitespace")
+    size = _utf8_len(name)
+    if size > max_bytes:
+        raise IllegalLiteTopic(f"lite topic exceed the max size {max_bytes} (it has {size})")
+    if _LITE_TOPIC_RE.fullmatch(name) is None:
+        raise IllegalLiteTopic(
+            f"lite topic {name!r} can only contain alphanumeric characters, hyphens(-), "
+            "and underscores(_)"
+        )
 
 
 def check_user_properties(

@@ -25,6 +25,7 @@ from ha_controller.protocol.properties import DELAY_LEVELS_MS
 from ha_controller.proxy import convert
 from ha_controller.proxy.core import MAX_BATCH, GatewayCore
 from ha_controller.proxy.limits import client_id
+from ha_controller.proxy.lite import LITE_CLIENT_TYPES, LiteService
 from ha_controller.proxy.renewal import RenewalTable
 from ha_controller.proxy.sessions import CONSUMER, PRODUCER
 
@@ -35,6 +36,10 @@ __all__ = ["CONSUMER_BACKOFF_S", "Clients"]
 #: Push-consumer redelivery back-off sent in settings: RocketMQ's first 16 delay levels
 #: (1s 5s 10s 30s 1m ... 20m 30m).
 CONSUMER_BACKOFF_S: Final = tuple(ms // 1000 for ms in DELAY_LEVELS_MS[:16])
+#: the v2 consumer client types (lite ones included)
+CONSUMER_TYPES: Final = frozenset(
+    {v2.PUSH_CONSUMER, v2.SIMPLE_CONSUMER, v2.PULL_CONSUMER, *LITE_CLIENT_TYPES}
+)
 
 
 def _filter_refusal(subscription: v2.Subscription) -> str | None:
@@ -57,10 +62,17 @@ class Orderly(Protocol):
 class Clients:
     """Client sessions and the gateway's heartbeats to the brokers."""
 
-    def __init__(self, core: GatewayCore, renewals: RenewalTable, orderly: Orderly) -> None:
+    def __init__(
+        self,
+        core: GatewayCore,
+        renewals: RenewalTable,
+        orderly: Orderly,
+        lite: LiteService | None = None,
+    ) -> None:
         self.core = core
         self.renewals = renewals
         self._orderly = orderly
+        self.lite = lite
         self.client_id = f"{socket.gethostname()}@{os.getpid()}@proxy@{uuid.uuid4().hex[:8]}"
         self._heartbeat_seen: dict[str, tuple[int, frozenset[str]]] = {}
         self.heartbeat_wake = asyncio.Event()
@@ -73,9 +85,10 @@ class Clients:
         cid = client_id(context)
         if cid:
             s = self.core.sessions.get(cid)
-            if request.client_type in (v2.PUSH_CONSUMER, v2.SIMPLE_CONSUMER, v2.PULL_CONSUMER):
+            if request.client_type in CONSUMER_TYPES:
                 s.kind = CONSUMER
                 s.group = request.group.name or s.group
+                s.lite = request.client_type in LITE_CLIENT_TYPES
             elif request.client_type == v2.PRODUCER:
                 s.kind = PRODUCER
         self.core.count("Heartbeat", v2.OK)
@@ -90,7 +103,14 @@ class Clients:
         if cid:
             self.core.sessions.remove(cid)
             dropped = self.renewals.drop_client(cid)
-            log.info("client %s terminated (%d messages no longer renewed)", cid, dropped)
+            lite = self.lite.drop_client(cid) if self.lite is not None else 0
+            log.info(
+                "client %s terminated (%d messages no longer renewed, %d lite subscriptions "
+                "dropped)",
+                cid,
+                dropped,
+                lite,
+            )
         self.core.count("NotifyClientTermination", v2.OK)
         return v2s.NotifyClientTerminationResponse(status=convert.status())
 
@@ -179,7 +199,7 @@ class Clients:
                 )
             )
             self.heartbeat_wake.set()
-        elif settings.client_type in (v2.PUSH_CONSUMER, v2.SIMPLE_CONSUMER, v2.PULL_CONSUMER):
+        elif settings.client_type in CONSUMER_TYPES:
             refusal = _filter_refusal(settings.subscription)
             if refusal is not None:
                 # as RocketMQ's proxy answers a subscription it cannot build: a push
@@ -190,12 +210,17 @@ class Clients:
                 )
             s.kind = CONSUMER
             s.group = settings.subscription.group.name
+            s.lite = settings.client_type in LITE_CLIENT_TYPES
             sub = out.subscription
             topics = [e.topic.name for e in settings.subscription.subscriptions if e.topic.name]
-            orderly = s.group in cfg.fifo_groups
+            # a lite consumer consumes in order (per lite topic), as RocketMQ's do
+            orderly = s.lite or s.group in cfg.fifo_groups
             if not orderly and topics:
                 orderly = await self._orderly(s.group, topics[0], fresh=True)
             sub.fifo = orderly
+            if s.lite:  # the SDKs check both before a SyncLiteSubscription
+                sub.lite_subscription_quota = cfg.lite_subscription_quota
+                sub.max_lite_topic_size = cfg.max_lite_topic_bytes
             sub.receive_batch_size = MAX_BATCH
             sub.long_polling_timeout.CopyFrom(convert.duration_of_ms(cfg.long_polling_timeout_ms))
             out.backoff_policy.CopyFrom(

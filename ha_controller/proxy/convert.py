@@ -32,6 +32,7 @@ from ha_controller.protocol.errors import (
     IllegalDeliveryTime,
     IllegalFilterExpression,
     IllegalInvisibleTime,
+    IllegalLiteTopic,
     IllegalMessageGroup,
     IllegalMessageId,
     IllegalMessageKey,
@@ -39,6 +40,7 @@ from ha_controller.protocol.errors import (
     IllegalPropertyKey,
     IllegalTopic,
     InSyncReplicasNotEnough,
+    LiteSubscriptionQuotaExceeded,
     MessageBodyEmpty,
     MessageTooLarge,
     MessageTypeConflict,
@@ -57,6 +59,7 @@ from ha_controller.protocol.properties import (
     PROPERTY_BORN_TIMESTAMP,
     PROPERTY_DELAY,
     PROPERTY_KEYS,
+    PROPERTY_LITE_TOPIC,
     PROPERTY_MESSAGE_GROUP,
     PROPERTY_PREPARED_QUEUE_OFFSET,
     PROPERTY_PRIORITY,
@@ -75,6 +78,7 @@ from ha_controller.protocol.validation import (
     DEFAULT_LIMITS,
     SYSTEM_PROPERTIES,
     MessageLimits,
+    check_lite_topic,
     check_message,
 )
 from ha_controller.proxy.handles import InvalidHandle
@@ -120,6 +124,7 @@ _ACCEPTED: Final[dict[TopicMessageType, tuple[v2.MessageType, ...]]] = {
     TopicMessageType.DELAY: (v2.DELAY,),
     TopicMessageType.TRANSACTION: (v2.TRANSACTION,),
     TopicMessageType.PRIORITY: (v2.PRIORITY,),
+    TopicMessageType.LITE: (v2.LITE,),
     TopicMessageType.MIXED: ALL_MESSAGE_TYPES,
 }
 #: a v2 message type as a topic message type
@@ -129,6 +134,7 @@ TOPIC_TYPE_OF_V2: Final = {
     v2.DELAY: TopicMessageType.DELAY,
     v2.TRANSACTION: TopicMessageType.TRANSACTION,
     v2.PRIORITY: TopicMessageType.PRIORITY,
+    v2.LITE: TopicMessageType.LITE,
 }
 
 
@@ -157,6 +163,8 @@ _VALIDATION_CODES: Final[tuple[tuple[type[HaError], int], ...]] = (
     (IllegalTopic, v2.ILLEGAL_TOPIC),
     (IllegalConsumerGroup, v2.ILLEGAL_CONSUMER_GROUP),
     (MessageTypeConflict, v2.MESSAGE_PROPERTY_CONFLICT_WITH_TYPE),
+    (IllegalLiteTopic, v2.ILLEGAL_LITE_TOPIC),
+    (LiteSubscriptionQuotaExceeded, v2.LITE_SUBSCRIPTION_QUOTA_EXCEEDED),
 )
 
 
@@ -362,6 +370,8 @@ def message_type_of(msg: v2.Message) -> int:
         return v2.DELAY
     if sp.HasField("priority"):
         return v2.PRIORITY
+    if sp.HasField("lite_topic"):
+        return v2.LITE
     return v2.NORMAL
 
 
@@ -374,6 +384,8 @@ class SendPlan:
     message_id: str
     message_group: str | None
     born_host: str
+    #: a LITE message's lite topic: it picks the queue, as a message group does
+    lite_topic: str | None = None
 
     @property
     def topic_type(self) -> TopicMessageType:
@@ -441,8 +453,25 @@ def send_entry(
         # of a message of another kind.  (Node.js SDK 1.0.8 declares priority 0 NORMAL.)
         check_priority(sp.priority)
         props[PROPERTY_PRIORITY] = str(sp.priority)
+    lite = _lite_topic_of(msg, kind, limits)
+    if lite is not None:
+        props[PROPERTY_LITE_TOPIC] = lite
     entry = broker_pb2.SendEntry(body=msg.body, properties=props, born_ts_ms=now)
-    return SendPlan(entry, kind, message_id, group, sp.born_host)
+    return SendPlan(entry, kind, message_id, group, sp.born_host, lite)
+
+
+def _lite_topic_of(msg: v2.Message, kind: int, limits: MessageLimits) -> str | None:
+    """A LITE message's lite topic, checked as RocketMQ's proxy does (ILLEGAL_LITE_TOPIC);
+    a ``lite_topic`` on a message of another type is refused."""
+    sp = msg.system_properties
+    if kind != v2.LITE:
+        if sp.HasField("lite_topic"):
+            raise MessageTypeConflict(
+                f"a {v2.MessageType.Name(kind)} message cannot carry a lite topic"
+            )
+        return None
+    check_lite_topic(sp.lite_topic, limits.max_lite_topic_bytes)
+    return sp.lite_topic
 
 
 def _received_type(props: Mapping[str, str]) -> int:
@@ -454,6 +483,8 @@ def _received_type(props: Mapping[str, str]) -> int:
         return v2.TRANSACTION
     if PROPERTY_PRIORITY in props:
         return v2.PRIORITY
+    if PROPERTY_LITE_TOPIC in props:
+        return v2.LITE
     return v2.NORMAL
 
 
@@ -506,6 +537,8 @@ def message_to_v2(
     priority = props.get(PROPERTY_PRIORITY, "")
     if priority.isdigit():
         sp.priority = int(priority)
+    if props.get(PROPERTY_LITE_TOPIC):
+        sp.lite_topic = props[PROPERTY_LITE_TOPIC]
     if receipt_handle is not None:
         sp.receipt_handle = receipt_handle
     if invisible_ms is not None:

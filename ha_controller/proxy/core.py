@@ -78,7 +78,9 @@ class GatewayCore:
         self._topic_types: dict[str, tuple[float, TopicMessageType]] = {}
         #: what a message may carry (the gateway's settings, RocketMQ's other defaults)
         self.limits = MessageLimits(
-            max_body_bytes=cfg.max_message_bytes, max_delay_ms=cfg.max_delay_ms
+            max_body_bytes=cfg.max_message_bytes,
+            max_delay_ms=cfg.max_delay_ms,
+            max_lite_topic_bytes=cfg.max_lite_topic_bytes,
         )
 
     # ---- routes ----------------------------------------------------------------

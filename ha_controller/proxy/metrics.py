@@ -59,3 +59,8 @@ class ProxyMetrics:
             "v2 calls in progress (long polls and telemetry streams included)",
             registry=self.registry,
         )
+        self.lite_subscriptions = Gauge(
+            "hac_proxy_lite_subscriptions",
+            "lite subscriptions (client, lite topic) the gateway holds",
+            registry=self.registry,
+        )

@@ -6,7 +6,11 @@ holds the queue (as RocketMQ's proxy does), in slices of :data:`POLL_SLICE_MS` s
 retry-topic messages and route changes are seen during a long poll.  An orderly
 group's POP is the broker's order=true POP, which keeps each queue to one batch at a
 time whichever gateway pops.  Messages a push consumer asked to auto-renew are tracked
-for renewal (``ha_controller.proxy.ack``).
+for renewal (``ha_controller.proxy.ack``).  A lite consumer's receive
+(``ha_controller.proxy.lite``) is an orderly POP that lets through only the lite topics
+its group subscribes, in slices of :data:`OTHER_GROUPS_SLICE_MS` so that a new
+subscription is seen within about a second; while the group subscribes none, nothing
+is popped.
 """
 
 from __future__ import annotations
@@ -35,6 +39,7 @@ from ha_controller.proxy import convert
 from ha_controller.proxy.core import MAX_BATCH, GatewayCore
 from ha_controller.proxy.handles import GatewayHandle
 from ha_controller.proxy.limits import ThrottledLog, client_id
+from ha_controller.proxy.lite import LiteService
 from ha_controller.proxy.renewal import RenewalTable
 from ha_controller.routing import Perm
 
@@ -58,9 +63,12 @@ MAX_RELEASES: Final = 1024
 class Receiver:
     """ReceiveMessage, and whether a consumer group is orderly."""
 
-    def __init__(self, core: GatewayCore, renewals: RenewalTable) -> None:
+    def __init__(
+        self, core: GatewayCore, renewals: RenewalTable, lite: LiteService | None = None
+    ) -> None:
         self.core = core
         self.renewals = renewals
+        self.lite = lite
         self._failures = ThrottledLog(log)  # failed receives: one line per kind per 10 s
         self._orderly: dict[str, tuple[float, bool]] = {}  # group -> (until, orderly)
         #: background releases of messages popped for receives that are gone
@@ -148,9 +156,34 @@ class Receiver:
             poll_ms = min(poll_ms, int(remaining * 1000) - 1000)
         tags, sql92 = convert.filter_of(request.filter_expression)
         deadline = time.monotonic() + max(0, poll_ms) / 1000
-        orderly = await self.group_orderly(group, topic)
+        # a lite receive: the client said it is a lite consumer, or (its session lost,
+        # say, and made again by this call) its group subscribes lite topics here
+        session = self.core.sessions.find(client_id(context))
+        lite = None
+        if self.lite is not None and (
+            (session is not None and session.lite) or self.lite.group_topics(group, topic)
+        ):
+            lite = self.lite
+        # a lite group is consumed in order: per lite topic, since each has one queue
+        orderly = lite is not None or await self.group_orderly(group, topic)
+        #: a lite receive's filter: the lite topics its group subscribes (None: not lite)
+        names: frozenset[str] | None = None
 
         async def pop(name: str, pop_topic: str, wait_ms: int) -> list[v2.Message]:
+            got = await pop_any(name, pop_topic, wait_ms)
+            if lite is None or not got:
+                return got
+            # a pop held at the broker keeps the lite topics it was sent with: what the
+            # group unsubscribed meanwhile goes back at once (its next pop passes over it)
+            now = lite.group_topics(group, topic)
+            gone = [m for m in got if m.system_properties.lite_topic not in now]
+            if gone:
+                handles = [GatewayHandle.decode(m.system_properties.receipt_handle) for m in gone]
+                self._release_later(group, topic, handles)
+                got = [m for m in got if m.system_properties.lite_topic in now]
+            return got
+
+        async def pop_any(name: str, pop_topic: str, wait_ms: int) -> list[v2.Message]:
             addr = await self.core.group_addr(topic, name)
             return await self._pop(
                 addr,
@@ -165,12 +198,21 @@ class Receiver:
                 tags,
                 sql92,
                 order=orderly and pop_topic == topic,
+                lite_topics=names,
             )
 
         # a PRIORITY topic's redeliveries come after its levels, as RocketMQ's
         # default (popFromRetryProbabilityForPriority 0) has them: last
         retry_last = await self.core.topic_type(topic) is TopicMessageType.PRIORITY
         while True:
+            if lite is not None:
+                names = lite.group_topics(group, topic)
+                if not names:  # nothing subscribed: nothing to pop (it would pass all over)
+                    left_s = deadline - time.monotonic()
+                    if left_s <= 0:
+                        return []
+                    await lite.wait_change(group, topic, min(left_s, POLL_SLICE_MS / 1000))
+                    continue
             # the group the request names, then every other group that serves the
             # topic's reads, without waiting: a client that long-polls a drained group
             # (after a failover its messages sit in the other one) still gets the
@@ -185,7 +227,7 @@ class Receiver:
                     return got
             others = len(await self._groups_to_read(topic, broker)) > 1
             left_ms = int((deadline - time.monotonic()) * 1000)
-            slice_ms = OTHER_GROUPS_SLICE_MS if others else POLL_SLICE_MS
+            slice_ms = OTHER_GROUPS_SLICE_MS if others or lite is not None else POLL_SLICE_MS
             got = await pop(broker, topic, max(0, min(left_ms, slice_ms)))
             if got or time.monotonic() >= deadline:
                 return got
@@ -366,6 +408,7 @@ class Receiver:
         sql92: str,
         *,
         order: bool = False,
+        lite_topics: frozenset[str] | None = None,
     ) -> list[v2.Message]:
         call = asyncio.ensure_future(
             self.core.pool.call_pb(
@@ -381,6 +424,8 @@ class Receiver:
                     tags=tags,
                     sql92=sql92,
                     order=order,
+                    lite=lite_topics is not None,
+                    lite_topics=lite_topics or (),
                 ),
                 broker_pb2.PopMessageResponse,
                 poll_ms + self.core.cfg.broker_timeout_ms,

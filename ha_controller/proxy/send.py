@@ -96,8 +96,9 @@ class Sender:
             queues = convert.writable_queues(await core.route(topic, fresh=attempt > 0))
             if not queues:
                 raise NotMaster(f"no writable queue for {topic}: every group is down or acting")
-            if plan.message_group is not None:
-                q = convert.fifo_queue(queues, plan.message_group)
+            key = plan.message_group if plan.message_group is not None else plan.lite_topic
+            if key is not None:  # a message group's or a lite topic's queue: its order
+                q = convert.fifo_queue(queues, key)
             else:
                 fresh = [
                     q

@@ -12,7 +12,8 @@ RocketMQ's proxy (its ``*Activity`` classes):
 - Heartbeat, NotifyClientTermination, Telemetry and the gateway's heartbeats to the
   brokers: :mod:`ha_controller.proxy.clients`;
 - EndTransaction and the brokers' transaction checks:
-  :mod:`ha_controller.proxy.transactions`.
+  :mod:`ha_controller.proxy.transactions`;
+- SyncLiteSubscription (lite topics): :mod:`ha_controller.proxy.lite`.
 
 Authentication and authorisation (:mod:`ha_controller.proxy.auth`) and the per-call
 bounds (:mod:`ha_controller.proxy.limits`) run as interceptors before any of these.
@@ -43,6 +44,7 @@ from ha_controller.proxy.auth import GatewayAuth
 from ha_controller.proxy.clients import CONSUMER_BACKOFF_S, Clients
 from ha_controller.proxy.core import GatewayCore
 from ha_controller.proxy.limits import CallBounds
+from ha_controller.proxy.lite import LiteService
 from ha_controller.proxy.metrics import ProxyMetrics
 from ha_controller.proxy.receive import Receiver
 from ha_controller.proxy.renewal import RenewalTable
@@ -107,9 +109,10 @@ class Gateway(service_pb2_grpc.MessagingServiceServicer):
             self.bounds,
         )
         self.renewals = RenewalTable()
-        self.receiver = Receiver(core, self.renewals)
+        self.lite = LiteService(core)
+        self.receiver = Receiver(core, self.renewals, self.lite)
         self.acker = Acker(core, self.renewals)
-        self.clients = Clients(core, self.renewals, self.receiver.group_orderly)
+        self.clients = Clients(core, self.renewals, self.receiver.group_orderly, self.lite)
         self.transactions = Transactions(core)
         self.sender = Sender(core, self.clients, self.transactions)
         dispatcher.add_raw(RequestCode.CHECK_TRANSACTION_STATE, self.transactions.on_check)
@@ -166,6 +169,7 @@ class Gateway(service_pb2_grpc.MessagingServiceServicer):
             for cid in sessions.expire():
                 log.info("client %s expired", cid)
                 self.renewals.drop_client(cid)
+                self.lite.drop_client(cid)
             metrics.clients.labels(type=PRODUCER).set(sessions.count(PRODUCER))
             metrics.clients.labels(type=CONSUMER).set(sessions.count(CONSUMER))
             waits = [asyncio.ensure_future(e.wait()) for e in (stop, wake)]
@@ -263,6 +267,11 @@ class Gateway(service_pb2_grpc.MessagingServiceServicer):
     ) -> v2s.ForwardMessageToDeadLetterQueueResponse:
         return await self.acker.forward_to_dlq(request, context)
 
+    async def SyncLiteSubscription(
+        self, request: v2s.SyncLiteSubscriptionRequest, context: Context
+    ) -> v2s.SyncLiteSubscriptionResponse:
+        return await self.lite.sync(request, context)
+
     async def EndTransaction(
         self, request: v2s.EndTransactionRequest, context: Context
     ) -> v2s.EndTransactionResponse:
@@ -278,6 +287,3 @@ class Gateway(service_pb2_grpc.MessagingServiceServicer):
     UpdateOffset = _not_offered_unary("UpdateOffset", v2s.UpdateOffsetResponse)
     GetOffset = _not_offered_unary("GetOffset", v2s.GetOffsetResponse)
     QueryOffset = _not_offered_unary("QueryOffset", v2s.QueryOffsetResponse)
-    SyncLiteSubscription = _not_offered_unary(
-        "SyncLiteSubscription", v2s.SyncLiteSubscriptionResponse
-    )

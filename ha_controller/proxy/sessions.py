@@ -31,6 +31,8 @@ class Session(Generic[T]):
     kind: str = ""  # PRODUCER | CONSUMER | "" (not told yet)
     topics: frozenset[str] = frozenset()
     group: str = ""
+    #: a lite consumer (LITE_PUSH_CONSUMER, LITE_SIMPLE_CONSUMER): its receives are lite
+    lite: bool = False
     last_seen: float = field(default_factory=time.monotonic)
     streams: int = 0
     outbox: list[T] = field(default_factory=list)

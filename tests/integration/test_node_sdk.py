@@ -55,6 +55,7 @@ TOPICS = {
     "node-rules-tx": "TRANSACTION",
     "node-rules-delay": "DELAY",
     "node-sql": "NORMAL",
+    "node-lite": "LITE",
 }
 #: consumer groups set orderly (as `hactl group update G --orderly`)
 ORDERLY_GROUPS = ("node-g-fifo", "node-g-fifo2")
@@ -184,6 +185,23 @@ def test_node_sdk_own_tests_and_rocketmqs_rules(node_cluster: Any) -> None:
     wrong = unlike_rocketmq(out["send"], NODE_RULES_SEND)
     wrong += unlike_rocketmq(out["receive"], NODE_RULES_RECEIVE)
     assert not wrong, "\n".join(wrong)
+
+
+def test_node_sdk_lite_push_consumer(node_cluster: Any) -> None:
+    """Lite topics (RIP-83) through the Node.js SDK 1.0.8's LitePushConsumer: the lite
+    topics it subscribed, each in order, none other; ILLEGAL_LITE_TOPIC (40020) for a
+    name outside [a-zA-Z0-9_-], subscribed or sent."""
+    _, proxy, _ = node_cluster
+    out = run_sdk("lite", 90, proxy=proxy.rpc)
+    got = out["got"]
+    assert sorted(body for _, body in got) == sorted(
+        f"{lt}:{i}" for lt in ("nl0", "nl1") for i in range(10)
+    )
+    for lt in ("nl0", "nl1"):
+        seqs = [int(body.split(":")[1]) for t, body in got if t == lt]
+        assert seqs == list(range(10)), f"lite topic {lt}: {seqs}"
+    assert out["cases"]["subscribe_bad_chars"]["code"] == 40020, out["cases"]
+    assert out["cases"]["send_bad_chars"]["code"] == 40020, out["cases"]
 
 
 def test_node_sdk_message_types_and_recall(node_cluster: Any) -> None:

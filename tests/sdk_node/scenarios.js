@@ -8,7 +8,8 @@
 // exits by itself (the SDK's timers must not keep it alive).
 
 const {
-  Producer, SimpleConsumer, PushConsumer, ConsumeResult, FilterExpression,
+  Producer, SimpleConsumer, PushConsumer, LitePushConsumerImpl, ConsumeResult,
+  FilterExpression,
 } = require('rocketmq-client-nodejs');
 
 const TOPIC_NORMAL = 'node-normal';
@@ -578,6 +579,47 @@ async function scenarioSql92({ proxy, count, expression }) {
   return out;
 }
 
+// Lite topics (RocketMQ 5.5's RIP-83): a LitePushConsumer gets the lite topics it
+// subscribed, each in order, and no other; a bad lite topic is ILLEGAL_LITE_TOPIC.
+const TOPIC_LITE = 'node-lite';
+const LITE_TOPICS = ['nl0', 'nl1'];
+async function scenarioLite({ proxy }) {
+  const got = [];
+  const consumer = new LitePushConsumerImpl({
+    endpoints: proxy, namespace: '', logger: quiet, consumerGroup: 'node-g-lite',
+    bindTopic: TOPIC_LITE, requestTimeout: 5000,
+    messageListener: {
+      async consume(view) {
+        got.push([view.liteTopic, view.body.toString()]);
+        return ConsumeResult.SUCCESS;
+      },
+    },
+  });
+  await consumer.startup();
+  const producer = new Producer({ endpoints: proxy, namespace: '', logger: quiet, topics: [TOPIC_LITE] });
+  await producer.startup();
+  const out = { cases: {} };
+  try {
+    for (const lt of LITE_TOPICS) await consumer.subscribeLite(lt);
+    step('subscribed');
+    for (let i = 0; i < 10; i++) {
+      for (const lt of [...LITE_TOPICS, 'node-unsubscribed']) {
+        await producer.send({ topic: TOPIC_LITE, body: Buffer.from(`${lt}:${i}`), liteTopic: lt });
+      }
+    }
+    await until(() => got.length >= 20, 30000);
+    await sleep(1000);
+    out.got = got.slice();
+    out.cases.subscribe_bad_chars = await outcome(() => consumer.subscribeLite('a.b'));
+    out.cases.send_bad_chars = await outcome(
+      () => producer.send({ topic: TOPIC_LITE, body: Buffer.from('x'), liteTopic: 'a.b' }));
+  } finally {
+    await producer.shutdown();
+    await consumer.shutdown();
+  }
+  return out;
+}
+
 // RIP-80: the levels of rocketmq-clients' nodejs/examples/ProducerPriorityMessageExample
 // (1, 5, 10, 100; the topic has 10 queues, so 10 and 100 share the highest), then its
 // refusals, and priority 0 (which 1.0.8 declares NORMAL: the PRIORITY queue refuses it);
@@ -605,6 +647,7 @@ async function scenarioPriority({ proxy, topic, normal_topic: normalTopic }) {
 
 const SCENARIOS = {
   priority: scenarioPriority,
+  lite: scenarioLite,
   rules: scenarioRules,
   types: scenarioTypes,
   fifo2: scenarioFifoTwoGateways,

@@ -128,7 +128,7 @@ class PopMessageProcessor:
         self._rr += 1
         start = self._rr
         # a bad SQL92 is refused before anything is popped (IllegalFilterExpression)
-        select = Selector.of_request(req.tags, req.sql92)
+        select = Selector.of_request(req.tags, req.sql92, req.lite_topics if req.lite else None)
         max_msgs = max(1, min(req.max_msg_nums or MAX_POP_BATCH, MAX_POP_BATCH))
         invisible = max(MIN_INVISIBLE_MS, req.invisible_time_ms)
         resp = broker_pb2.PopMessageResponse(invisible_time_ms=invisible)
