@@ -697,6 +697,40 @@ def unlike_rocketmq(outcomes: Mapping[str, Any], expected: Mapping[str, Any]) ->
     return wrong
 
 
+def run_scenario(
+    argv: Sequence[str], what: str, timeout: float, env: Mapping[str, str] | None = None
+) -> dict[str, Any]:
+    """Run an SDK scenario in a child (``argv``) and return what it printed as its one
+    ``RESULT {json}`` line; a child that printed none fails the test with its output's
+    tails.  (The official SDKs keep threads and timers: each scenario runs apart.)"""
+    proc = subprocess.run(
+        list(argv),
+        capture_output=True,
+        text=True,
+        timeout=timeout,
+        check=False,
+        env=None if env is None else dict(env),
+    )
+    for line in proc.stdout.splitlines():
+        if line.startswith("RESULT "):
+            return dict(json.loads(line[len("RESULT ") :]))
+    raise AssertionError(
+        f"{what} exited {proc.returncode} without a result:\n"
+        + proc.stdout[-3000:]
+        + proc.stderr[-3000:]
+    )
+
+
+def scenario_main(scenarios: Mapping[str, Callable[..., Any]]) -> None:
+    """The child's side of :func:`run_scenario` for Python scenarios: ``argv`` is the
+    scenario's name and its arguments as JSON; prints ``RESULT {json}`` and exits at
+    once (the SDK's non-daemon threads must not keep the child alive)."""
+    name, args = sys.argv[1], json.loads(sys.argv[2])
+    result = scenarios[name](**args)
+    print("RESULT " + json.dumps(result), flush=True)
+    os._exit(0)
+
+
 async def stored_messages(
     pull: PullConsumer, queues: Iterable[MessageQueue], *, max_msgs: int = 64
 ) -> AsyncIterator[ReceivedMessage]:

@@ -14,7 +14,6 @@ import importlib.util
 import json
 import os
 import signal
-import subprocess
 import sys
 import threading
 import time
@@ -650,18 +649,19 @@ def scenario_sql92(proxy: str) -> dict[str, Any]:
 
 
 def _child_main() -> None:
-    name, args = sys.argv[1], json.loads(sys.argv[2])
-    result = {
-        "types": scenario_types,
-        "failover": scenario_failover,
-        "simple_after_kill": scenario_simple_after_kill,
-        "rules": scenario_rules,
-        "tx50": scenario_tx50,
-        "switch": scenario_switch,
-        "sql92": scenario_sql92,
-    }[name](**args)
-    print("RESULT " + json.dumps(result), flush=True)
-    os._exit(0)  # the SDK's non-daemon threads must not keep the child alive
+    from ha_controller.testing import scenario_main
+
+    scenario_main(
+        {
+            "types": scenario_types,
+            "failover": scenario_failover,
+            "simple_after_kill": scenario_simple_after_kill,
+            "rules": scenario_rules,
+            "tx50": scenario_tx50,
+            "switch": scenario_switch,
+            "sql92": scenario_sql92,
+        }
+    )
 
 
 if __name__ == "__main__":
@@ -679,21 +679,10 @@ pytestmark = pytest.mark.skipif(
 
 
 def run_sdk(scenario: str, timeout: float, **args: Any) -> dict[str, Any]:
-    proc = subprocess.run(
-        [sys.executable, str(HERE), scenario, json.dumps(args)],
-        capture_output=True,
-        text=True,
-        timeout=timeout,
-        check=False,
-    )
-    for line in proc.stdout.splitlines():
-        if line.startswith("RESULT "):
-            return dict(json.loads(line[len("RESULT ") :]))
-    raise AssertionError(
-        f"SDK scenario {scenario} exited {proc.returncode} without a result:\n"
-        + proc.stdout[-3000:]
-        + proc.stderr[-3000:]
-    )
+    from ha_controller.testing import run_scenario
+
+    argv = [sys.executable, str(HERE), scenario, json.dumps(args)]
+    return run_scenario(argv, f"SDK scenario {scenario}", timeout)
 
 
 @pytest.fixture(scope="module")

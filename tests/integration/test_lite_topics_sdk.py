@@ -12,8 +12,6 @@ from __future__ import annotations
 
 import importlib.util
 import json
-import os
-import subprocess
 import sys
 import time
 from collections.abc import Iterator
@@ -169,10 +167,9 @@ def scenario_lite(proxy: str) -> dict[str, Any]:
 
 
 def _child_main() -> None:
-    name, args = sys.argv[1], json.loads(sys.argv[2])
-    result = {"lite": scenario_lite}[name](**args)
-    print("RESULT " + json.dumps(result), flush=True)
-    os._exit(0)  # the SDK's non-daemon threads must not keep the child alive
+    from ha_controller.testing import scenario_main
+
+    scenario_main({"lite": scenario_lite})
 
 
 if __name__ == "__main__":
@@ -190,21 +187,10 @@ pytestmark = pytest.mark.skipif(
 
 
 def run_sdk(scenario: str, timeout: float, **args: Any) -> dict[str, Any]:
-    proc = subprocess.run(
-        [sys.executable, str(HERE), scenario, json.dumps(args)],
-        capture_output=True,
-        text=True,
-        timeout=timeout,
-        check=False,
-    )
-    for line in proc.stdout.splitlines():
-        if line.startswith("RESULT "):
-            return dict(json.loads(line[len("RESULT ") :]))
-    raise AssertionError(
-        f"SDK scenario {scenario} exited {proc.returncode} without a result:\n"
-        + proc.stdout[-3000:]
-        + proc.stderr[-3000:]
-    )
+    from ha_controller.testing import run_scenario
+
+    argv = [sys.executable, str(HERE), scenario, json.dumps(args)]
+    return run_scenario(argv, f"SDK scenario {scenario}", timeout)
 
 
 @pytest.fixture(scope="module")

@@ -30,6 +30,7 @@ from ha_controller.testing import (
     create_typed_topics,
     hactl_argv,
     run_cluster,
+    run_scenario,
     unlike_rocketmq,
 )
 
@@ -78,22 +79,8 @@ pytestmark = pytest.mark.skipif(_why_missing() is not None, reason=_why_missing(
 
 def run_sdk(scenario: str, timeout: float, **args: Any) -> dict[str, Any]:
     env = {**os.environ, "NODE_PATH": str(SDK_DIR / "node_modules")}
-    proc = subprocess.run(
-        ["node", str(SCENARIOS), scenario, json.dumps(args)],
-        capture_output=True,
-        text=True,
-        timeout=timeout,
-        check=False,
-        env=env,
-    )
-    for line in proc.stdout.splitlines():
-        if line.startswith("RESULT "):
-            return dict(json.loads(line[len("RESULT ") :]))
-    raise AssertionError(
-        f"node scenario {scenario} exited {proc.returncode} without a result:\n"
-        + proc.stdout[-3000:]
-        + proc.stderr[-3000:]
-    )
+    argv = ["node", str(SCENARIOS), scenario, json.dumps(args)]
+    return run_scenario(argv, f"node scenario {scenario}", timeout, env)
 
 
 def start_proxy(cluster: Any, name: str, **env: str) -> ProcessHandle:
