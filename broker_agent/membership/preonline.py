@@ -106,7 +106,10 @@ class PreOnline:
                         return  # rebuilt in its new role (broker_agent.runner)
                 except HaError as exc:
                     log.warning("pre-online: the controller did not answer: %s", exc)
-            core.preonline_step = "reading member group"
+            if cycle == 0:
+                # (on a retry the reason it waits stays shown while the group is read
+                # again: an operator, or a probe, never sees it flicker to this step)
+                core.preonline_step = "reading member group"
             group = await self.group.fetch_member_group()
             if group is None:
                 why: str | None = "no nameserver answered"

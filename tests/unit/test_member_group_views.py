@@ -287,6 +287,48 @@ async def test_a_fenced_masters_pre_online_waits_for_its_special_work_under_way(
     core.store.close()
 
 
+async def test_a_master_waiting_for_its_data_keeps_saying_why_while_it_reads_again(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """CI (stop 39): a wiped master's status was sampled while it re-read its member
+    group and said "reading member group" instead of why it waits.  The reason stays
+    shown on every retry."""
+    from broker_agent.membership import preonline as preonline_module
+
+    monkeypatch.setattr(preonline_module, "RETRY_S", 0.01)
+    core = BrokerCore(
+        BrokerConfig(
+            cluster="c",
+            broker_name="g1",
+            broker_id=0,
+            namesrv_addrs=("127.0.0.1:1",),
+            store_dir=str(tmp_path / "g1-0"),
+        )
+    )
+    seen: list[str] = []
+
+    class Members:
+        """A group that held more than this empty store, with no slave listed."""
+
+        async def fetch_member_group(self) -> BrokerMemberGroup:
+            seen.append(core.preonline_step)
+            if len(seen) == 4:
+                core.isolated = False  # end the loop
+            return BrokerMemberGroup("c", "g1", {}, max_offset_seen=4096)
+
+    core.isolated = True
+
+    async def register() -> None: ...
+
+    forward = ForwardSync(core, [], {}, register)
+    preonline = PreOnline(core, cast(Any, Members()), cast(Any, None), forward, cast(Any, None))
+    await asyncio.wait_for(preonline.run(), 5)
+    assert seen[0] == "reading member group"
+    assert all("held data up to 4096" in step for step in seen[1:]), seen
+    await core.pool.aclose()
+    core.store.close()
+
+
 async def test_a_view_without_a_master_does_not_cut_a_returning_masters_ha_link(
     tmp_path: Path,
 ) -> None:
