@@ -29,7 +29,7 @@ import sys
 from collections.abc import Sequence
 from typing import Any
 
-from ha_controller.cli import acl, demo, drill, message, services, tools
+from ha_controller.cli import acl, demo, drill, groups, message, produce, services, topics
 from ha_controller.cli.common import HelpFormatter
 from ha_controller.protocol.errors import ConfigError, HaError, TlsClosedEarly, TlsError
 
@@ -80,7 +80,9 @@ def build_parser() -> argparse.ArgumentParser:
     sub = p.add_subparsers(dest="command", required=True, metavar="COMMAND")
     services.add_commands(sub)  # nameserver, broker, proxy
     demo.add_commands(sub)
-    tools.add_commands(sub)  # produce, consume, topic, groups, route
+    produce.add_commands(sub)  # produce, consume
+    topics.add_commands(sub)  # topic, route
+    groups.add_commands(sub)  # group, groups
     message.add_commands(sub)  # message query
     drill.add_commands(sub)  # drill, analyze
     acl.add_commands(sub)  # user, acl

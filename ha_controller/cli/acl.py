@@ -19,10 +19,9 @@ import textwrap
 from typing import TYPE_CHECKING, Any
 
 from ha_controller.cli.common import (
-    DEFAULT_NAMESRV,
-    add_credential_arguments,
+    EXIT_OK,
+    add_namesrv_arguments,
     add_parser,
-    add_tls_arguments,
     client_credentials,
     client_tls,
     comma_list,
@@ -37,7 +36,6 @@ if TYPE_CHECKING:
 
 __all__ = ["add_commands"]
 
-EXIT_OK = 0
 
 _MODEL = (
     "A resource is Topic:NAME, Group:NAME, Cluster:NAME, a prefix (Topic:orders-*), a "
@@ -106,13 +104,9 @@ def add_commands(sub: Any) -> None:
     from ha_controller.acl.model import Decision, UserStatus, UserType
 
     def common(t: argparse.ArgumentParser) -> None:
-        t.add_argument(
-            "--namesrv", default=DEFAULT_NAMESRV, metavar="H:P", help="nameserver(s) H:P[,H:P]"
-        )
+        add_namesrv_arguments(t)
         t.add_argument("--cluster", help="the cluster whose brokers take it (default: any)")
         t.add_argument("--json", action="store_true", help="machine-readable output")
-        add_tls_arguments(t)
-        add_credential_arguments(t)
 
     def change(t: argparse.ArgumentParser) -> None:
         t.add_argument(

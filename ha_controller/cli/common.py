@@ -18,11 +18,17 @@ if TYPE_CHECKING:
 
 __all__ = [
     "DEFAULT_NAMESRV",
+    "EXIT_FAILED",
+    "EXIT_OK",
+    "EXIT_PARTIAL",
     "LOG_LEVELS",
     "HelpFormatter",
+    "Handler",
     "add_credential_arguments",
+    "add_namesrv_arguments",
     "add_parser",
     "add_tls_arguments",
+    "add_tool",
     "client_credentials",
     "client_tls",
     "comma_list",
@@ -35,6 +41,16 @@ __all__ = [
 ]
 
 DEFAULT_NAMESRV = "127.0.0.1:9876"
+
+#: the exit codes the client commands share (2 is argparse's: bad arguments)
+EXIT_OK = 0
+#: nothing done or found (produce: nothing acknowledged; consume: too few in time)
+EXIT_FAILED = 1
+#: part done: some sends acknowledged and some failed, some groups not asked
+EXIT_PARTIAL = 3
+
+#: a command's coroutine: the parsed arguments to its exit code
+Handler = Callable[[argparse.Namespace], Coroutine[Any, Any, int]]
 LOG_LEVELS = ("DEBUG", "INFO", "WARNING", "ERROR", "CRITICAL")
 
 
@@ -296,9 +312,29 @@ def print_table(headers: Sequence[str], rows: Sequence[Sequence[Any]]) -> None:
             print("  ".join("-" * w for w in widths))
 
 
-def run_async(
-    fn: Callable[[argparse.Namespace], Coroutine[Any, Any, int]],
-) -> Callable[[argparse.Namespace], int]:
+def add_namesrv_arguments(parser: argparse.ArgumentParser) -> None:
+    """``--namesrv`` with the TLS options and the ACL credentials: what every command
+    that asks the cluster takes."""
+    parser.add_argument(
+        "--namesrv", default=DEFAULT_NAMESRV, metavar="H:P", help="nameserver(s) H:P[,H:P]"
+    )
+    add_tls_arguments(parser)
+    add_credential_arguments(parser)
+
+
+def add_tool(
+    sub: Any, name: str, help_text: str, fn: Handler, **kwargs: Any
+) -> argparse.ArgumentParser:
+    """A command that asks the cluster (:func:`add_namesrv_arguments`), takes ``--json``
+    and runs the coroutine ``fn``."""
+    parser = add_parser(sub, name, help=help_text, description=help_text, **kwargs)
+    add_namesrv_arguments(parser)
+    parser.add_argument("--json", action="store_true", help="machine-readable output")
+    parser.set_defaults(func=run_async(fn))
+    return parser
+
+
+def run_async(fn: Handler) -> Callable[[argparse.Namespace], int]:
     """An argparse handler that runs the coroutine handler ``fn`` to its exit code."""
 
     def run(args: argparse.Namespace) -> int:

@@ -12,10 +12,11 @@ import time
 from typing import Any
 
 from ha_controller.cli.common import (
-    DEFAULT_NAMESRV,
-    add_credential_arguments,
+    EXIT_FAILED,
+    EXIT_OK,
+    EXIT_PARTIAL,
+    add_namesrv_arguments,
     add_parser,
-    add_tls_arguments,
     client_credentials,
     client_tls,
     comma_list,
@@ -26,11 +27,9 @@ from ha_controller.cli.common import (
 
 __all__ = ["add_commands"]
 
-EXIT_OK = 0
-#: nothing found (and every group answered)
-EXIT_NOT_FOUND = 1
-#: nothing found and some group could not be asked: the message may be there
-EXIT_PARTIAL = 3
+#: nothing found (and every group answered); nothing found and some group could not be
+#: asked (the message may be there) is EXIT_PARTIAL
+EXIT_NOT_FOUND = EXIT_FAILED
 
 QUERY_EPILOG = """\
 exit status:
@@ -58,11 +57,7 @@ def add_commands(sub: Any) -> None:
         ),
         epilog=QUERY_EPILOG,
     )
-    q.add_argument(
-        "--namesrv", default=DEFAULT_NAMESRV, metavar="H:P", help="nameserver(s) H:P[,H:P]"
-    )
-    add_tls_arguments(q)
-    add_credential_arguments(q)
+    add_namesrv_arguments(q)
     q.add_argument("--json", action="store_true", help="machine-readable output")
     what = q.add_mutually_exclusive_group(required=True)
     what.add_argument("--key", help="message key (needs --topic)")

@@ -4,7 +4,7 @@ unique key and a body derived from it, so that any script can audit a run
 
 Nothing here prints: each outcome goes to the caller's callback (``on_sent``,
 ``on_message``, ``progress``); ``hactl --json`` turns them into one JSON object per
-message (:mod:`ha_controller.cli.tools`).
+message (:mod:`ha_controller.cli.produce`).
 """
 
 from __future__ import annotations

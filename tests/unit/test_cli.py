@@ -16,14 +16,9 @@ import time
 import pytest
 
 from ha_controller.cli import build_parser, describe_os_error
+from ha_controller.cli.groups import switch_target
+from ha_controller.cli.produce import deliver_at, produce_exit_code, produce_summary, sent_line
 from ha_controller.cli.progress import format_duration, reporter
-from ha_controller.cli.tools import (
-    deliver_at,
-    produce_exit_code,
-    produce_summary,
-    sent_line,
-    switch_target,
-)
 from ha_controller.client.admin import ConsumerLag, GroupInfo, GroupLag
 from ha_controller.client.message import SendReceipt
 from ha_controller.client.tools import ProduceStats, Sent, due_ts_ms
@@ -46,8 +41,8 @@ def test_every_command_in_help_order() -> None:
         "produce",
         "consume",
         "topic",
-        "groups",
         "route",
+        "groups",
         "drill",
         "analyze",
     ]
@@ -354,7 +349,7 @@ def test_switch_to_parses_an_id_or_auto() -> None:
 
 
 def test_group_lag_output() -> None:
-    from ha_controller.cli.tools import age_text, lag_document
+    from ha_controller.cli.groups import age_text, lag_document
 
     assert [age_text(None), age_text(400), age_text(57_000), age_text(723_000)] == [
         "-",
