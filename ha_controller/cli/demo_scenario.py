@@ -56,10 +56,10 @@ from prometheus_client.parser import text_string_to_metric_families
 
 from ha_controller.client.admin import NameserverClient
 from ha_controller.client.message import Message, MessageQueue, ReceivedMessage
-from ha_controller.client.producer import TransactionResolution
 from ha_controller.client.routes import RouteCache
 from ha_controller.client.simple_consumer import retry_topic_of
 from ha_controller.client.tools import body_for
+from ha_controller.client.transaction import TransactionResolution
 from ha_controller.drills.checker import CheckOptions, Verdict, check
 from ha_controller.drills.cluster import ClusterSpec, DrillCluster, broker_target
 from ha_controller.drills.history import Event, HistoryWriter, SendInvoke

@@ -12,18 +12,13 @@ from ha_controller.client.message import (
     new_message_id,
 )
 from ha_controller.client.orderly import OrderlyPushConsumer, QueueLocker, dlq_topic
-from ha_controller.client.producer import (
-    EndpointIsolation,
-    Producer,
-    QueueSelector,
-    Transaction,
-    TransactionChecker,
-    TransactionResolution,
-)
+from ha_controller.client.producer import Producer
 from ha_controller.client.pull_consumer import PullConsumer, PullResult, PullStatus
 from ha_controller.client.push_consumer import MessageListener, PushConsumer, allocate_averagely
 from ha_controller.client.routes import RouteCache, RouteListener
+from ha_controller.client.send_policy import EndpointIsolation, QueueSelector
 from ha_controller.client.simple_consumer import SimpleConsumer
+from ha_controller.client.transaction import Transaction, TransactionChecker, TransactionResolution
 
 __all__ = [
     "Credentials",

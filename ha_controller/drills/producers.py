@@ -16,13 +16,9 @@ from collections.abc import Sequence
 from typing import Any, Final, Literal, Self
 
 from ha_controller.client.message import Message, ReceivedMessage, SendReceipt
-from ha_controller.client.producer import (
-    Producer,
-    Transaction,
-    TransactionChecker,
-    TransactionResolution,
-)
+from ha_controller.client.producer import Producer
 from ha_controller.client.tools import body_for
+from ha_controller.client.transaction import Transaction, TransactionChecker, TransactionResolution
 from ha_controller.drills.history import (
     EndTx,
     HistoryWriter,

@@ -19,7 +19,7 @@ from typing import Any, Final
 
 import grpc
 
-from ha_controller.client.producer import EndpointIsolation
+from ha_controller.client.send_policy import EndpointIsolation
 from ha_controller.proto import broker_pb2
 from ha_controller.proto.rocketmq.v2 import definition_pb2 as v2
 from ha_controller.proto.rocketmq.v2 import service_pb2 as v2s

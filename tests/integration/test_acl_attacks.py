@@ -200,8 +200,9 @@ if __name__ == "__main__":
 from ha_controller.acl import Credentials  # noqa: E402
 from ha_controller.auth import ClusterAuth  # noqa: E402
 from ha_controller.client.message import Message  # noqa: E402
-from ha_controller.client.producer import Producer, TransactionResolution  # noqa: E402
+from ha_controller.client.producer import Producer  # noqa: E402
 from ha_controller.client.pull_consumer import PullConsumer  # noqa: E402
+from ha_controller.client.transaction import TransactionResolution  # noqa: E402
 from ha_controller.proto import broker_pb2, common_pb2  # noqa: E402
 from ha_controller.protocol.codes import RequestCode  # noqa: E402
 from ha_controller.protocol.errors import AccessDenied, HaError, ReplayedRequest  # noqa: E402

@@ -28,8 +28,9 @@ from special_helpers import messages_on
 
 from ha_controller.client.admin import NameserverClient
 from ha_controller.client.message import Message, MessageQueue
-from ha_controller.client.producer import Producer, is_retriable
+from ha_controller.client.producer import Producer
 from ha_controller.client.pull_consumer import PullConsumer, PullStatus
+from ha_controller.client.send_policy import is_retriable
 from ha_controller.client.tools import body_for
 from ha_controller.proto import broker_pb2
 from ha_controller.protocol.codes import RequestCode

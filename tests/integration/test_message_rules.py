@@ -19,8 +19,9 @@ import pytest
 
 from ha_controller.client.admin import NameserverClient
 from ha_controller.client.message import Message, ReceivedMessage
-from ha_controller.client.producer import Producer, TransactionResolution
+from ha_controller.client.producer import Producer
 from ha_controller.client.simple_consumer import SimpleConsumer
+from ha_controller.client.transaction import TransactionResolution
 from ha_controller.protocol.errors import (
     HaError,
     IllegalConsumerGroup,

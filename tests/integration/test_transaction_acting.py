@@ -16,8 +16,9 @@ from pathlib import Path
 from special_helpers import acting, create_topic_on, masters_online
 
 from ha_controller.client.message import Message, ReceivedMessage
-from ha_controller.client.producer import Producer, TransactionResolution
+from ha_controller.client.producer import Producer
 from ha_controller.client.pull_consumer import PullConsumer, PullStatus
+from ha_controller.client.transaction import TransactionResolution
 from ha_controller.testing import Cluster, eventually, run_broker, run_cluster, run_container
 
 TOPIC = "TX"

@@ -5,7 +5,7 @@ from __future__ import annotations
 import pytest
 
 from ha_controller.client.message import MessageQueue
-from ha_controller.client.producer import AdaptiveTimeout, EndpointIsolation, QueueSelector
+from ha_controller.client.send_policy import AdaptiveTimeout, EndpointIsolation, QueueSelector
 
 A, B = "127.0.0.1:1", "127.0.0.1:2"
 

@@ -7,9 +7,9 @@ from hypothesis import given
 from hypothesis import strategies as st
 
 from ha_controller.client import EndpointIsolation, MessageQueue, QueueSelector, allocate_averagely
-from ha_controller.client.producer import is_retriable
 from ha_controller.client.pull_consumer import pull_rpc_timeout_ms
 from ha_controller.client.push_consumer import OffsetTracker
+from ha_controller.client.send_policy import is_retriable
 from ha_controller.client.siphash import queue_for_message_group
 from ha_controller.protocol.errors import (
     BadRequest,

@@ -7,7 +7,7 @@ import asyncio
 
 import pytest
 
-from ha_controller.client.producer import InFlightSends
+from ha_controller.client.send_policy import InFlightSends
 
 
 async def _in_flight(sends: InFlightSends, group: str, epoch: int, addr: str) -> str:
