@@ -153,6 +153,19 @@ class Slave:
             self.core.store.close()
 
 
+def master_core(tmp_path: Path) -> BrokerCore:
+    """The core of group g1's master, its store under ``tmp_path``, no nameserver."""
+    return BrokerCore(
+        BrokerConfig(
+            cluster="c",
+            broker_name="g1",
+            broker_id=0,
+            namesrv_addrs=("127.0.0.1:1",),
+            store_dir=str(tmp_path / "g1-0"),
+        )
+    )
+
+
 async def step_under_way(core: BrokerCore, ends: asyncio.Event) -> asyncio.Task[None]:
     """A special-service step of ``core`` that lasts until ``ends`` is set (started)."""
 
@@ -249,15 +262,7 @@ async def test_a_fenced_masters_pre_online_waits_for_its_special_work_under_way(
     ended and moved the offset past a message stored after the return, which was
     never delivered.  Pre-online now reads the member group (and takes any table) only
     once the steps under way have ended."""
-    core = BrokerCore(
-        BrokerConfig(
-            cluster="c",
-            broker_name="g1",
-            broker_id=0,
-            namesrv_addrs=("127.0.0.1:1",),
-            store_dir=str(tmp_path / "g1-0"),
-        )
-    )
+    core = master_core(tmp_path)
     asked: list[int] = []
 
     class Members:
@@ -296,15 +301,7 @@ async def test_a_master_waiting_for_its_data_keeps_saying_why_while_it_reads_aga
     from broker_agent.membership import preonline as preonline_module
 
     monkeypatch.setattr(preonline_module, "RETRY_S", 0.01)
-    core = BrokerCore(
-        BrokerConfig(
-            cluster="c",
-            broker_name="g1",
-            broker_id=0,
-            namesrv_addrs=("127.0.0.1:1",),
-            store_dir=str(tmp_path / "g1-0"),
-        )
-    )
+    core = master_core(tmp_path)
     seen: list[str] = []
 
     class Members:
