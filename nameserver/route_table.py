@@ -14,7 +14,7 @@ Deliberate differences from RocketMQ:
 - the slave that acts for a masterless group is not simply the lowest live id:
   brokers report their replication position (commit-log end) and whether their store
   takes appends (registration and heartbeat), and the table picks the most advanced
-  slave, preferring one that can write, lowest id first (:meth:`RouteTable._choose_acting`),
+  slave, preferring one that can write, lowest id first (:func:`nameserver.acting.choose_acting`),
   and chooses again on every report that changes the answer (the acting slave falls
   behind, or says it cannot write).  The route rewrite, the member group and the
   min-id notifications all name that slave (the group's *lead*).  A member that
@@ -30,7 +30,6 @@ import dataclasses
 import logging
 import time
 from collections.abc import Callable, Hashable, Iterable
-from dataclasses import dataclass, field
 from typing import Any, Final
 
 from ha_controller.controller.ports import LiveMember
@@ -42,8 +41,19 @@ from ha_controller.routing import (
     BrokerMemberGroup,
     Perm,
     QueueData,
-    TopicConfig,
     TopicRouteData,
+)
+from nameserver.acting import choose_acting, keeps_acting
+from nameserver.route_records import (
+    MASTER_ID,
+    BrokerRegistration,
+    ExpiredBroker,
+    GroupRecord,
+    HeartbeatOutcome,
+    LiveInfo,
+    MinIdChange,
+    RegisterOutcome,
+    Removal,
 )
 
 __all__ = [
@@ -64,7 +74,6 @@ DEFAULT_BROKER_CHANNEL_EXPIRED_TIME_MS: Final = 120_000
 #: A scan that runs this much later than its interval (at least) means the nameserver
 #: itself stalled (SIGSTOP, a VM or GC pause): the silence it measured is its own.
 STALL_MARGIN_MIN_MS: Final = 1000.0
-MASTER_ID: Final = 0
 
 # Queue data of the compatibility member-group topic, as brokers create it.
 _SYNC_TOPIC_QUEUE_NUMS: Final = 1
@@ -77,157 +86,6 @@ MAX_HIGH_WATER_GROUPS = 10_000
 
 def _monotonic_ms() -> float:
     return time.monotonic() * 1000
-
-
-@dataclass
-class BrokerRegistration:
-    """One REGISTER_BROKER request (``None`` fields = sent by an old broker)."""
-
-    cluster: str
-    broker_addr: str
-    broker_name: str
-    broker_id: int
-    ha_addr: str | None = None
-    heartbeat_timeout_ms: int | None = None
-    enable_acting_master: bool | None = None
-    topic_configs: dict[str, TopicConfig] = field(default_factory=dict)
-    data_version: DataVersion = field(default_factory=DataVersion)
-    #: the broker completed pre-online before this registration (see register_broker)
-    pre_online_done: bool = True
-    #: the end of its commit log (replication position); None from an old broker
-    max_offset: int | None = None
-    #: whether its store takes appends; None from an old broker (taken as True)
-    store_writable: bool | None = None
-    #: controller mode: its configured id and its log's last epoch (None: no support)
-    member_id: int | None = None
-    epoch: int | None = None
-
-
-@dataclass(frozen=True)
-class MinIdChange:
-    """A group's lowest broker id changed; ``targets`` are the addresses to notify."""
-
-    cluster: str
-    broker_name: str
-    min_broker_id: int
-    min_broker_addr: str
-    offline_broker_addr: str | None
-    ha_broker_addr: str | None
-    targets: list[str]
-
-
-@dataclass(frozen=True)
-class HeartbeatOutcome:
-    """Answer to a heartbeat: whether the broker is registered, and the notifications
-    due when its report made the table choose another acting slave."""
-
-    known: bool
-    notifications: list[MinIdChange] = field(default_factory=list)
-
-
-@dataclass(frozen=True)
-class RegisterOutcome:
-    """Answer to a registration: the master's addresses for a slave, notifications."""
-
-    master_addr: str | None = None
-    master_ha_addr: str | None = None
-    rejected: bool = False
-    notifications: list[MinIdChange] = field(default_factory=list)
-    #: rejected because a master must complete pre-online first
-    needs_pre_online: bool = False
-
-
-@dataclass(frozen=True)
-class ExpiredBroker:
-    """A broker the scan found silent; ``conn_id`` is the connection to close."""
-
-    cluster: str
-    broker_addr: str
-    broker_name: str | None
-    broker_id: int | None
-    conn_id: Hashable | None
-    last_update_ms: float
-    heartbeat_timeout_ms: int
-
-
-@dataclass
-class _LiveInfo:
-    last_update_ms: float
-    heartbeat_timeout_ms: int
-    data_version: DataVersion
-    conn_id: Hashable | None
-    ha_addr: str | None
-    broker_name: str | None = None
-    max_offset: int | None = None
-    store_writable: bool = True
-    #: when its position was last reported (registration or heartbeat)
-    reported_ms: float = 0.0
-    #: when it was last heard from (registration or heartbeat); unlike
-    #: ``last_update_ms`` never moved by a stall's fresh grace period
-    heard_ms: float = 0.0
-    #: controller mode (see BrokerRegistration)
-    member_id: int | None = None
-    epoch: int | None = None
-
-
-@dataclass
-class _Group:
-    cluster: str
-    broker_name: str
-    addrs: dict[int, str] = field(default_factory=dict)
-    enable_acting_master: bool = False
-    #: the slave chosen to act while the group has no master (RouteTable._rechoose)
-    acting_id: int | None = None
-    #: since when the group has had no master (None while it has one)
-    masterless_since: float | None = None
-    #: no slave chosen yet: waiting for positions reported after the master left
-    settling: bool = False
-    #: the master that left, while settling (the notice at the choice names it)
-    lost_master: tuple[int, str] | None = None
-    #: this nameserver has seen the group's master register since it started
-    master_seen: bool = False
-    #: when this nameserver first heard of the group (its first member registered)
-    first_seen_ms: float = 0.0
-    #: since when no member has been registered as id 0 (the controller's clock)
-    no_master_since: float | None = None
-    #: a master expired for silence: when it was last heard (its absence began then)
-    master_silent_since: float | None = None
-
-    def min_member(self) -> tuple[int, str] | None:
-        if not self.addrs:
-            return None
-        broker_id = min(self.addrs)
-        return broker_id, self.addrs[broker_id]
-
-    def lead(self) -> tuple[int, str] | None:
-        """The member routes show as id 0 and notifications name: the master, else
-        the chosen acting slave, else the lowest member."""
-        if MASTER_ID in self.addrs:
-            return MASTER_ID, self.addrs[MASTER_ID]
-        if self.settling:
-            return None
-        if self.acting_id is not None and self.acting_id in self.addrs:
-            return self.acting_id, self.addrs[self.acting_id]
-        return self.min_member()
-
-    def has_master(self) -> bool:
-        return MASTER_ID in self.addrs
-
-    def sorted_addrs(self) -> dict[int, str]:
-        return {broker_id: self.addrs[broker_id] for broker_id in sorted(self.addrs)}
-
-    def to_broker_data(self) -> BrokerData:
-        return BrokerData(
-            self.cluster, self.broker_name, self.sorted_addrs(), self.enable_acting_master
-        )
-
-
-@dataclass(frozen=True)
-class _Removal:
-    cluster: str
-    broker_addr: str
-    broker_name: str
-    broker_id: int
 
 
 class RouteTable:
@@ -250,9 +108,9 @@ class RouteTable:
         self.support_acting_master = support_acting_master
         self.notify_min_broker_id_changed = notify_min_broker_id_changed
         self._cluster_addr: dict[str, set[str]] = {}
-        self._groups: dict[str, _Group] = {}
+        self._groups: dict[str, GroupRecord] = {}
         self._topic_queues: dict[str, dict[str, QueueData]] = {}
-        self._live: dict[tuple[str, str], _LiveInfo] = {}
+        self._live: dict[tuple[str, str], LiveInfo] = {}
         #: (cluster, group) -> the highest commit-log end any member reported since
         #: this nameserver started, kept after the members left: a master that comes
         #: back with less (a lost volume) while no slave is there learns it held more
@@ -337,7 +195,7 @@ class RouteTable:
         group = self._groups.get(reg.broker_name)
         register_first = group is None
         if group is None:
-            group = _Group(reg.cluster, reg.broker_name, first_seen_ms=self._clock())
+            group = GroupRecord(reg.cluster, reg.broker_name, first_seen_ms=self._clock())
             self._groups[reg.broker_name] = group
             self._bump()
 
@@ -396,7 +254,7 @@ class RouteTable:
                 )
                 # Drop the loser's live entry and any other id it held (role switch).
                 lost = self._unregister_many(
-                    [_Removal(reg.cluster, reg.broker_addr, reg.broker_name, reg.broker_id)]
+                    [Removal(reg.cluster, reg.broker_addr, reg.broker_name, reg.broker_id)]
                 )
                 return RegisterOutcome(rejected=True, notifications=lost)
 
@@ -426,7 +284,7 @@ class RouteTable:
         if is_master or is_prime_slave:
             self._update_topics(reg, group, register_first=register_first, wipe=is_prime_slave)
 
-        self._live[(reg.cluster, reg.broker_addr)] = _LiveInfo(
+        self._live[(reg.cluster, reg.broker_addr)] = LiveInfo(
             last_update_ms=now,
             heartbeat_timeout_ms=(
                 reg.heartbeat_timeout_ms
@@ -464,7 +322,7 @@ class RouteTable:
         return RegisterOutcome(master_addr, master_ha_addr, False, notes)
 
     def _update_topics(
-        self, reg: BrokerRegistration, group: _Group, *, register_first: bool, wipe: bool
+        self, reg: BrokerRegistration, group: GroupRecord, *, register_first: bool, wipe: bool
     ) -> None:
         """Write the topic queue data of a master or prime slave (§1.2 step 10)."""
         live = self._live.get((reg.cluster, reg.broker_addr))
@@ -667,13 +525,13 @@ class RouteTable:
         return None
 
     def _expire(self, keys: Iterable[tuple[str, str]]) -> list[MinIdChange]:
-        removals: list[_Removal] = []
+        removals: list[Removal] = []
         for cluster, addr in keys:
             name_id = self._locate(cluster, addr)
             if name_id is None:
                 self._live.pop((cluster, addr), None)
             else:
-                removals.append(_Removal(cluster, addr, name_id[0], name_id[1]))
+                removals.append(Removal(cluster, addr, name_id[0], name_id[1]))
         return self._unregister_many(removals)
 
     # ---------------------------------------------------------- unregister
@@ -682,9 +540,9 @@ class RouteTable:
         self, cluster: str, broker_addr: str, broker_name: str, broker_id: int
     ) -> list[MinIdChange]:
         """Remove a broker from its group (§1.5)."""
-        return self._unregister_many([_Removal(cluster, broker_addr, broker_name, broker_id)])
+        return self._unregister_many([Removal(cluster, broker_addr, broker_name, broker_id)])
 
-    def _unregister_many(self, removals: list[_Removal]) -> list[MinIdChange]:
+    def _unregister_many(self, removals: list[Removal]) -> list[MinIdChange]:
         """Apply removals, then clean topics and report one change per group."""
         prev_mins: dict[str, tuple[int, str] | None] = {}
         removed_groups: list[str] = []
@@ -727,7 +585,7 @@ class RouteTable:
                 notes.append(change)
         return notes
 
-    def _remove_group(self, group: _Group) -> None:
+    def _remove_group(self, group: GroupRecord) -> None:
         name = group.broker_name
         del self._groups[name]
         self._bump()
@@ -740,7 +598,7 @@ class RouteTable:
                 del self._topic_queues[topic]
         log.info("group %s has no member left: removed with its queue data", name)
 
-    def _wipe_write_perm_if_masterless(self, group: _Group) -> None:
+    def _wipe_write_perm_if_masterless(self, group: GroupRecord) -> None:
         if not group.enable_acting_master or group.has_master():
             return
         wiped = 0
@@ -767,7 +625,7 @@ class RouteTable:
 
     def _min_id_change(
         self,
-        group: _Group,
+        group: GroupRecord,
         prev_min: tuple[int, str] | None,
         *,
         ha_addr: str | None,
@@ -821,62 +679,7 @@ class RouteTable:
 
     # ----------------------------------------------------------- acting choice
 
-    def _choose_acting(self, group: _Group) -> int | None:
-        """The slave that acts for a masterless group: a pure function of the members'
-        last reports, so that every nameserver that got the same reports makes the
-        same choice (no memory of earlier choices: two nameservers must converge).
-
-        The slaves at the highest reported position (commit-log end) have every byte
-        any slave has; among them, those whose store takes appends are preferred; the
-        lowest id of those acts.  A slave that cannot write is still chosen when it
-        alone is that far (reads of what only it holds matter more than its writes).
-        When a member reports no position (an old broker), RocketMQ's rule: the
-        lowest id."""
-        live = {
-            broker_id: self._live.get((group.cluster, addr))
-            for broker_id, addr in group.addrs.items()
-        }
-        if not group.master_seen:
-            # A nameserver that has just (re)started knows nothing of the masters: its
-            # table is empty and slaves often register first (a cluster that starts
-            # does the same).  A live master registers within a heartbeat interval, so
-            # no slave acts for a master this nameserver never saw until one heartbeat
-            # timeout after the group's first member registered (long campaign seed
-            # 1015: a restarted nameserver made two slaves act for a second beside
-            # their masters, and they delivered delayed and transactional messages a
-            # second time).
-            grace_ms = max((i.heartbeat_timeout_ms for i in live.values() if i), default=0)
-            if self._clock() < group.first_seen_ms + grace_ms:
-                return None
-        positions: dict[int, int] = {}
-        for broker_id, info in live.items():
-            if info is None or info.max_offset is None:
-                return min(group.addrs)
-            positions[broker_id] = info.max_offset
-        # Positions reported before the master left may be stale (a slave's last
-        # heartbeat can predate the last bytes it received): wait for a report made
-        # after it from every slave, up to a quarter of the heartbeat timeout (with one
-        # slave there is nothing to choose; choosing early then switching when a
-        # fresher report arrives moves the group's consumers and special services
-        # twice, and redelivers).  Then choose from every live slave's latest report,
-        # fresh or not: never from the ones that happened to report first, which two
-        # nameservers receiving the reports in different orders would see differently
-        # (and choose two acting slaves).
-        since = group.masterless_since
-        if since is not None and len(positions) > 1:
-            fresh = sum(
-                1 for b in positions if (info := live[b]) is not None and info.reported_ms >= since
-            )
-            if fresh < len(positions):
-                settle_ms = max(i.heartbeat_timeout_ms for i in live.values() if i) / 4
-                if self._clock() < since + settle_ms:
-                    return None
-        best = max(positions.values())
-        caught_up = [broker_id for broker_id, pos in positions.items() if pos == best]
-        writable = [b for b in caught_up if (info := live[b]) is None or info.store_writable]
-        return min(writable or caught_up)
-
-    def _notice_base(self, group: _Group) -> tuple[int, str] | None:
+    def _notice_base(self, group: GroupRecord) -> tuple[int, str] | None:
         """The lead a min-id notice compares with: the current one, or while settling
         the master that left (so the notice at the choice says it is offline), or, while
         a group whose master this nameserver never saw settles, nobody (``SETTLING``):
@@ -903,7 +706,7 @@ class RouteTable:
                 notes.append(change)
         return notes
 
-    def _rechoose(self, group: _Group) -> None:
+    def _rechoose(self, group: GroupRecord) -> None:
         """Keep ``group.acting_id`` current: None while the group may not act (a master
         is registered, acting master off), else :meth:`_choose_acting`."""
         if group.has_master():
@@ -916,7 +719,7 @@ class RouteTable:
         if self._may_act(group):
             if group.masterless_since is None:
                 group.masterless_since = self._clock()
-            new = self._choose_acting(group)
+            new = choose_acting(group, self._members_live(group), self._clock())
         else:
             group.masterless_since = None
             group.lost_master = None
@@ -938,7 +741,7 @@ class RouteTable:
             and old is not None
             and new != old
             and self._position(group, new) > self._position(group, old)
-            and self._keeps_acting(group, old)
+            and keeps_acting(group, old, self._members_live(group), self._clock())
         ):
             log.debug(
                 "group %s: slave %d is further now, slave %d keeps acting",
@@ -971,41 +774,20 @@ class RouteTable:
             ", ".join(report(b) for b in sorted(group.addrs)),
         )
 
-    def _position(self, group: _Group, broker_id: int) -> int:
+    def _members_live(self, group: GroupRecord) -> dict[int, LiveInfo | None]:
+        """What each member of ``group`` last reported (None: nothing live)."""
+        return {
+            broker_id: self._live.get((group.cluster, addr))
+            for broker_id, addr in group.addrs.items()
+        }
+
+    def _position(self, group: GroupRecord, broker_id: int) -> int:
         info = self._live.get((group.cluster, group.addrs.get(broker_id, "")))
         return -1 if info is None or info.max_offset is None else info.max_offset
 
-    def _keeps_acting(self, group: _Group, acting_id: int) -> bool:
-        """Whether the acting slave keeps acting although another slave now reports a
-        higher position (a lower id at the same position always takes over: that is
-        the choice every nameserver converges on, whatever order reports came in).
-
-        Early on a higher position is news: a report made before the master left
-        missed bytes already on their way, so the choice follows it.  Half a heartbeat
-        timeout after the master left, every byte the old master wrote before it lost
-        its lease has arrived; a slave that gets further now is being fed by the
-        returning master (its pre-online re-attaches the slaves).  Moving the group's
-        special services to that slave then would make it deliver again what the
-        acting one delivered: acting slaves do not share their progress.  A slave that
-        reports it cannot write is still replaced."""
-        addr = group.addrs.get(acting_id)
-        info = None if addr is None else self._live.get((group.cluster, addr))
-        since = group.masterless_since
-        if info is None or not info.store_writable or since is None:
-            return False
-        timeout_ms = max(
-            (
-                i.heartbeat_timeout_ms
-                for a in group.addrs.values()
-                if (i := self._live.get((group.cluster, a)))
-            ),
-            default=info.heartbeat_timeout_ms,
-        )
-        return self._clock() >= since + timeout_ms / 2
-
     # ---------------------------------------------------------------- reads
 
-    def _may_act(self, group: _Group) -> bool:
+    def _may_act(self, group: GroupRecord) -> bool:
         return (
             self.support_acting_master
             and group.enable_acting_master
@@ -1013,7 +795,7 @@ class RouteTable:
             and not group.has_master()
         )
 
-    def _acting_rewrite_applies(self, group: _Group, queue_data: QueueData) -> bool:
+    def _acting_rewrite_applies(self, group: GroupRecord, queue_data: QueueData) -> bool:
         return self._may_act(group) and not Perm.is_writeable(queue_data.perm)
 
     def pickup_route(self, topic: str) -> TopicRouteData | None:
@@ -1052,7 +834,7 @@ class RouteTable:
             return None
         return TopicRouteData(topic, broker_datas, list(queues.values()))
 
-    def _master_epoch(self, group: _Group) -> int | None:
+    def _master_epoch(self, group: GroupRecord) -> int | None:
         """Controller mode: the epoch the member registered as id 0 reported."""
         addr = group.addrs.get(MASTER_ID)
         live = self._live.get((group.cluster, addr)) if addr is not None else None
