@@ -18,12 +18,8 @@ from pathlib import Path
 import pytest
 from fakes import FakeBroker, FakeNeighbours
 
-from broker_agent.special.escape import (
-    EscapeBridge,
-    EscapeRoutes,
-    NotServingAnyMore,
-    stable_hash,
-)
+from broker_agent.special.escape import EscapeBridge, NotServingAnyMore
+from broker_agent.special.escape_routes import EscapeRoutes, stable_hash
 from ha_controller.config import BrokerConfig
 from ha_controller.proto import broker_pb2, common_pb2, nameserver_pb2
 from ha_controller.protocol.codes import RequestCode
