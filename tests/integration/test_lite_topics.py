@@ -258,7 +258,7 @@ def _routed(proxy: Any, *topics: str) -> None:
     from ha_controller.testing import eventually_sync
 
     with grpc.insecure_channel(proxy.rpc) as channel:
-        stub: Any = service_pb2_grpc.MessagingServiceStub(channel)  # type: ignore[no-untyped-call]
+        stub: Any = service_pb2_grpc.MessagingServiceStub(channel)
 
         def routed(topic: str) -> bool:
             req = v2s.QueryRouteRequest(topic=v2.Resource(name=topic))

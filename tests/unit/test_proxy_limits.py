@@ -161,7 +161,7 @@ async def served() -> AsyncIterator[tuple[Any, CallBounds, Servicer]]:
     bounds = CallBounds(cfg, ProxyMetrics())
     servicer = Servicer()
     server = grpc.aio.server(options=server_options(cfg), interceptors=[bounds])
-    service_pb2_grpc.add_MessagingServiceServicer_to_server(servicer, server)  # type: ignore[no-untyped-call]
+    service_pb2_grpc.add_MessagingServiceServicer_to_server(servicer, server)
     port = server.add_insecure_port("127.0.0.1:0")
     await server.start()
     try:
@@ -184,7 +184,7 @@ async def test_calls_over_the_limits_are_refused_and_every_slot_comes_back(
     served: tuple[Any, CallBounds, Servicer],
 ) -> None:
     channel, bounds, servicer = served
-    stub = service_pb2_grpc.MessagingServiceStub(channel)  # type: ignore[no-untyped-call]
+    stub = service_pb2_grpc.MessagingServiceStub(channel)
 
     async def receive(client: str) -> str:
         try:
@@ -217,7 +217,7 @@ async def test_no_slot_is_lost_to_failures_cancellations_or_refused_requests(
     served: tuple[Any, CallBounds, Servicer],
 ) -> None:
     channel, bounds, _ = served
-    stub = service_pb2_grpc.MessagingServiceStub(channel)  # type: ignore[no-untyped-call]
+    stub = service_pb2_grpc.MessagingServiceStub(channel)
     with pytest.raises(grpc.aio.AioRpcError) as caught:  # the handler raises
         await stub.QueryRoute(route("boom"), metadata=meta("a"))
     assert caught.value.code() == grpc.StatusCode.UNKNOWN
@@ -240,7 +240,7 @@ async def test_malformed_requests_end_invalid_argument_with_one_log_line(
     garbage = b"\xff\xff\xff\xff\x0f"
     unary = channel.unary_unary("/apache.rocketmq.v2.MessagingService/QueryRoute")
     streaming = channel.stream_stream("/apache.rocketmq.v2.MessagingService/Telemetry")
-    stub = service_pb2_grpc.MessagingServiceStub(channel)  # type: ignore[no-untyped-call]
+    stub = service_pb2_grpc.MessagingServiceStub(channel)
 
     async def garbage_after_a_good_one() -> AsyncIterator[bytes]:
         yield v2s.TelemetryCommand(status=v2.Status(code=v2.OK)).SerializeToString()
