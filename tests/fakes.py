@@ -127,10 +127,13 @@ class FakeClock:
         return lambda: self._waits.remove(entry) if entry in self._waits else None
 
     async def sleep(self, seconds: float) -> None:
-        done = asyncio.get_running_loop().create_future()
-        forget = self._wait_until(
-            self.now + seconds * 1000, lambda: done.done() or done.set_result(None)
-        )
+        done: asyncio.Future[None] = asyncio.get_running_loop().create_future()
+
+        def wake() -> None:
+            if not done.done():
+                done.set_result(None)
+
+        forget = self._wait_until(self.now + seconds * 1000, wake)
         try:
             await done
         finally:

@@ -435,7 +435,7 @@ async def test_a_named_group_and_queue_is_where_it_goes_or_it_fails(env: Env) ->
     receipt handle), in this process or remote, and nowhere else."""
     slave = env.broker()
     neighbour = env.broker(broker_id=0, name="broker_x")
-    slave.escape.neighbours = FakeNeighbours([slave, neighbour])  # type: ignore[assignment]
+    slave.escape.neighbours = FakeNeighbours([slave, neighbour])
     three_groups(env)
     r = await slave.escape.put_message_to_specific_queue(
         TOPIC, b"ack", {}, kind="pop_ack", to_group="broker_c", to_queue=3
@@ -491,12 +491,11 @@ async def test_a_masters_own_record_goes_right_behind_its_message_and_nowhere_el
 async def test_in_a_container_a_slave_escapes_to_the_master_next_to_it(env: Env) -> None:
     slave = env.broker(broker_id=1)
     other_master = env.broker(broker_id=0, name="broker_x")
-    # (type: ignore: a FakeCore is no CorePort to mypy, see fakes.FakeBroker)
-    slave.escape.neighbours = FakeNeighbours([slave, other_master])  # type: ignore[assignment]
+    slave.escape.neighbours = FakeNeighbours([slave, other_master])
     three_groups(env)
     local = slave.escape.local_master()
     assert local is not None
-    assert local[0] is other_master.core  # type: ignore[comparison-overlap]
+    assert local[0] is other_master.core
     assert local[1] is other_master.write_path
     r1 = await slave.escape.put_message(TOPIC, b"x", {}, kind="delay", queue_id=1)
     r2 = await slave.escape.put_message_to_specific_queue(TOPIC, b"ck", {}, kind="delay")
@@ -537,7 +536,7 @@ async def test_get_message_transport_error_is_a_retriable_escape_failure(env: En
 
 async def test_bridge_constructor_matches_the_published_api(env: Env) -> None:
     slave = env.broker()
-    bridge = EscapeBridge(slave.core, slave.write_path, None)  # type: ignore[arg-type]
+    bridge = EscapeBridge(slave.core, slave.write_path, None)
     assert bridge.local_master() is None
     master = env.broker(broker_id=0, name="m")
-    assert EscapeBridge(master.core, master.write_path).local_master() is not None  # type: ignore[arg-type]
+    assert EscapeBridge(master.core, master.write_path).local_master() is not None

@@ -317,13 +317,13 @@ def _handle(offset: int, until: int, broker_handle: str = "ck0") -> GatewayHandl
 def test_renewal_is_due_shortly_before_the_invisible_time_runs_out() -> None:
     clock = FakeClock()
     table = RenewalTable(clock)
-    table.add("c1", "G", "T", _handle(5, clock.now + 30_000), 30_000)
+    table.add("c1", "G", "T", _handle(5, clock.now_ms() + 30_000), 30_000)
     alive = lambda cid: True  # noqa: E731
     assert table.due(alive) == []
     clock.now += 20_001  # 9.999 s to go: within RENEW_AHEAD_MS
     [r] = table.due(alive)
     assert table.due(alive) == []  # in flight: not handed out twice
-    table.renewed(r, _handle(5, clock.now + 30_000, "ck1"))
+    table.renewed(r, _handle(5, clock.now_ms() + 30_000, "ck1"))
     assert table.due(alive) == []
     # the ack goes with the newest broker handle, and renewal stops
     assert table.take("G", _handle(5, 0)).broker_handle == "ck1"
@@ -334,7 +334,7 @@ def test_renewal_is_due_shortly_before_the_invisible_time_runs_out() -> None:
 def test_short_invisible_times_renew_at_half_time() -> None:
     clock = FakeClock()
     table = RenewalTable(clock)
-    table.add("c1", "G", "T", _handle(1, clock.now + 2000), 2000)
+    table.add("c1", "G", "T", _handle(1, clock.now_ms() + 2000), 2000)
     clock.now += 900
     assert table.due(lambda cid: True) == []
     clock.now += 101
@@ -344,16 +344,16 @@ def test_short_invisible_times_renew_at_half_time() -> None:
 def test_renewal_stops_for_a_gone_client_a_bound_and_repeated_failures() -> None:
     clock = FakeClock()
     table = RenewalTable(clock)
-    table.add("dead", "G", "T", _handle(1, clock.now + 1000), 2000)
-    table.add("live", "G", "T", _handle(2, clock.now + 1000), 2000)
-    table.add("live", "G", "T", _handle(3, clock.now + 1000), 2000)
+    table.add("dead", "G", "T", _handle(1, clock.now_ms() + 1000), 2000)
+    table.add("live", "G", "T", _handle(2, clock.now_ms() + 1000), 2000)
+    table.add("live", "G", "T", _handle(3, clock.now_ms() + 1000), 2000)
     [r2, r3] = table.due(lambda cid: cid == "live")
     assert len(table) == 2  # the dead client's message is left to its invisible time
     for _ in range(MAX_FAILURES):
         table.renewed(r2, None)
         r2.in_flight = True
     table.renewed(r2, None)
-    table.renewed(r3, _handle(3, clock.now + RENEW_MAX_MS + 10_000, "ck"))
+    table.renewed(r3, _handle(3, clock.now_ms() + RENEW_MAX_MS + 10_000, "ck"))
     clock.now += RENEW_MAX_MS  # r3: renewed for the whole bound
     assert table.due(lambda cid: True) == []
     assert len(table) == 0
@@ -362,10 +362,10 @@ def test_renewal_stops_for_a_gone_client_a_bound_and_repeated_failures() -> None
 def test_an_ack_during_a_renewal_is_not_undone_by_it() -> None:
     clock = FakeClock()
     table = RenewalTable(clock)
-    table.add("c", "G", "T", _handle(1, clock.now + 1000), 2000)
+    table.add("c", "G", "T", _handle(1, clock.now_ms() + 1000), 2000)
     [r] = table.due(lambda cid: True)
     table.take("G", _handle(1, 0))
-    table.renewed(r, _handle(1, clock.now + 2000, "ck2"))
+    table.renewed(r, _handle(1, clock.now_ms() + 2000, "ck2"))
     assert len(table) == 0
 
 

@@ -293,7 +293,7 @@ async def nodes(tmp_path: Path, clock: FakeClock) -> AsyncIterator[NodeFactory]:
             store=stores.setdefault(store, FakeStore(clock)),
         )
         core, write_path, escape = broker.core, broker.write_path, broker.escape
-        service = ScheduleService(core, write_path, escape, clock, fetch_members)  # type: ignore[arg-type]
+        service = ScheduleService(core, write_path, escape, clock, fetch_members)
         node = Node(broker, service, clock)
         made.append(node)
         return node
