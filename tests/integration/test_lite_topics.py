@@ -14,6 +14,7 @@ the official lite examples are run too, unchanged but for their endpoint.
 
 from __future__ import annotations
 
+import functools
 import importlib.util
 import json
 import os
@@ -62,7 +63,7 @@ def scenario_lite(proxy: str) -> dict[str, Any]:
     out: dict[str, Any] = {"got": [], "cases": {}}
     lock = threading.Lock()
 
-    class Listener(rmq.MessageListener):  # type: ignore[misc,name-defined]
+    class Listener(rmq.MessageListener):  # type: ignore[misc]
         def consume(self, message: Any) -> Any:
             with lock:
                 out["got"].append([message.lite_topic, message.body.decode(), message.message_type])
@@ -267,7 +268,7 @@ def _routed(proxy: Any, *topics: str) -> None:
             return True
 
         for topic in topics:
-            eventually_sync(lambda t=topic: routed(t), timeout=20, interval=0.2)
+            eventually_sync(functools.partial(routed, topic), timeout=20, interval=0.2)
 
 
 def _lite_subscriptions(http: str) -> int:
