@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import pytest
+from fakes import FakeClock
 
 from ha_controller.client.message import MessageQueue
 from ha_controller.client.send_policy import AdaptiveTimeout, EndpointIsolation, QueueSelector
@@ -72,8 +73,8 @@ def test_bad_settings_are_refused(kwargs: dict[str, float]) -> None:
 def test_a_silent_endpoint_is_isolated_and_later_sends_go_elsewhere() -> None:
     """The producer's sequence after an attempt to A timed out: A is isolated, the
     retry and every later send pick B until the isolation lapses or is released."""
-    now = [0.0]
-    iso = EndpointIsolation(30.0, clock=lambda: now[0])
+    clock = FakeClock(0.0)
+    iso = EndpointIsolation(30.0, clock=clock)
     addr = {"broker-a": A, "broker-b": B}
     queues = [MessageQueue("T", g, i) for g in ("broker-a", "broker-b") for i in range(2)]
 
@@ -91,7 +92,7 @@ def test_a_silent_endpoint_is_isolated_and_later_sends_go_elsewhere() -> None:
         "broker-b"
     )
     iso.release(B)
-    now[0] = 31.0  # A's isolation lapsed
+    clock.now = 31.0  # A's isolation lapsed
     assert not iso.is_isolated(A)
     assert QueueSelector.pick(queues, 0, isolated=isolated).broker_name == "broker-a"
 

@@ -16,7 +16,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 import pytest
-from fakes import FakeBroker, FakeNeighbours
+from fakes import FakeBroker, FakeClock, FakeNeighbours
 
 from broker_agent.special.escape import (
     EscapeBridge,
@@ -253,9 +253,9 @@ async def test_a_dead_master_in_a_stale_route_costs_one_attempt_not_the_message(
 
 async def test_a_master_the_nameserver_dropped_is_never_targeted(env: Env) -> None:
     slave = env.broker()
-    now = [0.0]
+    clock = FakeClock(0.0)
     slave.escape.routes = EscapeRoutes(
-        slave.escape.routes.nameserver, "c", max_age_s=1.0, clock=lambda: now[0]
+        slave.escape.routes.nameserver, "c", max_age_s=1.0, clock=clock
     )
     three_groups(env)
     await slave.escape.put_message(TOPIC, b"x", {}, kind="delay")  # route now cached
@@ -263,7 +263,7 @@ async def test_a_master_the_nameserver_dropped_is_never_targeted(env: Env) -> No
         {OWN: {0: "127.0.0.1:1"}, "broker_c": {0: env.masters["broker_c"].addr}},
         writable={"broker_c"},
     )
-    now[0] += 1.5  # the cached route is too old to be used
+    clock.now += 1.5  # the cached route is too old to be used
     before = len(env.masters["broker_b"].sends)
     for _ in range(8):
         assert (await slave.escape.put_message(TOPIC, b"x", {}, kind="delay")).target == "broker_c"

@@ -12,6 +12,7 @@ from collections.abc import AsyncIterator
 from typing import Any
 
 import pytest
+from fakes import FakeClock
 
 from ha_controller.config import ConfigError, ProxyConfig
 from ha_controller.proxy.limits import (
@@ -61,14 +62,14 @@ def test_admission_forgets_clients_without_slots_and_refuses_a_double_release() 
 def test_throttled_log_writes_one_line_per_kind_per_interval(
     caplog: pytest.LogCaptureFixture,
 ) -> None:
-    now = [100.0]
-    log = ThrottledLog(logging.getLogger("t.throttle"), interval_s=10, clock=lambda: now[0])
+    clock = FakeClock(100.0)
+    log = ThrottledLog(logging.getLogger("t.throttle"), interval_s=10, clock=clock)
     with caplog.at_level(logging.INFO, logger="t.throttle"):
         assert log("a", logging.WARNING, "refused %s", "one")
         assert not log("a", logging.WARNING, "refused %s", "two")
         assert log("b", logging.WARNING, "other %s", "kind")  # kinds are independent
         assert not log("a", logging.WARNING, "refused %s", "three")
-        now[0] += 10
+        clock.now += 10
         assert log("a", logging.WARNING, "refused %s", "four")
     assert [r.getMessage() for r in caplog.records] == [
         "refused one",
