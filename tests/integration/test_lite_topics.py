@@ -328,8 +328,10 @@ def test_the_official_lite_examples_run_unchanged(lite_cluster: Any, tmp_path: P
         lines: list[str] = []
         deadline = time.time() + 50
 
+        stdout = consumer.stdout
+
         def read() -> None:
-            for line in consumer.stdout:  # type: ignore[union-attr]
+            for line in stdout:
                 lines.append(line)
 
         reader = threading.Thread(target=read, daemon=True)

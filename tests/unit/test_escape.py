@@ -14,6 +14,7 @@ import zlib
 from collections.abc import AsyncIterator, Callable
 from dataclasses import dataclass, field
 from pathlib import Path
+from typing import Any
 
 import pytest
 from fakes import FakeBroker, FakeClock, FakeNeighbours
@@ -176,7 +177,7 @@ class Env:
         """A fake core and write path of broker ``name``/``broker_id`` with a real
         EscapeBridge over them (no BrokerService, nothing on disk); a slave acts
         unless ``acting`` is False."""
-        args: dict[str, object] = {
+        args: dict[str, Any] = {
             "cluster": "c",
             "broker_name": name,
             "broker_id": broker_id,
@@ -191,7 +192,7 @@ class Env:
         }
         args.update(kw)
         broker = FakeBroker(
-            BrokerConfig(**args),  # type: ignore[arg-type]
+            BrokerConfig(**args),
             addr=f"127.0.0.{len(self.brokers) + 1}:10911",
         )
         self.brokers.append(broker)

@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import base64
 import hashlib
+from collections.abc import Callable
 from pathlib import Path
 
 import pytest
@@ -180,9 +181,9 @@ def test_send_entry_maps_types_to_rocketmq_properties() -> None:
         lambda m: setattr(m.system_properties, "message_type", v2.DELAY),
     ],
 )
-def test_bad_sends_are_rejected(mutate: object) -> None:
+def test_bad_sends_are_rejected(mutate: Callable[[v2.Message], object]) -> None:
     m = _v2_message()
-    mutate(m)  # type: ignore[operator]
+    mutate(m)
     with pytest.raises(BadRequest):
         convert.send_entry(m, "T")
 
@@ -243,8 +244,8 @@ def test_a_body_over_the_limit_is_rocketmqs_message_body_too_large() -> None:
 
 
 def test_tag_and_sql92_filters() -> None:
-    def of(kind: int, text: str) -> tuple[list[str], str]:
-        return convert.filter_of(v2.FilterExpression(type=kind, expression=text))  # type: ignore[arg-type]
+    def of(kind: v2.FilterType, text: str) -> tuple[list[str], str]:
+        return convert.filter_of(v2.FilterExpression(type=kind, expression=text))
 
     assert of(v2.TAG, "*") == ([], "")
     assert of(v2.FILTER_TYPE_UNSPECIFIED, "") == ([], "")
@@ -256,7 +257,7 @@ def test_tag_and_sql92_filters() -> None:
             of(v2.SQL, bad)
         assert convert.code_for(caught.value) == v2.ILLEGAL_FILTER_EXPRESSION
     with pytest.raises(IllegalFilterExpression):
-        of(7, "x")
+        of(7, "x")  # type: ignore[arg-type]  # no such filter type
 
 
 def test_transaction_checks_prefer_the_producer_that_sent_the_half() -> None:

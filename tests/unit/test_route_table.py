@@ -1087,7 +1087,8 @@ def test_route_json_is_sorted_and_round_trips() -> None:
     back = TopicRouteData.from_json(data)
     assert back.to_json() == data
     assert back.broker("b") == BrokerData("C", "b", {0: "h:0", 2: "h:2"})
-    assert back.broker("b") is not None and back.broker("b").master_addr == "h:0"  # type: ignore[union-attr]
+    b = back.broker("b")
+    assert b is not None and b.master_addr == "h:0"
 
 
 def test_member_group_minimum_id_and_json() -> None:
