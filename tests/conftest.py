@@ -35,7 +35,7 @@ def pytest_xdist_make_scheduler(config: pytest.Config, log: Any) -> Any:
     rename node ids under pytest 9.)"""
     from xdist.scheduler import LoadScopeScheduling
 
-    class ByFile(LoadScopeScheduling):
+    class ByFile(LoadScopeScheduling):  # type: ignore[misc]  # xdist has no annotations
         def _split_scope(self, nodeid: str) -> str:
             return _work_unit(nodeid)
 

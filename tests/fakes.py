@@ -30,6 +30,9 @@ escape)``.  Their unit tests build those from:
 
 No commit log on disk, no ``BrokerService``.  Peers, when a test needs them, are fake
 servers at the socket seam (``RpcServer`` on port 0).
+
+mypy checks every fake against the port it stands in for (``_stand_ins`` at the end):
+a fake that drifts from its port fails ``make typecheck``, not a test at run time.
 """
 
 from __future__ import annotations
@@ -42,7 +45,7 @@ import time
 from collections.abc import AsyncIterator, Callable, Coroutine, Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, TypeVar, cast
+from typing import TYPE_CHECKING, Any, TypeVar, cast
 
 from google.protobuf.message import Message
 
@@ -51,11 +54,27 @@ from broker_agent.metadata.offsets import ConsumerOffsetManager
 from broker_agent.metadata.topics import TopicConfigManager
 from broker_agent.metrics import BrokerMetrics
 from broker_agent.pull_hold import PullHoldService
+from broker_agent.special.clock import Clock
 from broker_agent.special.escape import EscapeBridge
-from broker_agent.special.ports import EscapeResult
+from broker_agent.special.ports import (
+    CorePort,
+    EscapePort,
+    EscapeResult,
+    LocalBroker,
+    Neighbours,
+    RoutesPort,
+    StorePort,
+)
 from broker_agent.special_steps import SpecialSteps
 from broker_agent.store.message_store import GetMessageStatus, GetResult, PutRequest, PutResult
-from broker_agent.write_path import Record, WritePath, copies_needed
+from broker_agent.write_path import (
+    AppendStore,
+    Record,
+    Replicas,
+    WriteCore,
+    WritePath,
+    copies_needed,
+)
 from ha_controller.acl import Acl
 from ha_controller.config import BrokerConfig
 from ha_controller.protocol import envelope
@@ -127,10 +146,13 @@ class FakeClock:
         return lambda: self._waits.remove(entry) if entry in self._waits else None
 
     async def sleep(self, seconds: float) -> None:
-        done = asyncio.get_running_loop().create_future()
-        forget = self._wait_until(
-            self.now + seconds * 1000, lambda: done.done() or done.set_result(None)
-        )
+        done: asyncio.Future[None] = asyncio.get_running_loop().create_future()
+
+        def wake() -> None:
+            if not done.done():
+                done.set_result(None)
+
+        forget = self._wait_until(self.now + seconds * 1000, wake)
         try:
             await done
         finally:
@@ -691,3 +713,29 @@ class FakeNeighbours:
 
     def local_brokers(self) -> Sequence[FakeBroker]:
         return list(self.brokers)
+
+
+# ---- each fake against the port it stands in for --------------------------------------
+
+if TYPE_CHECKING:  # mypy checks these assignments; nothing runs
+
+    def _stand_ins(
+        clock: FakeClock,
+        store: FakeStore,
+        replicas: FakeReplicas,
+        core: FakeCore,
+        escape: RecordingEscape,
+        routes: FakeRoutes,
+        broker: FakeBroker,
+        neighbours: FakeNeighbours,
+    ) -> None:
+        _clock: Clock = clock
+        _read_store: StorePort = store
+        _append_store: AppendStore = store
+        _replicas: Replicas = replicas
+        _core: CorePort = core
+        _write_core: WriteCore = core
+        _escape: EscapePort = escape
+        _routes: RoutesPort = routes
+        _local: LocalBroker = broker
+        _neighbours: Neighbours = neighbours

@@ -85,7 +85,7 @@ async def serve(
         # the bounds outermost: a malformed or excess call never reaches the ACL checks
         interceptors=[gateway.bounds, AuthInterceptor(gateway.auth)],
     )
-    service_pb2_grpc.add_MessagingServiceServicer_to_server(gateway, server)  # type: ignore[no-untyped-call]
+    service_pb2_grpc.add_MessagingServiceServicer_to_server(gateway, server)
     host, port = parse_host_port(cfg.listen)
     target = f"[{host}]:{port}" if ":" in host else f"{host}:{port}"
     credentials = server_credentials(cfg.tls)

@@ -8,11 +8,12 @@ is not permitted here.
 
 from __future__ import annotations
 
-from collections.abc import Callable, Iterator
+from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
 import pytest
+from drill_helpers import DrillRunner
 
 from ha_controller.drills.netns import netns_available
 from ha_controller.drills.runner import SCENARIOS, DrillOptions, DrillResult, run_drill
@@ -45,9 +46,6 @@ def needs_netns() -> None:
     reason = netns_available()
     if reason is not None:
         pytest.skip(f"network-namespace drill: {reason}")
-
-
-DrillRunner = Callable[..., Any]
 
 
 @pytest.fixture

@@ -6,27 +6,14 @@ import os
 import subprocess
 
 import pytest
+from drill_helpers import DrillRunner, assert_safe
 
 from ha_controller.drills.history import read_history
-from ha_controller.drills.runner import DrillResult
 
 pytestmark = pytest.mark.timeout(150)
 
-# Counts a healthy cluster must keep at zero in every drill here (sends are single
-# attempts, so an unknown outcome is never retried into a second copy).
-SAFETY = ("lost", "duplicated", "unexpected", "order_violations", "offset_rollbacks")
 
-
-def assert_safe(result: DrillResult, allow: tuple[str, ...] = ()) -> None:
-    counts = result.verdict.counts
-    assert result.drained, f"drain timed out: {counts}"
-    safety = [k for k in SAFETY if k not in allow]
-    assert {k: counts[k] for k in safety} == dict.fromkeys(safety, 0), counts
-    assert counts["acknowledged"] > 0
-    assert counts["delivered"] >= counts["acknowledged"]
-
-
-async def test_kill_master(run) -> None:
+async def test_kill_master(run: DrillRunner) -> None:
     result = await run("kill-master", duration_s=12.0)
     assert_safe(result)
     faults = result.verdict.faults
@@ -51,7 +38,7 @@ async def test_kill_master(run) -> None:
 
 
 @pytest.mark.slow  # test_master_return.py checks the offsets; the campaign kills masters
-async def test_master_return_keeps_offsets(run) -> None:
+async def test_master_return_keeps_offsets(run: DrillRunner) -> None:
     result = await run("master-return", duration_s=6.0)
     assert_safe(result)
     probes = [e for e in read_history(result.out / "history.jsonl") if e.f == "offset_probe"]
@@ -59,7 +46,7 @@ async def test_master_return_keeps_offsets(run) -> None:
 
 
 @pytest.mark.slow  # the checker's cases are unit tests
-async def test_checker_sees_offset_rollback_without_pre_online(run) -> None:
+async def test_checker_sees_offset_rollback_without_pre_online(run: DrillRunner) -> None:
     """The returning master skips pre-online: it serves the offsets it had before the
     kill, older than those the consumer committed through the acting slave."""
     result = await run("master-return", duration_s=6.0, skip_pre_online=True)
@@ -69,7 +56,7 @@ async def test_checker_sees_offset_rollback_without_pre_online(run) -> None:
 
 
 @pytest.mark.slow  # the checker's cases are unit tests
-async def test_checker_sees_loss_with_async_replication(run) -> None:
+async def test_checker_sees_loss_with_async_replication(run: DrillRunner) -> None:
     """ASYNC replication: the master alone acknowledges a burst while its slaves are
     down and is lost right after; the acting slave never had those messages."""
     result = await run("kill-after-ack", duration_s=4.0, replication="async")
@@ -80,25 +67,25 @@ async def test_checker_sees_loss_with_async_replication(run) -> None:
 
 
 @pytest.mark.slow
-async def test_kill_after_ack_sync_loses_nothing(run) -> None:
+async def test_kill_after_ack_sync_loses_nothing(run: DrillRunner) -> None:
     """The same burst with SYNC replication is refused by the crippled group."""
     result = await run("kill-after-ack", duration_s=4.0)
     assert_safe(result)
 
 
 @pytest.mark.slow
-async def test_pause_master(run) -> None:
+async def test_pause_master(run: DrillRunner) -> None:
     assert_safe(await run("pause-master", duration_s=15.0))
 
 
 @pytest.mark.slow
-async def test_kill_master_long(run) -> None:
+async def test_kill_master_long(run: DrillRunner) -> None:
     assert_safe(await run("kill-master", duration_s=60.0, fault_s=8.0, gap_s=6.0))
 
 
 @pytest.mark.slow  # the small campaign partitions in namespaces
 @pytest.mark.usefixtures("needs_netns")
-async def test_partition_master_netns(run) -> None:
+async def test_partition_master_netns(run: DrillRunner) -> None:
     result = await run("partition-master", duration_s=10.0, netns=True)
     # A long poll held by the cut-off master may be answered after the heal with a
     # message the acting slave has not replicated yet; the slave then holds the

@@ -14,6 +14,7 @@ import subprocess
 import sys
 from collections.abc import Iterator
 from pathlib import Path
+from typing import Literal
 
 import pytest
 
@@ -59,12 +60,14 @@ def test_lazyfs_loses_what_was_not_synced(lazy: LazyMount) -> None:
 
 
 @pytest.mark.parametrize(("flush_mode", "kept"), [("async", 10), ("sync", 15)])
-def test_the_store_after_a_power_loss(lazy: LazyMount, flush_mode: str, kept: int) -> None:
+def test_the_store_after_a_power_loss(
+    lazy: LazyMount, flush_mode: Literal["async", "sync"], kept: int
+) -> None:
     """The broker's own store on lazyfs: async keeps what the last flush synced, sync
     keeps every acknowledged put."""
     config = StoreConfig(
         flush_mode=flush_mode, segment_size_bytes=1 << 20, max_message_size_bytes=1 << 16
-    )  # type: ignore[arg-type]
+    )
     store = MessageStore.open(lazy.mountpoint, config)
     for i in range(10):
         store.put("T", 0, f"m{i}".encode())

@@ -13,7 +13,7 @@ from collections import defaultdict
 from collections.abc import Sequence
 
 import pytest
-from test_drills import assert_safe
+from drill_helpers import DrillRunner, assert_safe
 
 from ha_controller.cli.drill import SCENARIO_NAMES, add_commands
 from ha_controller.drills.history import Event, read_history
@@ -46,7 +46,7 @@ def test_scenarios_are_wired() -> None:
 
 
 @pytest.mark.slow  # test_strict_locks.py covers it with real processes
-async def test_strict_lock(run) -> None:
+async def test_strict_lock(run: DrillRunner) -> None:
     """B joins while the slave acts and is allotted the queues A holds: strict mode
     makes the acting slave refuse them until A let them go."""
     result = await run("strict-lock", duration_s=6.0)
@@ -63,7 +63,7 @@ async def test_strict_lock(run) -> None:
 
 
 @pytest.mark.slow
-async def test_strict_lock_off_grants_twice(run) -> None:
+async def test_strict_lock_off_grants_twice(run: DrillRunner) -> None:
     """Without strict mode the acting slave never saw A's locks and grants them to B."""
     result = await run("strict-lock", duration_s=6.0, strict_locks=False)
     assert not result.ok
@@ -72,7 +72,7 @@ async def test_strict_lock_off_grants_twice(run) -> None:
 
 
 @pytest.mark.slow  # test_pop_acting.py covers it with real processes
-async def test_pop_acting(run) -> None:
+async def test_pop_acting(run: DrillRunner) -> None:
     result = await run("pop-acting", duration_s=8.0)
     assert_safe(result)
     assert result.ok, result.verdict.counts
@@ -97,7 +97,7 @@ async def test_pop_acting(run) -> None:
 
 
 @pytest.mark.slow  # test_delay_acting.py covers it
-async def test_delayed_acting(run) -> None:
+async def test_delayed_acting(run: DrillRunner) -> None:
     result = await run("delayed-acting", duration_s=8.0)
     assert_safe(result)
     assert result.ok, result.verdict.counts
@@ -123,7 +123,7 @@ async def test_delayed_acting(run) -> None:
 
 
 @pytest.mark.slow
-async def test_transactions_acting(run) -> None:
+async def test_transactions_acting(run: DrillRunner) -> None:
     result = await run("transactions-acting", duration_s=8.0)
     counts = result.verdict.counts
     assert counts["unresolved_transactions"] == 0, counts
@@ -141,7 +141,7 @@ async def test_transactions_acting(run) -> None:
 
 @pytest.mark.slow
 @pytest.mark.usefixtures("needs_netns")
-async def test_strict_lock_partition_netns(run) -> None:
+async def test_strict_lock_partition_netns(run: DrillRunner) -> None:
     """The same contention with the master cut off the network instead of killed: it
     keeps running (and believes it is master) while its slave acts."""
     result = await run("strict-lock", duration_s=6.0, netns=True)

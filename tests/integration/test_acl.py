@@ -30,6 +30,7 @@ from ha_controller.client.message import Message
 from ha_controller.client.producer import Producer
 from ha_controller.proto import broker_pb2, common_pb2
 from ha_controller.protocol.codes import RequestCode
+from ha_controller.protocol.envelope import RequestAuth
 from ha_controller.protocol.errors import (
     AccessDenied,
     BadRequest,
@@ -244,7 +245,7 @@ async def test_anonymous_and_forged_requests_are_refused(acl_cluster: Cluster) -
     assert isinstance(exc, AccessDenied) and "signature" in str(exc), exc
 
     class Old(Credentials):
-        def sign(self, method: int, body: bytes, *, now_ms: int | None = None):  # type: ignore[no-untyped-def]
+        def sign(self, method: int, body: bytes, *, now_ms: int | None = None) -> RequestAuth:
             return super().sign(method, body, now_ms=int(time.time() * 1000) - 120_000)
 
     exc = await refusal(

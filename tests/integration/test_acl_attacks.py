@@ -80,8 +80,8 @@ group_perms = ["{PAY_CONSUMERS}=DENY"]
 def scenario_sdk(proxy: str, victim: list[str], mallory: list[str]) -> dict[str, Any]:
     import logging
 
-    import rocketmq as rmq  # type: ignore[import-untyped]
-    from rocketmq.grpc_protocol import TransactionSource  # type: ignore[import-untyped]
+    import rocketmq as rmq
+    from rocketmq.grpc_protocol import TransactionSource
 
     logging.getLogger("rocketmq").setLevel(logging.CRITICAL)
     out: dict[str, Any] = {"mallory_checked": []}

@@ -364,25 +364,27 @@ def test_hactl_user_and_acl_commands(cluster: Cluster, tmp_path: Path) -> None:
     assert "dan-secret-key-1" not in users.stdout + listed.stdout
 
     # bad input: a usage error before anything is sent (exit 2), one line
-    for args, words in (
+    cases: tuple[tuple[tuple[str, ...], str], ...] = (
         (("acl", "create", "User:dan", "-r", "Topic:x", "-a", "Fly"), "unknown action 'Fly'"),
         (("acl", "create", "User:dan", "-r", "Topic:a*b", "-a", "Pub"), "'*' may only end"),
         (("acl", "create", "User:dan", "-r", "Queue:x", "-a", "Pub"), "unknown type"),
         (("acl", "create", "User:dan", "-r", "Topic:x", "-a", "Pub", "-i", "10.0.0/33"), "CIDR"),
         (("user", "create", "has space", "--password", "12345678"), "username"),
-    ):
+    )
+    for args, words in cases:
         out = hactl(*args, *ns)
         assert out.returncode == 2, (args, out.stderr)
         assert words in out.stderr, (args, out.stderr)
     # refused by the cluster: one line, exit 1, nothing changed
-    for args, words in (
+    cases = (
         (("user", "create", "dan", "--password", "another-secret"), "exists already"),
         (("user", "create", "fay", "--password", "short"), "8.."),
         (("acl", "update", "User:dan", "-r", "Topic:none", "-a", "Pub"), "no ACL entry"),
         (("acl", "delete", "User:ghost"), "does not exist"),
         (("user", "delete", "admin"), "no enabled Super user"),
         (("user", "update", "admin", "--type", "Normal"), "no enabled Super user"),
-    ):
+    )
+    for args, words in cases:
         out = hactl(*args, *ns)
         assert out.returncode == 1, (args, out.stdout, out.stderr)
         assert words in out.stderr and len(out.stderr.strip().splitlines()) == 1, (args, out.stderr)

@@ -65,7 +65,7 @@ group_perms = ["{CLI_GROUP}=SUB", "{SDK_GROUP}=SUB"]
 def scenario_sdk(proxy: str, access_key: str, secret_key: str, start_at: float) -> dict[str, Any]:
     import logging
 
-    import rocketmq as rmq  # type: ignore[import-untyped]
+    import rocketmq as rmq
 
     logging.getLogger("rocketmq").setLevel(logging.CRITICAL)
     out: dict[str, Any] = {}

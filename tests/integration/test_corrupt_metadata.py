@@ -94,7 +94,10 @@ def not_json(path: Path) -> None:
 
 
 def shaped(text: str) -> Callable[[Path], None]:
-    return lambda path: path.write_text(text)
+    def write(path: Path) -> None:
+        path.write_text(text)
+
+    return write
 
 
 # ---- what the broker says -------------------------------------------------------------

@@ -200,7 +200,7 @@ async def test_oversized_sends_are_refused_and_store_nothing(
     gateway: ProcessHandle, tls: TlsFiles
 ) -> None:
     async with channel(gateway, tls) as ch:
-        stub = service_pb2_grpc.MessagingServiceStub(ch)  # type: ignore[no-untyped-call]
+        stub = service_pb2_grpc.MessagingServiceStub(ch)
         meta = signed("bounds-sender")
         # one message too many: the v2 status RocketMQ gives a request over its limits
         too_many = v2s.SendMessageRequest(messages=[message(i) for i in range(MAX_MESSAGES + 1)])
@@ -282,7 +282,7 @@ async def test_many_concurrent_receives_each_end_with_a_status(
     request.invisible_duration.FromSeconds(10)
 
     async with channel(gateway, tls) as ch:
-        stub = service_pb2_grpc.MessagingServiceStub(ch)  # type: ignore[no-untyped-call]
+        stub = service_pb2_grpc.MessagingServiceStub(ch)
 
         async def receive(i: int) -> str:
             statuses = []

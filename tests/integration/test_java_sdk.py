@@ -105,6 +105,7 @@ def results() -> Iterator[dict[str, Any]]:
             timeout=240,
             check=False,
         )
+        assert master.proc is not None
         with contextlib.suppress(subprocess.TimeoutExpired):
             master.proc.wait(10)  # reap the killed master
         out: dict[str, Any] = {"_wall_s": time.monotonic() - started}

@@ -14,6 +14,7 @@ the official lite examples are run too, unchanged but for their endpoint.
 
 from __future__ import annotations
 
+import functools
 import importlib.util
 import json
 import os
@@ -62,7 +63,7 @@ def scenario_lite(proxy: str) -> dict[str, Any]:
     out: dict[str, Any] = {"got": [], "cases": {}}
     lock = threading.Lock()
 
-    class Listener(rmq.MessageListener):  # type: ignore[misc,name-defined]
+    class Listener(rmq.MessageListener):  # type: ignore[misc]
         def consume(self, message: Any) -> Any:
             with lock:
                 out["got"].append([message.lite_topic, message.body.decode(), message.message_type])
@@ -258,7 +259,7 @@ def _routed(proxy: Any, *topics: str) -> None:
     from ha_controller.testing import eventually_sync
 
     with grpc.insecure_channel(proxy.rpc) as channel:
-        stub: Any = service_pb2_grpc.MessagingServiceStub(channel)  # type: ignore[no-untyped-call]
+        stub: Any = service_pb2_grpc.MessagingServiceStub(channel)
 
         def routed(topic: str) -> bool:
             req = v2s.QueryRouteRequest(topic=v2.Resource(name=topic))
@@ -267,7 +268,7 @@ def _routed(proxy: Any, *topics: str) -> None:
             return True
 
         for topic in topics:
-            eventually_sync(lambda t=topic: routed(t), timeout=20, interval=0.2)
+            eventually_sync(functools.partial(routed, topic), timeout=20, interval=0.2)
 
 
 def _lite_subscriptions(http: str) -> int:
@@ -327,8 +328,10 @@ def test_the_official_lite_examples_run_unchanged(lite_cluster: Any, tmp_path: P
         lines: list[str] = []
         deadline = time.time() + 50
 
+        stdout = consumer.stdout
+
         def read() -> None:
-            for line in consumer.stdout:  # type: ignore[union-attr]
+            for line in stdout:
                 lines.append(line)
 
         reader = threading.Thread(target=read, daemon=True)

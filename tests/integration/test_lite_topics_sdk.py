@@ -68,7 +68,7 @@ def scenario_lite(proxy: str) -> dict[str, Any]:
     out: dict[str, Any] = {}
     pushed: list[str] = []
 
-    class Listener(rmq.MessageListener):  # type: ignore[misc,name-defined]
+    class Listener(rmq.MessageListener):  # type: ignore[misc]
         def consume(self, message: Any) -> Any:
             pushed.append(f"{message.lite_topic}:{message.body.decode()}")
             return rmq.ConsumeResult.SUCCESS

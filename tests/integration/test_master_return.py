@@ -39,7 +39,7 @@ async def group_state(ns: NameserverClient) -> dict[int, str]:
     return dict((await ns.member_group("DefaultCluster", "g1")).broker_addrs)
 
 
-async def consume_and_commit(cluster: Cluster) -> dict[int, int]:
+async def consume_and_commit(cluster: Cluster | DrillCluster) -> dict[int, int]:
     """Read every queue of g1 to its end through the route's id 0, committing."""
     ends: dict[int, int] = {}
     async with PullConsumer(cluster.namesrv, GROUP) as pull:
@@ -56,7 +56,7 @@ async def consume_and_commit(cluster: Cluster) -> dict[int, int]:
     return ends
 
 
-async def delivered_again(cluster: Cluster) -> int:
+async def delivered_again(cluster: Cluster | DrillCluster) -> int:
     """What a fresh consumer of the group gets from its committed offsets."""
     again = 0
     async with PullConsumer(cluster.namesrv, GROUP) as pull:
@@ -185,13 +185,13 @@ async def test_partitioned_master_healed_after_expiry_delivers_nothing_again(
             await asyncio.to_thread(cluster.partition, master)
             await eventually(lambda: _master_is(ns, None), timeout=15)
             await eventually(lambda: _route_id0_is(ns, cluster.handle("g1/1").rpc), timeout=10)
-            ends = await consume_and_commit(cluster)  # type: ignore[arg-type]
+            ends = await consume_and_commit(cluster)
             assert sum(ends.values()) == SENT
             await asyncio.to_thread(cluster.heal_partition, master)
             await eventually(lambda: _master_is(ns, master_addr), timeout=30)
         log = cluster.handle(master).log_path.read_text()
         assert "fenced:" in log
-        again = await delivered_again(cluster)  # type: ignore[arg-type]
+        again = await delivered_again(cluster)
         assert again == 0, f"{again} of {SENT} consumed messages were delivered again"
         # what a failing drill keeps: every broker's store, once the processes are gone
         kept = tmp_path / "stores.tar.gz"

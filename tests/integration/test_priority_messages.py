@@ -114,7 +114,7 @@ def scenario_python(proxy: str, topic: str, normal_topic: str) -> dict[str, Any]
     # in the same order (its receives are POPs too)
     pushed: list[int] = []
 
-    class Listener(rmq.MessageListener):  # type: ignore[misc,name-defined]
+    class Listener(rmq.MessageListener):  # type: ignore[misc]
         def consume(self, message: Any) -> Any:
             pushed.append(message.priority)
             return rmq.ConsumeResult.SUCCESS
@@ -366,7 +366,7 @@ def _v2_send(topic: str, n: int, **sp: Any) -> v2s.SendMessageRequest:
 async def test_the_gateway_answers_rocketmqs_codes(cluster: Any) -> None:
     """What the SDKs refuse themselves, sent raw: the gateway's answer to each."""
     _, proxy = cluster
-    cases = {
+    cases: dict[str, tuple[dict[str, Any], int]] = {
         "priority": (dict(message_type=v2.PRIORITY, priority=3), v2.OK),
         "declared_normal": (dict(message_type=v2.NORMAL, priority=0), v2.OK),  # Node.js 1.0.8
         "no_priority": (dict(message_type=v2.PRIORITY), v2.MESSAGE_PROPERTY_CONFLICT_WITH_TYPE),

@@ -15,6 +15,7 @@ import time
 from collections.abc import Iterator
 from dataclasses import replace
 from pathlib import Path
+from typing import Literal
 
 import pytest
 
@@ -88,11 +89,13 @@ def verify(store: MessageStore, acked: dict[tuple[str, int, int], str]) -> int:
 
 
 @pytest.mark.parametrize("mode", ["sync", "async"])
-def test_kill_9_never_loses_an_acknowledged_message(tmp_path: Path, mode: str) -> None:
+def test_kill_9_never_loses_an_acknowledged_message(
+    tmp_path: Path, mode: Literal["sync", "async"]
+) -> None:
     rng = random.Random(20240601)
     store_dir = tmp_path / "store"
     acked: dict[tuple[str, int, int], str] = {}
-    config = replace(CFG, flush_mode=mode)  # type: ignore[arg-type]
+    config = replace(CFG, flush_mode=mode)
     from_checkpoint = 0  # restarts that verified only a tail past the checkpoint
     for iteration in range(20):
         started = time.monotonic()

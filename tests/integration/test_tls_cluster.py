@@ -287,7 +287,7 @@ async def test_gateway_serves_grpc_over_tls(
         certificate_chain=tls.client_cert.read_bytes(),
     )
     async with grpc.aio.secure_channel(gateway.rpc, credentials) as channel:
-        stub = service_pb2_grpc.MessagingServiceStub(channel)  # type: ignore[no-untyped-call]
+        stub = service_pb2_grpc.MessagingServiceStub(channel)
         meta = (("x-mq-client-id", "tls-test-client"),)
         route = await stub.QueryRoute(
             v2s.QueryRouteRequest(topic=v2.Resource(name=TOPIC)), metadata=meta, timeout=10
@@ -312,7 +312,7 @@ async def test_gateway_serves_grpc_over_tls(
         assert sent.status.code == v2.OK, sent.status
     # a client that does not trust the gateway's CA fails the handshake
     async with grpc.aio.secure_channel(gateway.rpc, grpc.ssl_channel_credentials()) as channel:
-        stub = service_pb2_grpc.MessagingServiceStub(channel)  # type: ignore[no-untyped-call]
+        stub = service_pb2_grpc.MessagingServiceStub(channel)
         with pytest.raises(grpc.aio.AioRpcError) as caught:
             await stub.QueryRoute(v2s.QueryRouteRequest(topic=v2.Resource(name=TOPIC)), timeout=5)
         assert caught.value.code() == grpc.StatusCode.UNAVAILABLE

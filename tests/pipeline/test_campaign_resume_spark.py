@@ -1,7 +1,7 @@
 """``hactl analyze`` on a resumed campaign equals its campaign.json: the drills loaded
 on resume are judged, the one moved aside to ``interrupted/`` is not.
 
-Synthetic drills (no cluster), written as in ``test_campaign_spark``."""
+Synthetic drills (no cluster), written by ``tests/campaign_helpers.py``."""
 
 from __future__ import annotations
 
@@ -12,7 +12,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING
 
 import pytest
-from test_campaign_spark import write_campaign, write_drill
+from campaign_helpers import write_campaign, write_drill
 
 from ha_controller.cli.drill import scenario_options
 from ha_controller.drills.campaign import (

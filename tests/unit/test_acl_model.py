@@ -9,6 +9,7 @@ from collections.abc import Coroutine
 from typing import Any
 
 import pytest
+from fakes import FakeClock
 
 from ha_controller.acl import (
     Acl,
@@ -32,6 +33,7 @@ from ha_controller.acl.sync import AclSpread
 from ha_controller.acl.wire import table_from_pb, table_to_pb
 from ha_controller.auth import NumberedNonces
 from ha_controller.protocol.errors import AccessDenied
+from ha_controller.rpc import ConnectionPool
 
 ALICE = User("alice", "alice-secret")
 ROOT = User("root", "root-secret", UserType.SUPER)
@@ -317,10 +319,6 @@ def test_the_holder_takes_only_newer_runtime_tables() -> None:
     assert seen == persisted and seen[0] == 1
 
 
-class _Pool:
-    pass
-
-
 def test_the_spread_pulls_newer_and_pushes_to_brokers_behind() -> None:
     started: list[str] = []
 
@@ -328,9 +326,10 @@ def test_the_spread_pulls_newer_and_pushes_to_brokers_behind() -> None:
         started.append(name)
         coro.close()
 
-    now = [0.0]
+    clock = FakeClock(0.0)
     h = AclHolder(table())
-    spread = AclSpread(h, _Pool(), spawn, lambda: ["b1", "b2"], clock=lambda: now[0])  # type: ignore[arg-type]
+    # the pool is never called: spawn closes every fetch and push unrun
+    spread = AclSpread(h, ConnectionPool(), spawn, lambda: ["b1", "b2"], clock=clock)
     spread.observed("b1", None, "")  # an old broker: nothing
     spread.observed("b1", 0, "x")  # both on their files
     assert started == []
@@ -342,6 +341,6 @@ def test_the_spread_pulls_newer_and_pushes_to_brokers_behind() -> None:
     assert started[1:] == ["acl-push-b1", "acl-push-b2"]
     spread.observed("b2", 0, "")  # behind, pushed already just now
     assert len(started) == 3
-    now[0] += 5
+    clock.now += 5
     spread.observed("b2", 0, "")
     assert started[-1] == "acl-push-b2"

@@ -7,6 +7,7 @@ from __future__ import annotations
 import time
 from datetime import UTC, datetime
 from pathlib import Path
+from typing import Any
 
 import pytest
 from fakes import request_context
@@ -65,13 +66,13 @@ ROOT = TABLE.users["root"]
 APP_CREDS = Credentials("app", "app-secret-key")
 
 
-def acl_of(*users: User, allow_anonymous: bool = True, **kw: object) -> Acl:
+def acl_of(*users: User, allow_anonymous: bool = True, **kw: Any) -> Acl:
     table = AclTable(
         0,
         {u.username: u for u in users},
         {u.username: TABLE.entries_of(u.username) for u in users if TABLE.entries_of(u.username)},
     )
-    return Acl(AclHolder(table), allow_anonymous=allow_anonymous, **kw)  # type: ignore[arg-type]
+    return Acl(AclHolder(table), allow_anonymous=allow_anonymous, **kw)
 
 
 def ctx(method: int, auth: envelope.RequestAuth | None = None) -> RequestContext:

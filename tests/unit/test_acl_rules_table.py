@@ -70,6 +70,7 @@ def _fill(msg: Message) -> Message:
         name = field.name
         repeated = field.is_repeated
         if field.type == field.TYPE_MESSAGE:
+            assert field.message_type is not None
             if field.message_type.GetOptions().map_entry:
                 continue
             sub = getattr(msg, name).add() if repeated else getattr(msg, name)

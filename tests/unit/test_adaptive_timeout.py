@@ -2,7 +2,10 @@
 
 from __future__ import annotations
 
+from typing import Any
+
 import pytest
+from fakes import FakeClock
 
 from ha_controller.client.message import MessageQueue
 from ha_controller.client.send_policy import AdaptiveTimeout, EndpointIsolation, QueueSelector
@@ -64,16 +67,16 @@ def test_p99_is_refreshed_every_n_samples_only() -> None:
         {"refresh_every": 0},
     ],
 )
-def test_bad_settings_are_refused(kwargs: dict[str, float]) -> None:
+def test_bad_settings_are_refused(kwargs: dict[str, Any]) -> None:
     with pytest.raises(ValueError):
-        AdaptiveTimeout(**kwargs)  # type: ignore[arg-type]
+        AdaptiveTimeout(**kwargs)
 
 
 def test_a_silent_endpoint_is_isolated_and_later_sends_go_elsewhere() -> None:
     """The producer's sequence after an attempt to A timed out: A is isolated, the
     retry and every later send pick B until the isolation lapses or is released."""
-    now = [0.0]
-    iso = EndpointIsolation(30.0, clock=lambda: now[0])
+    clock = FakeClock(0.0)
+    iso = EndpointIsolation(30.0, clock=clock)
     addr = {"broker-a": A, "broker-b": B}
     queues = [MessageQueue("T", g, i) for g in ("broker-a", "broker-b") for i in range(2)]
 
@@ -91,7 +94,7 @@ def test_a_silent_endpoint_is_isolated_and_later_sends_go_elsewhere() -> None:
         "broker-b"
     )
     iso.release(B)
-    now[0] = 31.0  # A's isolation lapsed
+    clock.now = 31.0  # A's isolation lapsed
     assert not iso.is_isolated(A)
     assert QueueSelector.pick(queues, 0, isolated=isolated).broker_name == "broker-a"
 

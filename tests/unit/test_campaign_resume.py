@@ -87,7 +87,7 @@ def write_campaign(
     return doc
 
 
-def options(out: Path, **kw: object) -> CampaignOptions:
+def options(out: Path, **kw: Any) -> CampaignOptions:
     base = CampaignOptions(
         faults=2,
         families=("kill", "slave"),
@@ -99,7 +99,7 @@ def options(out: Path, **kw: object) -> CampaignOptions:
         generator=QUICK,
         quiet=True,
     )
-    return replace(base, **kw)  # type: ignore[arg-type]
+    return replace(base, **kw)
 
 
 def test_options_are_recorded_and_rebuilt(tmp_path: Path) -> None:

@@ -12,6 +12,7 @@ from collections.abc import AsyncIterator, Callable, Iterator
 from pathlib import Path
 
 import pytest
+from fakes import request_context
 
 from broker_agent.metadata.topics import TopicConfigManager
 from broker_agent.replication.catchup import (
@@ -369,7 +370,7 @@ async def test_the_range_service_bounds_its_answers(slave_store: MessageStore) -
     fill(slave_store, 5000)
     assert slave_store.commitlog_max_offset > 4 << 20
     service = CommitLogRangeService(slave_store)
-    ctx: RequestContext = None  # type: ignore[assignment]  # the handler never reads it
+    ctx = request_context(RequestCode.GET_COMMITLOG_RANGE)
     probe = await service.get_range(ctx, broker_pb2.CommitLogRangeRequest(from_offset=0))
     assert probe.data == b"" and probe.max_offset == slave_store.commitlog_max_offset
     big = await service.get_range(

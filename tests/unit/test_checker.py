@@ -11,7 +11,7 @@ import threading
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import Any, Literal
 
 import pytest
 
@@ -69,7 +69,7 @@ class H:
         key: str,
         *,
         topic: str = "T",
-        outcome: str | None = "ok",
+        outcome: Literal["ok", "fail", "info"] | None = "ok",
         done_t: int | None = None,
         group: str | None = None,
         tx: bool | None = None,
@@ -93,7 +93,7 @@ class H:
             ok = SendOk(key, f"ID-{key}", broker, 0, qo, epoch, member)
             self.add(done, "producer", "ok", ok)
         elif outcome in ("fail", "info"):
-            self.add(done, "producer", outcome, SendOutcome(key, "timeout"))  # type: ignore[arg-type]
+            self.add(done, "producer", outcome, SendOutcome(key, "timeout"))
         return self
 
     def recv(

@@ -204,8 +204,9 @@ def test_a_route_from_an_older_epoch_never_replaces_a_newer_one() -> None:
     assert rc.broker_addr_for_publish("broker-a") == "10.0.0.11:10911"
     # the newer group is kept for every topic, also one first seen from the stale nameserver
     rc.update(controlled(2, "10.0.0.10:10911", topic="U"))
-    assert rc.cached("U") is not None
-    assert rc.cached("U").broker_datas[0].broker_addrs[0] == "10.0.0.11:10911"  # type: ignore[union-attr]
+    cached = rc.cached("U")
+    assert cached is not None
+    assert cached.broker_datas[0].broker_addrs[0] == "10.0.0.11:10911"
     # a newer epoch is taken at once
     assert rc.update(controlled(4, "10.0.0.12:10911"))
     assert rc.broker_addr_for_publish("broker-a") == "10.0.0.12:10911"

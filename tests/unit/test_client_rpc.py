@@ -778,9 +778,13 @@ async def test_two_push_consumers_split_the_queues_averagely(
     async def listener(m: ReceivedMessage) -> bool:
         return True
 
-    kwargs = {"suspend_timeout_ms": 300, "rebalance_interval_s": 0.05, "heartbeat_interval_s": 0.05}
-    c1 = PushConsumer(ns.addr, "CG", "T", listener, client_id="c1", **kwargs)  # type: ignore[arg-type]
-    c2 = PushConsumer(ns.addr, "CG", "T", listener, client_id="c2", **kwargs)  # type: ignore[arg-type]
+    kwargs: dict[str, Any] = {
+        "suspend_timeout_ms": 300,
+        "rebalance_interval_s": 0.05,
+        "heartbeat_interval_s": 0.05,
+    }
+    c1 = PushConsumer(ns.addr, "CG", "T", listener, client_id="c1", **kwargs)
+    c2 = PushConsumer(ns.addr, "CG", "T", listener, client_id="c2", **kwargs)
     async with c1:
         assert len(c1.assigned_queues()) == 4
         async with c2:

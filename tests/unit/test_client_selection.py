@@ -3,6 +3,7 @@ allocation / offset bookkeeping, without sockets."""
 
 from __future__ import annotations
 
+from fakes import FakeClock
 from hypothesis import given
 from hypothesis import strategies as st
 
@@ -89,17 +90,17 @@ def test_fifo_spreads_groups_over_queues() -> None:
 
 
 def test_isolation_lapses_after_isolation_time_and_on_release() -> None:
-    now = [100.0]
-    iso = EndpointIsolation(30.0, clock=lambda: now[0])
+    clock = FakeClock(100.0)
+    iso = EndpointIsolation(30.0, clock=clock)
     iso.isolate("a:1")
     iso.isolate("b:1")
     assert iso.is_isolated("a:1") and iso.isolated() == {"a:1", "b:1"}
     assert not iso.is_isolated(None)
     iso.release("b:1")
     assert iso.isolated() == {"a:1"}
-    now[0] += 29.9
+    clock.now += 29.9
     assert iso.is_isolated("a:1")
-    now[0] += 0.2
+    clock.now += 0.2
     assert not iso.is_isolated("a:1")
     assert iso.isolated() == set()
 

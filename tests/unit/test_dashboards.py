@@ -90,7 +90,8 @@ VAR_RE = re.compile(r"\$\{?(\w+)")
 
 
 def load(path: Path) -> dict[str, Any]:
-    return json.loads(path.read_text())
+    doc: dict[str, Any] = json.loads(path.read_text())
+    return doc
 
 
 def all_panels(panels: list[dict[str, Any]]) -> list[dict[str, Any]]:
@@ -203,6 +204,22 @@ def test_every_panel_queries_prometheus_through_the_variable(path: Path) -> None
 def test_every_query_uses_known_metrics(path: Path) -> None:
     for expr in expressions(load(path)):
         assert promql_problems(expr) == []
+
+
+def test_the_docs_keda_query_uses_known_metrics() -> None:
+    """The ScaledObject of docs/deploy.md (its schema: tests/unit/test_helm_real.py)."""
+    text = (ROOT / "docs" / "deploy.md").read_text()
+    blocks = re.findall(r"```yaml\n(.*?)```", text, re.DOTALL)
+    queries = [
+        trigger["metadata"]["query"]
+        for block in blocks
+        if "kind: ScaledObject" in block
+        for trigger in yaml.safe_load(block)["spec"]["triggers"]
+        if trigger["type"] == "prometheus"
+    ]
+    assert queries
+    for query in queries:
+        assert promql_problems(query) == []
 
 
 def test_query_check_rejects_unknown_metrics_and_labels() -> None:

@@ -244,7 +244,7 @@ def test_every_http_route_is_documented() -> None:
 
     text = _page("http-and-metrics.md")
     paths = [
-        route.path  # type: ignore[attr-defined]
+        route.path
         for routes in (nameserver_routes(None), broker_routes(None))  # type: ignore[arg-type]
         for route in routes
     ]

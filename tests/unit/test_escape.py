@@ -14,9 +14,10 @@ import zlib
 from collections.abc import AsyncIterator, Callable
 from dataclasses import dataclass, field
 from pathlib import Path
+from typing import Any
 
 import pytest
-from fakes import FakeBroker, FakeNeighbours
+from fakes import FakeBroker, FakeClock, FakeNeighbours
 
 from broker_agent.special.escape import EscapeBridge, NotServingAnyMore
 from broker_agent.special.escape_routes import EscapeRoutes, stable_hash
@@ -25,9 +26,11 @@ from ha_controller.proto import broker_pb2, common_pb2, nameserver_pb2
 from ha_controller.protocol.codes import RequestCode
 from ha_controller.protocol.errors import (
     BadRequest,
+    BrokerIsolated,
     EscapeFailed,
     HaError,
     InSyncReplicasNotEnough,
+    StoreFull,
     TopicNotFound,
 )
 from ha_controller.routing import BrokerData, Perm, QueueData, TopicRouteData
@@ -170,7 +173,7 @@ class Env:
         """A fake core and write path of broker ``name``/``broker_id`` with a real
         EscapeBridge over them (no BrokerService, nothing on disk); a slave acts
         unless ``acting`` is False."""
-        args: dict[str, object] = {
+        args: dict[str, Any] = {
             "cluster": "c",
             "broker_name": name,
             "broker_id": broker_id,
@@ -185,7 +188,7 @@ class Env:
         }
         args.update(kw)
         broker = FakeBroker(
-            BrokerConfig(**args),  # type: ignore[arg-type]
+            BrokerConfig(**args),
             addr=f"127.0.0.{len(self.brokers) + 1}:10911",
         )
         self.brokers.append(broker)
@@ -247,9 +250,9 @@ async def test_a_dead_master_in_a_stale_route_costs_one_attempt_not_the_message(
 
 async def test_a_master_the_nameserver_dropped_is_never_targeted(env: Env) -> None:
     slave = env.broker()
-    now = [0.0]
+    clock = FakeClock(0.0)
     slave.escape.routes = EscapeRoutes(
-        slave.escape.routes.nameserver, "c", max_age_s=1.0, clock=lambda: now[0]
+        slave.escape.routes.nameserver, "c", max_age_s=1.0, clock=clock
     )
     three_groups(env)
     await slave.escape.put_message(TOPIC, b"x", {}, kind="delay")  # route now cached
@@ -257,7 +260,7 @@ async def test_a_master_the_nameserver_dropped_is_never_targeted(env: Env) -> No
         {OWN: {0: "127.0.0.1:1"}, "broker_c": {0: env.masters["broker_c"].addr}},
         writable={"broker_c"},
     )
-    now[0] += 1.5  # the cached route is too old to be used
+    clock.now += 1.5  # the cached route is too old to be used
     before = len(env.masters["broker_b"].sends)
     for _ in range(8):
         assert (await slave.escape.put_message(TOPIC, b"x", {}, kind="delay")).target == "broker_c"
@@ -431,7 +434,7 @@ async def test_a_named_group_and_queue_is_where_it_goes_or_it_fails(env: Env) ->
     receipt handle), in this process or remote, and nowhere else."""
     slave = env.broker()
     neighbour = env.broker(broker_id=0, name="broker_x")
-    slave.escape.neighbours = FakeNeighbours([slave, neighbour])  # type: ignore[assignment]
+    slave.escape.neighbours = FakeNeighbours([slave, neighbour])
     three_groups(env)
     r = await slave.escape.put_message_to_specific_queue(
         TOPIC, b"ack", {}, kind="pop_ack", to_group="broker_c", to_queue=3
@@ -487,12 +490,11 @@ async def test_a_masters_own_record_goes_right_behind_its_message_and_nowhere_el
 async def test_in_a_container_a_slave_escapes_to_the_master_next_to_it(env: Env) -> None:
     slave = env.broker(broker_id=1)
     other_master = env.broker(broker_id=0, name="broker_x")
-    # (type: ignore: a FakeCore is no CorePort to mypy, see fakes.FakeBroker)
-    slave.escape.neighbours = FakeNeighbours([slave, other_master])  # type: ignore[assignment]
+    slave.escape.neighbours = FakeNeighbours([slave, other_master])
     three_groups(env)
     local = slave.escape.local_master()
     assert local is not None
-    assert local[0] is other_master.core  # type: ignore[comparison-overlap]
+    assert local[0] is other_master.core
     assert local[1] is other_master.write_path
     r1 = await slave.escape.put_message(TOPIC, b"x", {}, kind="delay", queue_id=1)
     r2 = await slave.escape.put_message_to_specific_queue(TOPIC, b"ck", {}, kind="delay")
@@ -533,7 +535,49 @@ async def test_get_message_transport_error_is_a_retriable_escape_failure(env: En
 
 async def test_bridge_constructor_matches_the_published_api(env: Env) -> None:
     slave = env.broker()
-    bridge = EscapeBridge(slave.core, slave.write_path, None)  # type: ignore[arg-type]
+    bridge = EscapeBridge(slave.core, slave.write_path, None)
     assert bridge.local_master() is None
     master = env.broker(broker_id=0, name="m")
-    assert EscapeBridge(master.core, master.write_path).local_master() is not None  # type: ignore[arg-type]
+    assert EscapeBridge(master.core, master.write_path).local_master() is not None
+
+
+# ---- a master that may have been expired, or whose disk is full (issue 17, defects A, C)
+
+
+async def test_a_fenced_master_hands_nothing_on(env: Env) -> None:
+    master = env.broker(broker_id=0)
+    three_groups(env)
+    master.core.isolated = True  # fenced: back in pre-online
+    with pytest.raises(EscapeFailed) as failed:
+        await master.escape.put_message(TOPIC, b"x", {}, kind="delay")
+    assert isinstance(failed.value.__cause__, BrokerIsolated)
+    with pytest.raises(EscapeFailed):
+        await master.escape.put_message_to_specific_queue(TOPIC, b"x", {}, kind="pop_retry")
+    assert master.core.store.max_offset(TOPIC, 0) == 0
+    assert sum(len(m.sends) for m in env.masters.values()) == 0
+
+
+async def test_a_master_whose_store_is_full_escapes_to_another_group(env: Env) -> None:
+    master = env.broker(broker_id=0, total_replicas=2, in_sync_replicas=2)
+    three_groups(env)
+    master.core.store.refuse = StoreFull("store full")  # the write path: NotWritable
+    result = await master.escape.put_message(TOPIC, b"x", {"K": "v"}, kind="delay")
+    assert result.target in ("broker_b", "broker_c")
+    assert sum(len(m.sends) for m in env.masters.values()) == 1
+    # any other refusal of the local put is still the caller's to retry
+    master.core.store.refuse = None
+    assert master.core.ha_master is not None
+    master.core.ha_master.live = 0  # its slave is gone: InSyncReplicasNotEnough
+    with pytest.raises(EscapeFailed, match="live copies"):
+        await master.escape.put_message(TOPIC, b"x", {}, kind="delay")
+    assert sum(len(m.sends) for m in env.masters.values()) == 1
+    assert master.core.store.appended == []
+
+
+async def test_a_full_master_without_remote_escape_waits(env: Env) -> None:
+    master = env.broker(broker_id=0, enable_remote_escape=False)
+    three_groups(env)
+    master.core.store.refuse = StoreFull("store full")
+    with pytest.raises(EscapeFailed):
+        await master.escape.put_message(TOPIC, b"x", {}, kind="delay")
+    assert sum(len(m.sends) for m in env.masters.values()) == 0

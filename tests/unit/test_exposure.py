@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import logging
 from pathlib import Path
+from typing import Any
 
 import pytest
 
@@ -32,12 +33,12 @@ def closed(tmp_path: Path) -> dict[str, object]:
     }
 
 
-def broker(name: str = "b", /, **fields: object) -> BrokerConfig:
+def broker(name: str = "b", /, **fields: Any) -> BrokerConfig:
     return BrokerConfig(
         broker_name=name,
         broker_id=0,
         namesrv_addrs=("127.0.0.1:9876",),
-        **fields,  # type: ignore[arg-type]
+        **fields,
     )
 
 
@@ -62,18 +63,18 @@ def test_the_defaults_name_every_part_for_each_component() -> None:
 
 
 def test_nothing_is_said_when_every_part_is_closed(
-    closed: dict[str, object], caplog: pytest.LogCaptureFixture
+    closed: dict[str, Any], caplog: pytest.LogCaptureFixture
 ) -> None:
     with caplog.at_level(logging.DEBUG):
-        assert warn_if_open(NameserverConfig(admin_token="t", **closed)) is None  # type: ignore[arg-type]
+        assert warn_if_open(NameserverConfig(admin_token="t", **closed)) is None
         assert warn_if_open(broker(admin_token="t", **closed)) is None
-        assert warn_if_open(ProxyConfig(**closed)) is None  # type: ignore[arg-type]
+        assert warn_if_open(ProxyConfig(**closed)) is None
     assert not caplog.records
 
 
-def test_anonymous_access_and_each_missing_part_are_named(closed: dict[str, object]) -> None:
-    anonymous = AclConfig(enabled=True, allow_anonymous=True, file=closed["acl"].file)  # type: ignore[attr-defined]
-    parts = open_parts(ProxyConfig(**{**closed, "acl": anonymous}))  # type: ignore[arg-type]
+def test_anonymous_access_and_each_missing_part_are_named(closed: dict[str, Any]) -> None:
+    anonymous = AclConfig(enabled=True, allow_anonymous=True, file=closed["acl"].file)
+    parts = open_parts(ProxyConfig(**{**closed, "acl": anonymous}))
     assert parts == [
         "data plane (acl.allow_anonymous = true: unsigned requests are served as if there "
         "were no ACL)"

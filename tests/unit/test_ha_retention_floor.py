@@ -9,6 +9,7 @@ from pathlib import Path
 from typing import Any, cast
 
 import pytest
+from fakes import FakeConn
 
 from broker_agent.replication.ha import HaMaster, SlaveLink
 from broker_agent.replication.holds import SlaveHolds
@@ -20,14 +21,8 @@ HOLD_MS = 600_000
 T0 = 1_800_000_000_000
 
 
-class Conn:
-    """A link's connection, as far as the master's bookkeeping looks at it."""
-
-    closed = False
-
-
 def attach(master: HaMaster, broker_id: int, acked: int) -> RpcConnection:
-    conn = cast(RpcConnection, cast(Any, Conn()))
+    conn = cast(RpcConnection, FakeConn())
     master.links[conn] = SlaveLink(conn, f"10.0.0.{broker_id}:1", broker_id, acked, acked, 0.0)
     master.holds.progressed(broker_id, acked)  # as the link's reports do
     return conn
@@ -87,7 +82,7 @@ def test_a_second_link_of_the_same_slave_closing_leaves_the_first_in_charge(
     with MessageStore.open(tmp_path, CFG) as store:
         master = HaMaster(store, broker_name="broker-a")
         attach(master, 1, 5000)
-        stale = cast(RpcConnection, cast(Any, Conn()))
+        stale = cast(RpcConnection, FakeConn())
         master.links[stale] = SlaveLink(stale, "10.0.0.1:2", 1, 4000, 4000, 0.0)
         master._on_closed(stale)
         assert master.holds.away == {}  # the live link holds retention by itself

@@ -59,11 +59,13 @@ def load_yaml(path: Path) -> Any:
 
 
 def default_values() -> dict[str, Any]:
-    return load_yaml(CHART / "values.yaml")
+    values: dict[str, Any] = load_yaml(CHART / "values.yaml")
+    return values
 
 
 def schema() -> dict[str, Any]:
-    return json.loads((CHART / "values.schema.json").read_text())
+    doc: dict[str, Any] = json.loads((CHART / "values.schema.json").read_text())
+    return doc
 
 
 def helm_merge(base: dict[str, Any], override: dict[str, Any]) -> dict[str, Any]:
@@ -190,7 +192,7 @@ def test_schema_config_definitions_are_generated_from_the_config_classes() -> No
 def test_schema_config_keys_equal_the_config_keys(definition: str, cls: type) -> None:
     node = schema()["definitions"][definition]
     assert node["additionalProperties"] is False
-    assert schema_keys(node) == set(config_keys(cls))  # type: ignore[arg-type]
+    assert schema_keys(node) == set(config_keys(cls))
 
 
 def test_every_config_map_of_the_values_uses_the_generated_definitions() -> None:
@@ -228,7 +230,7 @@ def test_schema_bounds_are_the_loader_bounds(definition: str, cls: type, tmp_pat
         path = tmp_path / "c.toml"
         path.write_text(to_toml(table, tmp_path))
         with pytest.raises(ConfigError, match=re.escape(key)):
-            loader(path, {}, {})  # type: ignore[operator]
+            loader(path, {}, {})
 
 
 # --- template syntax ---------------------------------------------------------------------
@@ -325,16 +327,16 @@ def values_refs_problems(text: str, values: dict[str, Any], s: dict[str, Any]) -
                 problems.append(f".Values.{'.'.join(path)} is not in values.yaml")
         if word in BLOCK_OPENERS:
             frames.append({})
-            m = RANGE_VAR_RE.match(body)
-            if m:
-                list_path = m.group(2).strip(".").split(".")
-                frames[-1][m.group(1)] = ("item", list_path)
+            ranged = RANGE_VAR_RE.match(body)
+            if ranged:
+                list_path = ranged.group(2).strip(".").split(".")
+                frames[-1][ranged.group(1)] = ("item", list_path)
         elif word == "end":
             frames.pop()
         else:
-            m = ALIAS_RE.match(body)
-            if m:
-                frames[-1][m.group(1)] = ("alias", m.group(2).strip(".").split("."))
+            alias = ALIAS_RE.match(body)
+            if alias:
+                frames[-1][alias.group(1)] = ("alias", alias.group(2).strip(".").split("."))
         for m in VAR_FIELD_RE.finditer(body):
             bound = resolve(m.group(1))
             if bound is None:
@@ -416,7 +418,7 @@ def template_config_keys() -> dict[str, set[str]]:
 
 def fullname(values: dict[str, Any]) -> str:
     if values.get("fullnameOverride"):
-        return values["fullnameOverride"][:20].rstrip("-")
+        return str(values["fullnameOverride"])[:20].rstrip("-")
     name = values.get("nameOverride") or "ha-controller"
     full = RELEASE if name in RELEASE else f"{RELEASE}-{name}"
     return full[:20].rstrip("-")

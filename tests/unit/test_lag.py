@@ -5,6 +5,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from pathlib import Path
 
+from fakes import FakeClock
 from prometheus_client import CollectorRegistry
 from prometheus_client.exposition import generate_latest
 from prometheus_client.parser import text_string_to_metric_families
@@ -167,14 +168,14 @@ def broker_core(tmp_path: Path, broker_id: int) -> BrokerCore:
 async def test_only_a_serving_master_or_the_acting_slave_exports(tmp_path: Path) -> None:
     master, slave = broker_core(tmp_path, 0), broker_core(tmp_path, 1)
     try:
-        now = [100.0]
-        master.lease = Lease(2.0, clock=lambda: now[0])
+        clock = FakeClock(100.0)
+        master.lease = Lease(2.0, clock=clock)
         master.isolated = True  # pre-online
         assert not master.exports_consumer_lag
         master.isolated = False
         master.lease.granted(100.0)
         assert master.exports_consumer_lag
-        now[0] = 103.0  # frozen past its lease: a slave may act by now, not fenced yet
+        clock.now = 103.0  # frozen past its lease: a slave may act by now, not fenced yet
         assert not master.exports_consumer_lag
         slave.isolated = False  # started
         assert not slave.exports_consumer_lag  # a slave that does not act

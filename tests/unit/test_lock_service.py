@@ -16,6 +16,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 import pytest
+from fakes import FakeClock
 
 from broker_agent.locks.manager import MessageQueueKey
 from broker_agent.locks.service import LockService, mq_from_pb, mq_to_pb
@@ -364,12 +365,12 @@ async def test_a_group_that_restarted_whole_grants_no_lock_for_one_lock_lifetime
     its own vote does not count until lock_max_live_time_ms after its last vote: C2 gets
     nothing until then.  One member restarted alone changes nothing: the others' votes
     make the quorum."""
-    now = [1_000_000]
+    clock = FakeClock(1_000_000)
     g = await make_group()
     for bid, node in g.nodes.items():  # fresh members with markers: no marker yet
         await node.server.aclose(grace_s=0.5)
         g.nodes[bid] = await start_node(
-            node.host.cfg, marker=tmp_path / f"votes-{bid}.json", clock=lambda: now[0]
+            node.host.cfg, marker=tmp_path / f"votes-{bid}.json", clock=clock
         )
     g.publish({bid: n.addr for bid, n in g.nodes.items()})
     assert await g.lock(0, C1, MQS) == set(MQS)  # at once: nothing was forgotten
@@ -380,7 +381,7 @@ async def test_a_group_that_restarted_whole_grants_no_lock_for_one_lock_lifetime
             node = g.nodes[bid]
             await node.server.aclose(grace_s=0.5)
             g.nodes[bid] = await start_node(
-                node.host.cfg, marker=tmp_path / f"votes-{bid}.json", clock=lambda: now[0]
+                node.host.cfg, marker=tmp_path / f"votes-{bid}.json", clock=clock
             )
         g.publish({bid: n.addr for bid, n in g.nodes.items()})
 
@@ -394,10 +395,10 @@ async def test_a_group_that_restarted_whole_grants_no_lock_for_one_lock_lifetime
     assert await g.lock(1, C2, MQS, vote=True) == set()  # a vote that does not count
     assert g.nodes[1].held() == {}
     lease = g.nodes[0].host.cfg.lock_max_live_time_ms
-    now[0] += lease
+    clock.now += lease
     assert await g.lock(0, C2, MQS) == set(MQS)  # every lock C1 may have trusted is over
 
-    now[0] += lease + 1000  # restarted a lease after the last vote: nothing to forget
+    clock.now += lease + 1000  # restarted a lease after the last vote: nothing to forget
     await restart(0, 1, 2)
     assert not any(node.service.forgets() for node in g.nodes.values())
     assert await g.lock(0, C1, MQS) == set(MQS)

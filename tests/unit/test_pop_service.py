@@ -15,7 +15,7 @@ import contextlib
 import json
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, cast
+from typing import Any
 
 import pytest
 from fakes import (
@@ -29,11 +29,10 @@ from fakes import (
 from broker_agent.metadata import pop_acks as pop_acks_module
 from broker_agent.metadata.pop_acks import PopAckSnapshot, PopAckTable
 from broker_agent.special.clock import SYSTEM_CLOCK, Clock
-from broker_agent.special.escape import EscapeBridge, EscapeResult
+from broker_agent.special.escape import EscapeResult
 from broker_agent.special.pop import Checkpoint, PopService, ReceiptHandle, revive_topic
 from broker_agent.special.pop.records import MIN_INVISIBLE_MS
 from broker_agent.special.pop.revive import CK_REWRITE_INTERVALS_S
-from broker_agent.special.ports import CorePort, WritePort
 from broker_agent.write_path import WritePath
 from ha_controller.config import BrokerConfig
 from ha_controller.filter.sql92 import FilterSyntaxError
@@ -125,11 +124,7 @@ def make_broker(
     escape = RecordingEscape()
     escape.stores[cfg.broker_name] = core.store
     escape.specific_queue = ESCAPED_REVIVE_QID
-    # the fakes are duck-typed: CorePort names the concrete MessageStore, and the
-    # service takes the concrete EscapeBridge (there is no escape port)
-    service = PopService(
-        cast(CorePort, core), cast(WritePort, write_path), cast(EscapeBridge, escape), clock
-    )
+    service = PopService(core, write_path, escape, clock)
     return Broker(core, write_path, escape, service)
 
 

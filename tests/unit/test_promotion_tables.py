@@ -16,6 +16,8 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from pathlib import Path
 
+from fakes import FakeClock
+
 from broker_agent.membership.acting import ActingState
 from broker_agent.membership.roles import Role
 from broker_agent.metadata.forward import ForwardSync
@@ -109,15 +111,15 @@ async def test_a_held_acting_slave_applies_a_newer_replicated_commit() -> None:
 
 
 def test_a_rebuilt_acting_slave_stops_acting_for_good() -> None:
-    now = [0.0]
-    s = ActingState(1, True, clock=lambda: now[0])
+    clock = FakeClock(0.0)
+    s = ActingState(1, True, clock=clock)
     s.on_min_broker_change(1, "s1:1")
     assert s.acting and s.serves_master_only_ops
     d = s.hand_over()
     assert d.changed and d.stop_special_services
     assert not s.acting and not s.serves_master_only_ops
     s.hold(0.05)  # a returning master's contact does not shorten a hand-over's hold
-    now[0] = 1e9
+    clock.now = 1e9
     assert not s.release_expired_hold().changed and not s.acting
     plain = ActingState(2, True)
     plain.on_min_broker_change(1, "s1:1")

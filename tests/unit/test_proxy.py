@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import base64
 import hashlib
+from collections.abc import Callable
 from pathlib import Path
 
 import pytest
@@ -180,9 +181,9 @@ def test_send_entry_maps_types_to_rocketmq_properties() -> None:
         lambda m: setattr(m.system_properties, "message_type", v2.DELAY),
     ],
 )
-def test_bad_sends_are_rejected(mutate: object) -> None:
+def test_bad_sends_are_rejected(mutate: Callable[[v2.Message], object]) -> None:
     m = _v2_message()
-    mutate(m)  # type: ignore[operator]
+    mutate(m)
     with pytest.raises(BadRequest):
         convert.send_entry(m, "T")
 
@@ -243,8 +244,8 @@ def test_a_body_over_the_limit_is_rocketmqs_message_body_too_large() -> None:
 
 
 def test_tag_and_sql92_filters() -> None:
-    def of(kind: int, text: str) -> tuple[list[str], str]:
-        return convert.filter_of(v2.FilterExpression(type=kind, expression=text))  # type: ignore[arg-type]
+    def of(kind: v2.FilterType, text: str) -> tuple[list[str], str]:
+        return convert.filter_of(v2.FilterExpression(type=kind, expression=text))
 
     assert of(v2.TAG, "*") == ([], "")
     assert of(v2.FILTER_TYPE_UNSPECIFIED, "") == ([], "")
@@ -256,7 +257,7 @@ def test_tag_and_sql92_filters() -> None:
             of(v2.SQL, bad)
         assert convert.code_for(caught.value) == v2.ILLEGAL_FILTER_EXPRESSION
     with pytest.raises(IllegalFilterExpression):
-        of(7, "x")
+        of(7, "x")  # type: ignore[arg-type]  # no such filter type
 
 
 def test_transaction_checks_prefer_the_producer_that_sent_the_half() -> None:
@@ -317,13 +318,13 @@ def _handle(offset: int, until: int, broker_handle: str = "ck0") -> GatewayHandl
 def test_renewal_is_due_shortly_before_the_invisible_time_runs_out() -> None:
     clock = FakeClock()
     table = RenewalTable(clock)
-    table.add("c1", "G", "T", _handle(5, clock.now + 30_000), 30_000)
+    table.add("c1", "G", "T", _handle(5, clock.now_ms() + 30_000), 30_000)
     alive = lambda cid: True  # noqa: E731
     assert table.due(alive) == []
     clock.now += 20_001  # 9.999 s to go: within RENEW_AHEAD_MS
     [r] = table.due(alive)
     assert table.due(alive) == []  # in flight: not handed out twice
-    table.renewed(r, _handle(5, clock.now + 30_000, "ck1"))
+    table.renewed(r, _handle(5, clock.now_ms() + 30_000, "ck1"))
     assert table.due(alive) == []
     # the ack goes with the newest broker handle, and renewal stops
     assert table.take("G", _handle(5, 0)).broker_handle == "ck1"
@@ -334,7 +335,7 @@ def test_renewal_is_due_shortly_before_the_invisible_time_runs_out() -> None:
 def test_short_invisible_times_renew_at_half_time() -> None:
     clock = FakeClock()
     table = RenewalTable(clock)
-    table.add("c1", "G", "T", _handle(1, clock.now + 2000), 2000)
+    table.add("c1", "G", "T", _handle(1, clock.now_ms() + 2000), 2000)
     clock.now += 900
     assert table.due(lambda cid: True) == []
     clock.now += 101
@@ -344,16 +345,16 @@ def test_short_invisible_times_renew_at_half_time() -> None:
 def test_renewal_stops_for_a_gone_client_a_bound_and_repeated_failures() -> None:
     clock = FakeClock()
     table = RenewalTable(clock)
-    table.add("dead", "G", "T", _handle(1, clock.now + 1000), 2000)
-    table.add("live", "G", "T", _handle(2, clock.now + 1000), 2000)
-    table.add("live", "G", "T", _handle(3, clock.now + 1000), 2000)
+    table.add("dead", "G", "T", _handle(1, clock.now_ms() + 1000), 2000)
+    table.add("live", "G", "T", _handle(2, clock.now_ms() + 1000), 2000)
+    table.add("live", "G", "T", _handle(3, clock.now_ms() + 1000), 2000)
     [r2, r3] = table.due(lambda cid: cid == "live")
     assert len(table) == 2  # the dead client's message is left to its invisible time
     for _ in range(MAX_FAILURES):
         table.renewed(r2, None)
         r2.in_flight = True
     table.renewed(r2, None)
-    table.renewed(r3, _handle(3, clock.now + RENEW_MAX_MS + 10_000, "ck"))
+    table.renewed(r3, _handle(3, clock.now_ms() + RENEW_MAX_MS + 10_000, "ck"))
     clock.now += RENEW_MAX_MS  # r3: renewed for the whole bound
     assert table.due(lambda cid: True) == []
     assert len(table) == 0
@@ -362,10 +363,10 @@ def test_renewal_stops_for_a_gone_client_a_bound_and_repeated_failures() -> None
 def test_an_ack_during_a_renewal_is_not_undone_by_it() -> None:
     clock = FakeClock()
     table = RenewalTable(clock)
-    table.add("c", "G", "T", _handle(1, clock.now + 1000), 2000)
+    table.add("c", "G", "T", _handle(1, clock.now_ms() + 1000), 2000)
     [r] = table.due(lambda cid: True)
     table.take("G", _handle(1, 0))
-    table.renewed(r, _handle(1, clock.now + 2000, "ck2"))
+    table.renewed(r, _handle(1, clock.now_ms() + 2000, "ck2"))
     assert len(table) == 0
 
 

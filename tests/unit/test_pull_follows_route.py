@@ -52,7 +52,7 @@ class Broker:
         )
 
 
-def route(addr: str, perm: Perm = Perm.READ | Perm.WRITE) -> TopicRouteData:
+def route(addr: str, perm: int = Perm.READ | Perm.WRITE) -> TopicRouteData:
     return TopicRouteData(
         TOPIC, [BrokerData("c", GROUP, {0: addr}, True)], [QueueData(GROUP, 1, 1, perm)]
     )

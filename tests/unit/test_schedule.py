@@ -15,6 +15,7 @@ import time
 from collections.abc import AsyncIterator, Callable
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Any
 
 import pytest
 from fakes import FakeBroker, FakeClock, FakeCore, FakeStore
@@ -59,8 +60,8 @@ TOPIC = "T"
 T0 = 1_700_000_000_000
 
 
-def config(store: Path, broker_id: int = 0, **kw: object) -> BrokerConfig:
-    args: dict[str, object] = {
+def config(store: Path, broker_id: int = 0, **kw: Any) -> BrokerConfig:
+    args: dict[str, Any] = {
         "broker_name": "broker-a",
         "broker_id": broker_id,
         "namesrv_addrs": ("127.0.0.1:9",),
@@ -71,7 +72,7 @@ def config(store: Path, broker_id: int = 0, **kw: object) -> BrokerConfig:
         "delay_offset_update_version_step": 3,
     }
     args.update(kw)
-    return BrokerConfig(**args)  # type: ignore[arg-type]
+    return BrokerConfig(**args)
 
 
 # ---- send side -------------------------------------------------------------------------
@@ -293,7 +294,7 @@ async def nodes(tmp_path: Path, clock: FakeClock) -> AsyncIterator[NodeFactory]:
             store=stores.setdefault(store, FakeStore(clock)),
         )
         core, write_path, escape = broker.core, broker.write_path, broker.escape
-        service = ScheduleService(core, write_path, escape, clock, fetch_members)  # type: ignore[arg-type]
+        service = ScheduleService(core, write_path, escape, clock, fetch_members)
         node = Node(broker, service, clock)
         made.append(node)
         return node

@@ -5,12 +5,13 @@ the monotonic clock (ha_controller.auth.SteadyWallClock)."""
 from __future__ import annotations
 
 import logging
-import time
 
 import pytest
+from fakes import FakeConn, request_context
 
 from ha_controller.auth import ClusterAuth, SteadyWallClock
 from ha_controller.protocol.codes import RequestCode
+from ha_controller.protocol.envelope import RequestAuth
 from ha_controller.rpc.connection import RequestContext
 
 
@@ -26,12 +27,8 @@ class Clocks:
         self.mono += s
 
 
-class Conn:
-    peer = "10.0.0.1:1"
-
-
-def ctx(method: int, auth: object) -> RequestContext:
-    return RequestContext(Conn(), method, time.monotonic(), 0, auth)  # type: ignore[arg-type]
+def ctx(method: int, auth: RequestAuth | None) -> RequestContext:
+    return request_context(method, FakeConn("10.0.0.1:1"), timeout_ms=0, auth=auth)
 
 
 def test_a_step_does_not_move_it_and_is_said_once(caplog: pytest.LogCaptureFixture) -> None:

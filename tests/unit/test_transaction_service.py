@@ -16,6 +16,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import json
+from collections.abc import Mapping
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, TypeVar, cast
@@ -31,8 +32,7 @@ from fakes import (
 from google.protobuf.message import Message
 
 from broker_agent.special import transaction as transaction_module
-from broker_agent.special.escape import EscapeBridge, EscapeResult
-from broker_agent.special.ports import CorePort, WritePort
+from broker_agent.special.escape import EscapeResult
 from broker_agent.special.transaction import (
     HalfProgress,
     TransactionService,
@@ -128,6 +128,7 @@ class GatedEscape(RecordingEscape):
         queue_id: int | None = None,
         flags: int = 0,
         born_ts_ms: int | None = None,
+        progress: Mapping[str, str] | None = None,
         escape_id: str = "",
     ) -> EscapeResult:
         if kind == self.gate_kind:
@@ -143,6 +144,8 @@ class GatedEscape(RecordingEscape):
             queue_id=queue_id,
             flags=flags,
             born_ts_ms=born_ts_ms,
+            progress=progress,
+            escape_id=escape_id,
         )
 
 
@@ -202,11 +205,7 @@ def make_broker(
     core.pool = cast(ConnectionPool, pool)
     write_path = WritePath(core)
     escape = RecordingEscape() if escape is None else escape
-    # the fakes are duck-typed: CorePort names the concrete MessageStore, and the
-    # service takes the concrete EscapeBridge (there is no escape port)
-    service = TransactionService(
-        cast(CorePort, core), cast(WritePort, write_path), cast(EscapeBridge, escape)
-    )
+    service = TransactionService(core, write_path, escape)
     return Broker(core, write_path, escape, pool, service)
 
 

@@ -8,6 +8,7 @@ Never imports the official SDK (see tests/integration/test_grpc_proxy.py)."""
 from __future__ import annotations
 
 from collections.abc import Callable
+from typing import Any
 
 import pytest
 
@@ -55,10 +56,10 @@ KB = 1024
 NOW = 1_800_000_000_000
 
 
-def _check(**fields: object) -> None:
-    message: dict[str, object] = {"body": b"x" * 64, "tag": None, "keys": (), "properties": {}}
+def _check(**fields: Any) -> None:
+    message: dict[str, Any] = {"body": b"x" * 64, "tag": None, "keys": (), "properties": {}}
     message.update(fields)
-    check_message(now_ms=NOW, **message)  # type: ignore[arg-type]
+    check_message(now_ms=NOW, **message)
 
 
 # ---- what RocketMQ takes -----------------------------------------------------------------
@@ -289,8 +290,8 @@ def test_queues_accept_the_topics_types() -> None:
 # ---- received messages, as the official SDKs' own tests read them ------------------------
 
 
-def _received(**fields: object) -> v2.Message:
-    bm = broker_pb2.Message(topic="T", body=b"payload", **fields)  # type: ignore[arg-type]
+def _received(**fields: Any) -> v2.Message:
+    bm = broker_pb2.Message(topic="T", body=b"payload", **fields)
     return convert.message_to_v2(bm, topic="T", receipt_handle="h", invisible_ms=30_000)
 
 

@@ -47,7 +47,7 @@ def test_levels_follow_the_reserves_and_are_decided_on_samples_only() -> None:
         5 * MiB,
         10 * MiB,
     )
-    levels = []
+    levels: list[SpaceLevel] = []
     writes = 0
     while write(s, disk, 64 * 1024):
         writes += 1
@@ -64,23 +64,20 @@ def test_time_samples_catch_other_writers_and_returning_space() -> None:
     disk, clock = FakeDisk(20 * MiB), FakeClock(0.0)
     s = space(disk, clock)
     disk.free = 7 * MiB  # another process wrote to the file system
-    assert s.admit(1024)  # the estimate does not know yet
-    assert s.level is SpaceLevel.OK
+    # (admitted, level) in one expression: each admit may change the level
+    assert (s.admit(1024), s.level) == (True, SpaceLevel.OK)  # the estimate does not know
     clock.now += 1.0
-    assert s.admit(1024)
-    assert s.level is SpaceLevel.LOW
+    assert (s.admit(1024), s.level) == (True, SpaceLevel.LOW)
     disk.free = 4 * MiB
     clock.now += 1.0
-    assert not s.admit(1024)
-    assert s.level is SpaceLevel.FULL
+    assert (s.admit(1024), s.level) == (False, SpaceLevel.FULL)
     calls = disk.calls
     for _ in range(1000):  # refused cheaply, no sample until the next one is due
         assert not s.admit(1024)
     assert disk.calls == calls
     disk.free = 50 * MiB
     clock.now += 1.0
-    assert s.admit(1024)
-    assert s.level is SpaceLevel.OK
+    assert (s.admit(1024), s.level) == (True, SpaceLevel.OK)
 
 
 def test_leaving_a_level_needs_a_margin() -> None:

@@ -68,7 +68,8 @@ def test_reload_after_a_torn_entry_indexes_the_last_record_again(tmp_path: Path)
     ki = index(tmp_path / "i")
     ki.load(0, 0)
     fill(ki, 5)  # never synced: no point
-    ki._fd and os.close(ki._fd)  # a crash: nothing more is written
+    if ki._fd:
+        os.close(ki._fd)  # a crash: nothing more is written
     path = tmp_path / "i" / f"{0:020d}"
     os.truncate(path, path.stat().st_size - 3)  # the last record's second entry is torn
     again = index(tmp_path / "i")
@@ -231,7 +232,8 @@ def test_a_point_past_a_truncated_log_is_not_trusted_once_the_log_grows_again(
     # recovery truncated the log at 6000: records 6..9 are gone
     cut = index(tmp_path / "i")
     assert cut.load(0, 6000) == 5000  # the last record left is indexed again
-    cut._fd and os.close(cut._fd)  # a crash before any flush
+    if cut._fd:
+        os.close(cut._fd)  # a crash before any flush
     # the log grew past the old point with other records: indexing resumes at 5000
     again = index(tmp_path / "i")
     assert again.load(0, 12_000) == 5000

@@ -182,7 +182,7 @@ def test_a_failed_queue_write_in_reput_is_dispatched_again(
     next reput starts again at its first unwritten record and the queues end up as the
     master's (entries already written are found in place, not doubled)."""
     real = ConsumeQueue.append_many
-    failures = []
+    failures: list[int] = []
 
     def failing_once(cq: ConsumeQueue, entries: Sequence[tuple[int, int, int]]) -> None:
         if cq.topic == "T1" and cq.queue_id == 2 and not failures:
@@ -220,7 +220,7 @@ def test_a_failed_write_where_a_queue_breaks_off_loses_no_other_queue(
         msg = StoredMessage(topic=topic, queue_id=qid, body=b"x" * 100, queue_offset=qoff)
         raw += encode_record(replace(msg, physical_offset=len(raw)))
     real = ConsumeQueue.append_many
-    failures = []
+    failures: list[int] = []
 
     def failing_once(cq: ConsumeQueue, entries: Sequence[tuple[int, int, int]]) -> None:
         if cq.queue_id == 0 and not failures:

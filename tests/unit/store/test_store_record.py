@@ -5,6 +5,7 @@ from __future__ import annotations
 import struct
 import zlib
 from dataclasses import replace
+from typing import Any
 
 import pytest
 from hypothesis import given
@@ -65,7 +66,7 @@ def flipped(msg: StoredMessage, data: st.DataObject) -> bytes:
 
 
 def sample(**kw: object) -> StoredMessage:
-    base: dict[str, object] = {
+    base: dict[str, Any] = {
         "topic": "TopicA",
         "queue_id": 3,
         "body": b"hello world",
@@ -79,7 +80,7 @@ def sample(**kw: object) -> StoredMessage:
         "store_ts_ms": 1_700_000_000_123,
     }
     base.update(kw)
-    return StoredMessage(**base)  # type: ignore[arg-type]
+    return StoredMessage(**base)
 
 
 @given(messages)

@@ -7,6 +7,7 @@ import shutil
 import struct
 import zlib
 from pathlib import Path
+from typing import Literal
 
 import pytest
 
@@ -183,11 +184,11 @@ def test_broken_checkpoint_falls_back_to_a_full_walk(tmp_path: Path) -> None:
 
 
 @pytest.mark.parametrize("mode", ["async", "sync"])
-def test_reopen_many_times_keeps_everything(tmp_path: Path, mode: str) -> None:
+def test_reopen_many_times_keeps_everything(tmp_path: Path, mode: Literal["async", "sync"]) -> None:
     config = StoreConfig(
         segment_size_bytes=SEG,
         max_message_size_bytes=16 * 1024,
-        flush_mode=mode,  # type: ignore[arg-type]
+        flush_mode=mode,
     )
     expected: dict[tuple[int, int], bytes] = {}
     i = 0

@@ -196,11 +196,14 @@ async def test_without_a_secret_a_message_sent_on_with_its_escape_id_is_stored(
         await create_topic_on(master.rpc, other, 1)
         async with ConnectionPool() as pool:
             props = {"UNIQ_KEY": "u1", "ESCAPE_ID": "g9/delay/100/5"}
-            escape = {"no_replica_wait": True, "member_escape": True}
-            first = await send_raw(pool, master.rpc, TOPIC, 0, props, **escape)
+            first = await send_raw(
+                pool, master.rpc, TOPIC, 0, props, no_replica_wait=True, member_escape=True
+            )
             sent_on = await send_raw(pool, master.rpc, other, 0, props, no_replica_wait=True)
             same_topic = await send_raw(pool, master.rpc, TOPIC, 0, props, no_replica_wait=True)
-            again = await send_raw(pool, master.rpc, TOPIC, 1, props, **escape)
+            again = await send_raw(
+                pool, master.rpc, TOPIC, 1, props, no_replica_wait=True, member_escape=True
+            )
             forwarded = await messages_on(pool, [master.rpc], other, 1)
             stored = await messages_on(pool, [master.rpc], TOPIC, QUEUES)
         assert sent_on.msg_id != first.msg_id

@@ -32,6 +32,9 @@ class Table:
     def adopt_if_newer(self, snapshot: str) -> bool:
         raise AssertionError("not in a forward sync")
 
+    def adopt_on_promotion(self, snapshot: str) -> bool:
+        raise AssertionError("not in a forward sync")
+
     def replace(self, snapshot: str) -> None:
         raise AssertionError("not in a forward sync")
 
