@@ -36,6 +36,8 @@ from broker_agent.special.escape import EscapeResult
 from broker_agent.special.transaction import (
     HalfProgress,
     TransactionService,
+    half_to_prepared,
+    half_to_real,
     store_target,
 )
 from broker_agent.write_path import WritePath
@@ -789,3 +791,39 @@ async def test_table_fetch_reads_get_transaction_offsets(master: Broker, slave: 
     assert fetched.half_offset == 1
     assert fetched.resolved_ids == {TID: None}
     assert fetched.version.compare(master.service.progress.version) == 0
+
+
+# ---- plain state: half progress and half-message conversions (no sockets) ----
+
+
+def test_half_progress_advances_over_resolved_prefix_only() -> None:
+    p = HalfProgress()
+    p.resolve(1, "t1")
+    assert not p.advance() and p.half_offset == 0
+    p.resolve(0, "t0")
+    assert p.advance() and p.half_offset == 2 and p.resolved == set()
+    assert p.is_resolved(1) and p.is_resolved(7, "t1") and not p.is_resolved(2, "t2")
+
+
+def test_half_progress_adopts_newer_or_equal_version_only() -> None:
+    master = HalfProgress(half_offset=3, version=DataVersion(0, 5, 1))
+    older = HalfProgress(half_offset=9, version=DataVersion(0, 4, 9))
+    assert not master.adopt_if_newer(older) and master.half_offset == 3
+    slave = HalfProgress(half_offset=8, resolved={10}, version=DataVersion(0, 5, 1))
+    slave.resolved_ids["x"] = None
+    assert master.adopt_if_newer(slave)
+    assert master.half_offset == 8 and master.resolved == {10} and "x" in master.resolved_ids
+    assert HalfProgress.from_pb(master.to_pb()).to_dict() == master.to_dict()
+    assert HalfProgress.from_dict(master.to_dict()).to_dict() == master.to_dict()
+
+
+def test_half_message_conversions_keep_the_transaction_id() -> None:
+    half = StoredMessage(
+        "RMQ_SYS_TRANS_HALF_TOPIC",
+        0,
+        b"b",
+        {"REAL_TOPIC": "T", "REAL_QID": "3", "TRAN_MSG": "true", "UNIQ_KEY": "U"},
+        queue_offset=5,
+    )
+    assert half_to_real(half, 5) == ("T", 3, {"UNIQ_KEY": "U", "TRAN_PREPARED_QUEUE_OFFSET": "5"})
+    assert half_to_prepared(half) == ("T", 3, {"UNIQ_KEY": "U", "TRAN_MSG": "true"})
