@@ -100,7 +100,7 @@ def memory_per_entry(n: int) -> float:
         tracemalloc.start()
         before = tracemalloc.get_traced_memory()[0]
         for i in range(n):
-            ki.add("T", f"order-{i} customer-{i % 997}", f"U{i:020d}", i * 300, 300, i)
+            ki.add("T", f"order-{i} customer-{i % 997}", f"U{i:020d}", i * 300, 300)
             if i % 64 == 0:
                 ki.commit()
         ki.commit()

@@ -24,7 +24,7 @@ from ha_controller.protocol.record import BLANK, DispatchHead, StoredMessage, ta
 from .commitlog import CommitLog, store_error
 from .consumequeue import ConsumeQueue
 from .files import FileCache
-from .keyindex import KeyIndex
+from .keyindex import KeyIndex, Record
 from .types import TOPIC_RE, Dispatched
 
 __all__ = ["QueueIndex"]
@@ -166,18 +166,12 @@ class QueueIndex:
             return out
         runs: dict[tuple[str, int], tuple[ConsumeQueue, list[tuple[int, int, int]]]] = {}
         keys = self.keys
+        keyed: list[Record] = []  # indexed at once when the reput ends
         try:
             for offset, record, size in cl.scan(start, heads=True):
                 if record is not BLANK:
                     if keys is not None and (record.keys or record.uniq_key):
-                        keys.add(
-                            record.topic,
-                            record.keys,
-                            record.uniq_key,
-                            offset,
-                            size,
-                            record.store_ts_ms,
-                        )
+                        keyed.append((record.topic, record.keys, record.uniq_key, offset, size))
                     key = (record.topic, record.queue_id)
                     run = runs.get(key)
                     if run is not None and record.queue_offset == run[0].max_offset + len(run[1]):
@@ -214,6 +208,7 @@ class QueueIndex:
             raise
         finally:
             if keys is not None:
+                keys.add_many(keyed)
                 keys.indexed_to = max(keys.indexed_to, self.reput_offset)
                 keys.commit_some()
         self._write_runs(runs)

@@ -99,7 +99,7 @@ from .consumequeue import ENTRY_SIZE, ConsumeQueue, unlink_files
 from .diskspace import DiskSpace, SpaceLevel, statvfs_sampler
 from .dispatch import QueueIndex
 from .files import FileCache
-from .keyindex import KeyIndex, key_hash, uniq_hash
+from .keyindex import KeyIndex, Record, key_hash, uniq_hash
 from .recovery import recover
 from .retention import (
     DELETE_BATCH_MAX,
@@ -289,9 +289,7 @@ class MessageStore:
         try:
             for offset, record, size in cl.scan(resume, heads=True):
                 if record is not BLANK and (record.keys or record.uniq_key):
-                    added += keys.add(
-                        record.topic, record.keys, record.uniq_key, offset, size, record.store_ts_ms
-                    )
+                    added += keys.add(record.topic, record.keys, record.uniq_key, offset, size)
         except (CorruptRecord, OffsetOutOfRange, StoreError) as exc:
             logger.warning("store %s: indexing keys stopped: %s", self._dir, exc)
         keys.indexed_to = max(keys.indexed_to, cl.max_offset)
@@ -492,7 +490,7 @@ class MessageStore:
             entries: dict[tuple[str, int], list[tuple[int, int, int]]] = {}
             records: list[bytes] = []
             placed: list[tuple[int, int, int]] = []  # (physical offset, size, queue offset)
-            keyed: list[tuple[str, str | None, str | None, int, int]] = []
+            keyed: list[Record] = []
             for request in requests:
                 key = (request.topic, request.queue_id)
                 queue_offset = next_offsets.get(key)
@@ -572,8 +570,7 @@ class MessageStore:
             self._index.reput_offset = end
             keys = self._keys
             if keys is not None:
-                for topic, mkeys, muniq, offset, size in keyed:
-                    keys.add(topic, mkeys, muniq, offset, size, store_ts)
+                keys.add_many(keyed)
                 keys.indexed_to = max(keys.indexed_to, end)
                 keys.commit_some()
             self._last_store_ts = store_ts

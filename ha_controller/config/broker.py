@@ -365,7 +365,7 @@ class BrokerConfig(Validated):
         ge=0,
         doc=(
             "Message keys and unique keys the key index holds at most (`hactl message query`; "
-            "about 100 bytes of memory each). Past it newer keys are not indexed until "
+            "12 bytes of memory each). Past it newer keys are not indexed until "
             "retention deletes old segments (counted, logged once); 0 turns the index off."
         ),
     )

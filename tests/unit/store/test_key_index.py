@@ -5,13 +5,16 @@ from __future__ import annotations
 
 import logging
 import os
+import struct
 import time
+import zlib
+from array import array
 from pathlib import Path
 
 import pytest
 
 from broker_agent.store import MessageStore, StoreConfig
-from broker_agent.store.keyindex import ENTRY, KeyIndex, key_hash, uniq_hash
+from broker_agent.store.keyindex import CHUNK_HEAD, ENTRY_SIZE, KeyIndex, key_hash, uniq_hash
 from ha_controller.protocol.record import make_msg_id
 
 SEG = 8 * 1024
@@ -34,22 +37,23 @@ def index(root: Path, max_entries: int = 1000) -> KeyIndex:
 def test_append_and_lookup_one_entry_per_key(tmp_path: Path) -> None:
     ki = index(tmp_path / "i")
     assert ki.load(0, 0) == 0
-    assert ki.add("T", "order-1 order-2", "U1", 0, 100, 5) == 3
-    assert ki.add("T", "order-1", None, 100, 100, 6) == 1
-    assert ki.add("T", "order-1", None, 100, 100, 6) == 0  # seen again (reput): skipped
+    assert ki.add("T", "order-1 order-2", "U1", 0, 100) == 3
+    assert ki.add("T", "order-1", None, 100, 100) == 1
+    assert ki.add("T", "order-1", None, 100, 100) == 0  # seen again (reput): skipped
     ki.commit()
     assert ki.lookup(key_hash("T", "order-1")) == [0, 100]
     assert ki.lookup(key_hash("T", "order-2")) == [0]
     assert ki.lookup(uniq_hash("U1")) == [0]
     assert ki.lookup(key_hash("OTHER", "order-1")) == []
     assert (ki.entries, ki.indexed_to) == (4, 200)
-    assert (tmp_path / "i" / f"{0:020d}").stat().st_size == 4 * ENTRY.size
+    # one chunk: its head, then the four entries
+    assert (tmp_path / "i" / f"{0:020d}").stat().st_size == CHUNK_HEAD.size + 4 * ENTRY_SIZE
     ki.close()
 
 
-def fill(ki: KeyIndex, n: int, size: int = 1000) -> None:
-    for i in range(n):
-        ki.add("T", f"k{i} common", None, i * size, size, i)
+def fill(ki: KeyIndex, n: int, size: int = 1000, first: int = 0) -> None:
+    for i in range(first, first + n):
+        ki.add("T", f"k{i} common", None, i * size, size)
     ki.commit()
 
 
@@ -64,20 +68,22 @@ def test_reload_resumes_at_the_point_after_a_clean_close(tmp_path: Path) -> None
     assert again.entries == 40
 
 
-def test_reload_after_a_torn_entry_indexes_the_last_record_again(tmp_path: Path) -> None:
+def test_reload_after_a_torn_chunk_indexes_its_records_again(tmp_path: Path) -> None:
     ki = index(tmp_path / "i")
     ki.load(0, 0)
-    fill(ki, 5)  # never synced: no point
+    fill(ki, 4)  # one chunk covering records 0..3
+    fill(ki, 1, first=4)  # and one for record 4; never synced: no point
     if ki._fd:
         os.close(ki._fd)  # a crash: nothing more is written
     path = tmp_path / "i" / f"{0:020d}"
-    os.truncate(path, path.stat().st_size - 3)  # the last record's second entry is torn
+    os.truncate(path, path.stat().st_size - 3)  # the last chunk is torn
     again = index(tmp_path / "i")
-    # record 4 lost half its entries: it goes and is indexed again from its offset
+    # the torn chunk goes: record 4 is indexed again from its offset
     assert again.load(0, 5000) == 4000
+    assert path.stat().st_size == CHUNK_HEAD.size + 8 * ENTRY_SIZE
     assert again.lookup(key_hash("T", "k4")) == []
     assert again.lookup(key_hash("T", "common")) == [0, 1000, 2000, 3000]
-    assert again.add("T", "k4 common", None, 4000, 1000, 4) == 2
+    assert again.add("T", "k4 common", None, 4000, 1000) == 2
     assert again.lookup(key_hash("T", "common")) == [0, 1000, 2000, 3000, 4000]
 
 
@@ -90,7 +96,7 @@ def test_a_corrupt_or_missing_file_rebuilds_from_the_log_start(
     ki.close()
     first = tmp_path / "i" / f"{0:020d}"
     data = bytearray(first.read_bytes())
-    data[ENTRY.size + 5] ^= 0xFF
+    data[CHUNK_HEAD.size + ENTRY_SIZE + 5] ^= 0xFF  # in the second entry's hash
     first.write_bytes(bytes(data))
     with caplog.at_level(logging.WARNING):
         again = index(tmp_path / "i")
@@ -130,7 +136,7 @@ def test_the_bound_counts_keys_not_indexed(tmp_path: Path) -> None:
     assert (ki.entries, ki.overflow) == (4, 4)  # two records fit, two of two keys did not
     assert ki.lookup(key_hash("T", "k3")) == []
     ki.drop_below(SEG)  # retention makes room again
-    assert ki.add("T", "late", None, 9000, 10, 0) == 1
+    assert ki.add("T", "late", None, 9000, 10) == 1
 
 
 def test_truncate_drops_entries_from_a_cut_back_on(tmp_path: Path) -> None:
@@ -140,12 +146,56 @@ def test_truncate_drops_entries_from_a_cut_back_on(tmp_path: Path) -> None:
     ki.truncate(5000)
     assert ki.lookup(key_hash("T", "common")) == [0, 1000, 2000, 3000, 4000]
     assert ki.indexed_to == 5000
-    assert ki.add("T", "new", None, 5000, 10, 0) == 1
+    assert ki.add("T", "new", None, 5000, 10) == 1
     ki.close()
     again = index(tmp_path / "i")
     assert again.load(0, 5010) == 5010
     assert again.lookup(key_hash("T", "common")) == [0, 1000, 2000, 3000, 4000]
     assert again.lookup(key_hash("T", "new")) == [5000]
+
+
+def test_a_batch_across_segments_writes_a_chunk_to_each_file(tmp_path: Path) -> None:
+    ki = index(tmp_path / "i")
+    ki.load(0, 0)
+    batch = [("T", f"k{i} common", f"U{i}", i * 1000, 1000) for i in range(12)]
+    assert ki.add_many(batch) == 36
+    assert ki.add_many(batch) == 0  # seen again (reput): skipped
+    ki.close()
+    sizes = {p.name: p.stat().st_size for p in (tmp_path / "i").iterdir() if p.name.isdigit()}
+    # records 0..8 lie in the first segment, 9..11 in the second
+    assert sizes == {
+        f"{0:020d}": CHUNK_HEAD.size + 27 * ENTRY_SIZE,
+        f"{SEG:020d}": CHUNK_HEAD.size + 9 * ENTRY_SIZE,
+    }
+    again = index(tmp_path / "i")
+    assert again.load(0, 12_000) == 12_000
+    assert again.lookup(key_hash("T", "common")) == [i * 1000 for i in range(12)]
+    assert again.lookup(uniq_hash("U10")) == [10_000]
+
+
+def test_a_lookup_does_not_match_the_bytes_between_two_hashes(tmp_path: Path) -> None:
+    ki = index(tmp_path / "i")
+    ki.load(0, 0)
+    ki.add("T", "a b", None, 0, 100)
+    raw = array("I", [key_hash("T", "a"), key_hash("T", "b")]).tobytes()
+    between = array("I", raw[2:6])[0]  # the last two bytes of one, the first two of the next
+    assert ki.lookup(between) == []
+    assert ki.lookup(key_hash("T", "b")) == [0]
+
+
+def test_files_of_the_earlier_layout_are_rebuilt(
+    tmp_path: Path, caplog: pytest.LogCaptureFixture
+) -> None:
+    root = tmp_path / "i"
+    root.mkdir()
+    # hash u32 | offset u64 | store time u64 | crc32 u32, big-endian, as until 2026-12-08
+    body = struct.pack(">IQQ", key_hash("T", "k"), 0, 5)
+    (root / f"{0:020d}").write_bytes(body + zlib.crc32(body).to_bytes(4, "big"))
+    with caplog.at_level(logging.WARNING):
+        ki = index(root)
+        assert ki.load(0, 1000) == 0
+    assert "does not start a chunk; rebuilding it from the commit log at 0" in caplog.text
+    assert ki.entries == 0
 
 
 # --- through the store ------------------------------------------------------------------
