@@ -36,6 +36,7 @@ tools: $(STAMP)
 	@bash tools/build-faults.sh $(BIN) || echo "make tools: a drill fault tool did not build; its family will skip"
 	@bash tools/install-node-sdk.sh $(VENV)/sdk-node || echo "make tools: Node.js SDK not installed; its tests will skip"
 	@bash tools/install-java-sdk.sh $(VENV)/sdk-java || echo "make tools: Java SDK not installed; its tests will skip"
+	@bash tools/install-java-sdk.sh $(VENV)/sdk-java-5.2.0 5.2.0 || echo "make tools: Java SDK 5.2.0 not installed; its priority test will skip"
 
 demo: $(STAMP)
 	$(BIN)/hactl demo

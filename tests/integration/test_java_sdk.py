@@ -1,7 +1,10 @@
 """The official RocketMQ 5 Java SDK (rocketmq-client-java 5.0.8) against ``hactl proxy``
 in front of a two-group cluster (master + SYNC slave each): normal messages through a
 SimpleConsumer, a PushConsumer, FIFO, delayed messages with a recall, transactions with
-their checker, and a kill -9 of a master in the middle of a stream.
+their checker, and a kill -9 of a master in the middle of a stream.  Priority messages
+run on rocketmq-client-java 5.2.0, in a JVM of their own before the others: 5.0.8 has
+no ``setPriority``, and cannot read a PRIORITY topic's route at all (its MessageType
+has no PRIORITY: "Message type is not specified").
 
 tests/sdk_java/Scenarios.java is compiled here (javac) against the SDK that
 ``bash tools/install-java-sdk.sh`` (``make tools``) fetched into .venv/sdk-java, and
@@ -12,6 +15,7 @@ installed SDK the tests skip with the installer's one-line reason.
 
 from __future__ import annotations
 
+import asyncio
 import contextlib
 import json
 import os
@@ -23,14 +27,33 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+from special_helpers import create_topic_on, masters_online
 
-from ha_controller.testing import create_typed_topics, run_cluster, run_proxy, unlike_rocketmq
+from ha_controller.client.admin import NameserverClient
+from ha_controller.testing import (
+    create_typed_topics,
+    eventually,
+    run_cluster,
+    run_proxy,
+    unlike_rocketmq,
+)
 
 ROOT = Path(__file__).resolve().parents[2]
 SCENARIOS = ROOT / "tests" / "sdk_java" / "Scenarios.java"
 SDK_DIR = Path(os.environ.get("HAC_JAVA_SDK_DIR", ROOT / ".venv" / "sdk-java"))
 SDK_JAR = SDK_DIR / "lib" / "rocketmq-client-java-5.0.8.jar"
 UNAVAILABLE = SDK_DIR.parent / "java-sdk-unavailable"
+#: the SDK with priority messages (MessageBuilder.setPriority: 5.2.0 on)
+PRIORITY_SDK_DIR = Path(
+    os.environ.get("HAC_JAVA_SDK_PRIORITY_DIR", ROOT / ".venv" / "sdk-java-5.2.0")
+)
+PRIORITY_SDK_JAR = PRIORITY_SDK_DIR / "lib" / "rocketmq-client-java-5.2.0.jar"
+PRIORITY_UNAVAILABLE = PRIORITY_SDK_DIR.parent / "java-sdk-5.2.0-unavailable"
+#: PRIORITY, 10 queues (levels 0..9), on broker-a only: one broker orders every pop
+PRIORITY_TOPIC = "java-priority"
+PRIORITY_LEVELS = 10
+#: (priority, sent index) as the priority scenario sends them (12 shares level 9)
+PRIORITY_SENDS = [(1, 0), (5, 1), (3, 2), (5, 3), (12, 4), (0, 5), (3, 6), (1, 7)]
 #: topic -> its message type (as `hactl topic create --message-type`)
 TOPICS = {
     "java-normal": "NORMAL",
@@ -65,9 +88,71 @@ def _why_missing() -> str | None:
 pytestmark = pytest.mark.skipif(_why_missing() is not None, reason=_why_missing() or "")
 
 
+def _why_no_priority_sdk() -> str | None:
+    if not PRIORITY_SDK_JAR.exists():
+        if PRIORITY_UNAVAILABLE.exists():
+            return PRIORITY_UNAVAILABLE.read_text().strip()
+        return "rocketmq-client-java 5.2.0 is not installed: run `make tools`"
+    return None
+
+
+def run_scenarios(
+    lib: Path, classes: Path, home: Path, args: list[str], timeout: float
+) -> dict[str, Any]:
+    """Compile Scenarios.java against the SDK in ``lib`` and run it once; every
+    scenario's RESULT, and ``_wall_s`` (the JVM's, compile excluded)."""
+    subprocess.run(
+        ["javac", "-d", str(classes), "-cp", str(lib / "*"), str(SCENARIOS)],
+        check=True,
+        capture_output=True,
+        timeout=120,
+    )
+    started = time.monotonic()
+    proc = subprocess.run(
+        [
+            "java",
+            "-Xmx256m",
+            f"-Duser.home={home}",  # the SDK's logs go to ${user.home}/logs
+            "-cp",
+            f"{lib / '*'}{os.pathsep}{classes}",
+            "Scenarios",
+            *args,
+        ],
+        capture_output=True,
+        text=True,
+        timeout=timeout,
+        check=False,
+    )
+    out: dict[str, Any] = {"_wall_s": time.monotonic() - started}
+    for line in proc.stdout.splitlines():
+        if line.startswith("RESULT "):
+            _, name, payload = line.split(" ", 2)
+            out[name] = json.loads(payload)
+    if len(out) == 1:
+        raise AssertionError(
+            f"java exited {proc.returncode} without results:\n"
+            + proc.stdout[-3000:]
+            + proc.stderr[-3000:]
+        )
+    return out
+
+
+async def _create_priority_topic(namesrv: str, broker: str) -> None:
+    await masters_online(namesrv, ["broker-a", "broker-b"])
+    await create_topic_on(broker, PRIORITY_TOPIC, PRIORITY_LEVELS, message_type="PRIORITY")
+
+    async def routed() -> bool:
+        async with NameserverClient([namesrv]) as ns:
+            await ns.route(PRIORITY_TOPIC)
+        return True
+
+    await eventually(routed, timeout=20)
+
+
 @pytest.fixture(scope="module")
 def results() -> Iterator[dict[str, Any]]:
-    """Every scenario's result, from one JVM run against one cluster and gateway."""
+    """Every scenario's result, from one JVM run against one cluster and gateway (and
+    the priority scenario's, from a JVM of SDK 5.2.0 before it)."""
     env = {
         "HAC_TRANSACTION_TIMEOUT_MS": "1000",
         "HAC_TRANSACTION_CHECK_INTERVAL_MS": "500",
@@ -79,46 +164,29 @@ def results() -> Iterator[dict[str, Any]]:
             cluster.namesrv, cluster.workdir, extra_args=("--long-polling-timeout-s", "5")
         )
         create_typed_topics(cluster.namesrv, TOPICS, orderly_groups=ORDERLY_GROUPS)
-        classes = cluster.workdir / "java-classes"
-        subprocess.run(
-            ["javac", "-d", str(classes), "-cp", str(SDK_DIR / "lib" / "*"), str(SCENARIOS)],
-            check=True,
-            capture_output=True,
-            timeout=120,
-        )
         master = cluster.broker("broker-a", 0)
-        home = cluster.workdir / "java-home"  # the SDK's logs go to ${user.home}/logs
-        started = time.monotonic()
-        proc = subprocess.run(
-            [
-                "java",
-                "-Xmx256m",
-                f"-Duser.home={home}",
-                "-cp",
-                f"{SDK_DIR / 'lib' / '*'}{os.pathsep}{classes}",
-                "Scenarios",
-                f"proxy={proxy.rpc}",
-                f"master_pid={master.pid}",
-            ],
-            capture_output=True,
-            text=True,
+        priority: dict[str, Any] = {}
+        if _why_no_priority_sdk() is None:  # first: the other run kills broker-a's master
+            asyncio.run(_create_priority_topic(cluster.namesrv, master.rpc))
+            priority = run_scenarios(
+                PRIORITY_SDK_DIR / "lib",
+                cluster.workdir / "java-classes-priority",
+                cluster.workdir / "java-home-priority",
+                [f"proxy={proxy.rpc}", "only=priority"],
+                timeout=90,
+            )
+        out = run_scenarios(
+            SDK_DIR / "lib",
+            cluster.workdir / "java-classes",
+            cluster.workdir / "java-home",
+            [f"proxy={proxy.rpc}", f"master_pid={master.pid}"],
             timeout=240,
-            check=False,
         )
         assert master.proc is not None
         with contextlib.suppress(subprocess.TimeoutExpired):
             master.proc.wait(10)  # reap the killed master
-        out: dict[str, Any] = {"_wall_s": time.monotonic() - started}
-        for line in proc.stdout.splitlines():
-            if line.startswith("RESULT "):
-                _, name, payload = line.split(" ", 2)
-                out[name] = json.loads(payload)
-        if len(out) == 1:
-            raise AssertionError(
-                f"java exited {proc.returncode} without results:\n"
-                + proc.stdout[-3000:]
-                + proc.stderr[-3000:]
-            )
+        if "priority" in priority:
+            out["priority"] = priority["priority"]
         yield out
     finally:
         if proxy is not None:
@@ -241,6 +309,20 @@ def test_every_acknowledged_message_arrives_once_across_a_master_kill(
     assert out["missing"] == [], f"{len(out['missing'])} acknowledged messages never consumed"
     assert out["duplicated"] == {}, out["duplicated"]
     assert out["all_received_after_last_send_s"] <= FAILOVER_BOUND_S, out
+
+
+@pytest.mark.skipif(_why_no_priority_sdk() is not None, reason=_why_no_priority_sdk() or "")
+def test_priority_messages_come_highest_level_first(results: dict[str, Any]) -> None:
+    """Issue 35: priority messages through the Java SDK (5.2.0's setPriority): each pop
+    takes the highest level that holds a message, one level in the order sent; the SDK
+    refuses a message without a priority for the PRIORITY topic, and a priority for a
+    NORMAL one (the route's accepted types, as against RocketMQ's proxy)."""
+    out = scenario(results, "priority")
+    order = sorted(PRIORITY_SENDS, key=lambda s: (-min(s[0], PRIORITY_LEVELS - 1), s[1]))
+    assert out["got"] == [f"{p}-{i}" for p, i in order], out
+    assert out["priorities"] == [p for p, _ in order], out
+    assert out["plain_to_priority"]["ok"] is False, out
+    assert out["to_normal"]["ok"] is False, out
 
 
 def test_the_suite_stays_small(results: dict[str, Any]) -> None:

@@ -4,11 +4,13 @@
 //
 //   java -cp LIB/*:CLASSES Scenarios proxy=HOST:PORT master_pid=PID [only=a,b]
 //
-// Each scenario prints one line "RESULT <name> <json>", which the tests check; a
+// "priority" runs only when named in only= (the test runs it on SDK 5.2.0: 5.0.8 has no
+// priority messages). Each scenario prints one line "RESULT <name> <json>", which the tests check; a
 // scenario that throws prints "RESULT <name> {"error": ...}" and the next one runs.
 // Every wait is bounded; the JVM exits by itself (System.exit at the end: the SDK's
 // threads must not keep it alive).
 
+import java.lang.reflect.Method;
 import java.nio.charset.StandardCharsets;
 import java.time.Duration;
 import java.util.ArrayList;
@@ -17,6 +19,7 @@ import java.util.HashMap;
 import java.util.LinkedHashMap;
 import java.util.List;
 import java.util.Map;
+import java.util.Optional;
 import java.util.concurrent.ConcurrentHashMap;
 import java.util.concurrent.CopyOnWriteArrayList;
 import java.util.concurrent.ExecutorService;
@@ -36,6 +39,7 @@ import org.apache.rocketmq.client.apis.consumer.FilterExpressionType;
 import org.apache.rocketmq.client.apis.consumer.PushConsumer;
 import org.apache.rocketmq.client.apis.consumer.SimpleConsumer;
 import org.apache.rocketmq.client.apis.message.Message;
+import org.apache.rocketmq.client.apis.message.MessageBuilder;
 import org.apache.rocketmq.client.apis.message.MessageView;
 import org.apache.rocketmq.client.apis.producer.Producer;
 import org.apache.rocketmq.client.apis.producer.SendReceipt;
@@ -73,6 +77,9 @@ public final class Scenarios {
             f.get(180, TimeUnit.SECONDS);
         }
         pool.shutdown();
+        if (wanted != null && wanted.contains("priority")) {
+            report("priority");
+        }
         if (wanted == null || wanted.contains("failover")) {
             report("failover");
         }
@@ -108,6 +115,7 @@ public final class Scenarios {
             case "transaction": return transaction();
             case "rules": return rules();
             case "sql92": return sql92();
+            case "priority": return priority();
             case "failover": return failover();
             default: throw new IllegalArgumentException(name);
         }
@@ -267,6 +275,56 @@ public final class Scenarios {
             out.put("got", got);
             out.put("more", more);
         }
+        return out;
+    }
+
+    /** Priority messages (RIP-80, MessageBuilder.setPriority, SDK 5.2.0 on): interleaved
+     *  levels sent to "java-priority" (PRIORITY, 10 queues, on one group), then received
+     *  one at a time by a SimpleConsumer that subscribed before the sends: the highest
+     *  level first, one level in the order sent (12 shares level 9). setPriority and
+     *  getPriority are called by reflection, so that this file still compiles against
+     *  5.0.8 (which has neither: there the scenario reports NoSuchMethodException). */
+    static Map<String, Object> priority() throws Exception {
+        Map<String, Object> out = new LinkedHashMap<>();
+        Method setPriority = MessageBuilder.class.getMethod("setPriority", int.class);
+        Method getPriority = MessageView.class.getMethod("getPriority");
+        int[][] sends = {{1, 0}, {5, 1}, {3, 2}, {5, 3}, {12, 4}, {0, 5}, {3, 6}, {1, 7}};
+        List<String> got = new ArrayList<>();
+        List<Object> priorities = new ArrayList<>();
+        try (SimpleConsumer c = SP.newSimpleConsumerBuilder()
+                .setClientConfiguration(config())
+                .setConsumerGroup("java-g-prio")
+                .setAwaitDuration(Duration.ofSeconds(1))
+                .setSubscriptionExpressions(
+                    Collections.singletonMap("java-priority", FilterExpression.SUB_ALL))
+                .build()) {
+            try (Producer p = producer("java-priority")) {
+                for (int[] s : sends) {
+                    MessageBuilder b = SP.newMessageBuilder().setTopic("java-priority")
+                        .setBody(bytes(s[0] + "-" + s[1]));
+                    setPriority.invoke(b, s[0]);
+                    p.send(b.build());
+                }
+                out.put("plain_to_priority", outcome(
+                    () -> p.send(message("java-priority", "plain")).getMessageId().toString()));
+            }
+            try (Producer p = producer("java-normal")) {
+                MessageBuilder b = SP.newMessageBuilder().setTopic("java-normal").setBody(bytes("x"));
+                setPriority.invoke(b, 3);
+                Message m = b.build();
+                out.put("to_normal", outcome(() -> p.send(m).getMessageId().toString()));
+            }
+            long deadline = System.currentTimeMillis() + 20_000;
+            while (got.size() < sends.length && System.currentTimeMillis() < deadline) {
+                for (MessageView v : c.receive(1, Duration.ofSeconds(15))) { // each pop's pick
+                    got.add(body(v));
+                    priorities.add(((Optional<?>) getPriority.invoke(v)).orElse(null));
+                    c.ack(v);
+                }
+            }
+        }
+        out.put("got", got);
+        out.put("priorities", priorities);
         return out;
     }
 
