@@ -5,11 +5,15 @@ Used by ``bench/acl.py produce`` (the client ACL) and ``bench/key_index.py produ
 master and SYNC slave (``run_cluster``), sends ``count`` 1 KiB messages with 64 in
 flight, and stops them; the modes alternate for ``rounds`` rounds and the best rate of
 each is kept, so a burst of another process on the machine does not decide the ratio.
+With ``cpu`` given, :func:`compare` also keeps each mode's least CPU time of the
+brokers (master and slave, user + system, from ``/proc``) per message sent: what the
+servers spend, which a loaded machine slows but does not inflate the way it does msg/s.
 """
 
 from __future__ import annotations
 
 import asyncio
+import os
 import tempfile
 import time
 from collections.abc import Callable, Mapping, Sequence
@@ -34,10 +38,27 @@ class Mode:
     prepare: Callable[[Path], dict[str, str]] | None = None
 
 
+def _cpu_s(pids: Sequence[int]) -> float:
+    """User + system CPU seconds the processes used so far (Linux ``/proc``)."""
+    ticks = os.sysconf("SC_CLK_TCK")
+    total = 0
+    for pid in pids:
+        with open(f"/proc/{pid}/stat") as f:
+            fields = f.read().rsplit(")", 1)[1].split()
+        total += int(fields[11]) + int(fields[12])  # utime, stime (fields 14, 15)
+    return total / ticks
+
+
 async def produce_rate(
-    mode: Mode, topic: str, count: int, workdir: Path, keys: Callable[[int], Sequence[str]]
+    mode: Mode,
+    topic: str,
+    count: int,
+    workdir: Path,
+    keys: Callable[[int], Sequence[str]],
+    cpu: dict[str, float] | None = None,
 ) -> float:
-    """msg/s of ``count`` SYNC sends of 1 KiB with 64 in flight into a fresh group."""
+    """msg/s of ``count`` SYNC sends of 1 KiB with 64 in flight into a fresh group;
+    ``cpu["us_per_msg"]``: the brokers' CPU microseconds per message meanwhile."""
     from ha_controller.client.admin import NameserverClient
     from ha_controller.client.message import Message
     from ha_controller.client.producer import Producer
@@ -63,6 +84,8 @@ async def produce_rate(
         async with Producer(cluster.namesrv, "bench-ab", credentials=mode.creds) as producer:
             await producer.send(Message(topic, payload))
             sent = 0
+            pids = [h.pid for h in cluster.brokers.values()]
+            cpu0 = _cpu_s(pids)
             t0 = time.perf_counter()
 
             async def worker() -> None:
@@ -73,7 +96,10 @@ async def produce_rate(
                     await producer.send(Message(topic, payload, keys=keys(i)))
 
             await asyncio.gather(*(worker() for _ in range(CONCURRENCY)))
-            return count / (time.perf_counter() - t0)
+            rate = count / (time.perf_counter() - t0)
+            if cpu is not None:
+                cpu["us_per_msg"] = (_cpu_s(pids) - cpu0) / count * 1e6
+            return rate
     finally:
         await asyncio.to_thread(cluster.stop)
 
@@ -84,15 +110,20 @@ async def compare(
     count: int,
     rounds: int,
     keys: Callable[[int], Sequence[str]] = lambda i: (),
+    cpu: dict[str, float] | None = None,
 ) -> dict[str, float]:
-    """The best msg/s of each mode over ``rounds`` rounds, the order alternating."""
+    """The best msg/s of each mode over ``rounds`` rounds, the order alternating;
+    ``cpu``, when given, gets each mode's least broker CPU microseconds per message."""
     names = list(modes)
     best = dict.fromkeys(names, 0.0)
     with tempfile.TemporaryDirectory(prefix="hac-bench-ab-") as tmp:
         for r in range(rounds):
             for name in names if r % 2 == 0 else names[::-1]:
+                used: dict[str, float] = {}
                 rate = await produce_rate(
-                    modes[name], topic, count, Path(tmp) / f"r{r}-{name}", keys
+                    modes[name], topic, count, Path(tmp) / f"r{r}-{name}", keys, used
                 )
                 best[name] = max(best[name], rate)
+                if cpu is not None:
+                    cpu[name] = min(cpu.get(name, float("inf")), used["us_per_msg"])
     return best

@@ -8,7 +8,7 @@ found without knowing the topic) and the record's commit-log offset.
 In memory the entries are two arrays in log order, the hashes (4 bytes each) and the
 offsets (8 bytes each): indexing a record is two ``array.extend`` calls after its
 hashes, and 12 bytes an entry.  A lookup scans the hashes (``bytes.find`` of the 4-byte
-hash, in C: about a millisecond per million entries); lookups are admin requests
+hash, in C: about 2 ms per million entries); lookups are admin requests
 (QUERY_MESSAGE, VIEW_MESSAGE_BY_ID), the write path is every message.  Until
 2026-12-08 the entries were a dict of hash -> offsets: about 100 bytes an entry, and
 its update plus a CRC'd 28-byte record per entry made indexing a message with three
