@@ -6,7 +6,8 @@ from typing import Any
 import pytest
 
 # Service processes started by tests must not inherit a developer's HAC_* settings.
-for _key in [k for k in os.environ if k.startswith("HAC_")]:
+# HAC_*_SDK_DIR say where the tests find the official SDKs (no service reads them).
+for _key in [k for k in os.environ if k.startswith("HAC_") and not k.endswith("_SDK_DIR")]:
     del os.environ[_key]
 
 

@@ -45,7 +45,7 @@ SDK_JAR = SDK_DIR / "lib" / "rocketmq-client-java-5.0.8.jar"
 UNAVAILABLE = SDK_DIR.parent / "java-sdk-unavailable"
 #: the SDK with priority messages (MessageBuilder.setPriority: 5.2.0 on)
 PRIORITY_SDK_DIR = Path(
-    os.environ.get("HAC_JAVA_SDK_PRIORITY_DIR", ROOT / ".venv" / "sdk-java-5.2.0")
+    os.environ.get("HAC_JAVA_PRIORITY_SDK_DIR", ROOT / ".venv" / "sdk-java-5.2.0")
 )
 PRIORITY_SDK_JAR = PRIORITY_SDK_DIR / "lib" / "rocketmq-client-java-5.2.0.jar"
 PRIORITY_UNAVAILABLE = PRIORITY_SDK_DIR.parent / "java-sdk-5.2.0-unavailable"
