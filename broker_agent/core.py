@@ -162,6 +162,18 @@ class BrokerCore:
         if self.offsets.lost:
             found = self.offsets.rebuild_from_log(self.store)
             log.info("consumer offsets rebuilt from %d record(s) of the commit log", found)
+        for (group, topic, qid), was, end in self.offsets.correct_past(
+            self.store.take_recovery_marks()
+        ):
+            log.warning(
+                "consumer offset of %s in %s/%d was %d, past the queue's end %d after an "
+                "unclean stop: corrected to it",
+                group,
+                topic,
+                qid,
+                was,
+                end,
+            )
         self.acting = ActingState(cfg.broker_id, cfg.enable_slave_acting_master)
         self.metrics = BrokerMetrics(cfg.cluster, cfg.broker_name, self.member_id)
         self.metrics.export_consumer_lag(

@@ -9,7 +9,7 @@ from broker_agent.convert import message_to_pb
 from broker_agent.core import BrokerCore
 from broker_agent.special.escape_ids import REBUILD_BYTES, Escaped, EscapedIds
 from broker_agent.special.schedule import delayed_target
-from broker_agent.store.message_store import GetMessageStatus
+from broker_agent.store.message_store import GetMessageStatus, GetResult
 from broker_agent.write_path import WritePath
 from ha_controller.filter.selector import Selector
 from ha_controller.proto import broker_pb2
@@ -326,6 +326,8 @@ class MessageHandlers:
                     suggest_which_broker_id=0,
                 )
             self._moved_to_min(req, result.min_offset)
+        elif result.status is GetMessageStatus.OFFSET_OVERFLOW_BADLY:
+            self._moved_back(req, result)
         resp = broker_pb2.PullMessageResponse(
             next_begin_offset=result.next_begin_offset,
             min_offset=result.min_offset,
@@ -348,6 +350,29 @@ class MessageHandlers:
         if not core.acting.is_master and core.acting.master_online:
             resp.suggest_which_broker_id = 0
         return resp
+
+    def _moved_back(self, req: broker_pb2.PullMessageRequest, result: GetResult) -> None:
+        """The pull asked past the queue's end: the consumer read a tail this broker no
+        longer has (an unclean stop lost it, or a cut back removed it).  The answer
+        (OFFSET_ILLEGAL, RocketMQ's PULL_OFFSET_MOVED for OFFSET_OVERFLOW_BADLY) sends
+        it back to ``next_begin_offset``, the queue's recovery mark (``store.marks``):
+        the messages stored since begin there, at the offsets the lost tail had held.
+        The group's committed offset, if it is past the end too, moves there as well."""
+        log.info(
+            "pull of %s/%d at %d: past the end %d; moving %s back to %d",
+            req.topic,
+            req.queue_id,
+            req.queue_offset,
+            result.max_offset,
+            req.consumer_group or "the consumer",
+            result.next_begin_offset,
+        )
+        group = req.consumer_group
+        if not group or not self.core.acting.serves_master_only_ops:
+            return
+        committed = self.core.offsets.query(group, req.topic, req.queue_id)
+        if committed > result.max_offset:
+            self.write_path.commit_offset(group, req.topic, req.queue_id, result.next_begin_offset)
 
     def _moved_to_min(self, req: broker_pb2.PullMessageRequest, min_offset: int) -> None:
         """The pull asked below the queue's minimum: retention deleted those messages.

@@ -86,6 +86,23 @@ class ConsumerOffsetManager(JsonTable):
             self._version.touch()
         self._dirty = True
 
+    def correct_past(self, ends: Mapping[tuple[str, int], int]) -> list[tuple[OffsetKey, int, int]]:
+        """Bring every entry past its queue's end in ``ends`` back to that end (the
+        queue ends an unclean recovery found: the commits past them were of a lost
+        tail, and the next messages take those offsets); (key, was, now) of each, the
+        table written at once.  The version does not move: no consumer committed."""
+        corrected = []
+        for key, offset in self.table.items():
+            end = ends.get((key[1], key[2]))
+            if end is not None and offset > end:
+                corrected.append((key, offset, end))
+        for key, _, end in corrected:
+            self.table[key] = end
+        if corrected:
+            self._dirty = True
+            self.persist()
+        return corrected
+
     def query(self, group: str, topic: str, queue_id: int) -> int:
         return self.table.get((group, topic, queue_id), -1)
 

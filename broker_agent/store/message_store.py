@@ -8,6 +8,7 @@ Layout under ``store_dir``::
 
     lock                      flock()ed while a process has the store open
     checkpoint                two-slot checkpoint (see ``checkpoint``)
+    recovery_marks.json       the queue ends of the last unclean recovery (see ``marks``)
     commitlog/<20 digits>     segment files (see ``commitlog``)
     consumequeue/<topic>/<queue id>/<20 digits>   consume-queue files (see ``consumequeue``)
     index/<20 digits>, index/point                 the key index (see ``keyindex``)
@@ -37,7 +38,10 @@ byte behind, so a caller may send the same record elsewhere.
 Recovery (:meth:`MessageStore.open`, see ``recovery``) starts from the checkpoint,
 verifies the commit log's tail record by record, truncates it at the first record that
 fails and trims the consume queues to match.  Reads verify the CRC again, so a record
-that fails it is never served.
+that fails it is never served.  After an unclean stop it records every queue's end as
+its recovery mark (``marks``): a read past a queue's end answers
+``OFFSET_OVERFLOW_BADLY`` with the mark as ``next_begin_offset``, so a consumer that had
+read into a tail a power loss took comes back to where the messages stored since begin.
 
 Retention (:meth:`MessageStore.clean_expired_files`, run by the broker every
 ``clean_resource_interval_ms``): expired commit-log segments are deleted as ``retention``
@@ -100,6 +104,7 @@ from .diskspace import DiskSpace, SpaceLevel, statvfs_sampler
 from .dispatch import QueueIndex
 from .files import FileCache
 from .keyindex import KeyIndex, Record, key_hash, uniq_hash
+from .marks import RecoveryMarks
 from .recovery import recover
 from .retention import (
     DELETE_BATCH_MAX,
@@ -170,6 +175,7 @@ class MessageStore:
             else None
         )
         self._checkpoint: CheckpointFile | None = None
+        self._marks = RecoveryMarks(store_dir / "recovery_marks.json")
         self._cuts: list[int] = []  # the offsets the log was cut back to (cut_back)
         self._last_store_ts = 0
         self._read_only_reason: str | None = None
@@ -276,9 +282,44 @@ class MessageStore:
         )
         self.recovered_from = recovered.walked_from
         self._last_store_ts = recovered.last_store_ts
+        self._marks.load()
+        # not a new store: it has a checkpoint (written as it first opened) or records
+        data = recovered.checkpointed or self._cqs or self._cl.max_offset > self._cl.min_offset
+        if not recovered.clean and data:
+            ends = {key: cq.max_offset for key, cq in self._cqs.items()}
+            self._marks.record(ends, self._cl.max_offset)
+            logger.warning(
+                "store %s: unclean stop: %d queue end(s) recorded as recovery marks (a read "
+                "past a queue's end moves there)",
+                self._dir,
+                len(ends),
+            )
         self._space.refresh()
         if self._keys is not None:
             self._recover_keys(self._keys)
+
+    def take_recovery_marks(self) -> dict[tuple[str, int], int]:
+        """The queue ends this open's unclean recovery recorded as marks, once (empty
+        after a clean stop, and on every later call): the broker corrects the offsets it
+        holds past them."""
+        with self._lock:
+            marks, self._marks.recorded = self._marks.recorded, {}
+            return marks
+
+    def recovery_mark(self, topic: str, queue_id: int) -> int | None:
+        """Where the queue ended at the last unclean recovery (lowered by cut backs; its
+        start when every record it holds came after that recovery), if anywhere."""
+        with self._lock:
+            cq = self._cqs.get((topic, queue_id))
+            return None if cq is None else self._mark(topic, queue_id, cq)
+
+    def _mark(self, topic: str, queue_id: int, cq: ConsumeQueue) -> int | None:
+        mark = self._marks.get(topic, queue_id)
+        since = self._marks.since
+        if mark is not None or since is None:
+            return mark
+        first = cq.entry(cq.min_offset) if len(cq) else None
+        return cq.min_offset if first is None or first[0] >= since else None
 
     def _recover_keys(self, keys: KeyIndex) -> None:
         """Load the key index and index the records its files miss (all of them when
@@ -725,8 +766,12 @@ class MessageStore:
         entries; crash-safe, see ``truncate``.  Only with no reader or writer about."""
         with self._flush_lock, self._lock:
             self._check_open()
+            before = {key: cq.max_offset for key, cq in self._cqs.items()}
             result = cut_back(self._dir, self._cl, self._cqs, self._checkpoint_file(), offset)
             self._cuts.append(offset)
+            self._marks.lower(
+                {key: cq.max_offset for key, cq in self._cqs.items() if cq.max_offset < before[key]}
+            )
             self._index.reput_offset = min(self._index.reput_offset, offset)
             if self._keys is not None:
                 self._keys.truncate(offset)
@@ -818,12 +863,16 @@ class MessageStore:
             # sends a consumer that was behind to its minimum
             if offset < lo:
                 return result(GetMessageStatus.OFFSET_TOO_SMALL, lo, [])
+            if offset > hi:
+                # past the end (an empty queue too): back to the recovery mark, where
+                # the messages stored since the last unclean stop begin
+                mark = self._mark(topic, queue_id, cq)
+                nxt = hi if mark is None else max(lo, min(mark, hi))
+                return result(GetMessageStatus.OFFSET_OVERFLOW_BADLY, nxt, [])
             if lo == hi:
                 return result(GetMessageStatus.NO_MESSAGE_IN_QUEUE, lo, [])
             if offset == hi:
                 return result(GetMessageStatus.OFFSET_OVERFLOW_ONE, offset, [])
-            if offset > hi:
-                return result(GetMessageStatus.OFFSET_OVERFLOW_BADLY, hi, [])
             messages: list[StoredMessage] = []
             total = 0
             filtered = 0

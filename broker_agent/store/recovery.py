@@ -36,6 +36,10 @@ class Recovered:
     walked_from: int
     #: the newest store time seen (a put's store time never goes back)
     last_store_ts: int
+    #: the checkpoint said the last stop was clean (a kill or a power loss does not)
+    clean: bool
+    #: there was a checkpoint (none: a new store, or one that lost it)
+    checkpointed: bool
 
 
 def recover(
@@ -50,7 +54,7 @@ def recover(
     says so."""
     walk = _Recovery(store_dir, cl, index, checkpoint, verify_segments)
     walk.run()
-    return Recovered(walk.walked_from, walk.last_store_ts)
+    return Recovered(walk.walked_from, walk.last_store_ts, walk.clean, walk.checkpointed)
 
 
 class _Recovery:
@@ -69,9 +73,13 @@ class _Recovery:
         self.verify_segments = verify_segments
         self.walked_from = 0
         self.last_store_ts = 0
+        self.clean = False
+        self.checkpointed = False
 
     def run(self) -> None:
         cp = self.checkpoint.load()
+        self.clean = cp is not None and cp.clean_shutdown
+        self.checkpointed = cp is not None
         self.cl.load()
         self.index.load()
         cl = self.cl

@@ -1,5 +1,6 @@
 """Power loss of a whole group with the stores on hac-lazyfs (what was not synced is
-gone): what ``flush_mode = "sync"`` promises about metadata.
+gone): what ``flush_mode = "sync"`` promises about metadata, and what an asynchronous
+power loss may take (its unsynced tail) and may not (the messages acknowledged after).
 
 Each test skips with the reason where the FUSE layer cannot run (root, /dev/fuse,
 ``make tools``).
@@ -7,15 +8,17 @@ Each test skips with the reason where the FUSE layer cannot run (root, /dev/fuse
 
 from __future__ import annotations
 
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from pathlib import Path
 
 import pytest
 
+from broker_agent.metadata.offsets import ConsumerOffsetManager
 from ha_controller.client.admin import NameserverClient
-from ha_controller.client.message import Message, MessageQueue
+from ha_controller.client.message import Message, MessageQueue, ReceivedMessage
 from ha_controller.client.producer import Producer
-from ha_controller.client.pull_consumer import PullConsumer
+from ha_controller.client.pull_consumer import PullConsumer, PullStatus
+from ha_controller.client.push_consumer import PushConsumer
 from ha_controller.drills.lazyfs import LazyMount, lazyfs_available
 from ha_controller.proto import broker_pb2
 from ha_controller.protocol.codes import RequestCode
@@ -27,6 +30,9 @@ TOPIC = "Durable"
 CONSUMERS = "durable-consumers"
 #: the periodic flush never runs within a test: what survives is what a commit synced
 NO_PERIODIC_FLUSH = {"HAC_FLUSH_MODE": "sync", "HAC_FLUSH_INTERVAL_MS": "600000"}
+#: async, and the periodic flush never runs within a test: what was written since the
+#: last orderly stop is the unsynced tail a power loss takes
+ASYNC_NO_FLUSH = {"HAC_FLUSH_MODE": "async", "HAC_FLUSH_INTERVAL_MS": "600000"}
 
 
 class PoweredCluster:
@@ -47,15 +53,20 @@ class PoweredCluster:
             mount.mount()
         self.cluster: Cluster = run_cluster((GROUP_NAME,), replicas, workdir=workdir, env=env)
 
-    def power_cycle(self) -> None:
+    def store(self, bid: int) -> Path:
+        return self.workdir / "store" / f"{GROUP_NAME}-{bid}"
+
+    def power_cycle(self, while_off: Callable[[], None] | None = None) -> None:
         """kill -9 every broker of the group, drop what they had not synced, start them
-        again (slaves first)."""
+        again (slaves first); ``while_off`` runs before they start."""
         for bid in self.ids:
             self.cluster.broker(GROUP_NAME, bid).kill()
         for mount in self.mounts.values():
             mount.power_cut()
         for mount in self.mounts.values():
             mount.mount()
+        if while_off is not None:
+            while_off()
         for bid in self.ids:
             self.cluster.restart(GROUP_NAME, bid)
 
@@ -126,8 +137,11 @@ async def test_an_acknowledged_offset_commit_survives_a_power_loss(
         await eventually(lambda: ns.create_topic(TOPIC, queues=2), timeout=15)
     async with Producer(cluster.namesrv) as producer:
         await eventually(lambda: producer.send(Message(TOPIC, b"m")), timeout=20)
+        for _ in range(89):  # the offsets committed lie within the queues (a broker
+            await producer.send(Message(TOPIC, b"m"))  # corrects those past the end)
     queues = [MessageQueue(TOPIC, GROUP_NAME, q) for q in range(2)]
     async with PullConsumer(cluster.namesrv, CONSUMERS) as pull, ConnectionPool() as pool:
+        assert min([await pull.max_offset(mq) for mq in queues]) >= 40
         await commit_all(pull, queues, 20)
         slaves = [bid for bid in powered.ids if bid != 0]
 
@@ -146,3 +160,89 @@ async def test_an_acknowledged_offset_commit_survives_a_power_loss(
     async with PullConsumer(cluster.namesrv, CONSUMERS) as pull:
         await eventually(lambda: pull.committed_offset(queues[0]), timeout=20)  # it serves
         assert [await pull.committed_offset(mq) for mq in queues] == [40, 39]
+
+
+async def read_from(pull: PullConsumer, mq: MessageQueue, offset: int) -> list[ReceivedMessage]:
+    """What a pull consumer that holds ``offset`` reads, following the broker's
+    ``next_begin_offset`` (as every client does on OFFSET_ILLEGAL), until nothing is new."""
+    out: list[ReceivedMessage] = []
+    for _ in range(20):
+        res = await pull.pull(mq, offset, max_msgs=32, suspend_timeout_ms=0)
+        out.extend(res.messages)
+        if res.status not in (PullStatus.FOUND, PullStatus.OFFSET_ILLEGAL):
+            break
+        offset = res.next_begin_offset
+    return out
+
+
+@pytest.mark.parametrize("powered", [(1, ASYNC_NO_FLUSH), (3, ASYNC_NO_FLUSH)], indirect=True)
+async def test_messages_acknowledged_after_an_async_power_loss_reach_the_consumers(
+    powered: PoweredCluster,
+) -> None:
+    """Ten messages synced (an orderly restart), ten more read by a push group and a pull
+    consumer, then a power loss of the whole group with ``flush_mode = "async"``: the
+    second ten are the unsynced tail, gone, and the queue ends at 10 again.  The push
+    group's committed offset (20) is on disk (the periodic flush wrote the offset table
+    after the commit log: the window a power loss may hit), the pull consumer holds 20
+    itself.  Five messages acknowledged after the power came back take queue offsets
+    10-14, which both had read past: each must still reach both."""
+    cluster = powered.cluster
+    await cluster.wait_ready()
+    async with NameserverClient([cluster.namesrv]) as ns:
+        await eventually(lambda: ns.create_topic(TOPIC, queues=1), timeout=15)
+    mq = MessageQueue(TOPIC, GROUP_NAME, 0)
+    received: dict[str, int] = {}
+
+    async def listener(m: ReceivedMessage) -> bool:
+        received[m.key] = received.get(m.key, 0) + 1
+        return True
+
+    def push_group() -> PushConsumer:
+        return PushConsumer(cluster.namesrv, "push-g", TOPIC, listener, commit_interval_s=0.2)
+
+    async def send(producer: Producer, prefix: str, n: int) -> list[str]:
+        keys = [f"{prefix}-{i}" for i in range(n)]
+        for key in keys:
+            await eventually(lambda k=key: producer.send(Message(TOPIC, b"m", keys=(k,))), 20)
+        return keys
+
+    async with (
+        Producer(cluster.namesrv) as producer,
+        PullConsumer(cluster.namesrv, "pull-g") as pull,
+    ):
+        before = await send(producer, "before", 10)
+        async with push_group():
+            await eventually(lambda: all(k in received for k in before), timeout=15)
+    powered.restart_orderly()
+    await cluster.wait_ready()
+
+    async with (
+        Producer(cluster.namesrv) as producer,
+        PullConsumer(cluster.namesrv, "pull-g") as pull,
+    ):
+        tail = await send(producer, "tail", 10)
+        assert {m.key for m in await read_from(pull, mq, 10)} == set(tail)
+        async with push_group():
+            await eventually(lambda: all(k in received for k in tail), timeout=15)
+        assert await pull.max_offset(mq) == 20
+
+    def offsets_synced_ahead() -> None:
+        table = ConsumerOffsetManager(powered.store(0) / "consumer_offsets.json")
+        table.load()
+        table.commit("push-g", TOPIC, 0, 20)
+        table.persist()
+
+    powered.power_cycle(offsets_synced_ahead)
+    await cluster.wait_ready()
+    async with (
+        Producer(cluster.namesrv) as producer,
+        PullConsumer(cluster.namesrv, "pull-g") as pull,
+    ):
+        await eventually(lambda: pull.max_offset(mq), timeout=20)  # it serves
+        assert await pull.max_offset(mq) == 10, "the unsynced tail was not lost"
+        after = await send(producer, "after", 5)
+        assert await pull.max_offset(mq) == 15
+        # the pull consumer holds offset 20, past the queue's end
+        assert {m.key for m in await read_from(pull, mq, 20)} == set(after)
+    async with push_group():
+        await eventually(lambda: all(k in received for k in after), timeout=10)

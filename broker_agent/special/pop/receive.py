@@ -50,6 +50,11 @@ __all__ = ["PopMessageProcessor"]
 log = logging.getLogger(__name__)
 
 
+#: Read statuses whose ``next_begin_offset`` is where the group's offset belongs: below
+#: the queue's first (retention), past its end (its recovery mark, ``store.marks``).
+_MOVED = frozenset({GetMessageStatus.OFFSET_TOO_SMALL, GetMessageStatus.OFFSET_OVERFLOW_BADLY})
+
+
 class PopMessageProcessor:
     """POP_MESSAGE, plain and orderly, with its long polling."""
 
@@ -210,11 +215,13 @@ class PopMessageProcessor:
     def _read(
         self, topic: str, qid: int, start: int, max_msgs: int, select: Selector
     ) -> tuple[int, GetResult]:
-        """Messages from ``start`` (from the queue's first when ``start`` is below it)."""
+        """Messages from ``start`` (from the queue's first when ``start`` is below it,
+        from its recovery mark when ``start`` is past its end: the group's offset is of
+        a tail an unclean stop lost, see ``store.marks``)."""
         store = self.core.store
         tags, props = select.tag_hashes, select.properties
         got = store.get_messages(topic, qid, start, max_msgs, tag_filter=tags, message_filter=props)
-        if got.status is GetMessageStatus.OFFSET_TOO_SMALL:
+        if got.status in _MOVED:
             start = got.next_begin_offset
             got = store.get_messages(
                 topic, qid, start, max_msgs, tag_filter=tags, message_filter=props
@@ -223,7 +230,12 @@ class PopMessageProcessor:
 
     def _skip_unmatched(self, group: str, topic: str, qid: int, start: int, got: GetResult) -> None:
         """Nothing to hand out, but the queue's entries up to ``got``'s end are filtered
-        out or unreadable: the group's offset moves past them."""
+        out or unreadable: the group's offset moves past them.  A group offset past the
+        queue's end (read from its recovery mark, see :meth:`_read`) moves back to
+        ``start``."""
+        if self.core.offsets.query(group, topic, qid) > got.max_offset >= start:
+            self.write_path.commit_offset(group, topic, qid, start)
+            return
         if got.next_begin_offset > start and got.status in (
             GetMessageStatus.NO_MATCHED_MESSAGE,
             GetMessageStatus.OFFSET_FOUND_NULL,

@@ -1,0 +1,90 @@
+"""Recovery marks: where each consume queue ended when the store last recovered from an
+unclean stop, kept on disk.
+
+An unclean stop of a whole group with ``flush_mode = "async"`` (a power loss) loses
+the commit log's unsynced tail, so the queues end earlier than before, and the next
+messages take the queue offsets the lost tail had held.  A consumer that had read past
+the recovered end must come back to it, not to wherever the queue ends when it next
+asks, or it skips the messages stored since.  The mark is that place: recorded for every
+queue at each unclean recovery (a kill -9 too: the store cannot tell whether it lost
+anything), replacing the marks of the one before, lowered when a cut back ends a queue
+earlier, and answered as ``next_begin_offset`` to a read past a queue's end
+(RocketMQ's OFFSET_OVERFLOW_BADLY: a client moves to that offset).  A queue the
+recovery did not find (its files were lost with its messages) has no mark; when its
+first record lies past the commit-log end that recovery found (``since``), every
+message it holds came after, and its start serves as its mark.
+
+The file (``recovery_marks.json``) is written whole, atomically and synced
+(``metadata.json_table.write_json_atomic``), before the store serves; an unreadable
+one is a warning and no marks (a read past the end then moves to the end, as before).
+"""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import Mapping
+from pathlib import Path
+
+from broker_agent.metadata.json_table import TableUnreadable, read_json_checked, write_json_atomic
+
+from .commitlog import store_error
+
+__all__ = ["RecoveryMarks"]
+
+log = logging.getLogger(__name__)
+
+QueueKey = tuple[str, int]
+
+
+class RecoveryMarks:
+    """The marks of one store (not thread-safe: the store's lock guards it)."""
+
+    def __init__(self, path: Path) -> None:
+        self.path = path
+        self._marks: dict[QueueKey, int] = {}
+        #: the commit-log end the last unclean recovery found (None: never one)
+        self.since: int | None = None
+        #: the marks this open's recovery recorded (empty after a clean stop)
+        self.recorded: dict[QueueKey, int] = {}
+
+    def load(self) -> None:
+        try:
+            data = read_json_checked(self.path)
+            self._marks = {
+                (str(e["topic"]), int(e["queueId"])): int(e["end"]) for e in data["marks"]
+            }
+        except FileNotFoundError:
+            self._marks = {}
+        except (OSError, TableUnreadable, KeyError, ValueError, TypeError) as exc:
+            log.warning("recovery marks %s cannot be read (%s): none kept", self.path, exc)
+            self._marks = {}
+
+    def get(self, topic: str, queue_id: int) -> int | None:
+        return self._marks.get((topic, queue_id))
+
+    def record(self, ends: Mapping[QueueKey, int], since: int) -> None:
+        """An unclean recovery ended the queues at ``ends`` and the commit log at
+        ``since``: they are the marks now."""
+        self._marks = dict(ends)
+        self.since = since
+        self.recorded = dict(ends)
+        self._save()
+
+    def lower(self, ends: Mapping[QueueKey, int]) -> None:
+        """A cut back ended these queues at ``ends``: a mark above its queue's new end
+        comes down to it (a queue without a mark gets one)."""
+        changed = False
+        for key, end in ends.items():
+            mark = self._marks.get(key)
+            if mark is None or mark > end:
+                self._marks[key] = end
+                changed = True
+        if changed:
+            self._save()
+
+    def _save(self) -> None:
+        marks = [{"topic": t, "queueId": q, "end": e} for (t, q), e in sorted(self._marks.items())]
+        try:
+            write_json_atomic(self.path, {"marks": marks, "since": self.since or 0})
+        except OSError as exc:
+            raise store_error(exc, f"cannot write recovery marks {self.path}") from exc
