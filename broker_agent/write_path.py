@@ -26,6 +26,7 @@ from dataclasses import dataclass
 from typing import Protocol
 
 from broker_agent.membership.acting import ActingState
+from broker_agent.metadata.json_table import JsonTable
 from broker_agent.metadata.offsets import ConsumerOffsetManager
 from broker_agent.metadata.topics import TopicConfigManager
 from broker_agent.metrics import BrokerMetrics
@@ -365,9 +366,29 @@ class WritePath:
         arrive meanwhile share one write), so the commit survives a power loss of every
         node; with async it is written with the next flush."""
         end = self.commit_offset(group, topic, queue_id, offset)
-        if self.core.cfg.flush_mode == "sync":
-            await self.core.offsets.persist_durably()
+        await self.durable(self.core.offsets)
         return end
+
+    async def durable(self, table: JsonTable) -> None:
+        """With ``flush_mode = "sync"``, return once every change made to ``table`` so
+        far is on disk (:meth:`JsonTable.persist_durably`: the callers that arrive while
+        a write is on its way share the next one): for a change about to be answered
+        (a commit, a POP, an ack) or whose delivery is about to count as done (a delay
+        level's or the timer's progress, a transaction's), so that a power loss of every
+        node keeps it.  With async the table is written every interval.  OSError when
+        the write fails (the table stays changed; the next write tries again)."""
+        if self.core.cfg.flush_mode == "sync":
+            await table.persist_durably()
+
+    async def progress_durable(self, table: JsonTable) -> None:
+        """:meth:`durable` for a special service's progress (a delivery, an escape, a
+        resolution): it counts as done once on disk, so a power loss of the whole group
+        right after it repeats it only within that one write.  A failed write is logged;
+        the service's periodic write tries again."""
+        try:
+            await self.durable(table)
+        except OSError as exc:
+            log.warning("cannot persist the %s: %s; retrying", table.what, exc)
 
     def replicate_offset(self, group: str, topic: str, queue_id: int, offset: int) -> int | None:
         """On the master, append an offset record (consumer or delay offset) so that it

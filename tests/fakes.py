@@ -367,6 +367,8 @@ class FakeStore:
         self._last_store_ts = 0
         self.appended: list[StoredMessage] = []
         self.refuse: HaError | None = None
+        #: what a real store says after an unclean stop (the tables catch up with it)
+        self.recovered_unclean = False
 
     # ---- write ---------------------------------------------------------------------
 
@@ -462,6 +464,17 @@ class FakeStore:
     def min_offset(self, topic: str, queue_id: int) -> int:
         queue = self._queues.get((topic, queue_id))
         return 0 if queue is None else queue.low
+
+    def search_offset(self, topic: str, queue_id: int, timestamp_ms: int) -> int:
+        """First queue offset stored at or after ``timestamp_ms`` (the end: none)."""
+        queue = self._queues.get((topic, queue_id))
+        if queue is None:
+            return 0
+        for offset in range(queue.low, queue.high):
+            msg = queue.messages.get(offset)
+            if msg is not None and msg.store_ts_ms >= timestamp_ms:
+                return offset
+        return queue.high
 
     def get_messages(
         self,

@@ -199,6 +199,15 @@ class JsonTable:
         except OSError as exc:  # the file may be fine: nothing is set aside
             raise StoreError(f"cannot read the {self.what} {self.path}: {exc}") from exc
 
+    def written_ms(self) -> int | None:
+        """When the file was last written (its mtime, ms), None without one."""
+        if self.path is None:
+            return None
+        try:
+            return int(self.path.stat().st_mtime * 1000)
+        except OSError:
+            return None
+
     def _refuse(self, why: str) -> None:
         raise StoreError(f"corrupt {self.what} {self.path} ({why}); {self.repair}")
 

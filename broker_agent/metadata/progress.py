@@ -8,7 +8,13 @@ reach the slaves with the durability of messages, and two things read them:
 - a slave applies each as it is dispatched (:class:`ProgressRecords`,
   ``.forward``);
 - a table whose file could not be read is rebuilt from those still in the log
-  (:func:`replay`): in log order, so the newest wins.
+  (:func:`replay`): in log order, so the newest wins;
+- after an unclean stop, a special service's table catches up with the records stored
+  since its file was last written (:func:`catch_up`), only moving forward: the file is
+  written every interval (and, with ``flush_mode = "sync"``, after each delivery on a
+  master), while the records are synced with the commit log, a slave's too.  Without
+  it a slave that acts after a power loss of its whole group delivers again what its
+  master had delivered since the slave's file was written.
 
 Records older than retention are gone, but only with the segments before them: what
 they counted (the messages consumed or delivered) was stored earlier still, so it is
@@ -28,7 +34,15 @@ from ha_controller.protocol.properties import (
 )
 from ha_controller.protocol.record import StoredMessage
 
-__all__ = ["PROGRESS_GROUPS", "ProgressApplier", "ProgressLog", "ProgressRecords", "replay"]
+__all__ = [
+    "CATCH_UP_MARGIN_MS",
+    "PROGRESS_GROUPS",
+    "ProgressApplier",
+    "ProgressLog",
+    "ProgressRecords",
+    "catch_up",
+    "replay",
+]
 
 log = logging.getLogger(__name__)
 
@@ -37,6 +51,9 @@ ProgressApplier = Callable[[Mapping[str, str]], None]
 
 #: The ``G`` of the special services' records; every other ``G`` is a consumer group.
 PROGRESS_GROUPS: Final = frozenset({DELAY_OFFSET_GROUP, TIMER_CHECKPOINT_GROUP})
+#: How long before its file's last write a table's catch-up starts reading records:
+#: their store times are the master's clock, the file's time this broker's.
+CATCH_UP_MARGIN_MS: Final = 10_000
 
 
 class ProgressLog(Protocol):
@@ -48,12 +65,19 @@ class ProgressLog(Protocol):
 
     def get_message_at(self, topic: str, queue_id: int, offset: int) -> StoredMessage | None: ...
 
+    def search_offset(self, topic: str, queue_id: int, timestamp_ms: int) -> int: ...
 
-def replay(store: ProgressLog, group: str | None, apply: ProgressApplier) -> int:
+
+def replay(
+    store: ProgressLog, group: str | None, apply: ProgressApplier, start: int | None = None
+) -> int:
     """Apply every progress record still in the log whose ``G`` is ``group`` (None:
-    every consumer group), oldest first; how many were applied."""
+    every consumer group), oldest first, from queue offset ``start`` (None: the
+    first); how many were applied."""
     applied = 0
     offset = store.min_offset(OFFSET_TOPIC, 0)
+    if start is not None:
+        offset = max(offset, start)
     end = store.max_offset(OFFSET_TOPIC, 0)
     while offset < end:
         msg = store.get_message_at(OFFSET_TOPIC, 0, offset)
@@ -70,6 +94,18 @@ def replay(store: ProgressLog, group: str | None, apply: ProgressApplier) -> int
             continue
         applied += 1
     return applied
+
+
+def catch_up(
+    store: ProgressLog, group: str, apply_forward: ProgressApplier, written_ms: int | None
+) -> int:
+    """After an unclean stop: apply the records of ``group`` stored since about
+    ``written_ms`` (when the table's file was written; None: every record), with an
+    applier that only moves the table forward; how many were applied."""
+    start = None
+    if written_ms is not None:
+        start = store.search_offset(OFFSET_TOPIC, 0, written_ms - CATCH_UP_MARGIN_MS)
+    return replay(store, group, apply_forward, start)
 
 
 class ProgressRecords:

@@ -14,6 +14,7 @@ from pathlib import Path
 from typing import Any, Protocol
 
 from broker_agent.membership.acting import ActingState
+from broker_agent.metadata.json_table import JsonTable
 from broker_agent.metadata.offsets import ConsumerOffsetManager
 from broker_agent.metadata.topics import TopicConfigManager
 from broker_agent.metrics import BrokerMetrics
@@ -49,6 +50,11 @@ class StorePort(Protocol):
     def max_offset(self, topic: str, queue_id: int) -> int: ...
 
     def topics_and_queues(self) -> dict[str, list[int]]: ...
+
+    def search_offset(self, topic: str, queue_id: int, timestamp_ms: int) -> int: ...
+
+    #: this open found the last stop unclean
+    recovered_unclean: bool
 
 
 class CorePort(Protocol):
@@ -120,6 +126,10 @@ class WritePort(Protocol):
     async def confirm(self, end: int, needed: int | None = None) -> bool: ...
 
     def commit_offset(self, group: str, topic: str, queue_id: int, offset: int) -> int | None: ...
+
+    async def durable(self, table: JsonTable) -> None: ...
+
+    async def progress_durable(self, table: JsonTable) -> None: ...
 
     def replicate_offset(
         self, group: str, topic: str, queue_id: int, offset: int

@@ -20,7 +20,9 @@ The slave cannot write op messages (its store only replicates), so the progress 
 small table with a DataVersion (``transaction_offsets.json``), served on
 GET_TRANSACTION_OFFSETS, forward-synced to slaves and adopted by a returning master in
 pre-online, so that it does not check (and the producer commit) again what its
-acting slave already handed on.
+acting slave already handed on.  With ``flush_mode = "sync"`` what only the table
+records (an acting slave's resolution or escape) is on disk before it counts as done
+(``WritePath.durable``); a master's op messages are synced with its commit log.
 
 Beyond RocketMQ, whose EndTransactionProcessor refuses a SLAVE, an END_TRANSACTION
 received by the acting slave is honoured, as the RIP-32 text promises: a commit is
@@ -548,6 +550,10 @@ class TransactionService:
         self.progress.advance()
         self._checks.pop(offset, None)
         self._changed()
+        if not self.core.acting.is_master:
+            # no op message records it (a master's is synced with its commit log):
+            # the table must hold it before the resolution counts as done
+            await self.write_path.progress_durable(self.file)
 
     # ---- the check loop ----------------------------------------------------------
 
@@ -758,7 +764,11 @@ class TransactionService:
         done = self._escaping[o] = asyncio.Event()
         try:
             with self.core.special_steps.step():
-                return await self._escape_half(msg)
+                escaped = await self._escape_half(msg)
+            if escaped:
+                # handed on (or given up): escaped again after a power loss otherwise
+                await self.write_path.progress_durable(self.file)
+            return escaped
         finally:
             self._inflight.discard(o)
             del self._escaping[o]

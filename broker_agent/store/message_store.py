@@ -190,6 +190,8 @@ class MessageStore:
         """Reads that found a record failing its CRC or disagreeing with its entry."""
         self.recovered_from = 0
         """The commit-log offset recovery verified from (the checkpoint's, normally)."""
+        self.recovered_unclean = False
+        """This open found the last stop unclean (a kill, a crash, a power loss)."""
 
     # --- lifecycle ------------------------------------------------------------------
 
@@ -285,7 +287,8 @@ class MessageStore:
         self._marks.load()
         # not a new store: it has a checkpoint (written as it first opened) or records
         data = recovered.checkpointed or self._cqs or self._cl.max_offset > self._cl.min_offset
-        if not recovered.clean and data:
+        self.recovered_unclean = not recovered.clean and bool(data)
+        if self.recovered_unclean:
             ends = {key: cq.max_offset for key, cq in self._cqs.items()}
             self._marks.record(ends, self._cl.max_offset)
             logger.warning(

@@ -8,6 +8,7 @@ Each test skips with the reason where the FUSE layer cannot run (root, /dev/fuse
 
 from __future__ import annotations
 
+import time
 from collections.abc import Callable, Iterator
 from pathlib import Path
 
@@ -19,6 +20,7 @@ from ha_controller.client.message import Message, MessageQueue, ReceivedMessage
 from ha_controller.client.producer import Producer
 from ha_controller.client.pull_consumer import PullConsumer, PullStatus
 from ha_controller.client.push_consumer import PushConsumer
+from ha_controller.client.simple_consumer import SimpleConsumer
 from ha_controller.drills.lazyfs import LazyMount, lazyfs_available
 from ha_controller.proto import broker_pb2
 from ha_controller.protocol.codes import RequestCode
@@ -246,3 +248,91 @@ async def test_messages_acknowledged_after_an_async_power_loss_reach_the_consume
         assert {m.key for m in await read_from(pull, mq, 20)} == set(after)
     async with push_group():
         await eventually(lambda: all(k in received for k in after), timeout=10)
+
+
+async def create_topic(cluster: Cluster, topic: str) -> None:
+    async with NameserverClient([cluster.namesrv]) as ns:
+        await eventually(lambda: ns.create_topic(topic, queues=1), timeout=15)
+
+
+@pytest.mark.parametrize("powered", [(1, NO_PERIODIC_FLUSH), (3, NO_PERIODIC_FLUSH)], indirect=True)
+async def test_an_acknowledged_pop_is_not_delivered_again_after_a_power_loss(
+    powered: PoweredCluster,
+) -> None:
+    """Ten messages popped and acked with ``flush_mode = "sync"``, then a power loss of the
+    whole group before any periodic write: none comes again (a probe sent after the power
+    came back is popped first)."""
+    cluster = powered.cluster
+    await cluster.wait_ready()
+    await create_topic(cluster, TOPIC)
+    async with Producer(cluster.namesrv) as producer:
+        await eventually(lambda: producer.send(Message(TOPIC, b"m", keys=("m-0",))), timeout=20)
+        for i in range(1, 10):
+            await producer.send(Message(TOPIC, b"m", keys=(f"m-{i}",)))
+    async with SimpleConsumer(cluster.namesrv, "pop-g", [TOPIC], 60) as pop:
+        got: list[ReceivedMessage] = []
+        while len(got) < 10:
+            got += await pop.receive(16, wait_s=2)
+        for m in got:
+            await pop.ack(m)
+    powered.power_cycle()
+    await cluster.wait_ready()
+    async with Producer(cluster.namesrv) as producer:
+        await eventually(lambda: producer.send(Message(TOPIC, b"p", keys=("probe",))), 20)
+    async with SimpleConsumer(cluster.namesrv, "pop-g", [TOPIC], 60) as pop:
+        again: list[str] = []
+
+        async def probe_popped() -> bool:
+            for m in await pop.receive(16, wait_s=1):
+                again.append(m.key)
+                await pop.ack(m)
+            return "probe" in again
+
+        await eventually(probe_popped, timeout=20)
+        assert again == ["probe"], "acknowledged POP messages came again"
+
+
+def delayed(key: str, kind: str, due_ms: int) -> Message:
+    """A message due at ``due_ms``: of delay level 1 (one second after it is stored),
+    or a timer message."""
+    if kind == "delay":
+        return Message(TOPIC, b"d", keys=(key,), delay_level=1)
+    return Message(TOPIC, b"t", keys=(key,), deliver_ts_ms=due_ms)
+
+
+@pytest.mark.parametrize("kind", ["delay", "timer"])
+@pytest.mark.parametrize("powered", [(1, NO_PERIODIC_FLUSH), (3, NO_PERIODIC_FLUSH)], indirect=True)
+async def test_a_delivered_delayed_message_is_not_delivered_again_after_a_power_loss(
+    powered: PoweredCluster, kind: str
+) -> None:
+    """Two delay-level (or timer) messages due together, delivered with ``flush_mode =
+    "sync"``, then a power loss of the whole group as soon as the second is delivered:
+    the first is not delivered again (the level, or the timer, went on to the second
+    only once the first's progress was on disk; the second's may be delivered again:
+    its progress is written just after it is delivered).  A probe of the same kind sent
+    after the power came back is delivered once the level has been read again."""
+    cluster = powered.cluster
+    await cluster.wait_ready()
+    await create_topic(cluster, TOPIC)
+    mq = MessageQueue(TOPIC, GROUP_NAME, 0)
+    async with Producer(cluster.namesrv) as producer, PullConsumer(cluster.namesrv, "g") as pull:
+        due = int(time.time() * 1000) + 1500
+        await eventually(lambda: producer.send(delayed("first", kind, due)), timeout=20)
+        await producer.send(delayed("second", kind, due))
+
+        async def both_delivered() -> bool:
+            return await pull.max_offset(mq) == 2
+
+        await eventually(both_delivered, timeout=10)
+    powered.power_cycle()
+    await cluster.wait_ready()
+    async with Producer(cluster.namesrv) as producer, PullConsumer(cluster.namesrv, "g") as pull:
+        probe = delayed("probe", kind, int(time.time() * 1000) + 1000)
+        await eventually(lambda: producer.send(probe), timeout=20)
+
+        async def probe_delivered() -> list[str]:
+            keys = [m.key for m in await read_from(pull, mq, 0)]
+            return keys if "probe" in keys else []
+
+        keys = await eventually(probe_delivered, timeout=20)
+        assert keys.count("first") == 1, f"delivered again after the power loss: {keys}"

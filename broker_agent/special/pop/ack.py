@@ -7,7 +7,9 @@ awaits; once the time is over it is refused with ``ReceiptHandleExpired`` (Rocke
 message back.  So an ack answered ok is never followed by the same message again, and
 a late one tells its consumer that the message will come again.  (A handle whose CK
 escaped to another group is checked here too, but that group's revive loop sees the
-ack only once its record arrives there.)
+ack only once its record arrives there.)  With ``flush_mode = "sync"`` the ACK record is
+synced with the commit log before the answer; an acting slave's ack (the ack table) and
+an orderly ack (the group's offset) are written durably first (``WritePath.durable``).
 """
 
 from __future__ import annotations
@@ -18,7 +20,7 @@ from broker_agent.special.pop.receive import PopMessageProcessor
 from broker_agent.special.pop.records import TAG_ACK, ReceiptHandle, ack_body
 from broker_agent.special.pop.revive import PopReviveService
 from broker_agent.special.pop.revive_log import ReviveLog
-from broker_agent.special.ports import CorePort
+from broker_agent.special.ports import CorePort, WritePort
 from ha_controller.proto import broker_pb2
 from ha_controller.protocol.errors import BadRequest, ReceiptHandleExpired
 from ha_controller.rpc import RequestContext
@@ -32,12 +34,14 @@ class AckMessageProcessor:
     def __init__(
         self,
         core: CorePort,
+        write_path: WritePort,
         revive_log: ReviveLog,
         revive: PopReviveService,
         receive: PopMessageProcessor,
         clock: Callable[[], int],
     ) -> None:
         self.core = core
+        self.write_path = write_path
         self.revive_log = revive_log
         self.revive = revive
         self.receive = receive
@@ -72,6 +76,7 @@ class AckMessageProcessor:
         if handle.ck_local and not self.core.acting.is_master:
             # the CK sits in our replicated revive queue: our revive loop owns it
             self.revive.ack_local(key, handle.offset)
+            await self.write_path.durable(self.revive.acks)
             return
         # an escaped CK's ACK goes to the group that holds the CK, whoever serves the
         # ack (the returning master too: long campaign seed 1003 on 8fbf299)
@@ -92,6 +97,7 @@ class AckMessageProcessor:
         handle = self.handle_of(req)
         if handle.orderly:
             self.receive.order_done(req.consumer_group, req.topic, handle)
+            await self.write_path.durable(self.core.offsets)
             return broker_pb2.AckMessageResponse()
         self.check_not_expired(handle, "ack")
         await self.write_ack(handle, handle.ck_key(req.consumer_group, req.topic))

@@ -165,7 +165,13 @@ class PopMessageProcessor:
                     )
                 )
             remaining_ms = int((deadline - time.monotonic()) * 1000)
-            if resp.messages or remaining_ms <= 0 or not core.acting.serves_master_only_ops:
+            if resp.messages:
+                # the offsets this pop moved survive a power loss before it is answered
+                # (sync flush; the CKs are synced with the commit log), or the messages
+                # are popped again after one
+                await self.write_path.durable(core.offsets)
+                return resp
+            if remaining_ms <= 0 or not core.acting.serves_master_only_ops:
                 return resp
             await self._hold(
                 req.consumer_group,

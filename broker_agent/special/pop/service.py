@@ -51,7 +51,9 @@ class PopService:
         self.receive = PopMessageProcessor(
             core, write_path, self.revive_log, self.subscriptions, now
         )
-        self.ack = AckMessageProcessor(core, self.revive_log, self.revive, self.receive, now)
+        self.ack = AckMessageProcessor(
+            core, write_path, self.revive_log, self.revive, self.receive, now
+        )
         self.invisible = ChangeInvisibleTimeProcessor(
             core, self.revive_log, self.ack, self.receive, now
         )

@@ -16,7 +16,7 @@ from pathlib import Path
 from typing import Any
 
 from broker_agent.metadata.json_table import JsonTable, oldest
-from broker_agent.metadata.progress import ProgressLog, replay
+from broker_agent.metadata.progress import ProgressLog, catch_up, replay
 from broker_agent.metadata.versioned import TableSync
 from ha_controller.dataversion import DataVersion, SteppedVersion
 from ha_controller.proto import broker_pb2
@@ -67,6 +67,11 @@ class DelayOffsetTable(JsonTable):
         """Take every delay offset record still in the commit log (after
         :meth:`start_over`); how many there were."""
         return replay(store, DELAY_OFFSET_GROUP, self.apply_record)
+
+    def catch_up_with_log(self, store: ProgressLog) -> int:
+        """After an unclean stop: take the delay offset records stored since the file
+        was written (each moves its level forward only); how many there were."""
+        return catch_up(store, DELAY_OFFSET_GROUP, self.apply_record, self.written_ms())
 
     def payload(self) -> dict[str, Any]:
         return {

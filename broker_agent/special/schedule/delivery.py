@@ -3,7 +3,8 @@ the escape of one due message, skipping a recalled one, and logging late ones.
 
 Due messages go through the escape bridge (a local put on a master; local-in-container
 or remote escape on an acting slave), and progress moves only after a successful
-escape.
+escape; with ``flush_mode = "sync"`` the loop goes on only once the progress is on disk
+(``WritePath.progress_durable``).
 """
 
 from __future__ import annotations

@@ -83,6 +83,13 @@ class ScheduleService:
             if table.lost:
                 found = table.rebuild_from_log(core.store)
                 log.info("%s rebuilt from %d record(s) of the commit log", table.what, found)
+            elif core.store.recovered_unclean:
+                found = table.catch_up_with_log(core.store)
+                log.info(
+                    "%s: unclean stop: %d record(s) since its file was written read",
+                    table.what,
+                    found,
+                )
         self.recalls.load()  # a lost one: the timer loop reads the markers again
         self.delivery = Delivery(core, escape, self.recalls, clock)
         self.timer_loop = TimerLoop(core, write_path, self.timer, self.recalls, self.delivery)
@@ -220,6 +227,8 @@ class ScheduleService:
                     self.delay_offsets.update(level, offset + 1)
             if not delivered:
                 await self.clock.sleep(POLL_S)
+                continue
+            await self.write_path.progress_durable(self.delay_offsets)
 
     # ---- metadata RPCs and sync ------------------------------------------------
 

@@ -27,7 +27,7 @@ from pathlib import Path
 from typing import Any
 
 from broker_agent.metadata.json_table import JsonTable, oldest
-from broker_agent.metadata.progress import ProgressLog, replay
+from broker_agent.metadata.progress import ProgressLog, catch_up, replay
 from broker_agent.metadata.versioned import TableSync
 from broker_agent.special.ports import CorePort, WritePort
 from broker_agent.special.schedule.delivery import IDLE_WAIT_S, OVERDUE_LOG_MS, POLL_S, Delivery
@@ -169,6 +169,22 @@ class TimerCheckpointFile(JsonTable):
         """Take the newest timer checkpoint record still in the commit log (after
         :meth:`start_over`); how many there were."""
         return replay(store, TIMER_CHECKPOINT_GROUP, self.apply_record)
+
+    def catch_up_with_log(self, store: ProgressLog) -> int:
+        """After an unclean stop: take the timer checkpoint records stored since the
+        file was written, each only where it is ahead of the checkpoint (an acting
+        slave's own progress has no record); how many there were."""
+        return catch_up(store, TIMER_CHECKPOINT_GROUP, self._apply_forward, self.written_ms())
+
+    def _apply_forward(self, record: Mapping[str, str]) -> None:
+        mark, cp = TimerMark.from_record(record), self.cp
+        ahead = (mark.last_read_time_ms, mark.next_ms_delivered_below, mark.queue_offset) > (
+            cp.last_read_time_ms,
+            cp.next_ms_delivered_below,
+            cp.master_timer_queue_offset,
+        )
+        if ahead:
+            self._set(mark)
 
     def payload(self) -> dict[str, Any]:
         return self.cp.to_dict()
@@ -438,6 +454,8 @@ class TimerLoop:
                     self.timer.advance(mark)
             if not delivered:
                 await delivery.clock.sleep(POLL_S)
+                continue
+            await self.write_path.progress_durable(self.timer)
 
     def _checkpoint(self, index: TimerIndex) -> None:
         mark = index.checkpoint()
