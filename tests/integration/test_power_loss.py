@@ -205,7 +205,8 @@ async def test_messages_acknowledged_after_an_async_power_loss_reach_the_consume
     async def send(producer: Producer, prefix: str, n: int) -> list[str]:
         keys = [f"{prefix}-{i}" for i in range(n)]
         for key in keys:
-            await eventually(lambda k=key: producer.send(Message(TOPIC, b"m", keys=(k,))), 20)
+            message = Message(TOPIC, b"m", keys=(key,))
+            await eventually(lambda: producer.send(message), 20)  # noqa: B023 (awaited here)
         return keys
 
     async with (
