@@ -253,6 +253,19 @@ class MessageHandlers:
     async def pull(
         self, ctx: RequestContext, req: broker_pb2.PullMessageRequest
     ) -> broker_pb2.PullMessageResponse:
+        resp = await self._pull(ctx, req)
+        # which store answered and whether its queues went back since the client read
+        # from it (store.marks): where to return when they did
+        store = self.core.store
+        resp.store_id, resp.store_rewinds = store.rewinds()
+        mark = store.recovery_mark(req.topic, req.queue_id)
+        if mark is not None:
+            resp.recovery_mark = mark
+        return resp
+
+    async def _pull(
+        self, ctx: RequestContext, req: broker_pb2.PullMessageRequest
+    ) -> broker_pb2.PullMessageResponse:
         core = self.core
         core.check_online()
         # before anything is done: a bad SQL92 is refused (IllegalFilterExpression)

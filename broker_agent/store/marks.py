@@ -14,18 +14,26 @@ recovery did not find (its files were lost with its messages) has no mark; when 
 first record lies past the commit-log end that recovery found (``since``), every
 message it holds came after, and its start serves as its mark.
 
+Pulls are answered with the store's id (random, made with the file) and how often its
+queues went back (``rewinds``: unclean recoveries and cut backs), so that a client that
+read from this store before it went back and asks past the mark returns to the mark
+even when the queue has refilled past its offset meanwhile (``client.pull_consumer``).
+
 The file (``recovery_marks.json``) is written whole, atomically and synced
 (``metadata.json_table.write_json_atomic``), before the store serves; an unreadable
-one is a warning and no marks (a read past the end then moves to the end, as before).
+one is a warning and no marks (a read past the end then moves to the end, as before)
+under a new store id (clients take it for a store they never read from).
 """
 
 from __future__ import annotations
 
 import logging
+import secrets
 from collections.abc import Mapping
 from pathlib import Path
 
 from broker_agent.metadata.json_table import TableUnreadable, read_json_checked, write_json_atomic
+from ha_controller.protocol.errors import StoreError
 
 from .commitlog import store_error
 
@@ -46,18 +54,31 @@ class RecoveryMarks:
         self.since: int | None = None
         #: the marks this open's recovery recorded (empty after a clean stop)
         self.recorded: dict[QueueKey, int] = {}
+        #: this store's id (random, kept in the file) and how often its queues went back
+        self.store_id = 0
+        self.rewinds = 0
 
     def load(self) -> None:
+        """Read the file; without one (or an unreadable one) the store gets a new id,
+        written at once."""
         try:
             data = read_json_checked(self.path)
-            self._marks = {
-                (str(e["topic"]), int(e["queueId"])): int(e["end"]) for e in data["marks"]
-            }
+            marks = data["marks"]
+            self._marks = {(str(e["topic"]), int(e["queueId"])): int(e["end"]) for e in marks}
+            since = data.get("since")
+            self.since = None if since is None else int(since)
+            self.store_id, self.rewinds = int(data["storeId"]), int(data["rewinds"])
+            return
         except FileNotFoundError:
-            self._marks = {}
+            pass
         except (OSError, TableUnreadable, KeyError, ValueError, TypeError) as exc:
             log.warning("recovery marks %s cannot be read (%s): none kept", self.path, exc)
-            self._marks = {}
+        self._marks, self.since, self.rewinds = {}, None, 0
+        self.store_id = secrets.randbits(62) + 1
+        try:
+            self._save()
+        except StoreError as exc:  # a full disk: the next start has another id
+            log.warning("%s", exc)
 
     def get(self, topic: str, queue_id: int) -> int | None:
         return self._marks.get((topic, queue_id))
@@ -68,6 +89,7 @@ class RecoveryMarks:
         self._marks = dict(ends)
         self.since = since
         self.recorded = dict(ends)
+        self.rewinds += 1
         self._save()
 
     def lower(self, ends: Mapping[QueueKey, int]) -> None:
@@ -80,11 +102,20 @@ class RecoveryMarks:
                 self._marks[key] = end
                 changed = True
         if changed:
+            self.rewinds += 1
             self._save()
 
     def _save(self) -> None:
         marks = [{"topic": t, "queueId": q, "end": e} for (t, q), e in sorted(self._marks.items())]
         try:
-            write_json_atomic(self.path, {"marks": marks, "since": self.since or 0})
+            write_json_atomic(
+                self.path,
+                {
+                    "marks": marks,
+                    "since": self.since,
+                    "storeId": self.store_id,
+                    "rewinds": self.rewinds,
+                },
+            )
         except OSError as exc:
             raise store_error(exc, f"cannot write recovery marks {self.path}") from exc

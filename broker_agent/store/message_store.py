@@ -316,6 +316,11 @@ class MessageStore:
             cq = self._cqs.get((topic, queue_id))
             return None if cq is None else self._mark(topic, queue_id, cq)
 
+    def rewinds(self) -> tuple[int, int]:
+        """(this store's id, how often its queues went back), see ``marks``."""
+        with self._lock:
+            return self._marks.store_id, self._marks.rewinds
+
     def _mark(self, topic: str, queue_id: int, cq: ConsumeQueue) -> int | None:
         mark = self._marks.get(topic, queue_id)
         since = self._marks.since

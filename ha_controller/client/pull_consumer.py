@@ -138,6 +138,8 @@ class PullConsumer(AsyncLifecycle):
             routes = RouteCache(nameserver, watch=route_watch, owner=f"pull consumer {group}")
         self.routes = routes
         self._closed = False
+        #: per queue, the stores read from and how often each had gone back then
+        self._rewinds: dict[MessageQueue, dict[int, int]] = {}
 
     # ---- lifecycle ---------------------------------------------------------------
 
@@ -188,7 +190,12 @@ class PullConsumer(AsyncLifecycle):
         ``commit_offset`` >= 0 also stores the group's offset of ``mq`` (RocketMQ's
         ``commitOffset`` in the pull header): the master or the acting slave applies it
         before it reads; any other broker ignores it, so it is no substitute for
-        :meth:`commit` when the commit must be known to have landed."""
+        :meth:`commit` when the commit must be known to have landed.
+
+        An answer from a store whose queues went back since this consumer read ``mq``
+        from it (a power loss took its unsynced tail), to an ``offset`` past where the
+        queue ended then, comes back as OFFSET_ILLEGAL with that place as
+        ``next_begin_offset``: the messages stored since took the offsets from there."""
         if max_msgs < 1:
             raise ValueError(f"max_msgs must be >= 1, got {max_msgs}")
         check_subscription(tags, sql92)
@@ -211,6 +218,18 @@ class PullConsumer(AsyncLifecycle):
             broker_pb2.PullMessageResponse,
             pull_rpc_timeout_ms(suspend_timeout_ms, self.request_timeout_ms),
         )
+        back = self._went_back(mq, offset, response)
+        if back is not None:
+            log.warning(
+                "%s went back since this consumer read it (an unclean stop): offset %d is "
+                "past where the queue ended then; moving to %d",
+                mq,
+                offset,
+                back,
+            )
+            return PullResult(
+                PullStatus.OFFSET_ILLEGAL, [], back, response.min_offset, response.max_offset
+            )
         messages = [_received(m, mq) for m in response.messages]
         if wanted is not None:
             # The broker filters by tag hash; re-check the tag itself, as RocketMQ does.
@@ -222,6 +241,26 @@ class PullConsumer(AsyncLifecycle):
             min_offset=response.min_offset,
             max_offset=response.max_offset,
         )
+
+    def _went_back(
+        self, mq: MessageQueue, offset: int, response: broker_pb2.PullMessageResponse
+    ) -> int | None:
+        """Where to go instead of ``offset`` when the answering store's queues went back
+        since this consumer last read ``mq`` from it (its rewinds count moved) and
+        ``offset`` lies past the queue's recovery mark: an offset read before a power
+        loss took the tail, whose queue offsets went to the messages stored since (see
+        broker_agent.store.marks).  A store first met, or one that does not say, is
+        trusted: the group's committed offsets were corrected when it recovered."""
+        if not response.store_id:
+            return None
+        seen = self._rewinds.setdefault(mq, {})
+        before = seen.get(response.store_id)
+        seen[response.store_id] = response.store_rewinds
+        if before is None or response.store_rewinds <= before:
+            return None
+        if not response.HasField("recovery_mark") or offset <= response.recovery_mark:
+            return None
+        return response.recovery_mark
 
     async def committed_offset(self, mq: MessageQueue) -> int:
         """The group's committed offset of ``mq``; -1 when there is none."""

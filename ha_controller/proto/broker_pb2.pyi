@@ -162,20 +162,26 @@ class PullMessageRequest(_message.Message):
     def __init__(self, consumer_group: _Optional[str] = ..., topic: _Optional[str] = ..., queue_id: _Optional[int] = ..., queue_offset: _Optional[int] = ..., max_msg_nums: _Optional[int] = ..., suspend_timeout_ms: _Optional[int] = ..., commit_offset: _Optional[int] = ..., tags: _Optional[_Iterable[str]] = ..., max_bytes: _Optional[int] = ..., sql92: _Optional[str] = ...) -> None: ...
 
 class PullMessageResponse(_message.Message):
-    __slots__ = ("status", "next_begin_offset", "min_offset", "max_offset", "messages", "suggest_which_broker_id")
+    __slots__ = ("status", "next_begin_offset", "min_offset", "max_offset", "messages", "suggest_which_broker_id", "store_id", "store_rewinds", "recovery_mark")
     STATUS_FIELD_NUMBER: _ClassVar[int]
     NEXT_BEGIN_OFFSET_FIELD_NUMBER: _ClassVar[int]
     MIN_OFFSET_FIELD_NUMBER: _ClassVar[int]
     MAX_OFFSET_FIELD_NUMBER: _ClassVar[int]
     MESSAGES_FIELD_NUMBER: _ClassVar[int]
     SUGGEST_WHICH_BROKER_ID_FIELD_NUMBER: _ClassVar[int]
+    STORE_ID_FIELD_NUMBER: _ClassVar[int]
+    STORE_REWINDS_FIELD_NUMBER: _ClassVar[int]
+    RECOVERY_MARK_FIELD_NUMBER: _ClassVar[int]
     status: PullStatus
     next_begin_offset: int
     min_offset: int
     max_offset: int
     messages: _containers.RepeatedCompositeFieldContainer[Message]
     suggest_which_broker_id: int
-    def __init__(self, status: _Optional[_Union[PullStatus, str]] = ..., next_begin_offset: _Optional[int] = ..., min_offset: _Optional[int] = ..., max_offset: _Optional[int] = ..., messages: _Optional[_Iterable[_Union[Message, _Mapping]]] = ..., suggest_which_broker_id: _Optional[int] = ...) -> None: ...
+    store_id: int
+    store_rewinds: int
+    recovery_mark: int
+    def __init__(self, status: _Optional[_Union[PullStatus, str]] = ..., next_begin_offset: _Optional[int] = ..., min_offset: _Optional[int] = ..., max_offset: _Optional[int] = ..., messages: _Optional[_Iterable[_Union[Message, _Mapping]]] = ..., suggest_which_broker_id: _Optional[int] = ..., store_id: _Optional[int] = ..., store_rewinds: _Optional[int] = ..., recovery_mark: _Optional[int] = ...) -> None: ...
 
 class ConsumerOffsetRequest(_message.Message):
     __slots__ = ("consumer_group", "topic", "queue_id", "offset")

@@ -186,8 +186,9 @@ async def test_messages_acknowledged_after_an_async_power_loss_reach_the_consume
     second ten are the unsynced tail, gone, and the queue ends at 10 again.  The push
     group's committed offset (20) is on disk (the periodic flush wrote the offset table
     after the commit log: the window a power loss may hit), the pull consumer holds 20
-    itself.  Five messages acknowledged after the power came back take queue offsets
-    10-14, which both had read past: each must still reach both."""
+    itself.  Messages acknowledged after the power came back take queue offsets from
+    10 on, which both had read past: each must still reach both, a pull consumer that
+    asks at 20 only once the queue refilled past it too."""
     cluster = powered.cluster
     await cluster.wait_ready()
     async with NameserverClient([cluster.namesrv]) as ns:
@@ -219,34 +220,36 @@ async def test_messages_acknowledged_after_an_async_power_loss_reach_the_consume
     powered.restart_orderly()
     await cluster.wait_ready()
 
-    async with (
-        Producer(cluster.namesrv) as producer,
-        PullConsumer(cluster.namesrv, "pull-g") as pull,
-    ):
-        tail = await send(producer, "tail", 10)
-        assert {m.key for m in await read_from(pull, mq, 10)} == set(tail)
-        async with push_group():
-            await eventually(lambda: all(k in received for k in tail), timeout=15)
-        assert await pull.max_offset(mq) == 20
-
     def offsets_synced_ahead() -> None:
         table = ConsumerOffsetManager(powered.store(0) / "consumer_offsets.json")
         table.load()
         table.commit("push-g", TOPIC, 0, 20)
         table.persist()
 
-    powered.power_cycle(offsets_synced_ahead)
-    await cluster.wait_ready()
-    async with (
-        Producer(cluster.namesrv) as producer,
-        PullConsumer(cluster.namesrv, "pull-g") as pull,
-    ):
-        await eventually(lambda: pull.max_offset(mq), timeout=20)  # it serves
-        assert await pull.max_offset(mq) == 10, "the unsynced tail was not lost"
-        after = await send(producer, "after", 5)
-        assert await pull.max_offset(mq) == 15
-        # the pull consumer holds offset 20, past the queue's end
-        assert {m.key for m in await read_from(pull, mq, 20)} == set(after)
+    # ``keeper`` reads the tail and goes on through the power loss
+    async with PullConsumer(cluster.namesrv, "pull-keeper") as keeper:
+        async with Producer(cluster.namesrv) as producer:
+            tail = await send(producer, "tail", 10)
+            assert {m.key for m in await read_from(keeper, mq, 10)} == set(tail)
+            async with push_group():
+                await eventually(lambda: all(k in received for k in tail), timeout=15)
+            assert await keeper.max_offset(mq) == 20
+
+        powered.power_cycle(offsets_synced_ahead)
+        await cluster.wait_ready()
+        async with (
+            Producer(cluster.namesrv) as producer,
+            PullConsumer(cluster.namesrv, "pull-g") as pull,
+        ):
+            await eventually(lambda: pull.max_offset(mq), timeout=20)  # it serves
+            assert await pull.max_offset(mq) == 10, "the unsynced tail was not lost"
+            after = await send(producer, "after", 5)
+            assert await pull.max_offset(mq) == 15
+            # a pull consumer that holds offset 20, past the queue's end
+            assert {m.key for m in await read_from(pull, mq, 20)} == set(after)
+            # the queue refills past 20 before ``keeper`` asks there
+            after += await send(producer, "later", 7)
+            assert {m.key for m in await read_from(keeper, mq, 20)} == set(after)
     async with push_group():
         await eventually(lambda: all(k in received for k in after), timeout=10)
 
