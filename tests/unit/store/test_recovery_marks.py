@@ -98,3 +98,22 @@ def test_committed_offsets_past_a_recovered_end_are_corrected(tmp_path: Path) ->
     again = ConsumerOffsetManager(tmp_path / "offsets.json")
     again.load()
     assert again.query("g", "T", 0) == 10  # written at once
+
+
+def test_the_store_keeps_its_id_and_counts_how_often_its_queues_went_back(
+    tmp_path: Path,
+) -> None:
+    image = power_loss_image(tmp_path, 10, 0)
+    with MessageStore.open(image, CFG) as store:
+        store_id, rewinds = store.rewinds()
+        assert store_id > 0 and rewinds == 1  # the unclean recovery
+        at = store.get_message_at("T", 0, 5)
+        assert at is not None
+        store.cut_back(at.physical_offset)
+        assert store.rewinds() == (store_id, 2)
+    with MessageStore.open(image, CFG) as store:  # a clean restart: nothing went back
+        assert store.rewinds() == (store_id, 2)
+    (image / "recovery_marks.json").write_text("{not json")
+    with MessageStore.open(image, CFG) as store:  # a new id: no client has read it
+        assert store.rewinds()[0] not in (0, store_id)
+        assert store.recovery_mark("T", 0) is None
