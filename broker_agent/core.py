@@ -162,9 +162,10 @@ class BrokerCore:
         if self.offsets.lost:
             found = self.offsets.rebuild_from_log(self.store)
             log.info("consumer offsets rebuilt from %d record(s) of the commit log", found)
-        for (group, topic, qid), was, end in self.offsets.correct_past(
-            self.store.take_recovery_marks()
-        ):
+        # a master's only: a slave's table is ahead of its log whenever it lags (the
+        # master corrects what a pre-online takes from it when a consumer reads there)
+        marks = self.store.take_recovery_marks() if cfg.is_master else {}
+        for (group, topic, qid), was, end in self.offsets.correct_past(marks):
             log.warning(
                 "consumer offset of %s in %s/%d was %d, past the queue's end %d after an "
                 "unclean stop: corrected to it",
