@@ -233,6 +233,50 @@ def test_lite_push_consumer_gets_its_lite_topics_in_order(lite_cluster: Any) -> 
     assert cases["bind_normal_topic"]["code"] == 40002, cases["bind_normal_topic"]
 
 
+def test_a_lite_subscription_with_an_offset_option_is_made(lite_cluster: Any) -> None:
+    """The SDKs' ``subscribeLite(name, OffsetOption)`` (the Node.js SDK's
+    LitePushConsumerExample asks MIN_OFFSET and ofTailN(100)) sends an ``offset_option``:
+    the gateway makes the subscription (the start is where the group is: docs/grpc.md)
+    instead of refusing the call, which ended the official example."""
+    import grpc
+
+    from ha_controller.proto.rocketmq.v2 import definition_pb2 as v2
+    from ha_controller.proto.rocketmq.v2 import service_pb2 as v2s
+    from ha_controller.proto.rocketmq.v2 import service_pb2_grpc
+
+    _, proxy = lite_cluster
+    before = _lite_subscriptions(proxy.http)
+    options = {
+        "oo-min": v2.OffsetOption(policy=v2.OffsetOption.MIN),
+        "oo-tail": v2.OffsetOption(tail_n=100),
+        "oo-offset": v2.OffsetOption(offset=0),
+        "oo-time": v2.OffsetOption(timestamp=int(time.time() * 1000)),
+    }
+    meta = (("x-mq-client-id", "offset-option-client"),)
+    with grpc.insecure_channel(proxy.rpc) as channel:
+        stub: Any = service_pb2_grpc.MessagingServiceStub(channel)
+
+        def sync(action: v2.LiteSubscriptionAction, names: list[str], option: Any = None) -> Any:
+            req = v2s.SyncLiteSubscriptionRequest(
+                action=action,
+                topic=v2.Resource(name=PARENT),
+                group=v2.Resource(name="g-lite-offset-option"),
+                lite_topic_set=names,
+                offset_option=option,
+            )
+            return stub.SyncLiteSubscription(req, metadata=meta, timeout=10).status
+
+        for name, option in options.items():
+            status = sync(v2.PARTIAL_ADD, [name], option)
+            assert status.code == v2.OK, (name, status.message)
+        assert _lite_subscriptions(proxy.http) == before + len(options)
+        # the names are still checked as without an option
+        bad = sync(v2.PARTIAL_ADD, ["a.b"], options["oo-min"])
+        assert bad.code == v2.ILLEGAL_LITE_TOPIC, bad.message
+        assert sync(v2.COMPLETE_REMOVE, []).code == v2.OK
+        assert _lite_subscriptions(proxy.http) == before
+
+
 def _create(cluster: Any, topics: dict[str, str]) -> None:
     """Create ``topics`` on both groups' masters, once both are registered (a master
     registers after its pre-online: a topic asked for before reaches only the others)."""
