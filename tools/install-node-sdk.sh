@@ -1,7 +1,9 @@
 #!/usr/bin/env bash
 # Installs the official RocketMQ Node.js SDK (rocketmq-client-nodejs, pinned with its
 # whole dependency tree by tests/sdk_node/package.json and package-lock.json) that
-# tests/integration/test_node_sdk.py drives through `hactl proxy`.
+# tests/integration/test_node_sdk.py drives through `hactl proxy`, and TypeScript's tsc
+# (a dev dependency there), which tests/integration/test_official_examples.py compiles
+# the SDK's own .ts examples with.
 #
 #   bash tools/install-node-sdk.sh [DIR]        (default: .venv/sdk-node; `make tools` runs it)
 #

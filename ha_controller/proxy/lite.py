@@ -208,15 +208,18 @@ class LiteService:
             topic, group = request.topic.name, request.group.name
             check_topic(topic)
             check_consumer_group(group)
-            if request.HasField("offset_option"):
-                return v2s.SyncLiteSubscriptionResponse(
-                    status=convert.status(
-                        v2.NOT_IMPLEMENTED,
-                        "offset options are not offered: a lite subscription starts where "
-                        "its group is in the parent topic's queues",
-                    )
-                )
             names = list(request.lite_topic_set)
+            if request.HasField("offset_option"):
+                # accepted, not applied (docs/grpc.md "Lite topics"): nothing is stored
+                # per lite topic, so a lite subscription starts where its group is in
+                # the parent topic's queues, whatever start the client asks for
+                log.debug(
+                    "client %s: offset option %s of %s/%s not applied",
+                    cid,
+                    request.offset_option.WhichOneof("offset_type"),
+                    group,
+                    topic,
+                )
             for name in names:
                 check_lite_topic(name, core.cfg.max_lite_topic_bytes)
             if request.action != v2.COMPLETE_REMOVE:
