@@ -213,8 +213,9 @@ class LiteService:
                 # accepted, not applied (docs/grpc.md "Lite topics"): nothing is stored
                 # per lite topic, so a lite subscription starts where its group is in
                 # the parent topic's queues, whatever start the client asks for
-                log.debug(
-                    "client %s: offset option %s of %s/%s not applied",
+                log.warning(
+                    "client %s: offset option %s of %s/%s not applied: the lite "
+                    "subscription starts where the group is in the parent topic's queues",
                     cid,
                     request.offset_option.WhichOneof("offset_type"),
                     group,
