@@ -44,6 +44,7 @@ from broker_agent.metadata.forward import ForwardSync
 from broker_agent.metadata.versioned import VersionedTable
 from broker_agent.replication.catchup import CatchUp, CommitLogRangeService
 from broker_agent.replication.ha import HaSlave
+from broker_agent.replication.repair import RepairService
 from broker_agent.special.escape import EscapeBridge
 from broker_agent.special.pop import PopService
 from broker_agent.special.ports import Neighbours
@@ -157,9 +158,31 @@ class BrokerService:
         if link is not None:
             link.register()
         CommitLogRangeService(core.store).register(core.dispatcher)
+        self.repair = RepairService(core.store, core.pool, self._repair_sources, self._count_repair)
         self.locks.register(core.dispatcher)
         self._listener: Listener | None = None
         self._serving_stopped = False
+
+    def _repair_sources(self, start: int, end: int) -> list[str]:
+        """Who to ask for damaged commit-log bytes ``[start, end)``: a master its slaves,
+        those that acknowledged ``end`` first (most advanced first); a slave its master."""
+        core = self.core
+        ha = core.ha_master
+        if ha is not None:
+            links = sorted(
+                ha.transfer_slaves(), key=lambda link: (link.acked >= end, link.acked), reverse=True
+            )
+            addrs: list[str] = []
+            for link in links:
+                if link.slave_addr not in addrs and link.slave_addr != core.addr:
+                    addrs.append(link.slave_addr)
+            return addrs
+        master = core.acting.master_addr or core.acting.min_broker_addr
+        return [master] if master and master != core.addr else []
+
+    def _count_repair(self, result: str, n: int) -> None:
+        metrics = self.core.metrics
+        metrics.records_repaired.labels(**metrics.ident, result=result).inc(n)
 
     def _change_role(self, change: RoleChange) -> None:
         """The first change asked for ends this run (later ones are its echoes)."""
@@ -288,6 +311,7 @@ class BrokerService:
             (self.schedule.run, "schedule"),
             (self.transactions.run, "transaction-check"),
             (self.pop.run, "pop-revive"),
+            (self.repair.run, "store-repair"),
         ]
         if self.core.ha_slave is not None:
             loops.append((self.core.ha_slave.run, "ha-slave"))

@@ -36,6 +36,7 @@ from broker_agent.special.schedule.target import TIMER_QUEUE_ID, due_ms
 from ha_controller.dataversion import DataVersion
 from ha_controller.proto import broker_pb2
 from ha_controller.protocol.codes import RequestCode
+from ha_controller.protocol.errors import RecordUnderRepair
 from ha_controller.protocol.properties import (
     PROPERTY_REAL_TOPIC,
     PROPERTY_TIMER_DEL_UNIQKEY,
@@ -356,7 +357,10 @@ class TimerLoop:
         top = store.max_offset(TIMER_TOPIC, TIMER_QUEUE_ID)
         while index.read_offset < top:
             offset = index.read_offset
-            msg = store.get_message_at(TIMER_TOPIC, TIMER_QUEUE_ID, offset)
+            try:
+                msg = store.get_message_at(TIMER_TOPIC, TIMER_QUEUE_ID, offset)
+            except RecordUnderRepair:
+                return  # damaged: read from here once it is repaired (store.repair)
             index.read_offset += 1
             if msg is None:
                 continue
@@ -417,7 +421,11 @@ class TimerLoop:
                 await delivery.arrival(TIMER_TOPIC, TIMER_QUEUE_ID, wait)
                 continue
             offset = head[1]
-            msg = store.get_message_at(TIMER_TOPIC, TIMER_QUEUE_ID, offset)
+            try:
+                msg = store.get_message_at(TIMER_TOPIC, TIMER_QUEUE_ID, offset)
+            except RecordUnderRepair:
+                await delivery.clock.sleep(POLL_S)  # held until it is repaired
+                continue
             if msg is None:
                 index.pop()
                 self._checkpoint(index)
