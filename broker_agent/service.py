@@ -51,6 +51,7 @@ from broker_agent.special.ports import Neighbours
 from broker_agent.special.schedule import ScheduleService
 from broker_agent.special.transaction import TransactionService, store_target
 from broker_agent.store.message_store import MessageStore
+from broker_agent.store.repair import Damage
 from broker_agent.write_path import WritePath
 from ha_controller.acl import AclTable
 from ha_controller.acl.service import AclService
@@ -158,7 +159,9 @@ class BrokerService:
         if link is not None:
             link.register()
         CommitLogRangeService(core.store).register(core.dispatcher)
-        self.repair = RepairService(core.store, core.pool, self._repair_sources, self._count_repair)
+        self.repair = RepairService(
+            core.store, core.pool, self._repair_sources, self._count_repair, self._cut_lost_tail
+        )
         self.locks.register(core.dispatcher)
         self._listener: Listener | None = None
         self._serving_stopped = False
@@ -179,6 +182,18 @@ class BrokerService:
             return addrs
         master = core.acting.master_addr or core.acting.min_broker_addr
         return [master] if master and master != core.addr else []
+
+    def _cut_lost_tail(self, damage: Damage) -> None:
+        """A master's log lost its tail under it and no slave received it: rebuild the
+        service around the log cut back there (pre-online catches up from a slave)."""
+        if not self.core.acting.is_master:
+            return
+        self.core.change_role(
+            RoleChange(
+                f"the commit log lost {damage.describe()}, held by no replica",
+                cut_to=damage.start,
+            )
+        )
 
     def _count_repair(self, result: str, n: int) -> None:
         metrics = self.core.metrics

@@ -44,6 +44,8 @@ MAX_ASK_BYTES: Final = 4 << 20
 Sources = Callable[[int, int], list[str]]
 #: counts records: (result, how many)
 Count = Callable[[str, int], None]
+#: a master's tail range that no replica ever received: cut the log back there
+CutTail = Callable[[Damage], None]
 
 REMEDY: Final = (
     "restart this broker: recovery cuts its log back before the damaged record and "
@@ -55,12 +57,18 @@ class RepairService:
     """The loop that repairs the store's damaged ranges from replicas."""
 
     def __init__(
-        self, store: MessageStore, pool: ConnectionPool, sources: Sources, count: Count
+        self,
+        store: MessageStore,
+        pool: ConnectionPool,
+        sources: Sources,
+        count: Count,
+        cut_tail: CutTail | None = None,
     ) -> None:
         self.store = store
         self.pool = pool
         self.sources = sources
         self.count = count
+        self.cut_tail = cut_tail
         self._next_try: dict[int, float] = {}
 
     async def run(self) -> None:
@@ -84,7 +92,10 @@ class RepairService:
         asked = (end - start) if end is not None else 1  # 1: exactly the first record
         asked = min(asked, MAX_ASK_BYTES)
         why: list[str] = []
-        for addr in self.sources(start, end if end is not None else start + 1):
+        sources = self.sources(start, end if end is not None else start + 1)
+        #: every replica answered, none holds a byte at ``start``
+        nowhere = bool(sources)
+        for addr in sources:
             try:
                 pb = await self.pool.call_pb(
                     addr,
@@ -93,15 +104,40 @@ class RepairService:
                     broker_pb2.CommitLogRange,
                     timeout_ms=RANGE_TIMEOUT_MS,
                 )
+            except HaError as exc:
+                why.append(f"{addr}: {exc}")
+                nowhere = False
+                continue
+            if pb.max_offset > start:
+                nowhere = False
+            try:
                 if pb.from_offset != start:
                     raise HaError(f"answered a range at {pb.from_offset}")  # noqa: TRY301
                 _, records = self.store.repair(damage, pb.data)
             except HaError as exc:
-                why.append(f"{addr}: {exc}")
+                why.append(f"{addr}: {exc} (its log ends at {pb.max_offset})")
                 continue
             if records:
                 self.count("repaired", records)
             return True
+        if (
+            nowhere
+            and self.cut_tail is not None
+            and end is not None
+            and end >= self.store.commitlog_max_offset
+        ):
+            # the tail of the log, lost from our files, never reached a replica: with
+            # SYNC replication nothing of it was acknowledged; cut it (a restart's
+            # recovery would), pre-online then copies back whatever a slave holds
+            log.error(
+                "store: %s: no replica holds it (%s); cutting the commit log back to %d",
+                damage.describe(),
+                "; ".join(why),
+                start,
+            )
+            self.count("unrepairable", 1)
+            self.cut_tail(damage)
+            return False
         if not damage.reported:
             damage.reported = True
             self.count("unrepairable", 1)

@@ -81,6 +81,11 @@ class DamageTable:
         covering it (unchanged), or ``damage`` itself, which replaces the ranges it
         swallows (a truncated tail found after single records inside it)."""
         end = damage.end
+        known = self.covering(damage.start)
+        if known is not None and (
+            damage.end is None or (known.end is not None and known.end >= damage.end)
+        ):
+            return known  # already noted (the same tail, found again)
         if end is not None:
             inside = [
                 d
