@@ -69,20 +69,28 @@ class RepairService:
         self.sources = sources
         self.count = count
         self.cut_tail = cut_tail
-        self._next_try: dict[int, float] = {}
+        #: a range no replica could supply: when to ask again, and whom we asked
+        self._next_try: dict[int, tuple[float, list[str]]] = {}
 
     async def run(self) -> None:
         loop = asyncio.get_running_loop()
         while True:
             now = loop.time()
             for damage in self.store.damaged():
-                if self._next_try.get(damage.start, 0.0) > now:
+                later = self._next_try.get(damage.start)
+                sources = self._sources_for(damage)
+                # a replica that attached since the last attempt is asked at once
+                if later is not None and later[0] > now and later[1] == sources:
                     continue
                 if await self.repair_one(damage):
                     self._next_try.pop(damage.start, None)
                 else:
-                    self._next_try[damage.start] = loop.time() + RETRY_UNREPAIRABLE_S
+                    self._next_try[damage.start] = (loop.time() + RETRY_UNREPAIRABLE_S, sources)
             await asyncio.sleep(CHECK_S)
+
+    def _sources_for(self, damage: Damage) -> list[str]:
+        end = damage.end if damage.end is not None else damage.start + 1
+        return self.sources(damage.start, end)
 
     async def repair_one(self, damage: Damage) -> bool:
         """Ask each source in turn until one's copy was written back; False when none
@@ -92,7 +100,7 @@ class RepairService:
         asked = (end - start) if end is not None else 1  # 1: exactly the first record
         asked = min(asked, MAX_ASK_BYTES)
         why: list[str] = []
-        sources = self.sources(start, end if end is not None else start + 1)
+        sources = self._sources_for(damage)
         #: every replica answered, none holds a byte at ``start``
         nowhere = bool(sources)
         for addr in sources:

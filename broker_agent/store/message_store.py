@@ -783,7 +783,15 @@ class MessageStore:
         entries; crash-safe, see ``truncate``.  Only with no reader or writer about."""
         with self._flush_lock, self._lock:
             self._check_open()
-            result = cut_back(self._dir, self._cl, self._cqs, self._checkpoint_file(), offset)
+            known = self._damage.covering(offset)
+            result = cut_back(
+                self._dir,
+                self._cl,
+                self._cqs,
+                self._checkpoint_file(),
+                offset,
+                damaged=known is not None and known.start == offset,
+            )
             self._cuts.append(offset)
             self._index.reput_offset = min(self._index.reput_offset, offset)
             if self._keys is not None:
