@@ -37,8 +37,8 @@ CHECK_S: Final = 0.1
 RETRY_UNREPAIRABLE_S: Final = 5.0
 #: how long one replica may take to answer
 RANGE_TIMEOUT_MS: Final = 3000
-#: the most bytes asked for in one call (GET_COMMITLOG_RANGE answers at most 4 MiB)
-MAX_ASK_BYTES: Final = 4 << 20
+#: the most bytes asked for (and checked, on the event loop) in one call
+MAX_ASK_BYTES: Final = 1 << 20
 
 #: replica RPC addresses to ask for ``[start, end)``, best first
 Sources = Callable[[int, int], list[str]]

@@ -536,11 +536,15 @@ class CommitLog:
         pos = seg.start
         try:
             fd = self._fd(seg)
+            chunk, chunk_at = b"", pos
             while pos < offset:
-                head = os.pread(fd, 4, pos - seg.start)
-                if len(head) < 4:
-                    break
-                (length,) = _U32.unpack(head)
+                at = pos - chunk_at
+                if at + 4 > len(chunk):
+                    chunk, chunk_at = os.pread(fd, _SCAN_CHUNK, pos - seg.start), pos
+                    at = 0
+                    if len(chunk) < 4:
+                        break
+                (length,) = _U32.unpack_from(chunk, at)
                 if length == 0 or pos + length > offset:
                     break
                 pos += length
@@ -558,6 +562,13 @@ class CommitLog:
         seg = self._segments[idx]
         try:
             fd = self._fd(seg)
+            file_end = seg.start + os.fstat(fd).st_size
+            if offset > file_end:
+                # the file shrank below it: writing there would leave a hole of zeros
+                raise OffsetOutOfRange(
+                    f"segment {seg.path.name} ends at {file_end}, before {offset}: "
+                    "the range from its end is to be written first"
+                )
             pwrite_all(fd, data, offset - seg.start)
             os.fdatasync(fd)
         except OSError as exc:

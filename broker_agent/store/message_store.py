@@ -201,6 +201,8 @@ class MessageStore:
         self.corrupt_reads = 0
         """Reads that found a record failing its CRC or disagreeing with its entry."""
         self._damage = DamageTable()
+        #: (offset, size) of the last record put appended, checked after the next put
+        self._last_put: tuple[int, int] | None = None
         self.recovered_from = 0
         """The commit-log offset recovery verified from (the checkpoint's, normally)."""
 
@@ -589,6 +591,8 @@ class MessageStore:
                 self._after_failed_append(exc, before, charged)
                 raise
             self._space.charge(charged)  # a segment's blank fill is a hole
+            self._check_written(self._last_put)
+            self._last_put = placed[-1][:2]
             self._index.reput_offset = end
             keys = self._keys
             if keys is not None:
@@ -797,6 +801,7 @@ class MessageStore:
             if self._keys is not None:
                 self._keys.truncate(offset)
             self._damage.drop_from(offset)
+            self._last_put = None
             index = self._index
             index.pending = [d for d in index.pending if d.physical_offset < offset]
             return result
@@ -914,6 +919,29 @@ class MessageStore:
         with self._lock:
             return len(self._damage)
 
+    def _check_written(self, last: tuple[int, int] | None) -> None:
+        """After an append: the record the previous put ended with still verifies.  A
+        segment truncated between :meth:`_check_tail` and the write was extended again
+        by it, leaving zeros the size check cannot see; they are noted as damaged (the
+        records just appended after them are whole and stay)."""
+        if last is None:
+            return
+        offset, size = last
+        cl = self._cl
+        if offset < cl.min_offset:
+            return
+        try:
+            head = decode_header(cl.read_at(offset, size))
+            if head.physical_offset == offset:
+                return
+        except (CorruptRecord, OffsetOutOfRange, StoreError):
+            pass
+        end = offset + size
+        start = min(offset, cl.boundary_before(end))
+        self._note_damage(
+            Damage(start, end, "segment truncated under the running broker while it appended")
+        )
+
     def damaged(self) -> list[Damage]:
         """The damaged ranges, lowest first (checks the active segment's size first)."""
         with self._lock:
@@ -933,8 +961,12 @@ class MessageStore:
         longer in the log."""
         with self._lock:
             self._check_open()
+            try:
+                self._check_tail()  # a shrunk tail swallows the single records in it
+            except RecordUnderRepair:
+                pass
             if self._damage.covering(damage.start) is not damage:
-                return 0, 0  # repaired or cut away meanwhile
+                return 0, 0  # repaired, swallowed or cut away meanwhile
             cl = self._cl
             size, records = check_copy(damage, data, cl.segment_size)
             end = damage.start + size

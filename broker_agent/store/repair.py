@@ -19,7 +19,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from ha_controller.protocol.errors import CorruptRecord
-from ha_controller.protocol.record import BLANK, BLANK_MIN_SIZE, decode_record
+from ha_controller.protocol.record import BLANK, BLANK_MIN_SIZE, decode_header, decode_record
 
 __all__ = ["Damage", "DamageTable", "Expected", "check_copy"]
 
@@ -168,25 +168,31 @@ def check_copy(damage: Damage, data: bytes, segment_size: int) -> tuple[int, int
     while pos < limit:
         here = start + pos
         try:
-            record, size = decode_record(data, pos)
+            # the CRC covers every byte; only the first record's names are compared
+            head = decode_header(data, pos)
         except CorruptRecord as exc:
             raise CorruptRecord(f"the replica's record at {here}: {exc}") from exc
+        size = head.size
         in_segment = here % segment_size
-        if record is BLANK:
+        if head.blank:
             if in_segment + size != segment_size:
                 raise CorruptRecord(
                     f"the replica's blank record at {here} does not end its segment"
                 )
         else:
-            if record.physical_offset != here:
+            if head.physical_offset != here:
                 raise CorruptRecord(
-                    f"the replica's record at {here} claims physical offset "
-                    f"{record.physical_offset}"
+                    f"the replica's record at {here} claims physical offset {head.physical_offset}"
                 )
             if in_segment + size + BLANK_MIN_SIZE > segment_size:
                 raise CorruptRecord(f"the replica's record at {here} overruns its segment")
             expected = damage.expected
             if expected is not None and pos == 0:
+                try:
+                    record, _ = decode_record(data, pos)
+                except CorruptRecord as exc:
+                    raise CorruptRecord(f"the replica's record at {here}: {exc}") from exc
+                assert record is not BLANK
                 got = (record.topic, record.queue_id, record.queue_offset, size)
                 want = (expected.topic, expected.queue_id, expected.queue_offset, expected.size)
                 if got != want:

@@ -220,3 +220,45 @@ def test_a_corrupt_replica_sends_nothing_it_cannot_verify_and_nothing_is_written
         master.repair(damage, flipped)
     assert master.damaged() == [damage]
     assert master.get_messages("T", 0, 5).status is GetMessageStatus.RECORD_UNDER_REPAIR
+
+
+def test_a_truncation_the_writer_extended_again_is_found_after_the_next_put(
+    stores: tuple[MessageStore, MessageStore, list[PutResult]],
+) -> None:
+    """The file shrank between the writer's size check and its write, which extended it
+    again: zeros where records were, and the right size.  The next put finds the record
+    the previous one ended with unreadable."""
+    master, slave, results = stores
+    first = master.put("T", 0, body(40))  # the writer's own last record ...
+    slave.append_replicated(
+        first.physical_offset, master.read_commitlog(first.physical_offset, first.size)
+    )  # ... replicated
+    path = segment_path(master, first.physical_offset)
+    size = path.stat().st_size
+    os.truncate(path, results[35].physical_offset % SEG + 5)  # 5 bytes into record 35
+    os.truncate(path, size)  # what the racing write did
+    later = master.put("T", 0, body(41))
+    assert later.queue_offset == 41
+    assert [(d.start, d.end) for d in master.damaged()] == [
+        (results[36].physical_offset, first.physical_offset + first.size)
+    ]
+    assert bodies(master) == [body(i) for i in range(35)]  # 35 fails its CRC
+    assert repair_all(master, slave) == 1 + 5
+    assert bodies(master) == [body(i) for i in range(42)]
+
+
+def test_a_record_read_inside_a_shrunk_tail_is_repaired_with_the_whole_tail(
+    stores: tuple[MessageStore, MessageStore, list[PutResult]],
+) -> None:
+    """A read finds one record past the truncation before anything checked the file's
+    size: repairing that record alone would extend the file past the hole before it
+    (zeros the size check no longer sees).  The tail is repaired whole instead."""
+    master, slave, results = stores
+    end = results[-1].physical_offset + results[-1].size
+    os.truncate(segment_path(master, end), results[30].physical_offset % SEG + 17)
+    assert master.get_messages("T", 0, 35).status is GetMessageStatus.RECORD_UNDER_REPAIR
+    (single,) = master.damaged()[-1:]
+    assert single.start == results[30].physical_offset  # the tail swallowed record 35
+    assert repair_all(master, slave) == 10
+    assert master.damaged() == []
+    assert bodies(master) == [body(i) for i in range(40)]
