@@ -168,20 +168,28 @@ class BrokerService:
 
     def _repair_sources(self, start: int, end: int) -> list[str]:
         """Who to ask for damaged commit-log bytes ``[start, end)``: a master its slaves,
-        those that acknowledged ``end`` first (most advanced first); a slave its master."""
+        those that acknowledged ``end`` first (most advanced first); a slave its master;
+        then every other member the group lists (an acting slave's master is away)."""
         core = self.core
+        addrs: list[str] = []
         ha = core.ha_master
         if ha is not None:
             links = sorted(
                 ha.transfer_slaves(), key=lambda link: (link.acked >= end, link.acked), reverse=True
             )
-            addrs: list[str] = []
-            for link in links:
-                if link.slave_addr not in addrs and link.slave_addr != core.addr:
-                    addrs.append(link.slave_addr)
-            return addrs
-        master = core.acting.master_addr or core.acting.min_broker_addr
-        return [master] if master and master != core.addr else []
+            addrs.extend(link.slave_addr for link in links)
+        else:
+            master = core.acting.master_addr or core.acting.min_broker_addr
+            if master:
+                addrs.append(master)
+        group = core.member_group
+        if group is not None:
+            addrs.extend(addr for _, addr in sorted(group.broker_addrs.items()))
+        out: list[str] = []
+        for addr in addrs:
+            if addr and addr != core.addr and addr not in out:
+                out.append(addr)
+        return out
 
     def _cut_lost_tail(self, damage: Damage) -> None:
         """A master's log lost its tail under it and no slave received it: rebuild the

@@ -26,7 +26,7 @@ from broker_agent.store.message_store import MessageStore
 from broker_agent.store.repair import Damage
 from ha_controller.proto import broker_pb2
 from ha_controller.protocol.codes import RequestCode
-from ha_controller.protocol.errors import HaError
+from ha_controller.protocol.errors import BrokerUnavailable, HaError
 from ha_controller.rpc import ConnectionPool
 
 log = logging.getLogger(__name__)
@@ -102,7 +102,8 @@ class RepairService:
         why: list[str] = []
         sources = self._sources_for(damage)
         #: every replica answered, none holds a byte at ``start``
-        nowhere = bool(sources)
+        nowhere = True
+        answered = 0
         for addr in sources:
             try:
                 pb = await self.pool.call_pb(
@@ -112,10 +113,15 @@ class RepairService:
                     broker_pb2.CommitLogRange,
                     timeout_ms=RANGE_TIMEOUT_MS,
                 )
+            except BrokerUnavailable as exc:
+                # not running: whatever it holds, pre-online compares it after a cut
+                why.append(f"{addr}: {exc}")
+                continue
             except HaError as exc:
                 why.append(f"{addr}: {exc}")
                 nowhere = False
                 continue
+            answered += 1
             if pb.max_offset > start:
                 nowhere = False
             try:
@@ -130,6 +136,7 @@ class RepairService:
             return True
         if (
             nowhere
+            and answered
             and self.cut_tail is not None
             and end is not None
             and end >= self.store.commitlog_max_offset
