@@ -12,7 +12,9 @@ Each repaired range is logged once by the store and counted in
 ``hac_store_records_repaired_total{result="repaired"}``.  A range no replica could
 supply (none holds an intact copy, none answers) counts ``result="unrepairable"``
 once and is logged once at ERROR with the remedy; it stays refused, and the loop
-keeps asking, more slowly, in case a replica comes back.
+keeps asking, every 5 s and at once when another replica attaches.  A master's lost
+tail that every replica answered for and none holds (never replicated) is cut back
+instead (``cut_tail``: a role change, whose pre-online catches up).
 """
 
 from __future__ import annotations
@@ -48,8 +50,8 @@ Count = Callable[[str, int], None]
 CutTail = Callable[[Damage], None]
 
 REMEDY: Final = (
-    "restart this broker: recovery cuts its log back before the damaged record and "
-    "pre-online copies back what its slaves hold (docs/failover.md, 'A damaged record')"
+    "bring back a replica that holds it (it is asked as soon as it attaches), or, for a "
+    "tail past the checkpoint, restart this broker (docs/failover.md, 'A damaged record')"
 )
 
 
