@@ -544,6 +544,7 @@ class BrokerCore:
         self.metrics.commitlog_max_offset.labels(**ident).set(self.store.commitlog_max_offset)
         self.metrics.store_writable.labels(**ident).set(1 if self.store.writable else 0)
         self.metrics.store_free_bytes.labels(**ident).set(self.store.free_disk_bytes)
+        self.metrics.damaged_ranges.labels(**ident).set(self.store.damaged_count)
         self.metrics.pull_held.labels(**ident).set(self.holds.held_count)
         keys = self.store.key_index_stats
         if keys:

@@ -85,6 +85,17 @@ class BrokerMetrics:
             "Store files deleted by retention: commit-log segments, consume-queue files",
             ("file",),
         )
+        self.records_repaired = counter(
+            "hac_store_records_repaired",
+            "Damaged commit-log records of this broker: copied back from a replica "
+            "(result=repaired, records) or no replica had an intact copy "
+            "(result=unrepairable, ranges; they stay refused to readers)",
+            ("result",),
+        )
+        self.damaged_ranges = gauge(
+            "hac_store_damaged_ranges",
+            "Commit-log ranges this broker refuses to serve until a replica's copy is written back",
+        )
         self.escape = counter(
             "hac_escape_messages",
             "Messages sent through the escape bridge",
@@ -116,6 +127,9 @@ class BrokerMetrics:
         for result in ("ok", "failed"):
             self.preonline_syncs.labels(**ident, result=result)
         self.fenced.labels(**ident)
+        for result in ("repaired", "unrepairable"):
+            self.records_repaired.labels(**ident, result=result)
+        self.damaged_ranges.labels(**ident).set(0)
         for mode in ("local", "strict", "peer"):
             for result in ("granted", "partial", "refused", "no_quorum"):
                 self.lock_requests.labels(**ident, mode=mode, result=result)

@@ -140,10 +140,7 @@ class BrokerRunner:
         stop: asyncio.Event,
     ) -> Role | None:
         if change.cut_to is not None:
-            log.warning(
-                "cutting the commit log back to %d (it parts from the master's there)",
-                change.cut_to,
-            )
+            log.warning("cutting the commit log back to %d (%s)", change.cut_to, change.reason)
             store.cut_back(change.cut_to)
             epochs.cut(change.cut_to)
         role: Role | None

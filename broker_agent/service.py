@@ -44,12 +44,14 @@ from broker_agent.metadata.forward import ForwardSync
 from broker_agent.metadata.versioned import VersionedTable
 from broker_agent.replication.catchup import CatchUp, CommitLogRangeService
 from broker_agent.replication.ha import HaSlave
+from broker_agent.replication.repair import RepairService
 from broker_agent.special.escape import EscapeBridge
 from broker_agent.special.pop import PopService
 from broker_agent.special.ports import Neighbours
 from broker_agent.special.schedule import ScheduleService
 from broker_agent.special.transaction import TransactionService, store_target
 from broker_agent.store.message_store import MessageStore
+from broker_agent.store.repair import Damage
 from broker_agent.write_path import WritePath
 from ha_controller.acl import AclTable
 from ha_controller.acl.service import AclService
@@ -157,9 +159,53 @@ class BrokerService:
         if link is not None:
             link.register()
         CommitLogRangeService(core.store).register(core.dispatcher)
+        self.repair = RepairService(
+            core.store, core.pool, self._repair_sources, self._count_repair, self._cut_lost_tail
+        )
         self.locks.register(core.dispatcher)
         self._listener: Listener | None = None
         self._serving_stopped = False
+
+    def _repair_sources(self, start: int, end: int) -> list[str]:
+        """Who to ask for damaged commit-log bytes ``[start, end)``: a master its slaves,
+        those that acknowledged ``end`` first (most advanced first); a slave its master;
+        then every other member the group lists (an acting slave's master is away)."""
+        core = self.core
+        addrs: list[str] = []
+        ha = core.ha_master
+        if ha is not None:
+            links = sorted(
+                ha.transfer_slaves(), key=lambda link: (link.acked >= end, link.acked), reverse=True
+            )
+            addrs.extend(link.slave_addr for link in links)
+        else:
+            master = core.acting.master_addr or core.acting.min_broker_addr
+            if master:
+                addrs.append(master)
+        group = core.member_group
+        if group is not None:
+            addrs.extend(addr for _, addr in sorted(group.broker_addrs.items()))
+        out: list[str] = []
+        for addr in addrs:
+            if addr and addr != core.addr and addr not in out:
+                out.append(addr)
+        return out
+
+    def _cut_lost_tail(self, damage: Damage) -> None:
+        """A master's log lost its tail under it and no slave received it: rebuild the
+        service around the log cut back there (pre-online catches up from a slave)."""
+        if not self.core.acting.is_master:
+            return
+        self.core.change_role(
+            RoleChange(
+                f"the commit log lost {damage.describe()}, held by no replica",
+                cut_to=damage.start,
+            )
+        )
+
+    def _count_repair(self, result: str, n: int) -> None:
+        metrics = self.core.metrics
+        metrics.records_repaired.labels(**metrics.ident, result=result).inc(n)
 
     def _change_role(self, change: RoleChange) -> None:
         """The first change asked for ends this run (later ones are its echoes)."""
@@ -288,6 +334,7 @@ class BrokerService:
             (self.schedule.run, "schedule"),
             (self.transactions.run, "transaction-check"),
             (self.pop.run, "pop-revive"),
+            (self.repair.run, "store-repair"),
         ]
         if self.core.ha_slave is not None:
             loops.append((self.core.ha_slave.run, "ha-slave"))

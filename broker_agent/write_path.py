@@ -39,6 +39,7 @@ from ha_controller.protocol.errors import (
     MessageTooLarge,
     NotMaster,
     NotWritable,
+    RecordUnderRepair,
     StoreFull,
     StoreReadOnly,
     TopicNotFound,
@@ -295,7 +296,9 @@ class WritePath:
         core = self.core
         try:
             results = core.store.put_batch(messages)
-        except (StoreFull, StoreReadOnly) as exc:
+        except (StoreFull, StoreReadOnly, RecordUnderRepair) as exc:
+            # RecordUnderRepair: the active segment shrank under us; appends wait for
+            # its repair from a replica (store.repair)
             core.note_store_state()
             core.metrics.send_errors.labels(**core.metrics.ident, reason="not_writable").inc()
             topics = ", ".join(sorted({m.topic for m in messages}))

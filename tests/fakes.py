@@ -85,6 +85,7 @@ from ha_controller.protocol.errors import (
     EscapeFailed,
     HaError,
     NotMaster,
+    RecordUnderRepair,
 )
 from ha_controller.protocol.properties import OFFSET_TOPIC, now_ms
 from ha_controller.protocol.record import StoredMessage, encoded_size, make_msg_id, tag_hash
@@ -450,10 +451,13 @@ class FakeStore:
     # ---- read ----------------------------------------------------------------------
 
     def get_message_at(self, topic: str, queue_id: int, offset: int) -> StoredMessage | None:
-        """The message at queue ``offset``, or None if there is none (or it is unreadable)."""
+        """The message at queue ``offset``, or None if there is none; RecordUnderRepair
+        when it is unreadable (see :meth:`make_unreadable`)."""
         queue = self._queues.get((topic, queue_id))
-        if queue is None or not queue.low <= offset < queue.high or offset in queue.unreadable:
+        if queue is None or not queue.low <= offset < queue.high:
             return None
+        if offset in queue.unreadable:
+            raise RecordUnderRepair(f"{topic}/{queue_id} offset {offset}: damaged")
         return queue.messages.get(offset)
 
     def max_offset(self, topic: str, queue_id: int) -> int:
@@ -518,9 +522,12 @@ class FakeStore:
             size = encoded_size(msg)
             if messages and total + size > max_bytes:
                 break
-            if cur in queue.unreadable:
-                cur += 1
-                continue
+            if cur in queue.unreadable:  # never passed over: readers wait at it
+                if messages:
+                    return result(GetMessageStatus.FOUND, cur, messages)
+                if filtered:
+                    return result(GetMessageStatus.NO_MATCHED_MESSAGE, cur, [])
+                return result(GetMessageStatus.RECORD_UNDER_REPAIR, cur, [])
             cur += 1
             if message_filter is not None and not message_filter(msg.properties):
                 filtered += 1
@@ -573,10 +580,14 @@ class FakeStore:
         ]
 
     def make_unreadable(self, topic: str, queue_id: int, offset: int) -> None:
-        """The record at ``offset`` is corrupt: it still counts, but cannot be read."""
+        """The record at ``offset`` is damaged: it still counts, but cannot be read
+        until :meth:`repaired` (a replica's copy written back, store.repair)."""
         queue = self._queues[(topic, queue_id)]
         assert queue.low <= offset < queue.high, (offset, queue.low, queue.high)
         queue.unreadable.add(offset)
+
+    def repaired(self, topic: str, queue_id: int, offset: int) -> None:
+        self._queues[(topic, queue_id)].unreadable.discard(offset)
 
     def drop_before(self, topic: str, queue_id: int, offset: int) -> None:
         """Old segments were deleted: the queue now starts at ``offset``."""

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import asyncio
 import logging
 from collections.abc import Callable, Sequence
 
@@ -44,6 +45,10 @@ WAITABLE = frozenset(
         GetMessageStatus.OFFSET_FOUND_NULL,
     }
 )
+
+#: how long a long-poll pull that stopped at a damaged record waits for its repair
+#: before it answers NO_NEW_MSG at that offset (the consumer asks again from there)
+REPAIR_WAIT_S = 0.2
 
 #: Where a sent entry is stored: (topic, queue, properties rewritten in place).
 StoreTarget = Callable[[str, int, dict[str, str]], tuple[str, int]]
@@ -304,6 +309,19 @@ class MessageHandlers:
             result = core.store.get_messages(
                 req.topic, req.queue_id, offset, max_msgs, max_bytes, tags, select.properties
             )
+        if held and result.status is GetMessageStatus.RECORD_UNDER_REPAIR:
+            # the next record is damaged: never moved past, served once repaired
+            await asyncio.sleep(REPAIR_WAIT_S)
+            core.check_online()
+            result = core.store.get_messages(
+                req.topic,
+                req.queue_id,
+                req.queue_offset,
+                max_msgs,
+                max_bytes,
+                tags,
+                select.properties,
+            )
         if behind and result.status is GetMessageStatus.OFFSET_OVERFLOW_BADLY:
             return broker_pb2.PullMessageResponse(
                 status=broker_pb2.NO_NEW_MSG,
@@ -356,7 +374,7 @@ class MessageHandlers:
             ).inc(len(result.messages))
         elif status is GetMessageStatus.NO_MATCHED_MESSAGE:
             resp.status = broker_pb2.NO_MATCHED_MSG
-        elif status in WAITABLE:
+        elif status in WAITABLE or status is GetMessageStatus.RECORD_UNDER_REPAIR:
             resp.status = broker_pb2.NO_NEW_MSG
         else:
             resp.status = broker_pb2.OFFSET_ILLEGAL

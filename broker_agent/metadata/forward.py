@@ -17,7 +17,7 @@ from broker_agent.metadata.versioned import VersionedTable, fetch_table, forward
 from broker_agent.store.message_store import Dispatched
 from ha_controller.proto import broker_pb2
 from ha_controller.protocol.codes import RequestCode
-from ha_controller.protocol.errors import HaError
+from ha_controller.protocol.errors import HaError, RecordUnderRepair
 from ha_controller.protocol.properties import OFFSET_TOPIC
 from ha_controller.protocol.record import StoredMessage
 from ha_controller.rpc import ConnectionPool
@@ -157,7 +157,12 @@ class ForwardSync:
 
     def _apply_replicated_offset(self, queue_offset: int) -> None:
         core = self.core
-        m = core.store.get_message_at(OFFSET_TOPIC, 0, queue_offset)
+        try:
+            m = core.store.get_message_at(OFFSET_TOPIC, 0, queue_offset)
+        except RecordUnderRepair as exc:
+            # a progress record: the next one of its group carries the newer offset
+            log.warning("replicated offset record at %d passed over: %s", queue_offset, exc)
+            return
         if m is None:
             return
         try:

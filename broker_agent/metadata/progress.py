@@ -27,6 +27,7 @@ import logging
 from collections.abc import Callable, Mapping
 from typing import Final, Protocol
 
+from ha_controller.protocol.errors import RecordUnderRepair
 from ha_controller.protocol.properties import (
     DELAY_OFFSET_GROUP,
     OFFSET_TOPIC,
@@ -80,7 +81,13 @@ def replay(
         offset = max(offset, start)
     end = store.max_offset(OFFSET_TOPIC, 0)
     while offset < end:
-        msg = store.get_message_at(OFFSET_TOPIC, 0, offset)
+        try:
+            msg = store.get_message_at(OFFSET_TOPIC, 0, offset)
+        except RecordUnderRepair as exc:
+            # a progress record only: a later one of the same group supersedes it, and
+            # an older offset can only deliver again, never lose a message
+            log.warning("progress record at %d passed over: %s", offset, exc)
+            msg = None
         offset += 1
         if msg is None:
             continue

@@ -46,6 +46,7 @@ from ha_controller.protocol.errors import (
     ConnectionClosed,
     HaError,
     OffsetOutOfRange,
+    RecordUnderRepair,
     SignatureInvalid,
     StaleEpoch,
     StoreFull,
@@ -64,6 +65,8 @@ STALLED_CHECK_S = 1.0
 #: a slave with bytes pending that acknowledged nothing for this long does not count
 #: as a live copy (a stalled slave stays attached but goes silent)
 SLAVE_SILENT_S = 2.0
+#: how long a push waits before it reads a damaged range again (see store.repair)
+REPAIR_WAIT_S = 0.2
 #: how long each step of the HA handshake may take
 HANDSHAKE_TIMEOUT_MS = 2000
 #: connection attributes of the handshake (master side: the challenge it issued and the
@@ -394,7 +397,13 @@ class HaMaster:
                     )
                     link.pushed = low
                 if link.pushed < top:
-                    data = self.store.read_commitlog(link.pushed, TRANSFER_CHUNK)
+                    try:
+                        data = self.store.read_commitlog(link.pushed, TRANSFER_CHUNK)
+                    except RecordUnderRepair:
+                        # bytes we cannot verify are sent to no slave: wait for the
+                        # repair (replication.repair) at this offset, link kept
+                        await asyncio.sleep(REPAIR_WAIT_S)
+                        continue
                     if data:
                         msg = broker_pb2.HaTransfer(
                             offset=link.pushed, data=data, master_max_offset=top
@@ -720,6 +729,13 @@ class HaSlave:
                 return
             try:
                 self.store.append_replicated(msg.offset, msg.data)
+            except RecordUnderRepair as exc:
+                # our active segment shrank under us: nothing is appended past the hole
+                # until the repair loop copied it back from the master; re-attach then
+                log.warning("HA transfer at %d not applied: %s; re-attaching", msg.offset, exc)
+                await asyncio.sleep(REPAIR_WAIT_S)
+                await ctx.conn.aclose()
+                return
             except (StoreFull, StoreReadOnly) as exc:
                 # nothing was written; stay attached, discard until the store recovers
                 self._stalled = str(exc)

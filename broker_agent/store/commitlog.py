@@ -509,6 +509,71 @@ class CommitLog:
             return False
         return not self._unclean_tail and self.max_offset == offset
 
+    # --- damage under a running broker (see ``repair``) --------------------------------
+
+    def shrunk(self) -> tuple[int, int] | None:
+        """``(file end, write position)`` when the active segment's file is shorter than
+        what this log wrote to it (truncated under the running broker), else None."""
+        if not self._segments:
+            return None
+        seg = self._segments[-1]
+        try:
+            size = os.fstat(self._fd(seg)).st_size
+        except OSError as exc:
+            raise store_error(exc, f"cannot stat segment {seg.path.name}") from exc
+        if size >= seg.size:
+            return None
+        return seg.start + size, seg.written_end
+
+    def boundary_before(self, offset: int) -> int:
+        """The start of the record holding ``offset`` (or ``offset`` when a record starts
+        there), found by walking the length fields from its segment's start; the walk
+        stops at the first length that is zero or runs past ``offset``."""
+        idx = self._index(offset)
+        if idx < 0:
+            raise OffsetOutOfRange(f"no segment holds commit log offset {offset}")
+        seg = self._segments[idx]
+        pos = seg.start
+        try:
+            fd = self._fd(seg)
+            chunk, chunk_at = b"", pos
+            while pos < offset:
+                at = pos - chunk_at
+                if at + 4 > len(chunk):
+                    chunk, chunk_at = os.pread(fd, _SCAN_CHUNK, pos - seg.start), pos
+                    at = 0
+                    if len(chunk) < 4:
+                        break
+                (length,) = _U32.unpack_from(chunk, at)
+                if length == 0 or pos + length > offset:
+                    break
+                pos += length
+        except OSError as exc:
+            raise store_error(exc, f"cannot read segment {seg.path.name}") from exc
+        return pos
+
+    def write_in_place(self, offset: int, data: bytes) -> None:
+        """Write ``data`` (whole records a replica sent, checked by the caller) over the
+        log's own bytes at ``offset``, below :attr:`max_offset`, in one segment, and
+        fdatasync it.  The write position does not move."""
+        idx = self._index(offset)
+        if idx < 0 or offset + len(data) > self._segments[idx].written_end:
+            raise OffsetOutOfRange(f"no {len(data)} bytes at commit log offset {offset}")
+        seg = self._segments[idx]
+        try:
+            fd = self._fd(seg)
+            file_end = seg.start + os.fstat(fd).st_size
+            if offset > file_end:
+                # the file shrank below it: writing there would leave a hole of zeros
+                raise OffsetOutOfRange(
+                    f"segment {seg.path.name} ends at {file_end}, before {offset}: "
+                    "the range from its end is to be written first"
+                )
+            pwrite_all(fd, data, offset - seg.start)
+            os.fdatasync(fd)
+        except OSError as exc:
+            raise store_error(exc, f"cannot write segment {seg.path.name}") from exc
+
     # --- reading ---------------------------------------------------------------------
 
     def read_at(self, offset: int, size: int) -> bytes:

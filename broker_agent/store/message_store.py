@@ -43,6 +43,15 @@ its recovery mark (``marks``): a read past a queue's end answers
 ``OFFSET_OVERFLOW_BADLY`` with the mark as ``next_begin_offset``, so a consumer that had
 read into a tail a power loss took comes back to where the messages stored since begin.
 
+Damage under a running store (``repair``): a record below the log's end that a read
+finds unreadable (CRC, length, a short read, not the record its consume-queue entry
+names), bytes an HA or range read cannot verify, or an active segment whose file
+shrank under the writer, is noted as a :class:`~.repair.Damage` and refused with
+:class:`RecordUnderRepair` (retriable; ``get_messages`` stops before it) until
+:meth:`MessageStore.repair` writes a replica's checked copy back in place.  While the
+active segment is shorter than the write position nothing is appended (the writer
+never appends past a hole it did not write).
+
 Retention (:meth:`MessageStore.clean_expired_files`, run by the broker every
 ``clean_resource_interval_ms``): expired commit-log segments are deleted as ``retention``
 decides; consume queues follow at once (their minimum offsets move past entries that
@@ -81,6 +90,7 @@ from ha_controller.protocol.errors import (
     BadRequest,
     CorruptRecord,
     OffsetOutOfRange,
+    RecordUnderRepair,
     StoreError,
     StoreFull,
     StoreReadOnly,
@@ -88,8 +98,11 @@ from ha_controller.protocol.errors import (
 from ha_controller.protocol.properties import PROPERTY_KEYS, PROPERTY_UNIQ_KEY
 from ha_controller.protocol.record import (
     BLANK,
+    BLANK_MAGIC,
+    MESSAGE_MAGIC,
     MIN_RECORD_SIZE,
     StoredMessage,
+    decode_header,
     decode_record,
     encode_record,
     make_msg_id,
@@ -106,6 +119,7 @@ from .files import FileCache
 from .keyindex import KeyIndex, Record, key_hash, uniq_hash
 from .marks import RecoveryMarks
 from .recovery import recover
+from .repair import Damage, DamageTable, Expected, check_copy
 from .retention import (
     DELETE_BATCH_MAX,
     CleanResult,
@@ -146,6 +160,10 @@ _MAX_FILTER_SCAN = 16000
 _MAX_PROPERTY_FILTER_SCAN = 2000
 _STORE_TS = struct.Struct(">Q")
 _STORE_TS_POS = 44
+_PREFIX = struct.Struct(">II")  # a record's length and magic
+_U64 = struct.Struct(">Q")
+#: where a record head keeps its physical offset (see ha_controller.protocol.record)
+_PHYSICAL_POS = 28
 #: consume queues handled per hold of the store lock by a retention round
 _CQ_CLEAN_CHUNK = 256
 
@@ -188,6 +206,9 @@ class MessageStore:
         )
         self.corrupt_reads = 0
         """Reads that found a record failing its CRC or disagreeing with its entry."""
+        self._damage = DamageTable()
+        #: (offset, size) of the last record put appended, checked after the next put
+        self._last_put: tuple[int, int] | None = None
         self.recovered_from = 0
         """The commit-log offset recovery verified from (the checkpoint's, normally)."""
         self.recovered_unclean = False
@@ -530,6 +551,7 @@ class MessageStore:
         limit = self._config.max_message_size_bytes
         with self._lock:
             self._check_writable()
+            self._check_tail()
             if self._index.reput_offset < self._cl.max_offset:
                 self._index.pending.extend(self._index.reput(self._cl, None))
             cl = self._cl
@@ -616,6 +638,8 @@ class MessageStore:
                 self._after_failed_append(exc, before, charged)
                 raise
             self._space.charge(charged)  # a segment's blank fill is a hole
+            self._check_written(self._last_put)
+            self._last_put = placed[-1][:2]
             self._index.reput_offset = end
             keys = self._keys
             if keys is not None:
@@ -645,6 +669,7 @@ class MessageStore:
         """
         with self._lock:
             self._check_writable()
+            self._check_tail()
             before = self._cl.max_offset
             refused = False
 
@@ -764,10 +789,44 @@ class MessageStore:
             return self._cl.flushed_offset
 
     def read_commitlog(self, offset: int, max_bytes: int) -> bytes:
-        """Whole records from ``offset`` for HA streaming (see ``CommitLog.read``)."""
+        """Whole records from ``offset`` for HA streaming and GET_COMMITLOG_RANGE (see
+        ``CommitLog.read``), each checked (CRC, physical offset) before it is sent: the
+        answer ends before the first record that fails, or a known damaged range; when
+        that is the first record, RecordUnderRepair (a replica is never sent bytes this
+        broker cannot verify)."""
         with self._lock:
             self._check_open()
-            return self._cl.read(offset, max_bytes)
+            cl = self._cl
+            try:
+                data = cl.read(offset, max_bytes)
+            except (CorruptRecord, StoreError) as exc:
+                data, why = b"", f"unreadable: {exc}"
+            else:
+                why = "no whole record at a record boundary below the log's end"
+            known = self._damage.overlapping(offset, offset + max(len(data), 1))
+            if known is not None:
+                data = data[: max(0, known.start - offset)]
+            pos = 0
+            while pos < len(data):
+                try:
+                    head = decode_header(data, pos)
+                except CorruptRecord as exc:
+                    why = f"unreadable record: {exc}"
+                    break
+                if not head.blank and head.physical_offset != offset + pos:
+                    why = f"the record claims physical offset {head.physical_offset}"
+                    break
+                pos += head.size
+            if pos == 0 and offset < cl.max_offset:
+                if known is not None and known.start <= offset:
+                    raise RecordUnderRepair(known.describe())
+                try:
+                    self._check_tail()
+                except RecordUnderRepair:
+                    pass
+                damage = self._note_damage(Damage(offset, None, why))
+                raise RecordUnderRepair(damage.describe())
+            return data[:pos] if pos < len(data) else data
 
     def cut_back(self, offset: int) -> CutResult:
         """Drop the log from ``offset`` (a record boundary) on, with its consume-queue
@@ -775,7 +834,15 @@ class MessageStore:
         with self._flush_lock, self._lock:
             self._check_open()
             before = {key: cq.max_offset for key, cq in self._cqs.items()}
-            result = cut_back(self._dir, self._cl, self._cqs, self._checkpoint_file(), offset)
+            known = self._damage.covering(offset)
+            result = cut_back(
+                self._dir,
+                self._cl,
+                self._cqs,
+                self._checkpoint_file(),
+                offset,
+                damaged=known is not None and known.start == offset,
+            )
             self._cuts.append(offset)
             self._marks.lower(
                 {key: cq.max_offset for key, cq in self._cqs.items() if cq.max_offset < before[key]}
@@ -783,6 +850,8 @@ class MessageStore:
             self._index.reput_offset = min(self._index.reput_offset, offset)
             if self._keys is not None:
                 self._keys.truncate(offset)
+            self._damage.drop_from(offset)
+            self._last_put = None
             index = self._index
             index.pending = [d for d in index.pending if d.physical_offset < offset]
             return result
@@ -807,36 +876,175 @@ class MessageStore:
     def _read_message(
         self, physical_offset: int, size: int, topic: str, queue_id: int, queue_offset: int
     ) -> StoredMessage | None:
+        """The record a consume-queue entry points at.  None for an entry outside the
+        log (no record of it to repair); RecordUnderRepair for a damaged one."""
+        cl = self._cl
+        if not cl.min_offset <= physical_offset < cl.max_offset:
+            self.corrupt_reads += 1
+            logger.error(
+                "%s/%d offset %d: entry points at %d, outside the commit log [%d, %d)",
+                topic,
+                queue_id,
+                queue_offset,
+                physical_offset,
+                cl.min_offset,
+                cl.max_offset,
+            )
+            return None
+        known = self._damage.overlapping(physical_offset, physical_offset + max(size, 1))
+        if known is not None:
+            raise RecordUnderRepair(f"{topic}/{queue_id} offset {queue_offset}: {known.describe()}")
+        why: str | None = None
         try:
-            record, got = decode_record(self._cl.read_at(physical_offset, size))
-        except (CorruptRecord, OffsetOutOfRange) as exc:
-            self.corrupt_reads += 1
+            record, got = decode_record(cl.read_at(physical_offset, size))
+        except (CorruptRecord, OffsetOutOfRange, StoreError) as exc:
+            why = f"unreadable record: {exc}"
+        else:
+            if (
+                record is BLANK
+                or got != size
+                or record.topic != topic
+                or record.queue_id != queue_id
+                or record.queue_offset != queue_offset
+            ):
+                why = "the record does not match its consume-queue entry"
+            else:
+                return record
+        self.corrupt_reads += 1
+        end = min(physical_offset + size, cl.max_offset)
+        damage = self._note_damage(
+            Damage(physical_offset, end, why, Expected(topic, queue_id, queue_offset, size))
+        )
+        raise RecordUnderRepair(f"{topic}/{queue_id} offset {queue_offset}: {damage.describe()}")
+
+    # --- damage and repair (see ``repair``) ------------------------------------------------
+
+    def _note_damage(self, damage: Damage) -> Damage:
+        known = self._damage.add(damage)
+        if known is damage:
             logger.error(
-                "%s/%d offset %d: unreadable record at %d: %s",
-                topic,
-                queue_id,
-                queue_offset,
-                physical_offset,
-                exc,
+                "store %s: %s; refused until a replica's copy is written back",
+                self._dir,
+                damage.describe(),
             )
-            return None
-        if (
-            record is BLANK
-            or got != size
-            or record.topic != topic
-            or record.queue_id != queue_id
-            or record.queue_offset != queue_offset
-        ):
-            self.corrupt_reads += 1
-            logger.error(
-                "%s/%d offset %d: record at %d does not match its consume-queue entry",
-                topic,
-                queue_id,
-                queue_offset,
-                physical_offset,
+        return known
+
+    def _check_tail(self) -> None:
+        """RecordUnderRepair when the active segment's file is shorter than what was
+        written to it: the records from the one the file now ends in to the write
+        position are damaged, and nothing is appended past them until repaired."""
+        cl = self._cl
+        hole = cl.shrunk()
+        if hole is None:
+            return
+        file_end, written = hole
+        start = cl.boundary_before(file_end)
+        damage = self._note_damage(
+            Damage(
+                start,
+                written,
+                f"segment truncated under the running broker at {file_end} "
+                f"(records were written to {written})",
             )
-            return None
-        return record
+        )
+        raise RecordUnderRepair(f"appends wait: {damage.describe()}")
+
+    def _claimed_offset(self, offset: int) -> int | None:
+        """The physical offset the record head at ``offset`` claims (None: a blank, -1:
+        no record head there)."""
+        try:
+            length, magic = _PREFIX.unpack(self._cl.read_at(offset, _PREFIX.size))
+            if magic == BLANK_MAGIC:
+                return None
+            if magic != MESSAGE_MAGIC or length < MIN_RECORD_SIZE:
+                return -1
+            (claimed,) = _U64.unpack(self._cl.read_at(offset + _PHYSICAL_POS, 8))
+        except (OffsetOutOfRange, StoreError):
+            return -1
+        return int(claimed)
+
+    @property
+    def damaged_count(self) -> int:
+        """Ranges refused to readers until repaired (see ``repair``)."""
+        with self._lock:
+            return len(self._damage)
+
+    def _check_written(self, last: tuple[int, int] | None) -> None:
+        """After an append: the record the previous put ended with still verifies.  A
+        segment truncated between :meth:`_check_tail` and the write was extended again
+        by it, leaving zeros the size check cannot see; they are noted as damaged (the
+        records just appended after them are whole and stay)."""
+        if last is None:
+            return
+        offset, size = last
+        cl = self._cl
+        if offset < cl.min_offset:
+            return
+        try:
+            head = decode_header(cl.read_at(offset, size))
+            if head.physical_offset == offset:
+                return
+        except (CorruptRecord, OffsetOutOfRange, StoreError):
+            pass
+        end = offset + size
+        start = min(offset, cl.boundary_before(end))
+        self._note_damage(
+            Damage(start, end, "segment truncated under the running broker while it appended")
+        )
+
+    def damaged(self) -> list[Damage]:
+        """The damaged ranges, lowest first (checks the active segment's size first)."""
+        with self._lock:
+            if self._closed:
+                return []
+            try:
+                self._check_tail()
+            except RecordUnderRepair:
+                pass
+            return self._damage.pending()
+
+    def repair(self, damage: Damage, data: bytes) -> tuple[int, int]:
+        """Write ``data``, a replica's answer from ``damage.start``, back in place once
+        :func:`~.repair.check_copy` accepts it; ``(bytes, records)`` written (the rest of
+        the range, if the answer was short, stays damaged).  CorruptRecord (nothing
+        written) when the copy is not acceptable; OffsetOutOfRange when the range is no
+        longer in the log."""
+        with self._lock:
+            self._check_open()
+            try:
+                self._check_tail()  # a shrunk tail swallows the single records in it
+            except RecordUnderRepair:
+                pass
+            if self._damage.covering(damage.start) is not damage:
+                return 0, 0  # repaired, swallowed or cut away meanwhile
+            cl = self._cl
+            size, records = check_copy(damage, data, cl.segment_size)
+            end = damage.start + size
+            if damage.start < cl.min_offset or end > cl.max_offset:
+                raise OffsetOutOfRange(
+                    f"repair of [{damage.start}, {end}) outside the commit log "
+                    f"[{cl.min_offset}, {cl.max_offset})"
+                )
+            if damage.end is None and end < cl.max_offset:
+                # the local length could not be trusted: the next record must start
+                # where the replica's ends
+                claimed = self._claimed_offset(end)
+                if claimed is not None and claimed != end:
+                    raise CorruptRecord(
+                        f"the replica's record at {damage.start} ends at {end}, where ours "
+                        f"{'claims offset ' + str(claimed) if claimed >= 0 else 'is unreadable'}"
+                    )
+            start = damage.start
+            cl.write_in_place(start, data[:size])
+            self._damage.repaired(damage, end)
+            logger.warning(
+                "store %s: commit log [%d, %d) repaired from a replica (%d record(s))",
+                self._dir,
+                start,
+                end,
+                records,
+            )
+            return size, records
 
     def get_messages(
         self,
@@ -855,7 +1063,9 @@ class MessageStore:
         properties after it is read; at most ``_MAX_PROPERTY_FILTER_SCAN`` are read for
         it per call, the offset moving past those filtered out either way.
         The first matching message is returned even if it is larger than ``max_bytes``.
-        ``next_begin_offset`` is where the next pull should start.
+        ``next_begin_offset`` is where the next pull should start.  A damaged record
+        (see ``repair``) ends the answer before it; when it is the first one read the
+        status is RECORD_UNDER_REPAIR with ``next_begin_offset`` at it.
         """
         with self._lock:
             self._check_open()
@@ -905,7 +1115,15 @@ class MessageStore:
                             done = True
                             break
                         read_limit -= 1
-                    msg = self._read_message(phys, size, topic, queue_id, cur)
+                    try:
+                        msg = self._read_message(phys, size, topic, queue_id, cur)
+                    except RecordUnderRepair:
+                        # never past a damaged record: readers wait at it (see repair)
+                        if messages:
+                            return result(GetMessageStatus.FOUND, cur, messages)
+                        if filtered:
+                            return result(GetMessageStatus.NO_MATCHED_MESSAGE, cur, [])
+                        return result(GetMessageStatus.RECORD_UNDER_REPAIR, cur, [])
                     cur += 1
                     if msg is None:
                         continue
@@ -1030,7 +1248,8 @@ class MessageStore:
             return self._keys.stats() if self._keys is not None else {}
 
     def get_message_at(self, topic: str, queue_id: int, offset: int) -> StoredMessage | None:
-        """The message at queue ``offset``, or None if there is none (or it is unreadable)."""
+        """The message at queue ``offset``, or None if there is none.  RecordUnderRepair
+        (retriable) when the record is damaged: the caller holds its progress there."""
         with self._lock:
             self._check_open()
             cq = self._cq_for_read(topic, queue_id)
@@ -1141,6 +1360,7 @@ class MessageStore:
             )
             gone = self._cl.detach_oldest(decision.segments)
             cl_min = self._cl.min_offset
+            self._damage.drop_below(cl_min)
             keys = list(self._cqs)
             if gone and self._keys is not None:
                 self._keys.drop_below(cl_min)

@@ -133,12 +133,17 @@ def cut_back(
     cqs: Mapping[tuple[str, int], ConsumeQueue],
     checkpoint: CheckpointFile,
     offset: int,
+    *,
+    damaged: bool = False,
 ) -> CutResult:
     """Cut the store in ``directory`` back to ``offset`` (steps in the module text).
 
     Bad input (not a record boundary inside the log) raises OffsetOutOfRange and changes
-    nothing; an I/O error raises StoreError with the intent file left behind."""
-    check_boundary(cl, offset)
+    nothing; an I/O error raises StoreError with the intent file left behind.
+    ``damaged``: a damaged range starts at ``offset`` (its record cannot be read to
+    check the boundary; the store found it by the length fields before it)."""
+    if not damaged:
+        check_boundary(cl, offset)
     dropped_bytes = cl.max_offset - offset
     _write_marker(directory, offset)
     cl.truncate(offset)

@@ -189,6 +189,9 @@ class GetMessageStatus(enum.Enum):
     OFFSET_TOO_SMALL = "OFFSET_TOO_SMALL"
     NO_MATCHED_LOGIC_QUEUE = "NO_MATCHED_LOGIC_QUEUE"
     NO_MESSAGE_IN_QUEUE = "NO_MESSAGE_IN_QUEUE"
+    #: ours, not RocketMQ's: the next record is damaged and waits for its repair from a
+    #: replica (``store.repair``); answered like RocketMQ's MESSAGE_WAS_REMOVING (retry)
+    RECORD_UNDER_REPAIR = "RECORD_UNDER_REPAIR"
 
 
 @dataclass(frozen=True, slots=True)

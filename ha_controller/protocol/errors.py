@@ -378,6 +378,15 @@ class OffsetOutOfRange(HaError, IndexError):
     code = 404
 
 
+class RecordUnderRepair(HaError):
+    """A record the broker found damaged in its own commit log (CRC, length, a short
+    read): it is served by no one until it was copied back from a replica.  Retriable:
+    readers wait at that offset, never skip it."""
+
+    code = 405
+    retriable = True
+
+
 class LockNotHeld(HaError):
     code = 500
 

@@ -385,6 +385,35 @@ async def test_master_delivers_timer_messages_in_due_order(nodes: NodeFactory) -
     assert master.schedule.timer.cp.master_timer_queue_offset == 3
 
 
+async def test_a_damaged_timer_entry_holds_the_timer_and_moves_no_checkpoint_back(
+    nodes: NodeFactory,
+) -> None:
+    """Corruption drill-000's replays: a session (an acting slave's, a restarted
+    master's) reads the timer queue from its start and stops at a damaged entry below
+    the checkpoint until it is repaired.  A checkpoint taken meanwhile named the read
+    offset, below the one it had, and the entries between came a second time (70
+    duplicates); now the timer waits, and nothing comes twice."""
+    master = nodes()
+    for i, after in enumerate([300, 600, 900]):
+        put_delayed(master, {"TIMER_DELIVER_MS": str(T0 + after), "UNIQ_KEY": f"t{i}"})
+    async with running(master):
+        await advance(master, 900)
+    assert uniq_keys(master) == ["t0", "t1", "t2"]
+    cp = master.schedule.timer.cp
+    assert cp.master_timer_queue_offset == 3
+    store = master.core.store
+    store.make_unreadable(TIMER_TOPIC, 0, 1)
+    put_delayed(master, {"TIMER_DELIVER_MS": str(T0 + 1000), "UNIQ_KEY": "t3"})
+    async with running(master):
+        await advance(master, 200)  # t3 is due, behind the damaged entry
+        assert uniq_keys(master) == ["t0", "t1", "t2"]
+        assert cp.master_timer_queue_offset == 3
+        store.repaired(TIMER_TOPIC, 0, 1)
+        await advance(master, 200)
+    assert uniq_keys(master) == ["t0", "t1", "t2", "t3"]
+    assert cp.master_timer_queue_offset == 4
+
+
 async def test_the_pending_timer_messages_are_a_gauge(nodes: NodeFactory) -> None:
     master = nodes()
     for i in range(3):

@@ -36,6 +36,7 @@ from broker_agent.special.schedule.timer import (
 )
 from ha_controller.proto import broker_pb2, common_pb2
 from ha_controller.protocol.codes import RequestCode
+from ha_controller.protocol.errors import RecordUnderRepair
 from ha_controller.protocol.properties import (
     DELAY_OFFSET_GROUP,
     SCHEDULE_TOPIC,
@@ -202,9 +203,14 @@ class ScheduleService:
             if offset >= store.max_offset(SCHEDULE_TOPIC, queue_id):
                 await delivery.arrival(SCHEDULE_TOPIC, queue_id, IDLE_WAIT_S)
                 continue
-            msg = store.get_message_at(SCHEDULE_TOPIC, queue_id, offset)
+            try:
+                msg = store.get_message_at(SCHEDULE_TOPIC, queue_id, offset)
+            except RecordUnderRepair:
+                # damaged: held at the record until a replica's copy is back (store.repair)
+                await self.clock.sleep(POLL_S)
+                continue
             if msg is None:
-                log.warning("delay level %d: unreadable entry at %d skipped", level, offset)
+                log.warning("delay level %d: entry at %d outside the log skipped", level, offset)
                 self.delay_offsets.update(level, offset + 1)
                 continue
             wait_ms = due_ms(self.cfg, msg) - self.clock.now_ms()

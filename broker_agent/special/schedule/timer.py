@@ -36,6 +36,7 @@ from broker_agent.special.schedule.target import TIMER_QUEUE_ID, due_ms
 from ha_controller.dataversion import DataVersion
 from ha_controller.proto import broker_pb2
 from ha_controller.protocol.codes import RequestCode
+from ha_controller.protocol.errors import RecordUnderRepair
 from ha_controller.protocol.properties import (
     PROPERTY_REAL_TOPIC,
     PROPERTY_TIMER_DEL_UNIQKEY,
@@ -261,6 +262,9 @@ class TimerIndex:
         self._uniq_at: dict[int, str] = {}
         #: (due, queue offset) of the entry popped last
         self._popped: tuple[int, int] | None = None
+        #: the read stopped at a damaged entry (store.repair): below it nothing is
+        #: known, so no checkpoint may be taken (it would move back to it)
+        self.held = False
 
     def __len__(self) -> int:
         return len(self._heap)
@@ -370,9 +374,14 @@ class TimerLoop:
         store = self.core.store
         cp = self.timer.cp
         top = store.max_offset(TIMER_TOPIC, TIMER_QUEUE_ID)
+        index.held = False
         while index.read_offset < top:
             offset = index.read_offset
-            msg = store.get_message_at(TIMER_TOPIC, TIMER_QUEUE_ID, offset)
+            try:
+                msg = store.get_message_at(TIMER_TOPIC, TIMER_QUEUE_ID, offset)
+            except RecordUnderRepair:
+                index.held = True  # damaged: read from here once it is repaired
+                return
             index.read_offset += 1
             if msg is None:
                 continue
@@ -424,6 +433,12 @@ class TimerLoop:
         while not delivery.stopping:
             self.read_queue(index)
             pending.set(len(index))
+            if index.held:
+                # nothing is delivered or checkpointed until the damaged entry is back:
+                # a checkpoint now would name its offset, below the one it had (the
+                # entries between would come again), and it may be due first
+                await delivery.clock.sleep(POLL_S)
+                continue
             head = index.peek()
             now = delivery.clock.now_ms()
             if head is None or head[0] > now:
@@ -433,7 +448,11 @@ class TimerLoop:
                 await delivery.arrival(TIMER_TOPIC, TIMER_QUEUE_ID, wait)
                 continue
             offset = head[1]
-            msg = store.get_message_at(TIMER_TOPIC, TIMER_QUEUE_ID, offset)
+            try:
+                msg = store.get_message_at(TIMER_TOPIC, TIMER_QUEUE_ID, offset)
+            except RecordUnderRepair:
+                await delivery.clock.sleep(POLL_S)  # held until it is repaired
+                continue
             if msg is None:
                 index.pop()
                 self._checkpoint(index)

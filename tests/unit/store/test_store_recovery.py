@@ -13,6 +13,7 @@ import pytest
 
 from broker_agent.store import GetMessageStatus, MessageStore, PutResult, StoreConfig
 from broker_agent.store.checkpoint import CheckpointFile
+from ha_controller.protocol.errors import RecordUnderRepair
 from ha_controller.protocol.record import BLANK, iter_records
 
 SEG = 64 * 1024
@@ -117,7 +118,9 @@ def test_flipped_byte_in_a_middle_record_truncates_from_it(tmp_path: Path) -> No
         assert names[-1] == seg.name
 
 
-def test_corrupt_record_outside_the_verified_window_is_never_served(tmp_path: Path) -> None:
+def test_corrupt_record_outside_the_verified_window_is_never_served_nor_passed(
+    tmp_path: Path,
+) -> None:
     config = StoreConfig(
         segment_size_bytes=SEG, max_message_size_bytes=16 * 1024, recovery_verify_segments=1
     )
@@ -130,13 +133,22 @@ def test_corrupt_record_outside_the_verified_window_is_never_served(tmp_path: Pa
     with MessageStore.open(tmp_path, config) as store:
         # recovery trusted the checkpoint and did not walk that segment ...
         assert store.commitlog_max_offset == results[-1].physical_offset + results[-1].size
-        # ... but reads verify the CRC and skip the record rather than serve it
+        # ... but reads verify the CRC: the record is refused, and readers stop at it
+        # (it waits for a replica's copy, see store.repair) instead of moving past it
         q = 10 % 3
-        assert store.get_message_at("T", q, victim.queue_offset) is None
+        with pytest.raises(RecordUnderRepair):
+            store.get_message_at("T", q, victim.queue_offset)
         got = store.get_messages("T", q, 0, 1000, 1 << 30)
-        assert victim.queue_offset not in [m.queue_offset for m in got.messages]
-        assert len(got.messages) == store.max_offset("T", q) - 1
-        assert store.corrupt_reads >= 2
+        assert got.status is GetMessageStatus.FOUND
+        assert [m.queue_offset for m in got.messages] == list(range(victim.queue_offset))
+        assert got.next_begin_offset == victim.queue_offset
+        again = store.get_messages("T", q, victim.queue_offset, 1000, 1 << 30)
+        assert again.status is GetMessageStatus.RECORD_UNDER_REPAIR
+        assert again.next_begin_offset == victim.queue_offset
+        assert [(d.start, d.end) for d in store.damaged()] == [
+            (victim.physical_offset, victim.physical_offset + victim.size)
+        ]
+        assert store.corrupt_reads >= 1
 
 
 def test_consume_queue_entries_past_the_log_end_are_removed(tmp_path: Path) -> None:
@@ -247,7 +259,8 @@ def test_only_the_tail_past_the_checkpoint_is_verified_and_a_corrupt_record_ther
         assert store.max_offset("T", 530 % 3) == bad.queue_offset
         # ... the log under the checkpoint was not walked (a full walk would cut it at
         # 450), and reads still refuse the record that fails its CRC
-        assert store.get_message_at("T", 450 % 3, below.queue_offset) is None
+        with pytest.raises(RecordUnderRepair):
+            store.get_message_at("T", 450 % 3, below.queue_offset)
         assert store.corrupt_reads == 1
         for i in (*range(440, 450), *range(451, 530)):
             msg = store.get_message_at("T", i % 3, results[i].queue_offset)
