@@ -164,17 +164,9 @@ class BrokerCore:
             log.info("consumer offsets rebuilt from %d record(s) of the commit log", found)
         # a master's only: a slave's table is ahead of its log whenever it lags (the
         # master corrects what a pre-online takes from it when a consumer reads there)
-        marks = self.store.take_recovery_marks() if cfg.is_master else {}
-        for (group, topic, qid), was, end in self.offsets.correct_past(marks):
-            log.warning(
-                "consumer offset of %s in %s/%d was %d, past the queue's end %d after an "
-                "unclean stop: corrected to it",
-                group,
-                topic,
-                qid,
-                was,
-                end,
-            )
+        #: the queues an unclean recovery ended, whose committed offsets are corrected
+        #: once the master knows where they end (:meth:`correct_offsets_past_ends`)
+        self.recovered_queues = set(self.store.take_recovery_marks()) if cfg.is_master else set()
         self.acting = ActingState(cfg.broker_id, cfg.enable_slave_acting_master)
         self.metrics = BrokerMetrics(cfg.cluster, cfg.broker_name, self.member_id)
         self.metrics.export_consumer_lag(
@@ -213,6 +205,8 @@ class BrokerCore:
         self.http_addr = ""
         self.isolated = self.has_replicas
         self.preonline_step = "waiting to start" if self.isolated else "online"
+        if not self.isolated:  # no pre-online to catch up first
+            self.correct_offsets_past_ends()
         self.ha_master: HaMaster | None = (
             HaMaster(
                 self.store,
@@ -526,6 +520,27 @@ class BrokerCore:
             return 0 if config is None else config.read_queue_nums
 
         return queue_lags(self.store, self.offsets.entries(), read_queues, group=group, topic=topic)
+
+    def correct_offsets_past_ends(self) -> None:
+        """Bring the committed offsets past the ends of the queues an unclean recovery
+        ended back to those ends (the commits were of a lost tail, and the next messages
+        take those offsets), once: at start without a pre-online, else when a master's
+        pre-online has caught up from its slaves (what it copied back is the same tail,
+        and a commit into it stands)."""
+        queues, self.recovered_queues = self.recovered_queues, set()
+        if not queues:
+            return
+        ends = {key: self.store.max_offset(*key) for key in queues}
+        for (group, topic, qid), was, end in self.offsets.correct_past(ends):
+            log.warning(
+                "consumer offset of %s in %s/%d was %d, past the queue's end %d after an "
+                "unclean stop: corrected to it",
+                group,
+                topic,
+                qid,
+                was,
+                end,
+            )
 
     def update_role_metrics(self) -> None:
         self.metrics.set_role(self.acting.role)

@@ -123,6 +123,13 @@ class PreOnline:
                 cycle += 1
                 await asyncio.sleep(RETRY_S)
                 continue
+            if core.acting.is_master and core.recovered_queues:
+                # the first time online since an unclean recovery, nothing stored since:
+                # what it copied from its slaves is the tail it held, and consumers that
+                # read it before the stop keep their place (store.marks)
+                if core.store.lift_recovery_marks():
+                    log.info("pre-online: recovery marks raised to the queue ends caught up")
+                core.correct_offsets_past_ends()
             core.isolated = False
             self._fenced_for = None
             core.preonline_step = "online"

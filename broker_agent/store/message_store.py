@@ -322,6 +322,13 @@ class MessageStore:
         if self._keys is not None:
             self._recover_keys(self._keys)
 
+    def lift_recovery_marks(self) -> bool:
+        """A master going online after its pre-online caught up from its slaves: the
+        marks come up to the queue ends it holds now (see ``RecoveryMarks.lift``)."""
+        with self._lock:
+            ends = {key: cq.max_offset for key, cq in self._cqs.items()}
+            return self._marks.lift(ends, self._cl.max_offset)
+
     def take_recovery_marks(self) -> dict[tuple[str, int], int]:
         """The queue ends this open's unclean recovery recorded as marks, once (empty
         after a clean stop, and on every later call): the broker corrects the offsets it

@@ -117,3 +117,30 @@ def test_the_store_keeps_its_id_and_counts_how_often_its_queues_went_back(
     with MessageStore.open(image, CFG) as store:  # a new id: no client has read it
         assert store.rewinds()[0] not in (0, store_id)
         assert store.recovery_mark("T", 0) is None
+
+
+def test_a_tail_copied_back_from_a_replica_lifts_the_mark(tmp_path: Path) -> None:
+    """Corruption campaign seed 3401: a master that recovered short (a flipped record in
+    its last segment) caught up from its slave the very records it had held; the marks
+    stayed at the short end, so every consumer past it went back and read thousands of
+    messages twice.  Going online after that catch-up, the master lifts the marks to
+    the queue ends it holds again; the rewinds count does not move."""
+    image = power_loss_image(tmp_path, 10, 10)
+    with MessageStore.open(tmp_path / "live", CFG) as live:  # the replica's copy
+        live.put("T", 1, b"lost-too", {})  # a queue the short log does not hold at all
+        start = live.get_messages("T", 0, 10).messages[0].physical_offset
+        tail = live.read_commitlog(start, 1 << 20)
+    with MessageStore.open(image, CFG) as store:
+        assert store.recovery_mark("T", 0) == 10
+        rewinds = store.rewinds()
+        store.append_replicated(start, tail)  # what pre-online's catch-up does
+        store.reput()
+        assert store.max_offset("T", 0) == 20
+        assert store.lift_recovery_marks()
+        assert store.recovery_mark("T", 0) == 20 and store.rewinds() == rewinds
+        got = store.get_messages("T", 0, 20)  # the consumer that had read up to 20
+        assert got.status is not GetMessageStatus.OFFSET_OVERFLOW_BADLY
+        assert got.next_begin_offset == 20
+        # the queue the copy brought back holds records from before the stop: no mark
+        assert store.max_offset("T", 1) == 1 and store.recovery_mark("T", 1) is None
+        assert not store.lift_recovery_marks()  # nothing more to lift
