@@ -249,6 +249,34 @@ def test_timer_checkpoint_tells_apart_entries_due_in_the_same_millisecond() -> N
     assert TimerCheckpoint.from_dict(cp.to_dict()).mark == TimerMark(699, 4, 2)
 
 
+def test_a_forward_sync_never_takes_a_timer_mark_behind_a_replicated_record() -> None:
+    """Campaign ``controller-slave-behind``, seed 3305: the master appended a delivery
+    and its progress record (O 157, L ...999) and waited for its replicas, its own
+    checkpoint still at L ...581; the slave applied the record, then the 2 s forward
+    sync took the master's older checkpoint, and the slave that acted next delivered
+    that message a second time."""
+    slave = TimerCheckpointFile(None)
+    slave.apply_record(TimerMark(292999, 157).record())
+    master = TimerCheckpoint(292581, 157, DataVersion(0, 40, 1))
+    slave.take_from_master(master)
+    assert slave.cp.mark == TimerMark(292999, 157)
+    assert slave.cp.version.key() == master.version.key()  # the master's version
+    # the queue read further: an earlier due time of a new entry is still ahead
+    slave.apply_record(TimerMark(300000, 158).record())
+    slave.take_from_master(TimerCheckpoint(299000, 159, DataVersion(0, 41, 1)))
+    assert slave.cp.mark == TimerMark(299000, 159)
+    # a master ahead is taken as it is; a cut's replace takes an older one too
+    slave.take_from_master(TimerCheckpoint(310000, 160, DataVersion(0, 42, 1), 3))
+    assert slave.cp.mark == TimerMark(310000, 160, 3)
+    slave.assign(TimerCheckpoint(100, 2, DataVersion(0, 43, 1)))
+    assert slave.cp.mark == TimerMark(100, 2)
+    # a broker started again knows no replicated record: the master's is taken
+    fresh = TimerCheckpointFile(None)
+    fresh.cp = TimerCheckpoint(292999, 157, DataVersion(0, 39, 1))
+    fresh.take_from_master(master)
+    assert fresh.cp.mark == TimerMark(292581, 157)
+
+
 # ---- the service over fakes of its ports -----------------------------------------------
 
 
@@ -522,6 +550,22 @@ async def test_forward_sync_is_skipped_while_delivering(nodes: NodeFactory) -> N
         assert slave.schedule.delay_offsets.get(2) == 7
     finally:
         await server.aclose(grace_s=0.5)
+
+
+async def test_a_slaves_timer_progress_survives_the_masters_older_table(
+    nodes: NodeFactory,
+) -> None:
+    """The forward sync (GET_TIMER_CHECK_POINT, as the slave's 2 s loop runs it) does not
+    set the slave's timer checkpoint back behind a progress record it holds."""
+    master = nodes(store="m")
+    slave = nodes(broker_id=1, store="s")
+    master.schedule.timer.advance(TimerMark(T0 + 100, 3))
+    record = TimerMark(T0 + 500, 3).record()  # appended by the master, not yet its own
+    slave.schedule.progress_records()[TIMER_CHECKPOINT_GROUP](record)
+    async with serving(master) as addr:
+        await forward_sync(slave.schedule.tables(), slave.core.pool, addr)
+    assert slave.schedule.timer.cp.mark == TimerMark(T0 + 500, 3)
+    assert slave.schedule.timer.cp.version.key() == master.schedule.timer.cp.version.key()
 
 
 async def test_each_delivery_carries_its_progress_to_the_slaves(nodes: NodeFactory) -> None:

@@ -126,6 +126,13 @@ class TimerMark:
     queue_offset: int
     next_ms_delivered_below: int = 0
 
+    def order(self) -> tuple[int, int, int]:
+        """Where this mark stands among one master's marks, which only move on: the
+        timer queue is read further (``queue_offset`` grows, ``last_read_time_ms`` may
+        drop to an earlier due time of what was read), or, with the queue read as far,
+        deliveries move ``last_read_time_ms`` (and ``next_ms_delivered_below``) on."""
+        return (self.queue_offset, self.last_read_time_ms, self.next_ms_delivered_below)
+
     def record(self) -> dict[str, str]:
         """As a progress record (replicated through the commit log)."""
         return {
@@ -154,6 +161,9 @@ class TimerCheckpointFile(JsonTable):
     def __init__(self, path: Path | None) -> None:
         super().__init__(path)
         self.cp = TimerCheckpoint()
+        #: slave: the mark of the last progress record replicated to this broker since
+        #: it started (what its own commit log says was delivered)
+        self.replicated: TimerMark | None = None
 
     @property
     def data_version(self) -> DataVersion:
@@ -196,7 +206,27 @@ class TimerCheckpointFile(JsonTable):
     def apply_replicated(self, mark: TimerMark) -> None:
         """A checkpoint the master reached, replicated through the commit log (slave
         side; records arrive in log order, so the newest wins)."""
+        self.replicated = mark
         self._set(mark)
+
+    def take_from_master(self, other: TimerCheckpoint) -> bool:
+        """Forward sync on a slave: the master's checkpoint and version, but not a mark
+        behind the last progress record replicated here.  A master appends a
+        delivery's record with the message and moves its own checkpoint only once its
+        replicas confirm both, so its table may be behind its log for as long as it
+        waits (``controller-slave-behind``, seed 3305: a 2.5 s wait for a frozen
+        slave; the 2 s sync took the older checkpoint, and the slave that acted next
+        delivered that message again)."""
+        ahead = self.replicated
+        if ahead is None or ahead.order() <= other.mark.order():
+            return self.assign(other)
+        taken = TimerCheckpoint(
+            ahead.last_read_time_ms,
+            ahead.queue_offset,
+            other.version.copy(),
+            ahead.next_ms_delivered_below,
+        )
+        return self.assign(taken)
 
     def apply_record(self, record: Mapping[str, str]) -> None:
         """:meth:`apply_replicated` of a :meth:`TimerMark.record` (KeyError, ValueError)."""
@@ -311,15 +341,16 @@ def _describe(snapshot: TimerCheckpoint) -> str:
 def timer_checkpoint_sync(
     timer: TimerCheckpointFile, busy: Callable[[], bool]
 ) -> TableSync[broker_pb2.TimerCheckpoint, TimerCheckpoint]:
-    """The checkpoint for forward and reverse sync (``assign`` already takes it as it
-    is, so a cut replaces it the same way)."""
+    """The checkpoint for forward sync (never behind the progress records this slave
+    holds), reverse sync, and the cut's replace (as it is)."""
     return TableSync(
         "timer checkpoint",
         RequestCode.GET_TIMER_CHECK_POINT,
         broker_pb2.TimerCheckpoint,
         decode=timer_from_pb,
-        take=timer.assign,
+        take=timer.take_from_master,
         adopt=timer.adopt_if_newer,
+        take_as_is=timer.assign,
         describe=_describe,
         busy=busy,
         file=timer,
