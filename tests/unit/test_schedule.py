@@ -277,6 +277,23 @@ def test_a_forward_sync_never_takes_a_timer_mark_behind_a_replicated_record() ->
     assert fresh.cp.mark == TimerMark(292581, 157)
 
 
+def test_a_member_elected_takes_a_timer_mark_ahead_of_its_own_whatever_the_versions() -> None:
+    """Seed 3305: member 2 acted, then member 1 (just resumed) acted instead and
+    delivered the message due next; the controller elected member 2, whose version was
+    newer (it took over first and moved on), and which kept its own checkpoint."""
+    elected = TimerCheckpointFile(None)
+    elected.cp = TimerCheckpoint(174294, 10, DataVersion(2, 9, 5))
+    held = TimerCheckpoint(174659, 10, DataVersion(2, 8, 7))  # offset 9 delivered
+    assert elected.adopt_on_promotion(held, queue_end=10)
+    assert elected.cp.mark == TimerMark(174659, 10)
+    assert elected.cp.version.key() == (2, 9, 5)  # the newer version stays
+    assert not elected.adopt_on_promotion(TimerCheckpoint(174000, 10, DataVersion(3, 0, 0)), 10)
+    assert elected.cp.mark == TimerMark(174659, 10)
+    # a member that read a timer queue this log does not hold is not taken
+    assert not elected.adopt_on_promotion(TimerCheckpoint(180000, 12, DataVersion(2, 9, 9)), 10)
+    assert elected.cp.mark == TimerMark(174659, 10)
+
+
 # ---- the service over fakes of its ports -----------------------------------------------
 
 

@@ -28,7 +28,7 @@ from broker_agent.special.schedule.delay_offsets import (
 from broker_agent.special.schedule.delivery import IDLE_WAIT_S, OVERDUE_LOG_MS, POLL_S, Delivery
 from broker_agent.special.schedule.recall import FetchMembers, RecallService
 from broker_agent.special.schedule.recall_table import RecallTable, recall_sync
-from broker_agent.special.schedule.target import due_ms
+from broker_agent.special.schedule.target import TIMER_QUEUE_ID, due_ms
 from broker_agent.special.schedule.timer import (
     TimerCheckpointFile,
     TimerLoop,
@@ -40,6 +40,7 @@ from ha_controller.protocol.properties import (
     DELAY_OFFSET_GROUP,
     SCHEDULE_TOPIC,
     TIMER_CHECKPOINT_GROUP,
+    TIMER_TOPIC,
 )
 from ha_controller.rpc import RequestContext
 
@@ -239,7 +240,11 @@ class ScheduleService:
         busy = lambda: self.running  # noqa: E731
         return [
             delay_offset_sync(self.delay_offsets, busy),
-            timer_checkpoint_sync(self.timer, busy),
+            timer_checkpoint_sync(
+                self.timer,
+                busy,
+                lambda: self.core.store.max_offset(TIMER_TOPIC, TIMER_QUEUE_ID),
+            ),
             recall_sync(self.recalls),
         ]
 

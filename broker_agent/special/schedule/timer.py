@@ -253,6 +253,33 @@ class TimerCheckpointFile(JsonTable):
         self._dirty = True
         return True
 
+    def adopt_on_promotion(self, other: TimerCheckpoint, queue_end: int) -> bool:
+        """Pre-online of a member just elected master: take a member's checkpoint whose
+        mark is ahead of ours, whatever the versions (each slave that acted moved the
+        version on when it took over, so they tell nothing about which delivered more:
+        ``controller-slave-behind``, seed 3305, two slaves acted one after the other,
+        the second delivered a due message, and the member elected, the first, kept its
+        own checkpoint by its version and delivered that message again).  Not one that
+        read the timer queue beyond ``queue_end``, ours: that member holds a tail this
+        log lacks (unacknowledged; it is cut when it follows us), and its mark would
+        count what this master stores at those queue offsets as delivered."""
+        if (
+            other.mark.order() <= self.cp.mark.order()
+            or other.master_timer_queue_offset > queue_end
+        ):
+            return False
+        newer = other.version if other.version.compare(self.cp.version) > 0 else self.cp.version
+        self.assign(
+            TimerCheckpoint(
+                other.last_read_time_ms,
+                other.master_timer_queue_offset,
+                newer.copy(),
+                other.next_ms_delivered_below,
+            )
+        )
+        self.persist()
+        return True
+
     def adopt_if_newer(self, other: TimerCheckpoint) -> bool:
         if self.cp.version.compare(other.version) > 0:
             return False
@@ -339,7 +366,7 @@ def _describe(snapshot: TimerCheckpoint) -> str:
 
 
 def timer_checkpoint_sync(
-    timer: TimerCheckpointFile, busy: Callable[[], bool]
+    timer: TimerCheckpointFile, busy: Callable[[], bool], queue_end: Callable[[], int]
 ) -> TableSync[broker_pb2.TimerCheckpoint, TimerCheckpoint]:
     """The checkpoint for forward sync (never behind the progress records this slave
     holds), reverse sync, and the cut's replace (as it is)."""
@@ -351,6 +378,7 @@ def timer_checkpoint_sync(
         take=timer.take_from_master,
         adopt=timer.adopt_if_newer,
         take_as_is=timer.assign,
+        promote=lambda other: timer.adopt_on_promotion(other, queue_end()),
         describe=_describe,
         busy=busy,
         file=timer,
