@@ -294,6 +294,17 @@ def test_a_member_elected_takes_a_timer_mark_ahead_of_its_own_whatever_the_versi
     assert elected.cp.mark == TimerMark(174659, 10)
 
 
+def test_a_member_elected_takes_each_delay_level_further_whatever_the_versions() -> None:
+    """``controller-flap``, seed 3307: the member elected kept its own delay offsets by
+    their version, below what the slave that acted last had delivered."""
+    elected = DelayOffsetTable(None)
+    elected.update(6, 5)
+    elected.update(2, 9)
+    assert elected.adopt_on_promotion({6: 7, 2: 8, 3: 12}, ends={6: 7, 2: 9, 3: 4})
+    assert (elected.get(6), elected.get(2), elected.get(3)) == (7, 9, 4)  # 3: capped
+    assert not elected.adopt_on_promotion({6: 6}, ends={6: 7})
+
+
 # ---- the service over fakes of its ports -----------------------------------------------
 
 

@@ -239,7 +239,7 @@ class ScheduleService:
         sync (the first two never assigned while this broker delivers)."""
         busy = lambda: self.running  # noqa: E731
         return [
-            delay_offset_sync(self.delay_offsets, busy),
+            delay_offset_sync(self.delay_offsets, busy, self._level_ends),
             timer_checkpoint_sync(
                 self.timer,
                 busy,
@@ -247,6 +247,14 @@ class ScheduleService:
             ),
             recall_sync(self.recalls),
         ]
+
+    def _level_ends(self) -> dict[int, int]:
+        """Delay level -> its schedule queue's end in this store."""
+        store = self.core.store
+        return {
+            level: store.max_offset(SCHEDULE_TOPIC, level - 1)
+            for level in range(1, self.cfg.max_delay_level + 1)
+        }
 
     def progress_records(self) -> Mapping[str, Callable[[Mapping[str, str]], None]]:
         """How a slave applies the progress records a delivery replicates through the
