@@ -607,6 +607,8 @@ class FakeCore:
         self.ha_master = FakeReplicas(cfg.total_replicas - 1) if cfg.is_master else None
         #: a slave's HA link (a test sets an object with ``replicating``)
         self.ha_slave: Any = None
+        #: controller mode: the master's sync-state set (a test sets any object)
+        self.sync: object | None = None
         self.pool = ConnectionPool(connect_timeout_ms=2000)
         self.dispatcher = Dispatcher()
         self.special_hooks: list[Callable[[bool], None]] = []
