@@ -21,6 +21,7 @@ from collections.abc import Callable
 
 from broker_agent.core import store_config
 from broker_agent.listeners import Listeners, open_listeners
+from broker_agent.membership.acting import MASTER_ID
 from broker_agent.membership.epochs import EpochFile
 from broker_agent.membership.roles import Role, RoleChange, ask_role, role_from_view
 from broker_agent.service import BrokerService
@@ -38,6 +39,16 @@ log = logging.getLogger(__name__)
 
 #: how long to wait between asking the nameservers for a role
 ASK_AGAIN_S = 1.0
+
+
+def acting_slave_of(service: BrokerService) -> tuple[int, str] | None:
+    """(id, address) of the slave acting for the group as the ended ``service`` knew
+    it (the member group's lead when that is neither the master nor this broker)."""
+    acting = service.core.acting
+    if acting.is_master or acting.min_broker_id in (MASTER_ID, acting.broker_id):
+        return None
+    addr = acting.min_broker_addr
+    return None if not addr else (acting.min_broker_id, addr)
 
 
 class BrokerRunner:
@@ -201,6 +212,9 @@ class BrokerRunner:
                     await listeners.aclose()
                 if change is None or stop.is_set():
                     return
+                acting_slave = acting_slave_of(service)
                 role = await self._next_role(change, role, store, epochs, stop)
+                if role is not None and role.promoted and acting_slave is not None:
+                    role = dataclasses.replace(role, acting_slave=acting_slave)
         finally:
             store.close()

@@ -651,6 +651,10 @@ class FakeCore:
         self.metrics = BrokerMetrics(cfg.cluster, cfg.broker_name, cfg.broker_id)
         self.holds = PullHoldService(cfg.max_held_pulls, now_ms)
         self.ha_master = FakeReplicas(cfg.total_replicas - 1) if cfg.is_master else None
+        #: a slave's HA link (a test sets an object with ``replicating``)
+        self.ha_slave: Any = None
+        #: controller mode: the master's sync-state set (a test sets any object)
+        self.sync: object | None = None
         self.pool = ConnectionPool(connect_timeout_ms=2000)
         self.dispatcher = Dispatcher()
         self.special_hooks: list[Callable[[bool], None]] = []
@@ -689,6 +693,11 @@ class FakeCore:
 
     def note_store_state(self) -> None:
         """Nothing watches the fake store's space."""
+
+    def check_online(self) -> None:
+        """BrokerCore's guard: not in pre-online."""
+        if self.isolated:
+            raise BrokerIsolated(f"{self.name} is in pre-online")
 
     def check_master_only(self, what: str) -> None:
         """BrokerCore's guard: online, and the master or the acting slave."""

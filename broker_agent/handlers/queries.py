@@ -8,7 +8,7 @@ from broker_agent.metadata.topics import check_name
 from broker_agent.write_path import WritePath
 from ha_controller.proto import broker_pb2, common_pb2
 from ha_controller.protocol.codes import RequestCode
-from ha_controller.protocol.errors import BadRequest, SlaveAckTimeout
+from ha_controller.protocol.errors import BadRequest, NotMaster, SlaveAckTimeout
 from ha_controller.protocol.properties import PROPERTY_KEYS, now_ms
 from ha_controller.protocol.record import StoredMessage
 from ha_controller.rpc import RequestContext
@@ -70,8 +70,30 @@ class QueryHandlers:
         self, ctx: RequestContext, req: broker_pb2.ConsumerOffsetRequest
     ) -> broker_pb2.OffsetResponse:
         self.core.check_online()
+        self._check_offsets_current()
         return broker_pb2.OffsetResponse(
             offset=self.core.offsets.query(req.consumer_group, req.topic, req.queue_id)
+        )
+
+    def _check_offsets_current(self) -> None:
+        """A consumer starts a queue from the offset this answers: only a broker whose
+        table holds the group's last commits may answer it.  That is the master, the
+        slave the nameserver chose to act (or held by a returning master), and a slave
+        that follows a master; not a slave that does neither while another slave may
+        act or a new master comes up.  Its table is as old as its last sync with the
+        master that left: ``controller-slave-behind``, seed 3305, a slave frozen for 6
+        s and then shown alone while the elected member was rebuilt answered offsets 6 s
+        old, and the consumers read those messages again.  Without acting slaves
+        (``enable_slave_acting_master`` off) a slave answers as RocketMQ's does."""
+        core = self.core
+        acting = core.acting
+        if acting.is_master or acting.chosen or not acting.enabled:
+            return
+        if core.ha_slave is not None and core.ha_slave.replicating:
+            return
+        raise NotMaster(
+            f"QUERY_CONSUMER_OFFSET: {core.name} is a slave that neither acts nor follows "
+            "a master (its offsets may be behind the group's last commits); ask again"
         )
 
     async def update_offset(

@@ -34,9 +34,38 @@ log = logging.getLogger(__name__)
 #: How long a slave's HA link (either direction) may take to attach.
 HA_LINK_WAIT_S = 10.0
 RETRY_S = 1.0
+#: how long a member just elected waits for the slave that acted when no nameserver
+#: lists it (it is being rebuilt under its new id): its tables hold the commits and the
+#: special work of its acting time
+ACTING_SLAVE_WAIT_S = 5.0
 #: the file in a store directory by which an operator lets a master whose store ends
 #: before what its group held go online without the rest (``hactl accept-data-loss``)
 ACCEPT_LOSS = "accept-data-loss"
+
+
+def sync_sources(
+    group: BrokerMemberGroup, own_id: int, own_addr: str, acting_slave: tuple[int, str] | None
+) -> tuple[list[tuple[int, str]], tuple[int, str] | None]:
+    """The slaves a master's pre-online syncs from, the acting slave last; and
+    ``acting_slave`` (id, address: the slave that acted when this member was elected)
+    when the group does not list its address (else None).
+
+    Controller-flap campaign, seed 3307: member 0 acted, member 2 was elected; member 0
+    was rebuilt under its new id (unregistered meanwhile) when member 2's pre-online
+    read the group (``0 slave(s) synced``), and member 2 served its own tables: a delay
+    level it had delivered before it was killed was delivered again."""
+    acting_id = group.acting_broker_id
+    slaves = sorted(
+        # (our own address under another id: a registration of ours before a role
+        # change that the nameserver still lists)
+        ((i, a) for i, a in group.broker_addrs.items() if i != own_id and a != own_addr),
+        key=lambda s: (s[0] == acting_id, s[0]),
+    )
+    if acting_slave is None or acting_slave[1] == own_addr:
+        return slaves, None
+    if any(a == acting_slave[1] for _, a in slaves):
+        return slaves, None
+    return slaves, acting_slave
 
 
 class PreOnline:
@@ -64,6 +93,9 @@ class PreOnline:
         self.catchup = catchup
         #: why this master went back to pre-online (fenced), until it is online again
         self._fenced_for: str | None = None
+        #: elected here: the unlisted acting slave was synced (or waited for long enough)
+        self._acting_done = False
+        self._acting_wait_until: float | None = None
 
     def fence(self, why: str) -> None:
         """A master that may have been expired stops serving at once (clients get the
@@ -154,23 +186,18 @@ class PreOnline:
     async def _master(self, group: BrokerMemberGroup, synced: set[int]) -> str | None:
         """Sync from each slave not synced yet; the reason to wait, or None when done."""
         core = self.core
-        # the acting slave last: it holds its special services from our first contact
-        # until we register (membership.group), so that gap is kept short
-        acting_id = group.acting_broker_id
-        slaves = sorted(
-            # (our own address under another id: a registration of ours before a role
-            # change that the nameserver still lists)
-            (
-                (i, a)
-                for i, a in group.broker_addrs.items()
-                if i != core.cfg.broker_id and a != core.addr
-            ),
-            key=lambda s: (s[0] == acting_id, s[0]),
-        )
         # controller mode, elected here: the logs are reconciled by the HA epoch check
         # (a member ahead cuts back to where this epoch began), not by copying from or
         # cutting back to a slave; the slaves' newer tables are still taken
         promoted = core.role.promoted
+        # the acting slave last: it holds its special services from our first contact
+        # until we register (membership.group), so that gap is kept short
+        slaves, unlisted = sync_sources(
+            group,
+            core.cfg.broker_id,
+            core.addr,
+            core.role.acting_slave if promoted and not self._acting_done else None,
+        )
         if promoted:
             self._cover_stored_topics("newer than the last sync from the old master")
         if not slaves and not promoted:
@@ -195,12 +222,41 @@ class PreOnline:
                 core.metrics.preonline_syncs.labels(**core.metrics.ident, result="failed").inc()
                 return f"slave {slave_id} at {slave_addr}: {exc}"
             synced.add(slave_id)
+        if unlisted is not None:
+            why = await self._sync_unlisted_acting(*unlisted)
+            if why is not None:
+                return why
         awaiting = self.forward.awaiting_replica()
         if awaiting:
             # their files were lost and only a replica has them: serving without them
             # would hand the group an empty table (metadata.json_table.Recovery)
             return f"{', '.join(awaiting)} lost with their file: no slave to take them from yet"
         log.info("pre-online: %d slave(s) synced", len(synced))
+        return None
+
+    async def _sync_unlisted_acting(self, old_id: int, addr: str) -> str | None:
+        """Take the tables of the slave that acted when this member was elected, which
+        no nameserver lists now (see :func:`sync_sources`); it keeps its address across
+        its rebuild.  The reason to wait, for at most ``ACTING_SLAVE_WAIT_S``."""
+        now = time.monotonic()
+        if self._acting_wait_until is None:
+            self._acting_wait_until = now + ACTING_SLAVE_WAIT_S
+        try:
+            await self._sync_from_slave(old_id, addr, wait_link=False)
+        except (HaError, OSError) as exc:
+            if now < self._acting_wait_until:
+                return (
+                    f"the slave that acted ({addr}, id {old_id} before the switch) is not "
+                    f"listed and does not answer yet: {exc}"
+                )
+            log.warning(
+                "pre-online: the slave that acted (%s) did not answer within %.0f s: "
+                "going online without its tables (%s)",
+                addr,
+                ACTING_SLAVE_WAIT_S,
+                exc,
+            )
+        self._acting_done = True
         return None
 
     def _held_more(self, group: BrokerMemberGroup) -> str | None:

@@ -51,6 +51,10 @@ class Role:
     writes_from: float = 0.0
     #: when this broker learnt of ``state`` (monotonic s; 0: long ago)
     learnt_at: float = 0.0
+    #: elected here: (id, address) of the slave that acted for the group when this
+    #: member was told (its tables hold what it did while acting; it may be rebuilt
+    #: under a new id, and so unlisted, while this member's pre-online reads the group)
+    acting_slave: tuple[int, str] | None = None
 
     @property
     def is_master(self) -> bool:

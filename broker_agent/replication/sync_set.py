@@ -12,7 +12,12 @@ controller may elect any of them, so none may lack an acknowledged write:
   at that moment as its mark; once it holds everything below the mark it holds every
   write the master ever acknowledged, and only then is the controller asked to add it.
   If the answer is lost, the member stays required: the master never acknowledges with
-  a smaller set than the controller may elect from.
+  a smaller set than the controller may elect from.  Only a member that keeps up is
+  required so: one that has not acknowledged what the master held ``lag_ms`` ago is
+  not (a frozen slave is close behind too: just removed, it was required again at
+  once, and every write waited for it until its link closed; seen in the
+  ``controller-slave-behind`` campaign, seed 3305), and a required member that falls
+  that far behind stops being required, unless it was asked for.
 - **Removing one waits for the controller.**  A member whose link closed, or that has
   not acknowledged a write older than ``lag_ms``, is proposed for removal, and stays
   required until the controller confirmed the smaller set; writes wait for it meanwhile.
@@ -68,14 +73,20 @@ class SyncSet:
         while len(self._ends) > 1 and now_ms - self._ends[1][0] >= self.lag_ms:
             self._ends.popleft()
         old_end = self._ends[0][1] if now_ms - self._ends[0][0] >= self.lag_ms else None
+        asked = self.in_flight.members if self.in_flight is not None else frozenset()
         for member, off in acked.items():
             if member == self.me or member in self.confirmed or member in self.joining:
                 continue
-            if end - off <= self.join_gap:
+            if end - off <= self.join_gap and (old_end is None or off >= old_end):
                 self.joining[member] = end
         ready = {m for m, mark in self.joining.items() if acked.get(m, -1) >= mark}
-        for m in [m for m in self.joining if m not in acked]:
-            del self.joining[m]  # it left before it held the mark: never asked for
+        for m in list(self.joining):
+            if m in asked:
+                continue  # the controller may add it: writes wait for it until answered
+            if m not in acked:
+                del self.joining[m]  # it left before it held the mark: never asked for
+            elif m not in ready and old_end is not None and acked[m] < old_end:
+                del self.joining[m]  # it stopped keeping up (frozen): never asked for
         drop: dict[int, str] = {}
         for member in self.confirmed - {self.me}:
             got = acked.get(member)

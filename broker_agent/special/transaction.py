@@ -233,6 +233,28 @@ class HalfProgress:
         self.advance()
         return True
 
+    def adopt_on_promotion(self, other: HalfProgress, half_end: int, op_end: int) -> bool:
+        """Pre-online of a member just elected master: merge a member's progress
+        whatever the versions (each slave that acted moved the version on when it took
+        over, so they do not tell who resolved more; ``controller-flap``, seed 3307),
+        but nothing at or past this log's ends (``half_end``, ``op_end``): a member's
+        unacknowledged tail is not here, and the halves this master stores at those
+        offsets are not resolved."""
+        half = max(self.half_offset, min(other.half_offset, half_end))
+        op = max(self.op_offset, min(other.op_offset, op_end))
+        resolved = {o for o in self.resolved | other.resolved if half <= o < half_end}
+        resolved |= {o for o in self.resolved if o >= half}
+        ids = [tid for tid in other.resolved_ids if tid not in self.resolved_ids]
+        if (half, op, resolved) == (self.half_offset, self.op_offset, self.resolved) and not ids:
+            return False
+        self.half_offset, self.op_offset, self.resolved = half, op, resolved
+        for tid in ids:
+            self.resolved_ids[tid] = None
+        if other.version.compare(self.version) > 0:
+            self.version.assign(other.version)
+        self.advance()
+        return True
+
     def assign(self, other: HalfProgress) -> None:
         """Forward sync on a slave: take the master's progress as it is."""
         self.half_offset = other.half_offset
@@ -610,6 +632,18 @@ class TransactionService:
                 file.persist()
             return adopted
 
+        def promote(snapshot: HalfProgress) -> bool:
+            store = self.core.store
+            adopted = file.progress.adopt_on_promotion(
+                snapshot,
+                store.max_offset(HALF_TOPIC, HALF_QUEUE),
+                store.max_offset(OP_TOPIC, HALF_QUEUE),
+            )
+            if adopted:
+                file.mark_changed()
+                file.persist()
+            return adopted
+
         def describe(snapshot: HalfProgress) -> str:
             return (
                 f"half {snapshot.half_offset} op {snapshot.op_offset}, "
@@ -623,6 +657,7 @@ class TransactionService:
             decode=HalfProgress.from_pb,
             take=take,
             adopt=adopt,
+            promote=promote,
             describe=describe,
             busy=lambda: self.active,
             file=file,

@@ -22,6 +22,7 @@ from fakes import (
     EscapePut,
     FakeClock,
     FakeCore,
+    FakeReplicas,
     RecordingEscape,
     call_handler,
 )
@@ -44,6 +45,7 @@ from ha_controller.protocol.errors import (
     IllegalFilterExpression,
     NotMaster,
     ReceiptHandleExpired,
+    SlaveAckTimeout,
     TopicNotFound,
 )
 from ha_controller.protocol.properties import (
@@ -1023,3 +1025,26 @@ async def test_a_starting_master_hands_out_orderly_batches_at_once(master: Broke
     produce(master, b"m0")
     master.service.set_active(True)
     assert bodies(await pop(master, order=True)) == [b"m0"]
+
+
+async def test_controller_mode_answers_an_ack_only_once_the_sync_state_set_holds_it(
+    tmp_path: Path, clock: FakeClock
+) -> None:
+    """``controller-isolate``, seed 3308: the master cut off with an etcd member kept
+    its lease for a moment and the consumers still reached it; the acks it answered ok
+    reached no member and were cut away on its return, and the member elected served
+    those messages again."""
+    cfg = config(0, total_replicas=3, in_sync_replicas=2)
+    broker = make_broker(tmp_path, cfg, clock=clock)
+    replicas = FakeReplicas(2)
+    broker.core.ha_master = replicas
+    broker.core.sync = object()  # controller mode
+    produce(broker, b"one", b"two")
+    got = await pop(broker)
+    first, second = (m.properties[PROPERTY_POP_CK] for m in got.messages)
+    await ack(broker, first)  # confirmed
+    replicas.confirmed = False  # cut off: no member confirms
+    with pytest.raises(SlaveAckTimeout):
+        await ack(broker, second)
+    broker.core.sync = None  # RIP-32 acting: as before, answered once stored
+    await ack(broker, second)

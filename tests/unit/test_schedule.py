@@ -250,6 +250,62 @@ def test_timer_checkpoint_tells_apart_entries_due_in_the_same_millisecond() -> N
     assert TimerCheckpoint.from_dict(cp.to_dict()).mark == TimerMark(699, 4, 2)
 
 
+def test_a_forward_sync_never_takes_a_timer_mark_behind_a_replicated_record() -> None:
+    """Campaign ``controller-slave-behind``, seed 3305: the master appended a delivery
+    and its progress record (O 157, L ...999) and waited for its replicas, its own
+    checkpoint still at L ...581; the slave applied the record, then the 2 s forward
+    sync took the master's older checkpoint, and the slave that acted next delivered
+    that message a second time."""
+    slave = TimerCheckpointFile(None)
+    slave.apply_record(TimerMark(292999, 157).record())
+    master = TimerCheckpoint(292581, 157, DataVersion(0, 40, 1))
+    slave.take_from_master(master)
+    assert slave.cp.mark == TimerMark(292999, 157)
+    assert slave.cp.version.key() == master.version.key()  # the master's version
+    # the queue read further: an earlier due time of a new entry is still ahead
+    slave.apply_record(TimerMark(300000, 158).record())
+    slave.take_from_master(TimerCheckpoint(299000, 159, DataVersion(0, 41, 1)))
+    assert slave.cp.mark == TimerMark(299000, 159)
+    # a master ahead is taken as it is; a cut's replace takes an older one too
+    slave.take_from_master(TimerCheckpoint(310000, 160, DataVersion(0, 42, 1), 3))
+    assert slave.cp.mark == TimerMark(310000, 160, 3)
+    slave.assign(TimerCheckpoint(100, 2, DataVersion(0, 43, 1)))
+    assert slave.cp.mark == TimerMark(100, 2)
+    # a broker started again knows no replicated record: the master's is taken
+    fresh = TimerCheckpointFile(None)
+    fresh.cp = TimerCheckpoint(292999, 157, DataVersion(0, 39, 1))
+    fresh.take_from_master(master)
+    assert fresh.cp.mark == TimerMark(292581, 157)
+
+
+def test_a_member_elected_takes_a_timer_mark_ahead_of_its_own_whatever_the_versions() -> None:
+    """Seed 3305: member 2 acted, then member 1 (just resumed) acted instead and
+    delivered the message due next; the controller elected member 2, whose version was
+    newer (it took over first and moved on), and which kept its own checkpoint."""
+    elected = TimerCheckpointFile(None)
+    elected.cp = TimerCheckpoint(174294, 10, DataVersion(2, 9, 5))
+    held = TimerCheckpoint(174659, 10, DataVersion(2, 8, 7))  # offset 9 delivered
+    assert elected.adopt_on_promotion(held, queue_end=10)
+    assert elected.cp.mark == TimerMark(174659, 10)
+    assert elected.cp.version.key() == (2, 9, 5)  # the newer version stays
+    assert not elected.adopt_on_promotion(TimerCheckpoint(174000, 10, DataVersion(3, 0, 0)), 10)
+    assert elected.cp.mark == TimerMark(174659, 10)
+    # a member that read a timer queue this log does not hold is not taken
+    assert not elected.adopt_on_promotion(TimerCheckpoint(180000, 12, DataVersion(2, 9, 9)), 10)
+    assert elected.cp.mark == TimerMark(174659, 10)
+
+
+def test_a_member_elected_takes_each_delay_level_further_whatever_the_versions() -> None:
+    """``controller-flap``, seed 3307: the member elected kept its own delay offsets by
+    their version, below what the slave that acted last had delivered."""
+    elected = DelayOffsetTable(None)
+    elected.update(6, 5)
+    elected.update(2, 9)
+    assert elected.adopt_on_promotion({6: 7, 2: 8, 3: 12}, ends={6: 7, 2: 9, 3: 4})
+    assert (elected.get(6), elected.get(2), elected.get(3)) == (7, 9, 4)  # 3: capped
+    assert not elected.adopt_on_promotion({6: 6}, ends={6: 7})
+
+
 # ---- the service over fakes of its ports -----------------------------------------------
 
 
@@ -552,6 +608,22 @@ async def test_forward_sync_is_skipped_while_delivering(nodes: NodeFactory) -> N
         assert slave.schedule.delay_offsets.get(2) == 7
     finally:
         await server.aclose(grace_s=0.5)
+
+
+async def test_a_slaves_timer_progress_survives_the_masters_older_table(
+    nodes: NodeFactory,
+) -> None:
+    """The forward sync (GET_TIMER_CHECK_POINT, as the slave's 2 s loop runs it) does not
+    set the slave's timer checkpoint back behind a progress record it holds."""
+    master = nodes(store="m")
+    slave = nodes(broker_id=1, store="s")
+    master.schedule.timer.advance(TimerMark(T0 + 100, 3))
+    record = TimerMark(T0 + 500, 3).record()  # appended by the master, not yet its own
+    slave.schedule.progress_records()[TIMER_CHECKPOINT_GROUP](record)
+    async with serving(master) as addr:
+        await forward_sync(slave.schedule.tables(), slave.core.pool, addr)
+    assert slave.schedule.timer.cp.mark == TimerMark(T0 + 500, 3)
+    assert slave.schedule.timer.cp.version.key() == master.schedule.timer.cp.version.key()
 
 
 async def test_each_delivery_carries_its_progress_to_the_slaves(nodes: NodeFactory) -> None:

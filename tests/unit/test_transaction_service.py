@@ -793,6 +793,25 @@ async def test_table_fetch_reads_get_transaction_offsets(master: Broker, slave: 
     assert fetched.version.compare(master.service.progress.version) == 0
 
 
+def test_a_member_elected_merges_a_members_progress_whatever_the_versions() -> None:
+    """``controller-flap``, seed 3307: the slave that acted last resolved halves the
+    member elected had not, with an older version (the elected one took over first):
+    the version-gated merge kept the elected member's progress and those halves were
+    checked and committed again."""
+    ours = HalfProgress(half_offset=60, op_offset=55, version=DataVersion(2, 9, 1))
+    theirs = HalfProgress(half_offset=73, op_offset=65, version=DataVersion(2, 5, 1))
+    theirs.resolved = {75}
+    assert ours.adopt_if_newer(theirs) is False  # what pre-online did before
+    assert ours.adopt_on_promotion(theirs, half_end=80, op_end=70)
+    assert (ours.half_offset, ours.op_offset, ours.resolved) == (73, 65, {75})
+    assert ours.version.key() == (2, 9, 1)
+    # nothing at or past this log's ends: a member's unacknowledged tail is not here
+    tail = HalfProgress(half_offset=90, op_offset=99, version=DataVersion(2, 1, 1))
+    tail.resolved = {95}
+    ours.adopt_on_promotion(tail, half_end=80, op_end=70)
+    assert (ours.half_offset, ours.op_offset, ours.resolved) == (80, 70, set())
+
+
 # ---- plain state: half progress and half-message conversions (no sockets) ----
 
 

@@ -88,6 +88,7 @@ class AckMessageProcessor:
             "pop_ack",
             to_group=handle.ck_group,
             to_queue=handle.revive_qid if named else None,
+            confirm=True,
         )
 
     async def handle(

@@ -50,16 +50,22 @@ class ReviveLog:
         kind: str,
         to_group: str = "",
         to_queue: int | None = None,
+        *,
+        confirm: bool = False,
     ) -> tuple[int, bool, str]:
         """Store a CK/ACK record: our own revive queue on a master, else escaped (to
         ``to_group``'s revive queue ``to_queue`` when named: where the CK an ACK is for
-        lies).  Returns (revive queue id, stored locally, the group that holds it)."""
+        lies).  Returns (revive queue id, stored locally, the group that holds it).
+        ``confirm``: stored locally, it is answered only once the sync-state set holds
+        it (``WritePort.confirm_answer``; an ACK)."""
         core = self.core
         props = {PROPERTY_TAGS: tag, PROPERTY_POP_KEY: key}
         own = core.cfg.broker_name
         if core.acting.is_master and to_group in ("", own):
             qid = 0 if to_queue is None else to_queue
-            self.write_path.append_local(self.topic, qid, body, props)
+            stored = self.write_path.append_local(self.topic, qid, body, props)
+            if confirm:
+                await self.write_path.confirm_answer(stored.physical_offset + stored.size, kind)
             return qid, True, own
         result = await self.escape.put_message_to_specific_queue(
             self.topic, body, props, kind=kind, to_group=to_group, to_queue=to_queue

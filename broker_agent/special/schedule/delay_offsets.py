@@ -135,6 +135,24 @@ class DelayOffsetTable(JsonTable):
         self.persist()
         return True
 
+    def adopt_on_promotion(self, offsets: Mapping[int, int], ends: Mapping[int, int]) -> bool:
+        """Pre-online of a member just elected master: each level a member's table has
+        further, whatever the versions (each slave that acted moved the version on when
+        it took over: ``controller-flap``, seed 3307, the member elected kept its own
+        table by its version, below what the slave that acted last had delivered, and
+        delivered those messages again).  Not past ``ends`` (level -> the schedule
+        queue's end here): a member's unacknowledged tail is not in this log."""
+        moved = False
+        for level, offset in offsets.items():
+            offset = min(offset, ends.get(level, 0))
+            if offset > self.offsets.get(level, 0):
+                self.offsets[level] = offset
+                moved = True
+        if moved:
+            self._dirty = True
+            self.persist()
+        return moved
+
     def to_pb(self) -> broker_pb2.DelayOffsetTable:
         return broker_pb2.DelayOffsetTable(
             offsets=self.offsets, data_version=data_version_to_pb(self.data_version)
@@ -142,7 +160,9 @@ class DelayOffsetTable(JsonTable):
 
 
 def delay_offset_sync(
-    table: DelayOffsetTable, busy: Callable[[], bool]
+    table: DelayOffsetTable,
+    busy: Callable[[], bool],
+    ends: Callable[[], Mapping[int, int]] = lambda: {},
 ) -> TableSync[broker_pb2.DelayOffsetTable, DelaySnapshot]:
     """The table for forward and reverse sync; never assigned while this broker
     delivers (``busy``: RocketMQ #7601)."""
@@ -154,6 +174,7 @@ def delay_offset_sync(
         take=lambda s: table.assign(*s),
         adopt=lambda s: table.adopt_if_newer(*s),
         take_as_is=lambda s: table.replace(*s),
+        promote=lambda s: table.adopt_on_promotion(s[0], ends()),
         describe=lambda s: str(s[0]),
         busy=busy,
         file=table,

@@ -28,7 +28,7 @@ from broker_agent.special.schedule.delay_offsets import (
 from broker_agent.special.schedule.delivery import IDLE_WAIT_S, OVERDUE_LOG_MS, POLL_S, Delivery
 from broker_agent.special.schedule.recall import FetchMembers, RecallService
 from broker_agent.special.schedule.recall_table import RecallTable, recall_sync
-from broker_agent.special.schedule.target import due_ms
+from broker_agent.special.schedule.target import TIMER_QUEUE_ID, due_ms
 from broker_agent.special.schedule.timer import (
     TimerCheckpointFile,
     TimerLoop,
@@ -41,6 +41,7 @@ from ha_controller.protocol.properties import (
     DELAY_OFFSET_GROUP,
     SCHEDULE_TOPIC,
     TIMER_CHECKPOINT_GROUP,
+    TIMER_TOPIC,
 )
 from ha_controller.rpc import RequestContext
 
@@ -253,10 +254,22 @@ class ScheduleService:
         sync (the first two never assigned while this broker delivers)."""
         busy = lambda: self.running  # noqa: E731
         return [
-            delay_offset_sync(self.delay_offsets, busy),
-            timer_checkpoint_sync(self.timer, busy),
+            delay_offset_sync(self.delay_offsets, busy, self._level_ends),
+            timer_checkpoint_sync(
+                self.timer,
+                busy,
+                lambda: self.core.store.max_offset(TIMER_TOPIC, TIMER_QUEUE_ID),
+            ),
             recall_sync(self.recalls),
         ]
+
+    def _level_ends(self) -> dict[int, int]:
+        """Delay level -> its schedule queue's end in this store."""
+        store = self.core.store
+        return {
+            level: store.max_offset(SCHEDULE_TOPIC, level - 1)
+            for level in range(1, self.cfg.max_delay_level + 1)
+        }
 
     def progress_records(self) -> Mapping[str, Callable[[Mapping[str, str]], None]]:
         """How a slave applies the progress records a delivery replicates through the

@@ -127,6 +127,13 @@ class TimerMark:
     queue_offset: int
     next_ms_delivered_below: int = 0
 
+    def order(self) -> tuple[int, int, int]:
+        """Where this mark stands among one master's marks, which only move on: the
+        timer queue is read further (``queue_offset`` grows, ``last_read_time_ms`` may
+        drop to an earlier due time of what was read), or, with the queue read as far,
+        deliveries move ``last_read_time_ms`` (and ``next_ms_delivered_below``) on."""
+        return (self.queue_offset, self.last_read_time_ms, self.next_ms_delivered_below)
+
     def record(self) -> dict[str, str]:
         """As a progress record (replicated through the commit log)."""
         return {
@@ -155,6 +162,9 @@ class TimerCheckpointFile(JsonTable):
     def __init__(self, path: Path | None) -> None:
         super().__init__(path)
         self.cp = TimerCheckpoint()
+        #: slave: the mark of the last progress record replicated to this broker since
+        #: it started (what its own commit log says was delivered)
+        self.replicated: TimerMark | None = None
 
     @property
     def data_version(self) -> DataVersion:
@@ -213,7 +223,27 @@ class TimerCheckpointFile(JsonTable):
     def apply_replicated(self, mark: TimerMark) -> None:
         """A checkpoint the master reached, replicated through the commit log (slave
         side; records arrive in log order, so the newest wins)."""
+        self.replicated = mark
         self._set(mark)
+
+    def take_from_master(self, other: TimerCheckpoint) -> bool:
+        """Forward sync on a slave: the master's checkpoint and version, but not a mark
+        behind the last progress record replicated here.  A master appends a
+        delivery's record with the message and moves its own checkpoint only once its
+        replicas confirm both, so its table may be behind its log for as long as it
+        waits (``controller-slave-behind``, seed 3305: a 2.5 s wait for a frozen
+        slave; the 2 s sync took the older checkpoint, and the slave that acted next
+        delivered that message again)."""
+        ahead = self.replicated
+        if ahead is None or ahead.order() <= other.mark.order():
+            return self.assign(other)
+        taken = TimerCheckpoint(
+            ahead.last_read_time_ms,
+            ahead.queue_offset,
+            other.version.copy(),
+            ahead.next_ms_delivered_below,
+        )
+        return self.assign(taken)
 
     def apply_record(self, record: Mapping[str, str]) -> None:
         """:meth:`apply_replicated` of a :meth:`TimerMark.record` (KeyError, ValueError)."""
@@ -238,6 +268,33 @@ class TimerCheckpointFile(JsonTable):
             other.next_ms_delivered_below,
         )
         self._dirty = True
+        return True
+
+    def adopt_on_promotion(self, other: TimerCheckpoint, queue_end: int) -> bool:
+        """Pre-online of a member just elected master: take a member's checkpoint whose
+        mark is ahead of ours, whatever the versions (each slave that acted moved the
+        version on when it took over, so they tell nothing about which delivered more:
+        ``controller-slave-behind``, seed 3305, two slaves acted one after the other,
+        the second delivered a due message, and the member elected, the first, kept its
+        own checkpoint by its version and delivered that message again).  Not one that
+        read the timer queue beyond ``queue_end``, ours: that member holds a tail this
+        log lacks (unacknowledged; it is cut when it follows us), and its mark would
+        count what this master stores at those queue offsets as delivered."""
+        if (
+            other.mark.order() <= self.cp.mark.order()
+            or other.master_timer_queue_offset > queue_end
+        ):
+            return False
+        newer = other.version if other.version.compare(self.cp.version) > 0 else self.cp.version
+        self.assign(
+            TimerCheckpoint(
+                other.last_read_time_ms,
+                other.master_timer_queue_offset,
+                newer.copy(),
+                other.next_ms_delivered_below,
+            )
+        )
+        self.persist()
         return True
 
     def adopt_if_newer(self, other: TimerCheckpoint) -> bool:
@@ -329,17 +386,19 @@ def _describe(snapshot: TimerCheckpoint) -> str:
 
 
 def timer_checkpoint_sync(
-    timer: TimerCheckpointFile, busy: Callable[[], bool]
+    timer: TimerCheckpointFile, busy: Callable[[], bool], queue_end: Callable[[], int]
 ) -> TableSync[broker_pb2.TimerCheckpoint, TimerCheckpoint]:
-    """The checkpoint for forward and reverse sync (``assign`` already takes it as it
-    is, so a cut replaces it the same way)."""
+    """The checkpoint for forward sync (never behind the progress records this slave
+    holds), reverse sync, and the cut's replace (as it is)."""
     return TableSync(
         "timer checkpoint",
         RequestCode.GET_TIMER_CHECK_POINT,
         broker_pb2.TimerCheckpoint,
         decode=timer_from_pb,
-        take=timer.assign,
+        take=timer.take_from_master,
         adopt=timer.adopt_if_newer,
+        take_as_is=timer.assign,
+        promote=lambda other: timer.adopt_on_promotion(other, queue_end()),
         describe=_describe,
         busy=busy,
         file=timer,
