@@ -145,7 +145,7 @@ async def run_drill(options: DrillOptions) -> DrillResult:
             f"({options.replication}{', skip pre-online' if options.skip_pre_online else ''}) "
             f"on {where}, {options.duration_s:.0f} s, seed {options.seed}"
         )
-        await _shielded_thread(cluster.start)
+        await _shielded_thread(cluster.start, cluster.abort_start)
         for line in cluster.describe():
             say("  " + line)
         flush_mode, flush_interval_ms = spec.store_mode()
@@ -204,12 +204,17 @@ class _ClientLog:
             h.setLevel(level)
 
 
-async def _shielded_thread(fn: Callable[[], object]) -> None:
-    """Run blocking ``fn`` in a thread to completion even when cancelled, then re-raise."""
+async def _shielded_thread(
+    fn: Callable[[], object], on_cancel: Callable[[], None] | None = None
+) -> None:
+    """Run blocking ``fn`` in a thread to completion even when cancelled (``on_cancel``
+    first tells it to give up), then re-raise."""
     task = asyncio.ensure_future(asyncio.to_thread(fn))
     try:
         await asyncio.shield(task)
     except asyncio.CancelledError:
+        if on_cancel is not None:
+            on_cancel()
         with contextlib.suppress(Exception):
             await asyncio.wait_for(task, 120)
         raise

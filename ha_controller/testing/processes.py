@@ -11,6 +11,7 @@ import signal
 import subprocess
 import sys
 import tempfile
+import threading
 import time
 from collections.abc import (
     AsyncIterator,
@@ -90,11 +91,17 @@ class ProcessHandle:
             log.close()
         return self
 
-    def wait_ready(self, timeout: float = 20.0) -> ProcessHandle:
-        """Wait for the ready file of the process :meth:`spawn` started."""
+    def wait_ready(
+        self, timeout: float = 20.0, abort: threading.Event | None = None
+    ) -> ProcessHandle:
+        """Wait for the ready file of the process :meth:`spawn` started (killed, and
+        RuntimeError, once ``abort`` is set)."""
         assert self.proc is not None, f"{self.name} was not started"
         deadline = time.monotonic() + timeout
         while not self.ready_file.exists():
+            if abort is not None and abort.is_set():
+                self.kill()
+                raise RuntimeError(f"{self.name}: start aborted")
             if self.proc.poll() is not None:
                 raise RuntimeError(
                     f"{self.name} exited with {self.proc.returncode} before it was ready:\n"
@@ -185,14 +192,19 @@ def _hactl_handle(
     )
 
 
-def start_all(handles: Sequence[ProcessHandle], timeout: float = 20.0) -> None:
+def start_all(
+    handles: Sequence[ProcessHandle],
+    timeout: float = 20.0,
+    abort: threading.Event | None = None,
+) -> None:
     """Start every process of ``handles`` at once and wait until each is ready (each
-    within ``timeout`` of the start); on a failure the started ones are killed."""
+    within ``timeout`` of the start); on a failure, or once ``abort`` is set, the
+    started ones are killed."""
     try:
         for handle in handles:
             handle.spawn()
         for handle in handles:
-            handle.wait_ready(timeout)
+            handle.wait_ready(timeout, abort)
     except BaseException:
         for handle in handles:
             if handle.proc is not None and handle.proc.poll() is None:
