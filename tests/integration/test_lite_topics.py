@@ -13,7 +13,6 @@ examples (apache/rocketmq-clients' python/example) run in test_official_examples
 
 from __future__ import annotations
 
-import functools
 import importlib.util
 import json
 import sys
@@ -187,7 +186,9 @@ def lite_cluster() -> Iterator[Any]:
             },
         )
         try:
-            _routed(proxy, PARENT, NORMAL)
+            from gateway_helpers import wait_routed  # (the SDK child imports this file)
+
+            wait_routed(proxy, PARENT, NORMAL)
             yield cluster, proxy
         finally:
             proxy.stop()
@@ -245,7 +246,9 @@ def test_a_lite_subscription_with_an_offset_option_is_made(lite_cluster: Any) ->
     from ha_controller.proto.rocketmq.v2 import service_pb2_grpc
 
     _, proxy = lite_cluster
-    before = _lite_subscriptions(proxy.http)
+    from gateway_helpers import lite_subscriptions
+
+    before = lite_subscriptions(proxy)
     options = {
         "oo-min": v2.OffsetOption(policy=v2.OffsetOption.MIN),
         "oo-tail": v2.OffsetOption(tail_n=100),
@@ -269,12 +272,12 @@ def test_a_lite_subscription_with_an_offset_option_is_made(lite_cluster: Any) ->
         for name, option in options.items():
             status = sync(v2.PARTIAL_ADD, [name], option)
             assert status.code == v2.OK, (name, status.message)
-        assert _lite_subscriptions(proxy.http) == before + len(options)
+        assert lite_subscriptions(proxy) == before + len(options)
         # the names are still checked as without an option
         bad = sync(v2.PARTIAL_ADD, ["a.b"], options["oo-min"])
         assert bad.code == v2.ILLEGAL_LITE_TOPIC, bad.message
         assert sync(v2.COMPLETE_REMOVE, []).code == v2.OK
-        assert _lite_subscriptions(proxy.http) == before
+        assert lite_subscriptions(proxy) == before
 
 
 def _create(cluster: Any, topics: dict[str, str]) -> None:
@@ -287,36 +290,3 @@ def _create(cluster: Any, topics: dict[str, str]) -> None:
         timeout=20,
         interval=0.5,
     )
-
-
-def _routed(proxy: Any, *topics: str) -> None:
-    """Until the gateway answers a route for every one of ``topics`` (with our own v2
-    stubs: this process never imports the SDK)."""
-    import grpc
-
-    from ha_controller.proto.rocketmq.v2 import definition_pb2 as v2
-    from ha_controller.proto.rocketmq.v2 import service_pb2 as v2s
-    from ha_controller.proto.rocketmq.v2 import service_pb2_grpc
-    from ha_controller.testing import eventually_sync
-
-    with grpc.insecure_channel(proxy.rpc) as channel:
-        stub: Any = service_pb2_grpc.MessagingServiceStub(channel)
-
-        def routed(topic: str) -> bool:
-            req = v2s.QueryRouteRequest(topic=v2.Resource(name=topic))
-            status = stub.QueryRoute(req, timeout=5).status
-            assert status.code == v2.OK, f"{topic}: {status.message}"
-            return True
-
-        for topic in topics:
-            eventually_sync(functools.partial(routed, topic), timeout=20, interval=0.2)
-
-
-def _lite_subscriptions(http: str) -> int:
-    import urllib.request
-
-    with urllib.request.urlopen(f"http://{http}/metrics", timeout=5) as resp:
-        for line in resp.read().decode().splitlines():
-            if line.startswith("hac_proxy_lite_subscriptions "):
-                return int(float(line.split()[1]))
-    return 0

@@ -19,7 +19,6 @@ what they printed says they got what was sent, and are killed.
 from __future__ import annotations
 
 import asyncio
-import functools
 import importlib.util
 import json
 import os
@@ -33,6 +32,7 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+from gateway_helpers import lite_subscriptions, wait_routed
 
 from ha_controller.testing import (
     Cluster,
@@ -98,44 +98,12 @@ def gateway(tmp_path_factory: pytest.TempPathFactory) -> Iterator[tuple[Cluster,
         )
         create_typed_topics(c.namesrv, PRIORITY_TOPICS, queues=LEVELS)
         proxy = c.run_proxy()
-        _routed(proxy, *LITE_TOPICS, *NODE_LITE_TOPICS, *PRIORITY_TOPICS)
+        wait_routed(proxy, *LITE_TOPICS, *NODE_LITE_TOPICS, *PRIORITY_TOPICS)
         yield c, proxy
     finally:
         if proxy is not None:
             proxy.stop()
         c.stop()
-
-
-def _routed(proxy: ProcessHandle, *topics: str) -> None:
-    """Until the gateway answers a route for every one of ``topics`` (our own v2 stubs:
-    this process never imports an SDK)."""
-    import grpc
-
-    from ha_controller.proto.rocketmq.v2 import definition_pb2 as v2
-    from ha_controller.proto.rocketmq.v2 import service_pb2 as v2s
-    from ha_controller.proto.rocketmq.v2 import service_pb2_grpc
-
-    with grpc.insecure_channel(proxy.rpc) as channel:
-        stub: Any = service_pb2_grpc.MessagingServiceStub(channel)
-
-        def routed(topic: str) -> bool:
-            req = v2s.QueryRouteRequest(topic=v2.Resource(name=topic))
-            status = stub.QueryRoute(req, timeout=5).status
-            assert status.code == v2.OK, f"{topic}: {status.message}"
-            return True
-
-        for topic in topics:
-            eventually_sync(functools.partial(routed, topic), timeout=20, interval=0.2)
-
-
-def _lite_subscriptions(proxy: ProcessHandle) -> int:
-    import urllib.request
-
-    with urllib.request.urlopen(f"http://{proxy.http}/metrics", timeout=5) as resp:
-        for line in resp.read().decode().splitlines():
-            if line.startswith("hac_proxy_lite_subscriptions "):
-                return int(float(line.split()[1]))
-    return 0
 
 
 def _received(c: Cluster, topic: str, group: str, n: int) -> list[tuple[int | None, str | None]]:
@@ -246,7 +214,7 @@ def test_the_python_lite_examples(gateway: Any, tmp_path: Path) -> None:
     _, proxy = gateway
     producer = _python_example("lite_producer_example.py", proxy, tmp_path)
     consumer_script = _python_example("lite_push_consumer_example.py", proxy, tmp_path)
-    before = _lite_subscriptions(proxy)
+    before = lite_subscriptions(proxy)
     consumer = _Output(
         subprocess.Popen(
             [sys.executable, str(consumer_script)],
@@ -260,7 +228,7 @@ def test_the_python_lite_examples(gateway: Any, tmp_path: Path) -> None:
         out = _run_python(producer)
         assert out.count("send message success") == 10, out[-2000:]
         # its ten subscriptions are in before anything is sent to "topic"
-        eventually_sync(lambda: _lite_subscriptions(proxy) == before + 10, timeout=45, interval=0.2)
+        eventually_sync(lambda: lite_subscriptions(proxy) == before + 10, timeout=45, interval=0.2)
         to_topic = tmp_path / "send_to_topic.py"
         to_topic.write_text(
             producer.read_text().replace('topic = "parent-topic"', 'topic = "topic"')
